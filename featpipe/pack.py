@@ -25,23 +25,21 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from featpipe.errors import FeatpipeError, ItemError
-from featpipe.store import HOST, Stage, atomic_write_bytes, safe_stem
+from featpipe.fileio import HOST, atomic_write_bytes, safe_stem, shard_of
+
+if TYPE_CHECKING:
+    from featpipe.store import Stage
 
 PACK_DIR = "packed"
 PACK_INDEX = "pack.json"
 LOCK_NAME = "pack.lock"
 #: Default number of items per HDF5 file when ``shards`` is not given.
 ITEMS_PER_FILE = 10_000
-
-
-def _shard_of(item_id: str, n_shards: int) -> int:
-    from featpipe.parallel import shard_of
-
-    return shard_of(item_id, n_shards)
 
 
 def _open_h5(path: Path, mode: str = "r"):
@@ -93,7 +91,7 @@ class PackedItems:
         return packed
 
     def file_of(self, item_id: str) -> Path:
-        return self.files[_shard_of(item_id, self.n_shards)]
+        return self.files[shard_of(item_id, self.n_shards)]
 
     def ids(self) -> frozenset[str]:
         """All packed ids (read once from the files' ``ids`` datasets)."""
@@ -236,7 +234,7 @@ def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_f
     generation = secrets.token_hex(4)
     by_shard: list[list[str]] = [[] for _ in range(shards)]
     for item_id in ids:
-        by_shard[_shard_of(item_id, shards)].append(item_id)
+        by_shard[shard_of(item_id, shards)].append(item_id)
     files = [folder / f"shard-{i:04d}-of-{shards:04d}.{generation}.h5" for i in range(shards)]
     try:
         if jobs == 1 or shards == 1:

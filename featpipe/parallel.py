@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from featpipe.errors import FeatpipeError
-from featpipe.store import Stage, id_digest
+from featpipe.fileio import shard_of
+from featpipe.store import Stage
 
 ON_ERROR = ("fail", "skip")
 
@@ -62,11 +63,6 @@ class RunSummary:
         if self.not_in_shard:
             text += f", {self.not_in_shard} in other shards"
         return text
-
-
-def shard_of(item_id: str, n_shards: int) -> int:
-    """Deterministic shard index of an item: a stable hash of its id, modulo ``n_shards``."""
-    return int(id_digest(item_id)[:8], 16) % n_shards
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:

@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import re
-import socket
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -37,11 +36,17 @@ import numpy as np
 
 from featpipe import FORMAT_VERSION, __version__
 from featpipe.errors import FeatpipeError, ItemError
+from featpipe.fileio import (
+    HOST,
+    atomic_save_npy,
+    atomic_save_npz,
+    atomic_write_bytes,
+    id_digest,
+    safe_stem,
+)
 from featpipe.manifest import Manifest
 
-HOST = socket.gethostname().split(".")[0] or "host"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 _VERSIONED_PACKAGES = ("numpy", "scipy", "scikit-learn", "torch", "opencv-python-headless")
 
 
@@ -57,58 +62,12 @@ def stage_key(kind: str, params: Mapping, input_keys: Iterable[str]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def id_digest(item_id: str) -> str:
-    """Stable hex digest of an item id (file names and shard assignment use it)."""
-    return hashlib.sha256(item_id.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def safe_stem(item_id: str) -> str:
-    """A file-name stem for ``item_id`` that cannot escape its folder and never collides.
-
-    Readable part: runs of characters outside ``[A-Za-z0-9._-]`` become ``_``, at most 80
-    characters, no leading dot.  Uniqueness comes from the appended 20-hex-digit digest of the
-    exact id, so ``a/b`` and ``a_b`` map to different files.
-    """
-    readable = _SAFE_CHARS.sub("_", item_id)[:80].lstrip(".") or "item"
-    return f"{readable}-{id_digest(item_id)[:20]}"
-
-
 def _package_versions() -> dict[str, str]:
     versions = {"featpipe": __version__}
     for name in _VERSIONED_PACKAGES:
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[name] = metadata.version(name)
     return versions
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (tmp in the same folder, fsync, ``os.replace``)."""
-    tmp = path.with_name(f"{path.name}.tmp.{HOST}.{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    """``np.save`` made atomic: a reader sees the old file, the new file, or no file."""
-    tmp = path.with_name(f"{path.name}.tmp.{HOST}.{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        np.save(handle, array, allow_pickle=False)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    """``np.savez`` made atomic."""
-    tmp = path.with_name(f"{path.name}.tmp.{HOST}.{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        np.savez(handle, **{k: np.asarray(v) for k, v in arrays.items()})
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Importable by worker processes (loky, dask, SLURM tasks) because the repository root is on
 their ``PYTHONPATH``.  ``python -m tests._computes --store S --items 24 --name NAME ...`` is a
-real item-parallel stage command built on :func:`featpipe.cli.common.run_stage`, so it takes
+real item-parallel stage command built on :func:`featpipe.stages.base.run_stage`, so it takes
 the same ``--jobs --executor --scheduler --shard --on-error`` options as ``featpipe encode``.
 """
 
@@ -16,10 +16,18 @@ import click
 import numpy as np
 
 from featpipe.cli import FeatpipeGroup
-from featpipe.cli.common import item_parallel_options, open_store, run_stage, store_option
+from featpipe.cli.common import (
+    ClickReporter,
+    finish,
+    item_parallel_options,
+    open_store,
+    run_options,
+    store_option,
+)
 from featpipe.errors import ItemError
 from featpipe.manifest import from_rows
 from featpipe.parallel import ItemOutput
+from featpipe.stages.base import run_stage
 from featpipe.store import Store
 
 
@@ -67,13 +75,12 @@ def sleepy_stage(store: Store, n: int):
 @click.option("--bad", multiple=True, help="Item ids that fail.")
 @click.option("--batch-size", default=1, show_default=True, type=int)
 @item_parallel_options
-def sleepy(store_path, n_items, name, sleep, bad, batch_size, jobs, executor, scheduler, shard,
-           on_error, force, dry_run):
+def sleepy(store_path, n_items, name, sleep, bad, batch_size, **kwargs):
     store = open_store(store_path)
     stage = sleepy_stage(store, n_items)
-    run_stage(stage, stage.items.ids, SleepyCompute(sleep, bad), name=name, store=store,
-              jobs=jobs, executor=executor, scheduler=scheduler, shard=shard,
-              on_error=on_error, force=force, dry_run=dry_run, batch_size=batch_size)
+    finish(run_stage(stage, stage.items.ids, SleepyCompute(sleep, bad), store=store, name=name,
+                     options=run_options(kwargs), reporter=ClickReporter(),
+                     batch_size=batch_size))
 
 
 @click.group(cls=FeatpipeGroup)

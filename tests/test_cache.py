@@ -8,8 +8,9 @@ import time
 import numpy as np
 import pytest
 
+from featpipe.fileio import HOST
 from featpipe.manifest import from_rows
-from featpipe.store import HOST, Store
+from featpipe.store import Store
 
 
 @pytest.fixture

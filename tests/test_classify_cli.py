@@ -191,7 +191,7 @@ def test_usage_errors_exit_2(motions, cli):
     store = motions[0]
     proc = run_cli("classify", "--store", store.root, "--input", "avg", "--input", "avg",
                    "--kernel", "chi2", "--kernel", "ssr", "--kernel", "linear", check=False)
-    assert proc.returncode == 2 and "one --kernel for all inputs" in proc.stderr
+    assert proc.returncode == 2 and "--kernel needs one value for all inputs" in proc.stderr
     result = cli("classify", "--store", store.root, "--input", "avg", "--split", "3")
     assert result.exit_code == 2 and "split 3 does not exist" in result.output
     result = cli("classify", "--store", store.root, "--input", "nope")

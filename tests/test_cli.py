@@ -95,6 +95,6 @@ def test_verbose_and_quiet_flags(tmp_path):
     quiet = run_cli("-q", *args)
     assert loud.returncode == quiet.returncode == 0
     assert "3 done" in loud.stdout and "3 skipped" in quiet.stdout
-    assert "INFO featpipe.cli.import_: 3 items; reference feature shape: arrays of shape " \
+    assert "INFO featpipe.stages.imports: 3 items; reference feature shape: arrays of shape " \
         "(N, 2)" in loud.stderr
     assert quiet.stderr == ""

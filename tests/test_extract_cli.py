@@ -142,7 +142,6 @@ def test_vgg_fc6_items_match_the_library(small_set, tmp_path, cli):
 def test_vgg_conv5_3_items_carry_positions_and_frames(tmp_path):
     """conv5_3 through the extraction compute (the network built once, with seeded weights)."""
     torch = pytest.importorskip("torch")
-    from featpipe.cli.extract import ExtractCompute
     from featpipe.extract.vgg import (
         VGG16Features,
         VGGPreprocess,
@@ -151,6 +150,7 @@ def test_vgg_conv5_3_items_carry_positions_and_frames(tmp_path):
         normalise_batch,
     )
     from featpipe.io.video import DecodeWorker
+    from featpipe.stages.extraction import ExtractCompute
 
     path = write_video(tmp_path / "a.mp4", n_frames=12, size=(96, 80))
     prep = VGGPreprocess(72, 64)

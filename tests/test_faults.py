@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 from conftest import REPO, run_cli
 
+from featpipe.fileio import shard_of
 from featpipe.manifest import from_rows
-from featpipe.parallel import shard_of
 from featpipe.store import Store
 
 N_ITEMS = 40

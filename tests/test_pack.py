@@ -9,9 +9,10 @@ from click.testing import CliRunner
 
 from featpipe.cli.cache_pack import pack
 from featpipe.errors import FeatpipeError
+from featpipe.fileio import safe_stem, shard_of
 from featpipe.pack import PackedItems, pack_stage
-from featpipe.parallel import run_items, shard_of
-from featpipe.store import Store, safe_stem
+from featpipe.parallel import run_items
+from featpipe.store import Store
 from tests._computes import SleepyCompute, expected_array, sleepy_stage
 from tests._stores import assert_same_items, load_all, write_npy_dataset
 

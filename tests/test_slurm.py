@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from featpipe.parallel import run_items, shard_of
+from featpipe.fileio import shard_of
+from featpipe.parallel import run_items
 from featpipe.store import Store
 from tests._computes import SleepyCompute, item_ids, sleepy_stage
 from tests._stores import (

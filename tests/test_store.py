@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from featpipe.errors import FeatpipeError, ItemError
+from featpipe.fileio import safe_stem
 from featpipe.manifest import from_rows
-from featpipe.store import Store, safe_stem
+from featpipe.store import Store
 
 
 def small_manifest(tmp_path, ids):

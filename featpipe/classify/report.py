@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from featpipe import __version__
-from featpipe.store import atomic_write_bytes
+from featpipe.fileio import atomic_write_bytes
 
 _PACKAGES = ("numpy", "scipy", "scikit-learn", "libsvm-official", "liblinear-official", "numba")
 

@@ -13,7 +13,7 @@ import sys
 import click
 
 from featpipe import __version__
-from featpipe.errors import FeatpipeError
+from featpipe.errors import FeatpipeError, ParameterError
 
 #: command name -> "module:attribute"; one module per command keeps each command obvious.
 COMMANDS = {
@@ -49,11 +49,16 @@ class LazyGroup(click.Group):
 
 
 class FeatpipeGroup(LazyGroup):
-    """The root group: turns FeatpipeError into one ``error:`` line and exit status 1."""
+    """The root group: a FeatpipeError is one ``error:`` line and exit status 1 (2 for a bad
+    parameter value, a usage error)."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except ParameterError as err:
+            flag = "--" + err.param.replace("_", "-")
+            click.echo(f"error: {flag} {err}", err=True)
+            ctx.exit(2)
         except FeatpipeError as err:
             click.echo(f"error: {err}", err=True)
             ctx.exit(1)

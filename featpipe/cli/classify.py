@@ -4,21 +4,21 @@
                       [--fusion average] [--weights W,W] --C 1000 [--C 10,100 --cv 5]
                       --split 1|all [--metric accuracy|map] [--report REPORT.json]
 
-Labels and splits come from the first input's items (its manifest).  Prints one line per split
-and a summary line; exit status 0 on success, 1 on a failure (bad data, missing items),
-2 on a usage error.
+The work is :func:`featpipe.stages.classification.classify`.  Prints one line per split and a
+summary line; exit status 0 on success, 1 on a failure (bad data, missing items), 2 on a
+usage error.
 """
 
 from __future__ import annotations
 
 import click
 
-from featpipe.classify.experiment import METRICS, SOLVERS, Settings, run_split, summarise
+from featpipe.classify.experiment import METRICS, SOLVERS
 from featpipe.classify.fusion import FUSIONS
 from featpipe.classify.kernels import KERNELS
 from featpipe.classify.metrics import AP_MODES
-from featpipe.cli.common import open_store, store_option
-from featpipe.errors import FeatpipeError
+from featpipe.cli.common import ClickReporter, open_store, store_option
+from featpipe.stages.classification import classify as classify_stage
 
 
 def _numbers(values, flag: str) -> tuple[float, ...]:
@@ -33,20 +33,6 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
                     raise click.BadParameter(f"{part!r} is not a number",
                                              param_hint=flag) from None
     return tuple(out)
-
-
-def _splits(text: str, n_splits: int) -> list[int]:
-    if text == "all":
-        return list(range(1, n_splits + 1))
-    try:
-        k = int(text)
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: use a split number or 'all'",
-                                 param_hint="--split") from None
-    if not 1 <= k <= n_splits:
-        raise click.BadParameter(f"split {k} does not exist: the items have {n_splits} "
-                                 "split column(s)", param_hint="--split")
-    return [k]
 
 
 @click.command("classify")
@@ -86,43 +72,8 @@ def _splits(text: str, n_splits: int) -> list[int]:
 def classify(store_path, inputs, kernels, fusion, weights, C_values, cv, split, metric,
              ap_mode, solver, gamma, order, normalize, jobs, report_path):
     """Train one-vs-rest kernel SVMs on encoded items and report accuracy or mAP."""
-    if len(kernels) not in (1, len(inputs)):
-        raise click.UsageError(f"give one --kernel for all inputs or one per input: "
-                               f"{len(kernels)} kernels for {len(inputs)} inputs")
-    kernels = tuple(kernels) * len(inputs) if len(kernels) == 1 else tuple(kernels)
-    Cs = _numbers(C_values, "--C")
-    weight_values = _numbers([weights], "--weights") if weights else None
-    store = open_store(store_path)
-    stages = [store.resolve(name) for name in inputs]
-    manifest = stages[0].items
-    if len(manifest) == 0:
-        raise FeatpipeError(f"input {inputs[0]!r} ({stages[0].name}) has no items (labels "
-                            "and splits come from the first input's manifest)")
-    if metric is None:
-        metric = "map" if manifest.is_multilabel else "accuracy"
-    settings = Settings(Cs=Cs, cv=cv, metric=metric, ap_mode=ap_mode, solver=solver,
-                        weights=weight_values, gamma=gamma, order=order, n_jobs=jobs,
-                        normalize=normalize)
-    results = []
-    for k in _splits(split, manifest.n_splits or 1):
-        result = run_split(stages, kernels, manifest, k, settings)
-        results.append(result)
-        extra = (f" ({result['n_correct']}/{result['n_test']})" if metric == "accuracy"
-                 else "")
-        chosen = f", C={result['C']:g} by {cv}-fold cv" if len(Cs) > 1 else \
-            f", C={result['C']:g}"
-        click.echo(f"split {k}: {metric} {result['score']:.4f}{extra}{chosen}, "
-                   f"{result['n_train']} train / {result['n_test']} test items")
-    summary = summarise(results, metric)
-    click.echo(f"{metric}: {summary['mean']:.4f} ± {summary['std']:.4f} over "
-               f"{len(results)} split(s)")
-    if report_path:
-        from featpipe.classify.report import build_report, write_report
-
-        config = {"store": str(store.root), "inputs": list(inputs),
-                  "stages": [s.name for s in stages], "kernels": list(kernels),
-                  "fusion": fusion, "weights": list(weight_values) if weight_values else None,
-                  "C": list(Cs), "cv": cv, "split": split, "metric": metric, "ap": ap_mode,
-                  "solver": solver, "gamma": gamma, "order": order, "normalize": normalize}
-        written = write_report(report_path, build_report(config, results, summary))
-        click.echo(f"report: {', '.join(str(p) for p in written)}")
+    classify_stage(open_store(store_path), inputs, kernels, fusion=fusion,
+                   weights=_numbers([weights], "--weights") if weights else None,
+                   C=_numbers(C_values, "--C"), cv=cv, split=split, metric=metric,
+                   ap_mode=ap_mode, solver=solver, gamma=gamma, order=order,
+                   normalize=normalize, jobs=jobs, report=report_path, reporter=ClickReporter())

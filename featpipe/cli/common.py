@@ -1,20 +1,19 @@
-"""Options and reporting shared by the commands that write stages."""
+"""Options and reporting shared by the commands; the work itself is in :mod:`featpipe.stages`."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Sequence
 
 import click
 
-from featpipe.errors import FeatpipeError
-from featpipe.parallel import Compute, RunSummary, parse_shard, plan, run_items
-from featpipe.store import Stage, Store
+from featpipe.stages.base import Progress, Reporter, RunOptions, StageRun
+from featpipe.store import Store
 
 store_option = click.option(
     "--store", "-s", "store_path", required=True, envvar="FEATPIPE_STORE",
     type=click.Path(file_okay=False), help="Store folder (or $FEATPIPE_STORE).")
+
+RUN_OPTION_NAMES = ("jobs", "executor", "scheduler", "shard", "on_error", "force", "dry_run")
 
 
 def item_parallel_options(func):
@@ -40,80 +39,48 @@ def item_parallel_options(func):
     return func
 
 
+def run_options(kwargs: dict) -> RunOptions:
+    """Pop the item-parallel options from a command's keyword arguments."""
+    return RunOptions(**{k: kwargs.pop(k) for k in RUN_OPTION_NAMES})
+
+
 def open_store(store_path: str) -> Store:
     return Store(store_path)
 
 
-def progress_enabled() -> bool:
+def quiet() -> bool:
     ctx = click.get_current_context(silent=True)
-    quiet = bool(ctx and ctx.find_root().obj and ctx.find_root().obj.get("quiet"))
-    return sys.stderr.isatty() and not quiet
+    return bool(ctx and ctx.find_root().obj and ctx.find_root().obj.get("quiet"))
 
 
-def echo_stage(stage: Stage, name: str | None) -> None:
-    label = f" as {name!r}" if name else ""
-    click.echo(f"stage {stage.name}{label}")
+class _Bar(Progress):
+    def __init__(self, total: int, label: str):
+        self.bar = click.progressbar(length=total, label=label, file=sys.stderr)
+        self.bar.__enter__()
+
+    def advance(self, items: int = 1) -> None:
+        self.bar.update(items)
+
+    def close(self) -> None:
+        self.bar.__exit__(None, None, None)
 
 
-def run_stage(
-    stage: Stage,
-    ids: Sequence[str],
-    compute: Compute,
-    *,
-    name: str | None,
-    store: Store,
-    jobs: int = 1,
-    executor: str = "local",
-    scheduler: str | None = None,
-    shard: str | None = None,
-    on_error: str = "fail",
-    force: bool = False,
-    dry_run: bool = False,
-    batch_size: int = 1,
-) -> RunSummary:
-    """Run an item-parallel stage from a command: names it, shows progress, prints a summary.
+class ClickReporter(Reporter):
+    """Result lines on stdout, warnings on stderr, a progress bar when stderr is a terminal."""
 
-    Exits with status 1 when items failed (also with ``--on-error skip``).
-    """
-    shard_spec = parse_shard(shard)
-    echo_stage(stage, name)
-    if name and not dry_run:  # a dry run must not move an existing name
-        store.set_name(name, stage)
-    if dry_run:
-        todo, summary = plan(stage, ids, force=force, shard=shard_spec)
-        for item_id in todo:
-            click.echo(f"would compute {item_id}")
-        click.echo(f"dry run: {len(todo)} to compute, {summary.skipped} already complete")
-        return summary
-    bar = None
-    if progress_enabled():
-        bar = click.progressbar(length=len(ids), label=stage.kind, file=sys.stderr)
-    with bar if bar is not None else contextlib.nullcontext():
-        summary = run_items(
-            stage, ids, compute, jobs=jobs, on_error=on_error, force=force, shard=shard_spec,
-            batch_size=batch_size, executor=executor, scheduler=scheduler,
-            progress=bar.update if bar is not None else None,
-        )
-    click.echo(f"summary: {summary.line()}")
-    if summary.failed:
-        for item_id, error in list(summary.failed.items())[:20]:
-            click.echo(f"failed: {item_id}: {error}", err=True)
+    def info(self, text: str) -> None:
+        click.echo(text)
+
+    def warn(self, text: str) -> None:
+        click.echo(text, err=True)
+
+    def progress(self, total: int, label: str) -> Progress:
+        if sys.stderr.isatty() and not quiet():
+            return _Bar(total, label)
+        return Progress()
+
+
+def finish(run: StageRun) -> None:
+    """Exit with status 1 when items failed (also with ``--on-error skip``)."""
+    if not run.ok:
         raise click.exceptions.Exit(1)
-    return summary
-
-
-def train_item_ids(source: Stage, split: int = 1) -> list[str]:
-    """The train ids of ``split`` in ``source``, every one computed, or a one-line error.
-
-    A model fitted on part of the train set would be silently different from the one asked
-    for, so missing train items are refused, not skipped.
-    """
-    train = source.items.split_ids(split, "train")
-    if not train:
-        raise FeatpipeError(f"input stage {source.name} has no train items in split {split}")
-    done = source.done_ids()
-    missing = [item_id for item_id in train if item_id not in done]
-    if missing:
-        raise FeatpipeError(f"{len(missing)} train items of {source.name} are not computed "
-                            f"(first: {missing[0]!r}); finish the input stage first")
-    return train

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from featpipe.cli.common import open_store, store_option
-from featpipe.errors import FeatpipeError
-from featpipe.io.export import export_arrays
-from featpipe.store import atomic_save_npz
+from featpipe.io.export import export_stage
 
 
 @click.command("export")
@@ -25,19 +21,7 @@ def export(store_path, name, output, partial):
     Layout: README section "Export"; no pickle or object arrays, load with
     ``np.load(path, allow_pickle=False)`` or ``featpipe.io.export.load_export``.
     """
-    stage = open_store(store_path).resolve(name)
-    done = stage.done_ids()
-    ids = [i for i in stage.items.ids if i in done]
-    missing = len(stage.items) - len(ids)
-    if missing and not partial:
-        first = next(i for i in stage.items.ids if i not in done)
-        raise FeatpipeError(f"stage {stage.name} is incomplete: {missing} of {len(stage.items)} "
-                            f"items not computed (first: {first!r}); re-run it, or pass "
-                            "--partial")
-    arrays = export_arrays(stage, ids)
-    path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_save_npz(path, arrays)
-    shape = arrays["X"].shape
-    click.echo(f"wrote {output}: {len(ids)} items, layout {arrays['layout']}, X {shape} "
+    arrays, missing = export_stage(open_store(store_path).resolve(name), output, partial)
+    n, shape = len(arrays["ids"]), arrays["X"].shape
+    click.echo(f"wrote {output}: {n} items, layout {arrays['layout']}, X {shape} "
                f"{arrays['X'].dtype}" + (f", {missing} items not computed" if missing else ""))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import click
 
-from featpipe.cli.common import echo_stage, open_store, store_option, train_item_ids
-from featpipe.encode.standardize import MODEL_NAME, Standardizer
-from featpipe.manifest import Manifest
+from featpipe.cli.common import ClickReporter, open_store, store_option
+from featpipe.stages.fitting import fit_standardize as fit_standardize_stage
 
 
 @click.command("standardize")
@@ -18,16 +17,5 @@ from featpipe.manifest import Manifest
 def fit_standardize(store_path, input_name, name, split):
     """Fit per-channel standardisation on the input's train frames (then `encode --method
     standardize --model NAME`)."""
-    store = open_store(store_path)
-    source = store.resolve(input_name)
-    train = train_item_ids(source, split)
-    stage = store.stage("standardize", {"split": split}, inputs=[source],
-                        items=Manifest([], root=source.path))
-    echo_stage(stage, name)
-    if not stage.has_model(MODEL_NAME):
-        model = Standardizer().fit([source.read_item(i) for i in train])
-        stage.save_model(MODEL_NAME, {"mean": model.mean_, "scale": model.scale_},
-                         {"input": source.name, "split": split, "n_items": len(train)})
-        click.echo(f"standardize: {model.mean_.shape[0]} channels from {len(train)} train items")
-    if name:
-        store.set_name(name, stage)
+    fit_standardize_stage(open_store(store_path), input_name, name=name, split=split,
+                          reporter=ClickReporter())

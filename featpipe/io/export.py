@@ -16,11 +16,32 @@ Layout of the file written by ``featpipe export``:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from featpipe.errors import FeatpipeError
+from featpipe.fileio import atomic_save_npz
 from featpipe.store import Stage
+
+
+def export_stage(stage: Stage, output: str | Path, partial: bool = False
+                 ) -> tuple[dict[str, np.ndarray], int]:
+    """Write the export file of ``stage`` to ``output``; returns its arrays and the number of
+    items not computed (an incomplete stage is refused unless ``partial``)."""
+    done = stage.done_ids()
+    ids = [i for i in stage.items.ids if i in done]
+    missing = len(stage.items) - len(ids)
+    if missing and not partial:
+        first = next(i for i in stage.items.ids if i not in done)
+        raise FeatpipeError(f"stage {stage.name} is incomplete: {missing} of {len(stage.items)} "
+                            f"items not computed (first: {first!r}); re-run it, or pass "
+                            "--partial")
+    arrays = export_arrays(stage, ids)
+    path = Path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_save_npz(path, arrays)
+    return arrays, missing
 
 
 def export_arrays(stage: Stage, ids: Sequence[str]) -> dict[str, np.ndarray]:

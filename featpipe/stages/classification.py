@@ -1,0 +1,82 @@
+"""The ``classify`` stage: kernels, one-vs-rest SVMs, fusion and metrics on encoded stages.
+
+Labels and splits come from the first input's items (its manifest).  One result per split,
+a summary over splits, and optionally a report (JSON, Markdown, plots) beside ``report``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from featpipe.classify.experiment import Settings, run_split, summarise
+from featpipe.errors import FeatpipeError, ParameterError
+from featpipe.stages.base import Reporter
+from featpipe.store import Store
+
+
+def split_numbers(text: str, n_splits: int) -> list[int]:
+    """``'all'`` -> every split; ``'K'`` -> [K] when the items have split K."""
+    if text == "all":
+        return list(range(1, n_splits + 1))
+    try:
+        k = int(text)
+    except ValueError:
+        raise ParameterError("split", f"must be a split number or 'all', got {text!r}") from None
+    if not 1 <= k <= n_splits:
+        raise ParameterError("split", f"{k} does not exist: the items have {n_splits} split "
+                             "column(s)")
+    return [k]
+
+
+def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("linear",), *,
+             fusion: str = "average", weights: Sequence[float] | None = None,
+             C: Sequence[float] = (1000.0,), cv: int = 5, split: str = "1",
+             metric: str | None = None, ap_mode: str = "standard", solver: str = "libsvm",
+             gamma: float | None = None, order: int = 1, normalize: str = "none",
+             jobs: int = -1, report: str | None = None,
+             reporter: Reporter | None = None) -> dict:
+    """Train and test on each split; returns ``{"splits": [...], "summary": {...}}``.
+
+    ``kernels`` is one kernel for all inputs or one per input; several ``C`` are chosen among
+    by ``cv``-fold cross-validation on the train split; ``split`` is a number or ``'all'``.
+    """
+    reporter = reporter or Reporter()
+    if len(kernels) not in (1, len(inputs)):
+        raise ParameterError("kernel", f"needs one value for all inputs or one per input, got "
+                             f"{len(kernels)} kernels for {len(inputs)} inputs")
+    kernels = tuple(kernels) * len(inputs) if len(kernels) == 1 else tuple(kernels)
+    Cs = tuple(C)
+    stages = [store.resolve(name) for name in inputs]
+    manifest = stages[0].items
+    if len(manifest) == 0:
+        raise FeatpipeError(f"input {inputs[0]!r} ({stages[0].name}) has no items (labels "
+                            "and splits come from the first input's manifest)")
+    if metric is None:
+        metric = "map" if manifest.is_multilabel else "accuracy"
+    settings = Settings(Cs=Cs, cv=cv, metric=metric, ap_mode=ap_mode, solver=solver,
+                        weights=tuple(weights) if weights else None, gamma=gamma, order=order,
+                        n_jobs=jobs, normalize=normalize)
+    results = []
+    for k in split_numbers(split, manifest.n_splits or 1):
+        result = run_split(stages, kernels, manifest, k, settings)
+        results.append(result)
+        extra = (f" ({result['n_correct']}/{result['n_test']})" if metric == "accuracy"
+                 else "")
+        chosen = f", C={result['C']:g} by {cv}-fold cv" if len(Cs) > 1 else \
+            f", C={result['C']:g}"
+        reporter.info(f"split {k}: {metric} {result['score']:.4f}{extra}{chosen}, "
+                      f"{result['n_train']} train / {result['n_test']} test items")
+    summary = summarise(results, metric)
+    reporter.info(f"{metric}: {summary['mean']:.4f} ± {summary['std']:.4f} over "
+                  f"{len(results)} split(s)")
+    if report:
+        from featpipe.classify.report import build_report, write_report
+
+        config = {"store": str(store.root), "inputs": list(inputs),
+                  "stages": [s.name for s in stages], "kernels": list(kernels),
+                  "fusion": fusion, "weights": list(weights) if weights else None,
+                  "C": list(Cs), "cv": cv, "split": split, "metric": metric, "ap": ap_mode,
+                  "solver": solver, "gamma": gamma, "order": order, "normalize": normalize}
+        written = write_report(report, build_report(config, results, summary))
+        reporter.info(f"report: {', '.join(str(p) for p in written)}")
+    return {"splits": results, "summary": summary}

@@ -1,0 +1,95 @@
+"""The ``encode`` stage: one vector (or sequence) per item of an input stage.
+
+Methods and their parameters come from :mod:`featpipe.encode.registry`; model parameters
+(``gmm``, ``model``...) name fitted stages of the same store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from featpipe.encode.registry import load_methods, method_params
+from featpipe.errors import FeatpipeError, InputError, ItemError
+from featpipe.parallel import ItemOutput
+from featpipe.stages.base import Reporter, RunOptions, StageRun, run_stage
+from featpipe.store import Stage, Store
+
+
+class EncodeCompute:
+    """Picklable compute for the executor: reads inputs, builds the encoder once per worker."""
+
+    def __init__(self, input_path, method: str, params: Mapping, model_paths: Mapping):
+        self.input_path = input_path
+        self.method = method
+        self.params = dict(params)
+        self.model_paths = dict(model_paths)
+        self._encoder = None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_encoder": None}
+
+    def encoder(self):
+        if self._encoder is None:
+            method = load_methods()[self.method]
+            models = {k: Stage(p) for k, p in self.model_paths.items()}
+            self._encoder = method.build(self.params, models)
+        return self._encoder
+
+    def __call__(self, ids: Sequence[str]) -> list:
+        source = Stage(self.input_path)
+        arrays, extras, results = [], [], []
+        for item_id in ids:
+            try:
+                arrays.append(source.read_item(item_id))
+                extras.append(source.extras_of(item_id))
+                results.append(None)
+            except ItemError as err:
+                results.append(ItemError(item_id, f"input not available: {err.cause}"))
+        encoder = self.encoder()
+        try:
+            encoded = encoder.encode_batch(arrays, extras)
+        except Exception:  # find the bad item: encode one by one
+            encoded = []
+            for array, extra in zip(arrays, extras, strict=True):
+                try:
+                    encoded.append(encoder.encode_batch([array], [extra])[0])
+                except Exception as err:
+                    encoded.append(err)
+        outputs = iter(encoded)
+        for i in range(len(ids)):
+            if results[i] is None:
+                value = next(outputs)
+                keep = isinstance(value, BaseException | ItemOutput)  # ItemOutput: sidecars
+                results[i] = value if keep else ItemOutput(value)
+        return results
+
+
+def encode(store: Store, input: str, method: str, params: Mapping | None = None, *,
+           name: str | None = None, options: RunOptions | None = None,
+           reporter: Reporter | None = None) -> StageRun:
+    """Encode every item of stage ``input`` with ``method``; returns the run.
+
+    ``params`` holds the method's parameters (missing ones take the method's defaults); a
+    model parameter (``gmm``, ``model``, ``pca``...) names a fitted stage of ``store``.
+    """
+    methods = load_methods()
+    if method not in methods:
+        raise InputError(f"unknown encode method {method!r}; choose from {sorted(methods)}")
+    chosen = methods[method]
+    params = method_params(chosen, params or {})
+    source = store.resolve(input)
+    models = {}
+    for option in chosen.model_options:
+        if params.get(option):
+            models[option] = store.resolve(params[option])
+            params[option] = models[option].name
+        elif option in chosen.defaults and chosen.defaults[option] is None:
+            raise FeatpipeError(f"--method {method} needs --{option.replace('_', '-')} NAME "
+                                "of a fitted model stage")
+    if not source.items.ids:
+        raise FeatpipeError(f"input stage {source.name} has no items")
+    stage = store.stage("encode", {"method": method, **params},
+                        inputs=[source, *models.values()], items=source.items)
+    compute = EncodeCompute(source.path, method, params, {k: s.path for k, s in models.items()})
+    return run_stage(stage, source.items.ids, compute, store=store, name=name, options=options,
+                     reporter=reporter, batch_size=chosen.batch_size)

@@ -1,0 +1,67 @@
+"""The ``import`` stage: per-item features made elsewhere (.npy folder, .npz, HDF5, aeon .ts)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from featpipe.errors import ParameterError
+from featpipe.io.importers import (
+    ImportCompute,
+    describe,
+    detect_format,
+    file_stamp,
+    manifest_digest,
+    open_sources,
+    reference_signature,
+    source_fingerprint,
+    ts_manifest,
+)
+from featpipe.manifest import Manifest
+from featpipe.stages.base import Reporter, RunOptions, StageRun, run_stage
+from featpipe.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def import_features(store: Store, sources: Sequence[str], manifest_path: str | None = None, *,
+                    name: str | None = None, dtype: str = "float32",
+                    write_manifest: str | None = None, options: RunOptions | None = None,
+                    reporter: Reporter | None = None) -> StageRun:
+    """Import every manifest item from ``sources`` into an ``import`` stage named ``name``.
+
+    Without a manifest every source must be a ``.ts`` file; the manifest is then built from
+    the files (ids ``STEM/<i>``, class labels, split1 train/test from the file names) and saved
+    as the stage's ``items.csv`` (and at ``write_manifest`` when given).
+    """
+    reporter = reporter or Reporter()
+    specs = tuple((detect_format(path), str(Path(path).resolve())) for path in sources)
+    if manifest_path:
+        manifest_file = str(Path(manifest_path).resolve())
+        manifest = Manifest.read(manifest_file)
+        stamp = file_stamp(specs, manifest_file)
+        _, opened = open_sources(specs, manifest_file, stamp)
+    else:
+        not_ts = [path for (fmt, _), path in zip(specs, sources, strict=True) if fmt != "ts"]
+        if not_ts:
+            raise ParameterError("manifest", "is required unless every --from is a .ts file "
+                                 f"({not_ts[0]} is not)")
+        manifest_file = None
+        stamp = file_stamp(specs, None)
+        _, opened = open_sources(specs, None, stamp)
+        manifest = ts_manifest(opened)
+    if write_manifest:
+        manifest.write(write_manifest)
+        reporter.info(f"wrote manifest {write_manifest} ({len(manifest)} items)")
+    params = {"sources": [source_fingerprint(fmt, path) for fmt, path in specs],
+              "items": manifest_digest(manifest)}
+    stage = store.stage("import", params, items=manifest, dtype=dtype)
+    expected = reference_signature(opened, manifest)
+    for source in opened:
+        log.info("source %s (%s)", source.path, source.fmt)
+    log.info("%d items; reference feature shape: %s", len(manifest),
+             describe(expected) if expected else "none found")
+    compute = ImportCompute(specs, manifest_file, str(stage.path), expected, stamp)
+    return run_stage(stage, manifest.ids, compute, store=store, name=name, options=options,
+                     reporter=reporter, batch_size=16)
