@@ -274,20 +274,51 @@ def fisher_vector(x, weights, means, variances, improved=True,
     root and L2 normalisation.  Same definition as VLFeat ``vl_fisher`` (module docstring),
     accumulated in float64.
     """
-    weights, means, variances = check_gmm(weights, means, variances)
-    k, dim = means.shape
-    x = _check_descriptors(x, dim)
-    n = x.shape[0]
-    u = np.zeros((k, dim))
-    v = np.zeros((k, dim))
-    # BLAS single-threaded: the compiled pass runs one thread per core, and idle OpenBLAS
-    # threads spinning after the GEMM would take those cores (measured: 2x slower)
-    with _blas_controller().limit(limits=1, user_api="blas"):
-        for start in range(0, n, _CHUNK):  # bounded memory: (chunk, K) float32 log joints
-            _accumulate(x[start:start + _CHUNK], n, weights, means, variances,
-                        posterior_threshold, u, v)
-    z = np.concatenate([u.ravel(), v.ravel()])
-    return (improve(z) if improved else z).astype(np.float32)
+    accumulator = FisherAccumulator(weights, means, variances, improved, posterior_threshold)
+    return accumulator.add(x).result()
+
+
+class FisherAccumulator:
+    """The Fisher vector of descriptors that arrive in parts (the frames of a video).
+
+    ``add(x)`` accumulates the sums Σ_t γ_tk d_tk, Σ_t γ_tk d_tk² and Σ_t γ_tk of a part;
+    ``result()`` divides by the total count N and the priors (module docstring), so any split
+    of the descriptors into parts gives the FV of all of them (to float64 rounding).
+    """
+
+    def __init__(self, weights, means, variances, improved=True,
+                 posterior_threshold=POSTERIOR_THRESHOLD):
+        self.weights, self.means, self.variances = check_gmm(weights, means, variances)
+        self.improved = improved
+        self.threshold = posterior_threshold
+        k, dim = self.means.shape
+        self.first = np.zeros((k, dim))
+        self.second = np.zeros((k, dim))
+        self.mass = np.zeros(k)
+        self.count = 0
+
+    def add(self, x) -> FisherAccumulator:
+        """Accumulate descriptors ``x`` (n, D); returns ``self``."""
+        x = _check_descriptors(x, self.means.shape[1])
+        # BLAS single-threaded: the compiled pass runs one thread per core, and idle OpenBLAS
+        # threads spinning after the GEMM would take those cores (measured: 2x slower)
+        with _blas_controller().limit(limits=1, user_api="blas"):
+            for start in range(0, x.shape[0], _CHUNK):  # bounded memory: (chunk, K) float32
+                _accumulate(x[start:start + _CHUNK], self.weights, self.means, self.variances,
+                            self.threshold, self.first, self.second, self.mass)
+        self.count += x.shape[0]
+        return self
+
+    def result(self) -> np.ndarray:
+        """The float32 FV of everything added (zeros when nothing was)."""
+        hit = self.mass > 0
+        u = np.zeros_like(self.first)
+        v = np.zeros_like(self.second)
+        scale = self.count * np.sqrt(self.weights[hit])[:, None]
+        u[hit] = self.first[hit] / scale
+        v[hit] = (self.second[hit] - self.mass[hit, None]) / (scale * math.sqrt(2.0))
+        z = np.concatenate([u.ravel(), v.ravel()])
+        return (improve(z) if self.improved else z).astype(np.float32)
 
 
 @functools.cache
@@ -303,8 +334,9 @@ def improve(z: np.ndarray) -> np.ndarray:
     return z / max(float(np.sqrt(np.dot(z, z))), 1e-12)
 
 
-def _accumulate(x, n_total, weights, means, variances, threshold, u, v):
-    """Add the FV sums of descriptors ``x`` (part of an item of ``n_total``) into ``u``, ``v``.
+def _accumulate(x, weights, means, variances, threshold, first, second, mass):
+    """Add the sums Σ γ d, Σ γ d² and Σ γ of descriptors ``x`` into ``first``, ``second``,
+    ``mass`` (one (K, D), (K, D), (K,) accumulator of :class:`FisherAccumulator`).
 
     1. Approximate log joints of all pairs from one float32 GEMM on data centred at the mean
        of the GMM's means (error up to ~1e-3 on real PCA-SIFT); the rest is one compiled pass
@@ -313,8 +345,7 @@ def _accumulate(x, n_total, weights, means, variances, threshold, u, v):
        from direct differences d_tk (float32, as VLFeat); the normaliser uses these exact
        values and the approximate ones of the other pairs (each below ~1e-7 of the best, so
        their error does not matter).
-    3. Kept pairs (gamma >= threshold) are accumulated per component in float64: u_k from
-       gamma . d, v_k from gamma . (d^2 - 1).
+    3. Kept pairs (gamma >= threshold) are accumulated per component in float64.
     """
     import numba
 
@@ -334,13 +365,9 @@ def _accumulate(x, n_total, weights, means, variances, threshold, u, v):
     raw = lhs @ rhs.astype(np.float32).T
     bias = np.sum((means - center) ** 2 * inv_var, axis=1).astype(np.float32)
     limit = math.log(threshold) - _MARGIN if threshold > 0 else -math.inf
-    u_sum, v_sum, mass = np.zeros_like(u), np.zeros_like(v), np.zeros(means.shape[0])
     blocks = max(1, min(numba.get_num_threads(), raw.shape[0]))
     _fisher_loop.accumulate(raw, bias, log_norm.astype(np.float32), xc, mc, inv_sigma, log_norm,
-                            limit, threshold, u_sum, v_sum, mass, blocks)
-    hit = mass > 0
-    u[hit] += u_sum[hit] / (n_total * np.sqrt(weights[hit]))[:, None]
-    v[hit] += (v_sum[hit] - mass[hit, None]) / (n_total * np.sqrt(2.0 * weights[hit]))[:, None]
+                            limit, threshold, first, second, mass, blocks)
 
 
 def pyramid_regions(positions, image_size, pyramid: str) -> list[np.ndarray]:
