@@ -58,8 +58,8 @@ class _Bar(Progress):
         self.bar = click.progressbar(length=total, label=label, file=sys.stderr)
         self.bar.__enter__()
 
-    def advance(self, items: int = 1) -> None:
-        self.bar.update(items)
+    def advance(self, n: int = 1) -> None:
+        self.bar.update(n)
 
     def close(self) -> None:
         self.bar.__exit__(None, None, None)
@@ -74,8 +74,8 @@ class ClickReporter(Reporter):
     def warn(self, text: str) -> None:
         click.echo(text, err=True)
 
-    def progress(self, total: int, label: str) -> Progress:
-        if sys.stderr.isatty() and not quiet():
+    def progress(self, total: int | None, label: str, unit: str = "items") -> Progress:
+        if total is not None and sys.stderr.isatty() and not quiet():
             return _Bar(total, label)
         return Progress()
 

@@ -21,7 +21,8 @@ log = logging.getLogger("featpipe")
 
 
 class Progress:
-    """Progress of one run: ``advance(n)`` after ``n`` items. This one shows nothing."""
+    """Progress of one run: ``advance(n)`` after ``n`` more units (items, frames, iterations)
+    are finished. This one shows nothing."""
 
     def __enter__(self) -> Progress:
         return self
@@ -29,8 +30,8 @@ class Progress:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def advance(self, items: int = 1) -> None:
-        """``items`` more items finished (done or failed)."""
+    def advance(self, n: int = 1) -> None:
+        """``n`` more units finished (items done or failed, frames decoded...)."""
 
     def close(self) -> None:
         """The run ended."""
@@ -45,8 +46,8 @@ class Reporter:
     def warn(self, text: str) -> None:
         """Something the user should know but that does not stop the stage: stderr."""
 
-    def progress(self, total: int, label: str) -> Progress:
-        """A progress display for ``total`` items."""
+    def progress(self, total: int | None, label: str, unit: str = "items") -> Progress:
+        """A progress display for ``total`` units (``None``: not known in advance)."""
         return Progress()
 
 
