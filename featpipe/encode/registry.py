@@ -51,7 +51,8 @@ class EncodeMethod:
     options: tuple[click.Option, ...] = ()
     defaults: Mapping[str, object] = field(default_factory=dict)
     model_options: tuple[str, ...] = ()
-    batch_size: int = 16
+    #: items per encode_batch call, or a function of the parameters (e.g. more on a GPU)
+    batch_size: int | Callable[[Mapping], int] = 16
 
 
 def load_methods() -> dict[str, EncodeMethod]:
