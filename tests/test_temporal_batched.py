@@ -251,3 +251,31 @@ def test_encode_batches_items_on_the_device():
     for name, cpu, cuda in (("hrp", 1, 32), ("recursive", 1, 32), ("rankpool", 64, 256)):
         size = methods[name].batch_size
         assert size({"device": "cpu"}) == cpu and size({"device": "cuda"}) == cuda
+
+
+def test_gradcheck_maps_and_pooling_functions():
+    from featpipe.encode import maps
+    from featpipe.encode.svr import rank_svr_unit
+
+    rng = np.random.default_rng(9)
+    X = torch.tensor(rng.uniform(0.5, 2.0, (7, 3)) * rng.choice([-1, 1], (7, 3)),
+                     requires_grad=True)
+    functions = [maps.running_sum, maps.time_varying_mean, maps.signed_square_root,
+                 maps.sign_expansion_root, maps.l2_normalize,
+                 lambda X: maps.rank_pool_vectors(X, "ser"),
+                 temporal.average_pool, temporal.max_pool, temporal.temporal_pyramid,
+                 temporal.approximate_rank_pool,
+                 lambda X: temporal.rank_pool_windows(X[None], "ssr", directions="both"),
+                 lambda X: temporal.recursive_layer(X, "ser"),
+                 lambda X: rank_svr_unit(X[None], C=3.0)]
+    for fn in functions:
+        assert torch.autograd.gradcheck(fn, (X,)), fn
+
+
+def test_liblinear_solver_refuses_tensors_that_require_grad():
+    X = torch.tensor(sequences([8], dim=3)[0], requires_grad=True)
+    for fn in (lambda: temporal.rank_pool_windows(X[None], "ssr", solver="liblinear"),
+               lambda: temporal.recursive_layer(X, "ssr", solver="liblinear"),
+               lambda: temporal.rank_svr_liblinear(X[None])):
+        with pytest.raises(InputError, match="not differentiable"):
+            fn()

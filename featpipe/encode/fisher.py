@@ -19,9 +19,14 @@ laid out ``[u_1..u_K, v_1..v_K]`` (2KD values, no prior block).  Components with
 take no part in the posteriors.  *Improved* FV = signed square root, then division by
 ``max(||z||_2, 1e-12)``; an item without descriptors encodes to zeros.
 
-Speed: the Mahalanobis terms ||x - mu||^2 / sigma^2 of all pairs come from one GEMM on
-centred data (float64: a float32 GEMM loses ~1e-3 in the log posteriors of real PCA-SIFT);
-only the pairs with ``gamma >= 1e-6`` are accumulated, as a sparse product with [x, x^2].
+One body: :func:`fisher_vectors` (array API, batched, differentiable) defines the FV and is
+used by deep Fisher learning; :class:`FisherAccumulator` normalises its sums with the same
+:func:`fisher_from_sums`.  Its CPU fast path computes the Mahalanobis terms
+||x - mu||^2 / sigma^2 of all pairs by one float32 GEMM on centred data and a compiled pass
+(:mod:`featpipe.encode._fisher_loop`) that accumulates only the pairs with
+``gamma >= 1e-6``; descriptors whose float32 rounding bound exceeds half the candidate margin
+(far from every Gaussian) go through the float64 body with direct differences, so the
+posteriors never underflow to all zeros.
 """
 
 from __future__ import annotations

@@ -255,6 +255,7 @@ def rank_svr_liblinear(V, C: float = 1.0, epsilon: float = 0.1, tol: float | Non
     from liblinear import liblinearutil
 
     C, epsilon = check_svr_params(C, epsilon)
+    refuse_grad(V, what="rank_svr_liblinear")
     V = np.asarray(V, dtype=np.float64)
     if V.ndim != 3:
         raise InputError(f"V must have shape (B, T, D), got {V.shape}")

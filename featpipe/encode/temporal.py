@@ -30,7 +30,13 @@ from concurrent.futures import ThreadPoolExecutor
 import click
 import numpy as np
 
-from featpipe.backend import device_namespace, namespace, to_numpy, worker_threads
+from featpipe.backend import (
+    device_namespace,
+    namespace,
+    refuse_grad,
+    to_numpy,
+    worker_threads,
+)
 from featpipe.encode.maps import (
     PSI_MAPS,
     normalized_map,
@@ -188,6 +194,8 @@ def rank_pool_sums(S, psi="ser", C=1.0, epsilon=0.1, solver="newton", lengths=No
     xp = namespace(S)
     if nonnegative is None:
         nonnegative = bool(xp.all(S >= 0))
+    if solver != "newton":
+        refuse_grad(S, what="solver='liblinear'")
     if solver == "newton":
         parts = psi_parts(S, psi, nonnegative)
         beta = rank_svr_unit_gram(parts_gram(parts), C, epsilon, lengths)
@@ -241,7 +249,9 @@ def rank_pool_long(X, psi="ser", C=1.0, epsilon=0.1, directions="fwd", solver="n
                    chunk_bytes=DEFAULT_CHUNK_BYTES):
     """Rank-pool one long sequence X (T, D) without its T×T Gram matrix: the vectors
     L2(ψ(TVM(X))) are built in row chunks (running sums carried across chunks) and the SVR is
-    solved in the primal by :func:`featpipe.encode.svr.rank_svr_primal`."""
+    solved in the primal by :func:`featpipe.encode.svr.rank_svr_primal`.  Not
+    differentiable: tensors that require grad are refused."""
+    refuse_grad(X, what="rank_pool_long (long sequences, solved in the primal)")
     xp = namespace(X)
     device = getattr(X, "device", None)
     T, D = X.shape
@@ -375,6 +385,7 @@ def recursive_layer(X, psi="ser", C=1.0, epsilon=0.1, solver="newton",
     V = normalized_map(time_varying_mean(X), psi)
     ends = list(range(2, J + 1)) if J > 1 else [1]
     if solver == "liblinear":
+        refuse_grad(V, what="solver='liblinear'")
         Vn = np.asarray(to_numpy(V), dtype=np.float64)
         U = np.stack([rank_svr_liblinear(Vn[None, :t], C, epsilon)[0] for t in ends])
         return xp.asarray(U.astype(to_numpy(V).dtype), device=device)

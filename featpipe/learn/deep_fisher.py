@@ -30,6 +30,12 @@ All sums over t are GEMMs on [x^2, x], so the gradient costs about two FV passes
 the paper: ``posterior_cutoff`` leaves pairs with gamma < cutoff out of the posterior term
 (an approximation; 0 = exact), ``subsample`` computes the gradient on a seeded fraction of each
 image's descriptors.  Written against the array API: numpy, torch, CuPy, array_api_strict.
+
+Batching (the device path): the images' descriptors stay on the device, concatenated; the FVs
+of all images come from the FV body :func:`featpipe.encode.fisher.fisher_vectors` on length
+buckets (one GEMM and one batched segment sum per bucket, ``BATCH_BYTES`` of working memory),
+the gradient from one forward and one reverse pass per bucket of margin violators, and the
+SVMs of all classes from one liblinear problem built from a CSR matrix.
 """
 
 from __future__ import annotations
