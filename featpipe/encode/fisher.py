@@ -295,8 +295,7 @@ def posteriors(log_joint, axis: int = -1):
     all underflow to zero (the log joints themselves may be -1e26)."""
     xp = namespace(log_joint)
     shifted = log_joint - xp.max(log_joint, axis=axis, keepdims=True)
-    floor = _LOG_FLOOR[xp.finfo(log_joint.dtype).bits // 8]
-    e = xp.exp(xp.where(shifted > floor, shifted, xp.full_like(shifted, floor)))
+    e = xp.exp(xp.clip(shifted, min=_LOG_FLOOR[xp.finfo(log_joint.dtype).bits // 8]))
     return e / xp.sum(e, axis=axis, keepdims=True)
 
 
