@@ -357,12 +357,22 @@ def hrp_layer(X, window=20, stride=1, psi="ser", C=1.0, epsilon=0.1, solver="new
 
     chunks = range(0, len(starts), per_chunk)
     threads = min(len(chunks), threads)
+    if not array_is_numpy(X):
+        out = [pool_chunk(c) for c in chunks]
+        return out[0] if len(out) == 1 else xp.concat(out, axis=0)
+    # chunks write into the output: no second copy of the layer when they are joined
+    layer = np.empty((len(starts), psi_dim(psi, D)), dtype=X.dtype)
+
+    def pool_into(c):
+        layer[c: c + per_chunk] = pool_chunk(c)
+
     if threads > 1:  # numpy releases the GIL in its kernels: one chunk per thread at a time
         with ThreadPoolExecutor(threads) as pool:
-            out = list(pool.map(pool_chunk, chunks))
+            list(pool.map(pool_into, chunks))
     else:
-        out = [pool_chunk(c) for c in chunks]
-    return out[0] if len(out) == 1 else xp.concat(out, axis=0)
+        for c in chunks:
+            pool_into(c)
+    return layer
 
 
 def _work_float(xp, X):
