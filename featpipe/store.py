@@ -310,15 +310,22 @@ class Stage:
         return found
 
     # -- models -----------------------------------------------------------------------------
-    def save_model(self, name: str, arrays: Mapping[str, np.ndarray], meta: Mapping) -> None:
-        """Save a fitted object as ``models/<name>.npz`` (arrays) + ``models/<name>.json``."""
+    def save_model(self, name: str, model, meta: Mapping | None = None) -> None:
+        """Save a fitted model as ``models/<name>.npz`` (arrays) + ``models/<name>.json``.
+
+        ``model`` follows :mod:`featpipe.models` (``to_arrays() -> (arrays, meta)``, and
+        ``meta`` is added to its metadata) or is a dict of arrays.
+        """
+        arrays, own = model.to_arrays() if hasattr(model, "to_arrays") else (model, {})
+        meta = {**own, **(meta or {})}
         folder = self.path / "models"
         folder.mkdir(parents=True, exist_ok=True)
         atomic_save_npz(folder / f"{name}.npz", arrays)
         text = json.dumps(dict(meta), indent=2, sort_keys=True, default=_json_default)
         atomic_write_bytes(folder / f"{name}.json", text.encode("utf-8"))
 
-    def load_model(self, name: str) -> tuple[dict[str, np.ndarray], dict]:
+    def load_model(self, name: str, cls=None):
+        """``(arrays, meta)`` of model ``name``, or ``cls.from_arrays(arrays, meta)``."""
         folder = self.path / "models"
         try:
             with np.load(folder / f"{name}.npz", allow_pickle=False) as data:
@@ -327,7 +334,7 @@ class Stage:
         except FileNotFoundError:
             raise FeatpipeError(f"stage {self.name} has no model {name!r} (not fitted yet?)") \
                 from None
-        return arrays, meta
+        return (arrays, meta) if cls is None else cls.from_arrays(arrays, meta)
 
     def has_model(self, name: str) -> bool:
         folder = self.path / "models"

@@ -5,6 +5,15 @@ stage in a :class:`~featpipe.store.Store`, computes what is missing and returns 
 :class:`~featpipe.store.Stage` (item stages return a :class:`StageRun` with the counts).  It
 tells what it does through a :class:`Reporter`: silent by default, so the functions are a
 library; the command line passes one that prints.
+
+Rules every stage function follows:
+
+- every parameter is checked before the stage exists (:func:`check_name`, the estimators'
+  constraints, :class:`RunOptions`): a bad value raises
+  :class:`~featpipe.errors.ParameterError`, and no stage folder or name is touched;
+- a name moves to a stage only when that stage is complete (:func:`name_stage`): an
+  incomplete run says which name it did not move and why, and a name that moves from one
+  stage to another says so.
 """
 
 from __future__ import annotations
@@ -13,9 +22,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from featpipe.errors import FeatpipeError
-from featpipe.parallel import Compute, RunSummary, parse_shard, plan, run_items
-from featpipe.store import Stage, Store
+from featpipe.errors import FeatpipeError, ParameterError
+from featpipe.parallel import ON_ERROR, Compute, RunSummary, parse_shard, plan, run_items
+from featpipe.store import NAME_PATTERN, Stage, Store
 
 log = logging.getLogger("featpipe")
 
@@ -53,7 +62,11 @@ class Reporter:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How an item stage runs: workers, executor, shard, failures, recompute, dry run."""
+    """How an item stage runs: workers, executor, shard, failures, recompute, dry run.
+
+    Checked when made: ``shard`` (or SLURM's task variables when it is ``None``) must be
+    ``I/N`` with 0 <= I < N, ``on_error`` ``fail`` or ``skip``.
+    """
 
     jobs: int = 1
     executor: str = "local"
@@ -62,6 +75,44 @@ class RunOptions:
     on_error: str = "fail"
     force: bool = False
     dry_run: bool = False
+
+    def __post_init__(self):
+        try:
+            parse_shard(self.shard)
+        except FeatpipeError:
+            given = "SLURM_ARRAY_TASK_ID/COUNT" if self.shard is None else repr(self.shard)
+            raise ParameterError("shard", f"must be I/N with 0 <= I < N (e.g. 0/4), got "
+                                 f"{given}") from None
+        if self.on_error not in ON_ERROR:
+            raise ParameterError("on_error", f"must be one of {', '.join(ON_ERROR)}, got "
+                                 f"{self.on_error!r}")
+
+
+def check_name(name: str | None) -> None:
+    """A stage name is letters, digits, ``.``, ``_`` and ``-`` (at most 128, no path)."""
+    if name is not None and not NAME_PATTERN.match(name):
+        raise ParameterError("name", f"must be letters, digits, '.', '_' or '-' (at most 128, "
+                             f"starting with a letter or digit), got {name!r}")
+
+
+def describe(stage: Stage) -> str:
+    """``encode-AAA (hrp)``: the folder and what it holds (an encode stage's method)."""
+    what = stage.params.get("method") if isinstance(stage.params, dict) else None
+    return f"{stage.name} ({what or stage.kind})"
+
+
+def name_stage(store: Store, name: str | None, stage: Stage, reporter: Reporter) -> None:
+    """Point ``name`` at ``stage`` (complete); say so when the name leaves another stage."""
+    if not name:
+        return
+    previous = store.names().get(name)
+    store.set_name(name, stage)
+    if previous and previous != stage.name:
+        try:
+            before = describe(store.stage_by_folder(previous))
+        except FeatpipeError:
+            before = previous
+        reporter.warn(f"name {name} moved from {before} to {describe(stage)}")
 
 
 @dataclass
@@ -92,6 +143,7 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
     """
     reporter = reporter or Reporter()
     options = options or RunOptions()
+    check_name(name)
     shard = parse_shard(options.shard)
     announce(stage, name, reporter)
     if options.dry_run:
@@ -100,17 +152,31 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
             reporter.info(f"would compute {item_id}")
         reporter.info(f"dry run: {len(todo)} to compute, {summary.skipped} already complete")
         return StageRun(stage, summary, todo)
-    if name:
-        store.set_name(name, stage)
-    with reporter.progress(len(ids), stage.kind) as progress:
-        summary = run_items(
-            stage, ids, compute, jobs=options.jobs, on_error=options.on_error,
-            force=options.force, shard=shard, batch_size=batch_size,
-            executor=options.executor, scheduler=options.scheduler, progress=progress.advance)
+    try:
+        with reporter.progress(len(ids), stage.kind) as progress:
+            summary = run_items(
+                stage, ids, compute, jobs=options.jobs, on_error=options.on_error,
+                force=options.force, shard=shard, batch_size=batch_size,
+                executor=options.executor, scheduler=options.scheduler,
+                progress=progress.advance)
+    except BaseException:
+        _name_left(stage, name, ids, reporter)
+        raise
     reporter.info(f"summary: {summary.line()}")
     for item_id, error in list(summary.failed.items())[:20]:
         reporter.warn(f"failed: {item_id}: {error}")
+    if set(ids) <= stage.done_ids():
+        name_stage(store, name, stage, reporter)
+    else:
+        _name_left(stage, name, ids, reporter)
     return StageRun(stage, summary)
+
+
+def _name_left(stage: Stage, name: str | None, ids: Sequence[str], reporter: Reporter) -> None:
+    if name:
+        done = len(set(ids) & stage.done_ids())
+        reporter.warn(f"name {name} not moved: stage {stage.name} is incomplete ({done} of "
+                      f"{len(ids)} items done); re-run the same command to finish it")
 
 
 def train_item_ids(source: Stage, split: int = 1) -> list[str]:
