@@ -8,6 +8,7 @@ import click
 
 from featpipe.cli.common import open_store, store_option
 from featpipe.progress import stage_progress
+from featpipe.stages.base import latest_stage
 
 
 def _when(stamp: float | None) -> str:
@@ -31,7 +32,7 @@ def _rate(rate: float | None) -> str:
               help="Exit with status 1 unless every item of the stage is done.")
 def status(store_path, name, show_failed, show_ledgers, check):
     """Show how far stage NAME is: done, failed and pending items, rate, per-process ledgers."""
-    stage = open_store(store_path).resolve(name)
+    stage = latest_stage(open_store(store_path), name)
     progress = stage_progress(stage)
     click.echo(f"stage {stage.name} ({stage.kind})")
     share = 100.0 * progress.done / progress.total if progress.total else 100.0

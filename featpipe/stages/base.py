@@ -13,7 +13,9 @@ Rules every stage function follows:
   :class:`~featpipe.errors.ParameterError`, and no stage folder or name is touched;
 - a name moves to a stage only when that stage is complete (:func:`name_stage`): an
   incomplete run says which name it did not move and why, and a name that moves from one
-  stage to another says so.
+  stage to another says so.  Until then the run is recorded as the name's *running* stage
+  (``STORE/names/.running/NAME``), which ``featpipe status NAME`` follows
+  (:func:`latest_stage`); inputs, ``cache gc`` and ``cache ls`` see only real names.
 """
 
 from __future__ import annotations
@@ -23,8 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from featpipe.errors import FeatpipeError, ParameterError
+from featpipe.fileio import atomic_write_bytes
 from featpipe.parallel import ON_ERROR, Compute, RunSummary, parse_shard, plan, run_items
 from featpipe.store import NAME_PATTERN, Stage, Store
+
+#: Sub-folder of ``STORE/names`` recording, per name, the stage a run is computing for it.
+RUNNING = ".running"
 
 log = logging.getLogger("featpipe")
 
@@ -107,6 +113,7 @@ def name_stage(store: Store, name: str | None, stage: Stage, reporter: Reporter)
         return
     previous = store.names().get(name)
     store.set_name(name, stage)
+    (store.names_dir / RUNNING / name).unlink(missing_ok=True)
     if previous and previous != stage.name:
         try:
             before = describe(store.stage_by_folder(previous))
@@ -133,6 +140,32 @@ def announce(stage: Stage, name: str | None, reporter: Reporter) -> None:
     reporter.info(f"stage {stage.name}{label}")
 
 
+def _mark_running(store: Store, name: str | None, stage: Stage) -> None:
+    if name:
+        (store.names_dir / RUNNING).mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(store.names_dir / RUNNING / name, (stage.name + "\n").encode())
+
+
+def running_names(store: Store) -> dict[str, str]:
+    """Names whose last run has not completed yet, and the stage folder each run computes
+    (``cache gc`` keeps these stages: their items are computed work)."""
+    folder = store.names_dir / RUNNING
+    if not folder.is_dir():
+        return {}
+    return {p.name: p.read_text(encoding="utf-8").strip() for p in sorted(folder.iterdir())
+            if NAME_PATTERN.match(p.name) and p.is_file()}
+
+
+def latest_stage(store: Store, name: str) -> Stage:
+    """The stage the last run for ``name`` computed (complete or not), else the stage ``name``
+    points to: what ``featpipe status NAME`` reports on."""
+    folder = running_names(store).get(name)
+    if folder and NAME_PATTERN.match(folder) and \
+            (store.stages_dir / folder / "stage.json").exists():
+        return store.stage_by_folder(folder)
+    return store.resolve(name)
+
+
 def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Store,
               name: str | None = None, options: RunOptions | None = None,
               reporter: Reporter | None = None, batch_size: int = 1) -> StageRun:
@@ -152,6 +185,7 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
             reporter.info(f"would compute {item_id}")
         reporter.info(f"dry run: {len(todo)} to compute, {summary.skipped} already complete")
         return StageRun(stage, summary, todo)
+    _mark_running(store, name, stage)
     try:
         with reporter.progress(len(ids), stage.kind) as progress:
             summary = run_items(

@@ -20,7 +20,7 @@ import numpy as np
 from featpipe.errors import FeatpipeError
 from featpipe.fileio import HOST
 from featpipe.io.importers import describe, signature
-from featpipe.stages.base import Reporter
+from featpipe.stages.base import Reporter, running_names
 from featpipe.store import Stage, Store
 
 _TMP = re.compile(r"\.tmp\.([^./]+)\.(\d+)$")
@@ -94,7 +94,7 @@ def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = 
 def _needed(store: Store) -> set[str]:
     """Stage folders reachable from a name through the inputs chain."""
     keep: set[str] = set()
-    todo = [folder for folder in store.names().values()]
+    todo = [*store.names().values(), *running_names(store).values()]
     while todo:
         folder = todo.pop()
         if folder in keep or not (store.stages_dir / folder / "stage.json").exists():
