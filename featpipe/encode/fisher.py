@@ -35,6 +35,7 @@ from numbers import Integral, Real
 import numpy as np
 from sklearn.base import BaseEstimator, DensityMixin, TransformerMixin
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
+from sklearn.utils.validation import validate_data
 
 from featpipe.errors import InputError, ParameterError
 from featpipe.models import ArrayModel
@@ -445,7 +446,7 @@ class FisherVector(ValidatedEstimator, TransformerMixin, BaseEstimator):
     Attributes
     ----------
     weights_ (K,), means_ (K, D), variances_ (K, D): the GMM used; gmm_: the fitted GMM
-    object; n_features_in_.
+    object; n_iter_: EM iterations of the fitted GMM (0 with ``gmm``); n_features_in_.
     """
 
     _parameter_constraints = {
@@ -467,18 +468,28 @@ class FisherVector(ValidatedEstimator, TransformerMixin, BaseEstimator):
         self.gmm = gmm
 
     def fit(self, X, y=None):
+        """Fit the GMM on descriptors ``X``: one (n, D) array or a list of them (with ``gmm``
+        the data only has to match its dimension)."""
         self._validate_params()
+        if isinstance(X, list | tuple):
+            X = np.concatenate([_check_descriptors(d) for d in X])
+        try:
+            X = validate_data(self, X, dtype=[np.float64, np.float32])
+        except ValueError as err:
+            raise InputError(f"descriptors: {err}") from None
         if self.gmm is not None:
             self.gmm_ = self.gmm
             self.weights_, self.means_, self.variances_ = diagonal_gmm_arrays(self.gmm)
+            self.n_iter_ = 0
+            if self.means_.shape[1] != X.shape[1]:
+                raise InputError(f"descriptors: dimension {X.shape[1]} does not match the "
+                                 f"GMM's {self.means_.shape[1]}")
         else:
-            if not isinstance(X, np.ndarray):
-                X = np.concatenate([_check_descriptors(d) for d in X])
             self.gmm_ = GaussianMixtureModel(self.n_components, max_iter=self.max_iter,
                                              random_state=self.random_state).fit(X)
             self.weights_, self.means_, self.variances_ = check_gmm(
                 self.gmm_.weights_, self.gmm_.means_, self.gmm_.variances_)
-        self.n_features_in_ = self.means_.shape[1]
+            self.n_iter_ = self.gmm_.n_iter_
         return self
 
     def transform(self, X: Sequence[np.ndarray]) -> np.ndarray:
