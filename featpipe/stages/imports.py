@@ -19,7 +19,7 @@ from featpipe.io.importers import (
     ts_manifest,
 )
 from featpipe.manifest import Manifest
-from featpipe.stages.base import Reporter, RunOptions, StageRun, run_stage
+from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name, run_stage
 from featpipe.store import Store
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     as the stage's ``items.csv`` (and at ``write_manifest`` when given).
     """
     reporter = reporter or Reporter()
+    check_name(name)
     specs = tuple((detect_format(path), str(Path(path).resolve())) for path in sources)
     if manifest_path:
         manifest_file = str(Path(manifest_path).resolve())
