@@ -18,16 +18,9 @@ from featpipe.nn.dhrp import DiscriminativeRankPoolingNet  # noqa: E402
 from featpipe.nn.fisher import FisherVectorLayer  # noqa: E402
 from featpipe.nn.rank_pool import HierarchicalRankPool, RankPool, RankPoolArgmin  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
+from tests.test_dhrp import one_torch_thread  # noqa: E402, F401  (autouse: one thread)
 
 F64 = torch.float64
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_rank_pool_module_equals_the_encoder_and_passes_gradcheck():

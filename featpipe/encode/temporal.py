@@ -412,21 +412,22 @@ class TemporalEncoder(ValidatedEstimator, TransformerMixin, BaseEstimator):
         return [self._encode_one(X) for X in seqs]
 
 
-class AveragePooling(TemporalEncoder):
-    """Mean over time."""
+class _DeviceOnly(TemporalEncoder):
+    """An encoder whose only parameter is the device."""
 
     def __init__(self, device="cpu"):
         self.device = device
+
+
+class AveragePooling(_DeviceOnly):
+    """Mean over time."""
 
     def _encode_one(self, X):
         return average_pool(X)
 
 
-class MaxPooling(TemporalEncoder):
+class MaxPooling(_DeviceOnly):
     """Maximum over time."""
-
-    def __init__(self, device="cpu"):
-        self.device = device
 
     def _encode_one(self, X):
         return max_pool(X)
@@ -452,11 +453,8 @@ class TemporalPyramid(TemporalEncoder):
         return temporal_pyramid(X, self.pool)
 
 
-class ApproximateRankPooling(TemporalEncoder):
+class ApproximateRankPooling(_DeviceOnly):
     """Dynamic-image coefficients on the raw frames: d = Σ_t α_t x_t (Bilen et al. CVPR'16)."""
-
-    def __init__(self, device="cpu"):
-        self.device = device
 
     def _encode_one(self, X):
         return approximate_rank_pool(X)

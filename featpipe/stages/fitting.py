@@ -44,6 +44,18 @@ def _already(stage: Stage, model: str, force: bool, store: Store, name: str | No
     return False
 
 
+def _model_stage(store: Store, kind: str, model, inputs: list[Stage], model_name: str, *,
+                 name: str | None, force: bool, reporter: Reporter, **stage_params
+                 ) -> tuple[Stage, bool]:
+    """The model stage keyed by ``model``'s parameters (not its device: that changes where it
+    is fitted, not what) and ``stage_params``, announced; and whether its model is already
+    fitted (and kept: the stage is then named)."""
+    key = {k: v for k, v in json_params(model.get_params()).items() if k != "device"}
+    stage = store.stage(kind, {**key, **stage_params}, inputs=inputs, items=Manifest([]))
+    announce(stage, name, reporter)
+    return stage, _already(stage, model_name, force, store, name, reporter)
+
+
 def _estimator_params(cls, params: dict) -> dict:
     """``params`` checked against ``cls``'s declarations (unknown names refused)."""
     from featpipe.parameters import estimator_parameters
@@ -113,10 +125,10 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, sample: int = 
     source = store.resolve(input)
     train = train_item_ids(source, split)
     pca = PCAProjection(**params)
-    key = {**pca.get_params(), "sample": sample or None, "seed": seed, "split": split}
-    stage = store.stage("pca", key, inputs=[source], items=Manifest([], root=source.path))
-    announce(stage, name, reporter)
-    if _already(stage, MODEL_NAME, force, store, name, reporter):
+    stage, fitted = _model_stage(store, "pca", pca, [source], MODEL_NAME, name=name,
+                                 force=force, reporter=reporter, sample=sample or None,
+                                 seed=seed, split=split)
+    if fitted:
         return stage
     rows = sample_descriptors(source, train, sample or None, seed)
     pca.fit(rows)
@@ -158,10 +170,10 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
     source = store.resolve(input)
     ids = train_item_ids(source)
     pca_stages = [store.resolve(pca)] if pca else []
-    key = {**gmm.get_params(), "pca": pca, "pca_dim": pca_dim, "sample": sample, "split": 1}
-    stage = store.stage("gmm", key, inputs=[source, *pca_stages], items=Manifest([]))
-    announce(stage, name, reporter)
-    if _already(stage, "gmm", force, store, name, reporter):
+    stage, fitted = _model_stage(store, "gmm", gmm, [source, *pca_stages], "gmm", name=name,
+                                 force=force, reporter=reporter, pca=pca, pca_dim=pca_dim,
+                                 sample=sample, split=1)
+    if fitted:
         return stage
     x = sample_descriptors(source, ids, sample, gmm.random_state)
     projection = load_pca(pca_stages[0]) if pca_stages else \
@@ -214,11 +226,10 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
     if items.is_multilabel:
         raise FeatpipeError("fit deep-gmm needs single-label items (multi-label manifests are "
                             "not supported)")
-    key = {**json_params(model.get_params()), "val_fraction": val_fraction, "split": split}
-    key.pop("device")
-    stage = store.stage("deep-gmm", key, inputs=[source, gmm_stage], items=Manifest([]))
-    announce(stage, name, reporter)
-    if _already(stage, "gmm", force, store, name, reporter):
+    stage, fitted = _model_stage(store, "deep-gmm", model, [source, gmm_stage], "gmm",
+                                 name=name, force=force, reporter=reporter,
+                                 val_fraction=val_fraction, split=split)
+    if fitted:
         return stage
     init = gmm_stage_arrays(gmm_stage)
     if init["means"].ndim != 2:
@@ -306,11 +317,9 @@ def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1,
 
         torch.set_num_threads(threads)
     source = store.resolve(input)
-    key = {"split": split, **model.get_params()}
-    key.pop("device")
-    stage = store.stage("dhrp", key, inputs=[source], items=Manifest([], root=source.path))
-    announce(stage, name, reporter)
-    if _already(stage, MODEL_NAME, force, store, name, reporter):
+    stage, fitted = _model_stage(store, "dhrp", model, [source], MODEL_NAME, name=name,
+                                 force=force, reporter=reporter, split=split)
+    if fitted:
         return stage
     train_ids = train_item_ids(source, split)
     test_ids = source.items.split_ids(split, "test")
@@ -365,11 +374,9 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
     if source.items.is_multilabel:
         raise FeatpipeError("fit gmsop trains a single-label classifier; the manifest of "
                             f"{source.name} is multi-label")
-    key = {"split": split, **model.get_params()}
-    key.pop("device")
-    stage = store.stage("gmsop", key, inputs=[source], items=Manifest([], root=store.root))
-    announce(stage, name, reporter)
-    if _already(stage, MODEL_NAME, force, store, name, reporter):
+    stage, fitted = _model_stage(store, "gmsop", model, [source], MODEL_NAME, name=name,
+                                 force=force, reporter=reporter, split=split)
+    if fitted:
         return stage
     maps, labels = [], []
     for item_id in train:
