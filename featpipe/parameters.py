@@ -110,7 +110,8 @@ class Parameter:
 
     ``owner`` is the estimator class that declares it (its constraints and rules validate
     it); ``model`` names the ``featpipe fit`` commands that make the fitted stage a model
-    parameter names (its value is a stage name, and it is required).
+    parameter names (its value is a stage name); ``required`` is declared, never guessed from
+    a default.
     """
 
     name: str
@@ -119,19 +120,18 @@ class Parameter:
     help: str
     owner: type | None = None
     model: tuple[str, ...] = ()
+    required: bool = False
 
     @property
     def flag(self) -> str:
         return flag_of(self.name)
 
-    @property
-    def required(self) -> bool:
-        return bool(self.model) and self.default is None
 
-
-def model_parameter(name: str, help: str, fits: Iterable[str]) -> Parameter:
-    """A required parameter naming a fitted model stage made by one of ``fits``."""
-    return Parameter(name, None, (str,), help, model=tuple(fits))
+def model_parameter(name: str, help: str, fits: Iterable[str], required: bool = True
+                    ) -> Parameter:
+    """A parameter naming a fitted model stage made by one of ``fits`` (``featpipe fit gmm``);
+    required unless said otherwise."""
+    return Parameter(name, None, (str, None), help, model=tuple(fits), required=required)
 
 
 def check_parameter_values(parameters: Iterable[Parameter], values: Mapping[str, object],
@@ -143,7 +143,7 @@ def check_parameter_values(parameters: Iterable[Parameter], values: Mapping[str,
     owners: dict[type, dict] = {}
     for param in parameters:
         value = values.get(param.name)
-        if param.model and value in (None, ""):
+        if param.required and value in (None, ""):
             fits = " or ".join(f"`featpipe {fit}`" for fit in param.model)
             raise ParameterError(param.name, f"is required by {what}: the name of a model "
                                  f"stage made by {fits}")

@@ -22,11 +22,13 @@ from featpipe.stages.fitting import fit_pca as fit_pca_stage
 @parameter_options(estimator_parameters(PCAProjection), flags={"n_components": "--dim"})
 @click.option("--sample", default=100_000, show_default=True, type=int,
               help="Descriptors sampled from the train items (0: all).")
-@click.option("--seed", default=0, show_default=True, type=int, help="Sampling seed.")
+@click.option("--seed", "random_state", default=0, show_default=True, type=int,
+              help="Sampling seed.")
 @click.option("--split", default=1, show_default=True, type=int,
               help="Manifest split whose train items are sampled.")
 @click.option("--force", is_flag=True, help="Fit again even if the model exists.")
-def fit_pca(store_path, input_name, name, sample, seed, split, force, **params):
+def fit_pca(store_path, input_name, name, sample, random_state, split, force, **params):
     """Fit PCA on a seeded sample of the input's train descriptors (e.g. --dim 64 for SIFT)."""
-    fit_pca_stage(open_store(store_path), input_name, name=name, sample=sample, seed=seed,
-                  split=split, force=force, reporter=ClickReporter(), **params)
+    fit_pca_stage(open_store(store_path), input_name, name=name, sample=sample,
+                  random_state=random_state, split=split, force=force,
+                  reporter=ClickReporter(), **params)

@@ -87,8 +87,9 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
     source = store.resolve(input)
     models = {}
     for option in chosen.model_options:
-        models[option] = store.resolve(params[option])
-        params[option] = models[option].name
+        if params[option]:
+            models[option] = store.resolve(params[option])
+            params[option] = models[option].name
     if not source.items.ids:
         raise FeatpipeError(f"input stage {source.name} has no items")
     stage = store.stage("encode", {"method": method, **params},

@@ -111,10 +111,11 @@ def sample_descriptors(source: Stage, ids: Sequence[str], sample: int | None,
 # -- PCA ------------------------------------------------------------------------------------
 
 def fit_pca(store: Store, input: str, *, name: str | None = None, sample: int = 100_000,
-            seed: int = 0, split: int = 1, force: bool = False,
+            random_state: int = 0, split: int = 1, force: bool = False,
             reporter: Reporter | None = None, **params) -> Stage:
     """PCA (:class:`~featpipe.extract.pca.PCAProjection`, ``params``: ``n_components``,
-    ``whiten``) on a seeded sample of ``sample`` train descriptors (0: all) of ``input``."""
+    ``whiten``) on a sample of ``sample`` train descriptors (0: all) of ``input``, drawn with
+    seed ``random_state``."""
     from featpipe.extract.pca import MODEL_NAME, PCAProjection
 
     reporter = reporter or Reporter()
@@ -127,10 +128,10 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, sample: int = 
     pca = PCAProjection(**params)
     stage, fitted = _model_stage(store, "pca", pca, [source], MODEL_NAME, name=name,
                                  force=force, reporter=reporter, sample=sample or None,
-                                 seed=seed, split=split)
+                                 random_state=random_state, split=split)
     if fitted:
         return stage
-    rows = sample_descriptors(source, train, sample or None, seed)
+    rows = sample_descriptors(source, train, sample or None, random_state)
     pca.fit(rows)
     stage.save_model(MODEL_NAME, pca, {"input": source.name, "n_samples": len(rows),
                                        "n_items": len(train), "input_dim": int(rows.shape[1])})
