@@ -11,7 +11,14 @@ from numbers import Integral
 
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from featpipe.classify.experiment import METRICS, SOLVERS, Settings, run_split, summarise
+from featpipe.classify.experiment import (
+    METRICS,
+    SOLVERS,
+    Settings,
+    check_solver,
+    run_split,
+    summarise,
+)
 from featpipe.classify.fusion import FUSIONS, normalised_weights
 from featpipe.classify.kernels import PrecomputedKernel
 from featpipe.classify.metrics import AP_MODES
@@ -71,6 +78,7 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
         OneVsRestSVC.check_param_values({"C": value})
     for kernel in kernels:
         PrecomputedKernel.check_param_values({"kernel": kernel, "gamma": gamma, "order": order})
+    check_solver(solver, kernels)
     if weights:
         normalised_weights(len(inputs), weights)
     if len(kernels) not in (1, len(inputs)):

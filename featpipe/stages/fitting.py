@@ -222,6 +222,10 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
     model = DeepFisherKernel(**params)
     source = store.resolve(input)
     gmm_stage = store.resolve(gmm)
+    init = gmm_stage_arrays(gmm_stage)
+    if init["means"].ndim != 2:
+        raise ParameterError("gmm", f"{gmm} is a per-class model; deep-gmm starts from one GMM "
+                             "(`featpipe fit gmm`)")
     ids = train_item_ids(source, split)
     items = source.items
     if items.is_multilabel:
@@ -232,9 +236,6 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
                                  val_fraction=val_fraction, split=split)
     if fitted:
         return stage
-    init = gmm_stage_arrays(gmm_stage)
-    if init["means"].ndim != 2:
-        raise FeatpipeError(f"--gmm {gmm}: expected one GMM, got a per-class model")
     labels = [items[i].label for i in ids]
     descs = []
     for item_id in ids:
