@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
+
 import click
 
 from featpipe.cli.display import board, print_above
@@ -41,6 +44,11 @@ def item_parallel_options(func):
 def run_options(kwargs: dict) -> RunOptions:
     """Pop the item-parallel options from a command's keyword arguments."""
     return RunOptions(**{k: kwargs.pop(k) for k in RUN_OPTION_NAMES})
+
+
+def command_line() -> str:
+    """The command line being run, as a shell would read it (for reports)."""
+    return shlex.join(["featpipe", *sys.argv[1:]])
 
 
 def open_store(store_path: str) -> Store:
