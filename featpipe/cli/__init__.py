@@ -38,6 +38,7 @@ COMMANDS = {
     "cache": "featpipe.cli.cache:cache",
     "status": "featpipe.cli.status:status",
     "submit": "featpipe.cli.submit:submit",
+    "run": "featpipe.cli.run:run",
     "demo": "featpipe.cli.demo:demo",
 }
 
