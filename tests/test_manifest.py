@@ -272,6 +272,14 @@ def split_layout(root: Path, parts=("train", "test"), classes=("run", "walk"), p
                 touch(root / part / label / f"v{i}.avi")
 
 
+def class_folders(root: Path, **counts: int) -> Path:
+    """``root/<class>/v<i>.avi`` for each class and count."""
+    for label, n in counts.items():
+        for i in range(n):
+            touch(root / label / f"v{i}.avi")
+    return root
+
+
 def test_train_test_folders_become_the_split_and_stay_in_the_ids(tmp_path, cli):
     split_layout(tmp_path / "d")
     result = cli("manifest", "build", tmp_path / "d", "-o", tmp_path / "m.csv")
@@ -306,10 +314,7 @@ def test_val_folder_is_split2_or_the_test_part(tmp_path):
 def test_test_fraction_is_stratified_seeded_and_order_free(tmp_path, cli):
     from featpipe.datasets import with_test_fraction
 
-    data = tmp_path / "d"
-    for label, n in (("run", 10), ("walk", 5), ("jump", 1)):
-        for i in range(n):
-            touch(data / label / f"v{i}.avi")
+    data = class_folders(tmp_path / "d", run=10, walk=5, jump=1)
     out = tmp_path / "m.csv"
     result = cli("manifest", "build", data, "-o", out, "--test-fraction", "0.3", "--seed", "7")
     assert result.exit_code == 0, result.output
@@ -329,10 +334,7 @@ def test_test_fraction_is_stratified_seeded_and_order_free(tmp_path, cli):
 
 
 def test_folds_make_k_stratified_split_columns(tmp_path, cli):
-    data = tmp_path / "d"
-    for label, n in (("run", 7), ("walk", 5), ("jump", 1)):
-        for i in range(n):
-            touch(data / label / f"v{i}.avi")
+    data = class_folders(tmp_path / "d", run=7, walk=5, jump=1)
     out = tmp_path / "m.csv"
     result = cli("manifest", "build", data, "-o", out, "--folds", "3")
     assert result.exit_code == 0, result.output

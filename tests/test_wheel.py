@@ -98,24 +98,12 @@ def test_shell_completion(installed):
 
 
 def test_a_small_pipeline_runs_from_the_installed_wheel(installed):
-    aeon = pytest.importorskip("aeon")
+    pytest.importorskip("aeon")
+    from test_pipeline import PIPELINE  # BasicMotions: import, standardize, encode, classify
+
     bin_dir, work = installed
-    data = Path(aeon.__file__).parent / "datasets" / "data" / "BasicMotions"
-    (work / "pipeline.toml").write_text(f"""
-[pipeline]
-store = "store"
-[steps.frames]
-stage = "import_features"
-sources = ["{data / 'BasicMotions_TRAIN.ts'}", "{data / 'BasicMotions_TEST.ts'}"]
-[steps.avg]
-stage = "encode"
-input = "frames"
-method = "avg"
-[steps.result]
-stage = "classify"
-inputs = ["avg"]
-kernels = ["chi2"]
-""")
+    (work / "pipeline.toml").write_text(PIPELINE)
     proc = _run([bin_dir / "featpipe", "run", "pipeline.toml"], work)
-    assert proc.stdout.count("summary: 80 done") == 2
-    assert "split 1: accuracy 1.0000 (40/40)" in proc.stdout  # as tests/test_classify_cli.py
+    assert proc.stdout.count("summary: 80 done") == 3
+    assert "step 5/5: result (classify)" in proc.stdout and "split 1: accuracy" in proc.stdout
+    assert (work / "reports" / "avg.split1.confusion.png").stat().st_size > 0

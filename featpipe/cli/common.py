@@ -85,7 +85,7 @@ class ClickReporter(Reporter):
 
     def progress(self, total: int | None, label: str, unit: str = "items") -> Progress:
         level = verbosity()
-        if level < 0:
+        if level < 0 or total == 0:  # -q, or nothing to count (everything already complete)
             return Progress()
         return board(level).open(total, label, unit)
 

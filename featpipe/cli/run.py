@@ -23,19 +23,13 @@ def run(pipeline_path, store_path, dry_run, steps):
     """Run the steps of PIPELINE.toml in order; a rerun computes only what is missing.
 
     \b
-    [pipeline]
-    store = "store"
-    [steps.frames]
-    stage = "import_features"
-    sources = ["BasicMotions_TRAIN.ts", "BasicMotions_TEST.ts"]
+    One [steps.NAME] table per step: stage = a featpipe.stages function, the other keys
+    its arguments; the step name is the stage's name, later steps use it as input:
     [steps.avg]
     stage = "encode"
     input = "frames"
     method = "avg"
-    [steps.result]
-    stage = "classify"
-    inputs = ["avg"]
-    report = "reports/avg.json"
+    Format: README "Pipeline files"; an example: docs/walkthrough.toml.
     """
     try:
         pipeline = load_pipeline(pipeline_path)
