@@ -33,8 +33,8 @@ first step runs.
 A dry run asks each step what it would compute (the item stages' dry run, listing the first
 :data:`DRY_RUN_ITEMS` items of each; the fit stages' ``dry_run``); a step whose input is
 computed by an earlier step of the same dry run cannot be planned yet and is listed as
-running after it.  ``classify`` stores no stage: it runs (in seconds) whenever the pipeline
-does.
+running after it; a function without a dry run (``classify``, which stores no stage and
+runs, in seconds, whenever the pipeline does) is listed as ``would run`` and never called.
 """
 
 from __future__ import annotations
@@ -236,9 +236,12 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
             pending.add(step.name)
             results.append(None)
             continue
-        if dry_run and step.function == "classify":
-            reporter.info("dry run: would classify " + ", ".join(step.arguments.get("inputs",
-                                                                                   [])))
+        parameters = _signature(step.function).parameters
+        if dry_run and not {"options", "dry_run"} & set(parameters):  # classify: no stage
+            reporter.info(f"dry run: would run {step.function}"
+                          + (" on " + ", ".join(step.arguments.get("inputs", []))
+                             if step.function == "classify" else ""))
+            pending.add(step.name)
             results.append(None)
             continue
         arguments = _converted(step, dry_run)
