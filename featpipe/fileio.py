@@ -62,7 +62,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     path = Path(path)
     tmp = tmp_path(path)
     try:
-        with open(tmp, "wb") as handle:
+        with open(tmp, "w+b") as handle:  # readable too: h5py reads what it writes
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())

@@ -84,6 +84,9 @@ class _Lines(Reporter):
     def warn(self, text: str) -> None:
         self.lines.append(text)
 
+    def error(self, text: str) -> None:
+        self.lines.append(text)
+
 
 def _flags(params: dict) -> list[str]:
     """``{"window": 20, "l2": False}`` -> ``--window 20 --no-l2``."""

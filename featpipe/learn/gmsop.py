@@ -23,6 +23,7 @@ Gaussian instead of equal weights (equal weights tie the top-K choice).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from numbers import Integral, Real
 
@@ -37,6 +38,8 @@ from featpipe.errors import FeatpipeError, InputError, ParameterError
 from featpipe.models import check_model_kind, json_params
 from featpipe.parallel import ItemOutput
 from featpipe.parameters import ValidatedEstimator, estimator_parameters, model_parameter
+
+log = logging.getLogger(__name__)
 
 MODEL_NAME = "gmsop"
 
@@ -192,6 +195,8 @@ class GatedMixtureSOP(ValidatedEstimator, ClassifierMixin, BaseEstimator):
                 optimiser.step()
                 total += loss.item() * len(index)
             self.loss_curve_.append(total / len(X))
+            log.info("epoch %d/%d: loss %.6g", len(self.loss_curve_), int(self.epochs),
+                     self.loss_curve_[-1])
         net.eval()
         self._set_state({k: v.detach().cpu().numpy() for k, v in net.state_dict().items()})
         return self

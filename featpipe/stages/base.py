@@ -61,6 +61,9 @@ class Reporter:
     def warn(self, text: str) -> None:
         """Something the user should know but that does not stop the stage: stderr."""
 
+    def error(self, text: str) -> None:
+        """An item or step that failed (stderr, also with ``-q``)."""
+
     def progress(self, total: int | None, label: str, unit: str = "items") -> Progress:
         """A progress display for ``total`` units (``None``: not known in advance)."""
         return Progress()
@@ -186,8 +189,10 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
         reporter.info(f"dry run: {len(todo)} to compute, {summary.skipped} already complete")
         return StageRun(stage, summary, todo)
     _mark_running(store, name, stage)
+    todo, _ = plan(stage, ids, force=options.force, shard=shard)
+    label = f"{stage.kind} {name}" if name else stage.kind
     try:
-        with reporter.progress(len(ids), stage.kind) as progress:
+        with reporter.progress(len(todo), label) as progress:
             summary = run_items(
                 stage, ids, compute, jobs=options.jobs, on_error=options.on_error,
                 force=options.force, shard=shard, batch_size=batch_size,
@@ -198,7 +203,7 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
         raise
     reporter.info(f"summary: {summary.line()}")
     for item_id, error in list(summary.failed.items())[:20]:
-        reporter.warn(f"failed: {item_id}: {error}")
+        reporter.error(f"failed: {item_id}: {error}")
     if set(ids) <= stage.done_ids():
         name_stage(store, name, stage, reporter)
     else:

@@ -34,8 +34,12 @@ log = logging.getLogger(__name__)
 
 
 def _already(stage: Stage, model: str, force: bool, store: Store, name: str | None,
-             reporter: Reporter) -> bool:
-    """Whether the model is fitted (and kept); names the stage if so."""
+             reporter: Reporter, dry_run: bool = False) -> bool:
+    """Whether the model is fitted (and kept) or this is a dry run; names a fitted stage."""
+    if dry_run:
+        fitted = stage.has_model(model) and not force
+        reporter.info("dry run: " + ("model already fitted" if fitted else "would fit"))
+        return True
     if stage.has_model(model) and not force:
         name_stage(store, name, stage, reporter)
         reporter.info("model already fitted (use --force to refit)")
@@ -45,15 +49,15 @@ def _already(stage: Stage, model: str, force: bool, store: Store, name: str | No
 
 
 def _model_stage(store: Store, kind: str, model, inputs: list[Stage], model_name: str, *,
-                 name: str | None, force: bool, reporter: Reporter, **stage_params
-                 ) -> tuple[Stage, bool]:
+                 name: str | None, force: bool, dry_run: bool, reporter: Reporter,
+                 **stage_params) -> tuple[Stage, bool]:
     """The model stage keyed by ``model``'s parameters (not its device: that changes where it
-    is fitted, not what) and ``stage_params``, announced; and whether its model is already
-    fitted (and kept: the stage is then named)."""
+    is fitted, not what) and ``stage_params``, announced; and whether there is nothing to fit
+    (the model is fitted and kept, the stage then named, or this is a dry run)."""
     key = {k: v for k, v in json_params(model.get_params()).items() if k != "device"}
     stage = store.stage(kind, {**key, **stage_params}, inputs=inputs, items=Manifest([]))
     announce(stage, name, reporter)
-    return stage, _already(stage, model_name, force, store, name, reporter)
+    return stage, _already(stage, model_name, force, store, name, reporter, dry_run)
 
 
 def _estimator_params(cls, params: dict) -> dict:
@@ -112,7 +116,7 @@ def sample_descriptors(source: Stage, ids: Sequence[str], sample: int | None,
 
 def fit_pca(store: Store, input: str, *, name: str | None = None, sample: int = 100_000,
             random_state: int = 0, split: int = 1, force: bool = False,
-            reporter: Reporter | None = None, **params) -> Stage:
+            dry_run: bool = False, reporter: Reporter | None = None, **params) -> Stage:
     """PCA (:class:`~featpipe.extract.pca.PCAProjection`, ``params``: ``n_components``,
     ``whiten``) on a sample of ``sample`` train descriptors (0: all) of ``input``, drawn with
     seed ``random_state``."""
@@ -127,8 +131,8 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, sample: int = 
     train = train_item_ids(source, split)
     pca = PCAProjection(**params)
     stage, fitted = _model_stage(store, "pca", pca, [source], MODEL_NAME, name=name,
-                                 force=force, reporter=reporter, sample=sample or None,
-                                 random_state=random_state, split=split)
+                                 force=force, dry_run=dry_run, reporter=reporter,
+                                 sample=sample or None, random_state=random_state, split=split)
     if fitted:
         return stage
     rows = sample_descriptors(source, train, sample or None, random_state)
@@ -147,7 +151,7 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, sample: int = 
 
 def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
             pca_dim: int | None = None, sample: int = 200_000, force: bool = False,
-            reporter: Reporter | None = None, **params) -> Stage:
+            dry_run: bool = False, reporter: Reporter | None = None, **params) -> Stage:
     """A diagonal GMM (:class:`~featpipe.encode.fisher.GaussianMixtureModel`, ``params``) on
     ``sample`` train descriptors of ``input`` (seeded by the GMM's ``random_state``).
 
@@ -172,8 +176,8 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
     ids = train_item_ids(source)
     pca_stages = [store.resolve(pca)] if pca else []
     stage, fitted = _model_stage(store, "gmm", gmm, [source, *pca_stages], "gmm", name=name,
-                                 force=force, reporter=reporter, pca=pca, pca_dim=pca_dim,
-                                 sample=sample, split=1)
+                                 force=force, dry_run=dry_run, reporter=reporter, pca=pca,
+                                 pca_dim=pca_dim, sample=sample, split=1)
     if fitted:
         return stage
     x = sample_descriptors(source, ids, sample, gmm.random_state)
@@ -199,8 +203,8 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
 # -- deep Fisher kernel ---------------------------------------------------------------------
 
 def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction: float = 0.25,
-                 split: int = 1, force: bool = False, reporter: Reporter | None = None,
-                 **params) -> Stage:
+                 split: int = 1, force: bool = False, dry_run: bool = False,
+                 reporter: Reporter | None = None, **params) -> Stage:
     """Learn a GMM end to end with linear SVMs (Sydorov et al. CVPR'14, Algorithm 1;
     :class:`~featpipe.learn.deep_fisher.DeepFisherKernel`, ``params``).
 
@@ -232,7 +236,7 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
         raise FeatpipeError("fit deep-gmm needs single-label items (multi-label manifests are "
                             "not supported)")
     stage, fitted = _model_stage(store, "deep-gmm", model, [source, gmm_stage], "gmm",
-                                 name=name, force=force, reporter=reporter,
+                                 name=name, force=force, dry_run=dry_run, reporter=reporter,
                                  val_fraction=val_fraction, split=split)
     if fitted:
         return stage
@@ -297,7 +301,7 @@ def _dhrp_accuracy(model, seqs, labels, coef=None, identity=False) -> float:
 
 
 def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1,
-             threads: int | None = None, force: bool = False,
+             threads: int | None = None, force: bool = False, dry_run: bool = False,
              reporter: Reporter | None = None, **params) -> Stage:
     """Learn ψ(W x) and a soft-max classifier through rank pooling (DHRP).
 
@@ -320,7 +324,7 @@ def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1,
         torch.set_num_threads(threads)
     source = store.resolve(input)
     stage, fitted = _model_stage(store, "dhrp", model, [source], MODEL_NAME, name=name,
-                                 force=force, reporter=reporter, split=split)
+                                 force=force, dry_run=dry_run, reporter=reporter, split=split)
     if fitted:
         return stage
     train_ids = train_item_ids(source, split)
@@ -361,7 +365,8 @@ def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1,
 # -- GM-SOP ---------------------------------------------------------------------------------
 
 def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int = 1,
-              force: bool = False, reporter: Reporter | None = None, **params) -> Stage:
+              force: bool = False, dry_run: bool = False, reporter: Reporter | None = None,
+              **params) -> Stage:
     """Fit GM-SOP (:class:`~featpipe.learn.gmsop.GatedMixtureSOP`, ``params``) on one conv
     map per train image of ``split``."""
     from featpipe.encode.bilinear import local_feature_sets
@@ -377,7 +382,7 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
         raise FeatpipeError("fit gmsop trains a single-label classifier; the manifest of "
                             f"{source.name} is multi-label")
     stage, fitted = _model_stage(store, "gmsop", model, [source], MODEL_NAME, name=name,
-                                 force=force, reporter=reporter, split=split)
+                                 force=force, dry_run=dry_run, reporter=reporter, split=split)
     if fitted:
         return stage
     maps, labels = [], []
@@ -403,7 +408,7 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
 # -- standardisation ------------------------------------------------------------------------
 
 def fit_standardize(store: Store, input: str, *, name: str | None = None, split: int = 1,
-                    reporter: Reporter | None = None) -> Stage:
+                    dry_run: bool = False, reporter: Reporter | None = None) -> Stage:
     """Per-channel mean and standard deviation of the train frames of ``input`` (then
     ``encode --method standardize --model NAME``)."""
     from featpipe.encode.standardize import MODEL_NAME, Standardizer
@@ -415,6 +420,9 @@ def fit_standardize(store: Store, input: str, *, name: str | None = None, split:
     stage = store.stage("standardize", {"split": split}, inputs=[source],
                         items=Manifest([], root=source.path))
     announce(stage, name, reporter)
+    if dry_run:
+        _already(stage, MODEL_NAME, False, store, name, reporter, dry_run)
+        return stage
     if not stage.has_model(MODEL_NAME):
         model = Standardizer().fit([source.read_item(i) for i in train])
         stage.save_model(MODEL_NAME, model, {"input": source.name, "split": split,
