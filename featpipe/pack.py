@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from featpipe.errors import FeatpipeError, ItemError
-from featpipe.fileio import HOST, atomic_write_bytes, safe_stem, shard_of
+from featpipe.fileio import HOST, atomic_write_bytes, check_h5_dataset, safe_stem, shard_of
+from featpipe.parallel import resolve_jobs, worker_pool
 
 if TYPE_CHECKING:
     from featpipe.store import Stage
@@ -40,6 +42,7 @@ PACK_INDEX = "pack.json"
 LOCK_NAME = "pack.lock"
 #: Default number of items per HDF5 file when ``shards`` is not given.
 ITEMS_PER_FILE = 10_000
+_SHARD_FILE = re.compile(r"^shard-\d{4,}-of-\d{4,}\.[0-9a-f]+\.h5$")
 
 
 def _open_h5(path: Path, mode: str = "r"):
@@ -56,7 +59,12 @@ class PackedItems:
     def __init__(self, folder: Path, index: dict):
         self.folder = folder
         self.n_shards = int(index["shards"])
-        self.files = [folder / name for name in index["files"]]
+        names = list(index["files"])
+        bad = [n for n in names if not isinstance(n, str) or not _SHARD_FILE.match(n)]
+        if bad or len(names) != self.n_shards:
+            raise ValueError(f"file list does not name {self.n_shards} shard files of this "
+                             f"folder ({bad[0]!r})" if bad else "file count differs from shards")
+        self.files = [folder / name for name in names]
         self._ids: frozenset[str] | None = None
         self._handles: dict[Path, object] = {}
         self._pid = os.getpid()
@@ -69,6 +77,12 @@ class PackedItems:
         if handle is None:
             handle = self._handles[path] = _open_h5(path)
         return handle
+
+    def _ids_in(self, path: Path) -> list[str]:
+        try:
+            return self._handle(path)["ids"].asstr()[()].tolist()
+        except (OSError, KeyError, ValueError, TypeError) as err:
+            raise FeatpipeError(f"unreadable packed file {path}: {_first_line(err)}") from None
 
     @classmethod
     def open(cls, stage_path: Path) -> PackedItems | None:
@@ -98,7 +112,7 @@ class PackedItems:
         if self._ids is None:
             found: set[str] = set()
             for path in self.files:
-                found.update(self._handle(path)["ids"].asstr()[()].tolist())
+                found.update(self._ids_in(path))
             self._ids = frozenset(found)
         return self._ids
 
@@ -106,19 +120,32 @@ class PackedItems:
         """The packed array of ``item_id``, or ``None`` when it is not in the pack."""
         path = self.file_of(item_id)
         try:
-            return self._handle(path)["items"][safe_stem(item_id)][()]
+            node = self._handle(path)["items"][safe_stem(item_id)]
         except KeyError:
             return None
         except OSError as err:
-            raise ItemError(item_id, f"unreadable packed file {path}: {err}") from None
+            raise ItemError(item_id, f"unreadable packed file {path}: {_first_line(err)}") \
+                from None
+        try:
+            check_h5_dataset(node, item_id)
+            return node[()]
+        except (OSError, ValueError, TypeError) as err:
+            raise ItemError(item_id, f"unreadable packed file {path}: {_first_line(err)}") \
+                from None
 
     def extras(self, item_id: str) -> dict[str, np.ndarray]:
         path = self.file_of(item_id)
         try:
             group = self._handle(path)["extras"].get(safe_stem(item_id))
             return {} if group is None else {k: group[k][()] for k in group}
-        except OSError as err:
-            raise ItemError(item_id, f"unreadable packed file {path}: {err}") from None
+        except (OSError, KeyError, ValueError) as err:
+            raise ItemError(item_id, f"unreadable packed file {path}: {_first_line(err)}") \
+                from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 @dataclass
@@ -206,7 +233,7 @@ def pack_stage(stage: Stage, shards: int | None = None, keep_files: bool = False
         shards = max(1, -(-len(ids) // ITEMS_PER_FILE))
     if shards < 1:
         raise FeatpipeError(f"--shards must be at least 1, got {shards}")
-    jobs = (os.cpu_count() or 1) if jobs in (0, -1) else max(1, int(jobs))
+    jobs = resolve_jobs(jobs)
     folder = stage.path / PACK_DIR
     folder.mkdir(exist_ok=True)
     lock = folder / LOCK_NAME
@@ -241,9 +268,9 @@ def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_f
             for shard_ids, path in zip(by_shard, files, strict=True):
                 _write_and_check(stage, shard_ids, path)
         else:
-            from joblib import Parallel, delayed
+            from joblib import delayed
 
-            Parallel(n_jobs=jobs, backend="loky")(
+            worker_pool(jobs)(
                 delayed(_write_and_check)(stage, shard_ids, path)
                 for shard_ids, path in zip(by_shard, files, strict=True))
     except BaseException:

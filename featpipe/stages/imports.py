@@ -56,7 +56,8 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
         reporter.info(f"wrote manifest {write_manifest} ({len(manifest)} items)")
     params = {"sources": [source_fingerprint(fmt, path) for fmt, path in specs],
               "items": manifest_digest(manifest)}
-    stage = store.stage("import", params, items=manifest, dtype=dtype)
+    stage = store.stage("import", params, items=manifest, dtype=dtype,
+                        create=not (options and options.dry_run))
     expected = reference_signature(opened, manifest)
     for source in opened:
         log.info("source %s (%s)", source.path, source.fmt)
