@@ -30,7 +30,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from featpipe.errors import WriteError
+from featpipe.errors import ParameterError, WriteError
 
 HOST = socket.gethostname().split(".")[0] or "host"
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -66,26 +66,69 @@ _WRITE_HINTS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
                 errno.EROFS: "the store is on a read-only file system"}
 
 
-def os_reason(err: OSError) -> str:
-    """``strerror`` of an OSError, with a hint for the write failures users meet most."""
-    text = err.strerror or type(err).__name__
-    hint = _WRITE_HINTS.get(err.errno)
+def os_reason(err: OSError, path: str | os.PathLike | None = None) -> str:
+    """``strerror`` of an OSError, with a hint for the write failures users meet most.
+
+    numpy reports a short write without an errno (``8176 written``): when the file system of
+    ``path`` then has no free block left, that is a full disk, and it is said so.
+    """
+    code = err.errno
+    if code is None and path is not None and _free_bytes(Path(path)) == 0:
+        code = errno.ENOSPC
+    text = os.strerror(code) if code is not None and not err.strerror else err.strerror
+    text = text or _first_line(err)
+    hint = _WRITE_HINTS.get(code)
     return f"{text} ({hint})" if hint and hint not in text.lower() else text
 
 
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on the file system of ``path``."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        info = os.statvfs(path)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
+
+
 @contextlib.contextmanager
-def writing(path: str | os.PathLike) -> Iterator[None]:
-    """Turn an OSError raised inside the block into a :class:`WriteError` naming ``path``."""
+def writing(path: str | os.PathLike, verb: str = "write") -> Iterator[None]:
+    """Turn an OSError raised inside the block into a :class:`WriteError` naming ``path``
+    (``cannot <verb> <path>: <reason>``)."""
     try:
         yield
     except OSError as err:
-        raise WriteError(f"cannot write {path}: {os_reason(err)}") from None
+        raise WriteError(f"cannot {verb} {path}: {os_reason(err, path)}") from None
 
 
 def make_dirs(path: str | os.PathLike) -> None:
     """``mkdir -p`` whose failure is a :class:`WriteError` naming the folder."""
     with writing(path):
         Path(path).mkdir(parents=True, exist_ok=True)
+
+
+def check_output_path(path: str | os.PathLike, option: str) -> None:
+    """Refuse, before any work is done, an output file that cannot be written (a folder, a
+    parent that is a file, a folder that is read-only): a :class:`ParameterError` for
+    ``option``, so results are never computed and then lost."""
+    path = Path(path)
+    if path.is_dir():
+        raise ParameterError(option, f"{path} is a folder; give a file name")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ParameterError(option, f"cannot write {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK):
+        read_only = bool(os.statvfs(parent).f_flag & os.ST_RDONLY)
+        raise ParameterError(option, f"cannot write {path}: {parent} is "
+                             + ("on a read-only file system" if read_only else "not writable"))
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:

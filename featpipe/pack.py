@@ -20,6 +20,7 @@ which NFS and Lustre often refuse.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,8 +31,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from featpipe.errors import FeatpipeError, ItemError
-from featpipe.fileio import HOST, atomic_write_bytes, check_h5_dataset, safe_stem, shard_of
+from featpipe.errors import FeatpipeError, ItemError, WriteError
+from featpipe.fileio import (
+    HOST,
+    atomic_write_bytes,
+    check_h5_dataset,
+    make_dirs,
+    safe_stem,
+    shard_of,
+    writing,
+)
 from featpipe.parallel import resolve_jobs, worker_pool
 
 if TYPE_CHECKING:
@@ -173,7 +182,7 @@ def _write_shard(stage: Stage, ids: list[str], target: Path) -> None:
 
     tmp = target.with_name(f"{target.name}.tmp.{HOST}.{os.getpid()}")
     try:
-        with _open_h5(tmp, "w") as handle:
+        with writing(target), _open_h5(tmp, "w") as handle:
             handle.create_dataset("ids", data=ids, dtype=h5py.string_dtype("utf-8"))
             items = handle.create_group("items")
             extras = handle.create_group("extras")
@@ -185,10 +194,12 @@ def _write_shard(stage: Stage, ids: list[str], target: Path) -> None:
                     group = extras.create_group(stem)
                     for name, values in sidecars.items():
                         group.create_dataset(name, data=values)
-        _fsync_file(tmp)
-        os.replace(tmp, target)
+        with writing(target):
+            _fsync_file(tmp)
+            os.replace(tmp, target)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def _check_shard(stage: Stage, ids: list[str], path: Path) -> None:
@@ -235,19 +246,24 @@ def pack_stage(stage: Stage, shards: int | None = None, keep_files: bool = False
         raise FeatpipeError(f"--shards must be at least 1, got {shards}")
     jobs = resolve_jobs(jobs)
     folder = stage.path / PACK_DIR
-    folder.mkdir(exist_ok=True)
+    make_dirs(folder)
     lock = folder / LOCK_NAME
     try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
+        with writing(lock):
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except WriteError:
+        if not lock.exists():
+            raise
         raise FeatpipeError(f"stage {stage.name} is being packed by another process ({lock} "
                             "exists; remove it if that process is gone)") from None
     try:
-        os.write(fd, f"{HOST} {os.getpid()}\n".encode())
-        os.close(fd)
+        with writing(lock):
+            os.write(fd, f"{HOST} {os.getpid()}\n".encode())
+            os.close(fd)
         files, removed = _pack_locked(stage, ids, shards, folder, keep_files, jobs)
     finally:
-        lock.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            lock.unlink(missing_ok=True)
     return PackSummary(len(ids), files, sum(p.stat().st_size for p in files), removed)
 
 
@@ -275,14 +291,16 @@ def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_f
                 for shard_ids, path in zip(by_shard, files, strict=True))
     except BaseException:
         for path in files:
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
         raise
     index = {"shards": shards, "files": [p.name for p in files], "n_items": len(ids),
              "generation": generation}
     atomic_write_bytes(folder / PACK_INDEX, json.dumps(index, indent=2).encode("utf-8"))
     for path in folder.glob("shard-*.h5"):  # older generations, or leftovers of a crash
         if path not in files:
-            path.unlink()
+            with writing(path, "remove"):
+                path.unlink()
     removed = 0
     if not keep_files:  # main file first: while it exists, its loose sidecars exist too
         for item_id in ids:
@@ -290,6 +308,7 @@ def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_f
             sidecars = list(main.parent.glob(f"{safe_stem(item_id)}+*.npy"))
             for path in [main, *sidecars]:
                 if path.exists():
-                    path.unlink()
+                    with writing(path, "remove"):
+                        path.unlink()
                     removed += 1
     return files, removed

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.errors import FeatpipeError
-from featpipe.fileio import atomic_save_npz
+from featpipe.fileio import atomic_save_npz, check_output_path, make_dirs
 from featpipe.store import Stage
 
 
@@ -29,6 +29,7 @@ def export_stage(stage: Stage, output: str | Path, partial: bool = False
                  ) -> tuple[dict[str, np.ndarray], int]:
     """Write the export file of ``stage`` to ``output``; returns its arrays and the number of
     items not computed (an incomplete stage is refused unless ``partial``)."""
+    check_output_path(output, "output")
     done = stage.done_ids()
     ids = [i for i in stage.items.ids if i in done]
     missing = len(stage.items) - len(ids)
@@ -39,7 +40,7 @@ def export_stage(stage: Stage, output: str | Path, partial: bool = False
                             "--partial")
     arrays = export_arrays(stage, ids)
     path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     atomic_save_npz(path, arrays)
     return arrays, missing
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.errors import FeatpipeError, ParameterError
-from featpipe.fileio import HOST, check_npy_header
+from featpipe.fileio import HOST, check_npy_header, writing
 from featpipe.io.importers import describe, signature
 from featpipe.progress import stage_progress
 from featpipe.stages.base import Reporter
@@ -332,7 +332,8 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
             continue
         size = _size_and_files(stage.path)[0]
         if not dry_run:
-            shutil.rmtree(stage.path)
+            with writing(stage.path, "remove"):
+                shutil.rmtree(stage.path)
         freed += size
         removed.append(stage.path)
         reporter.info(f"{verb} stage {stage.name} ({size / 1e6:.1f} MB)")
@@ -344,7 +345,8 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
             if path.is_file() and _is_stale_tmp(path, max_age_s=86400):
                 size = path.stat().st_size
                 if not dry_run:
-                    path.unlink(missing_ok=True)
+                    with writing(path, "remove"):
+                        path.unlink(missing_ok=True)
                 freed += size
                 tmp_files += 1
                 reporter.info(f"{verb} temporary file {path}")

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from featpipe.errors import ParameterError
+from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.io.importers import (
     ImportCompute,
     describe,
@@ -51,6 +51,9 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
         stamp = file_stamp(specs, None)
         _, opened = open_sources(specs, None, stamp)
         manifest = ts_manifest(opened)
+    if not manifest.ids:
+        raise FeatpipeError(f"the manifest {manifest_path} has no items" if manifest_path
+                            else "the .ts files hold no cases")
     if write_manifest:
         manifest.write(write_manifest)
         reporter.info(f"wrote manifest {write_manifest} ({len(manifest)} items)")
