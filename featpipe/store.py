@@ -59,6 +59,8 @@ from featpipe.manifest import Manifest
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: A stage folder name, ``<kind>-<16 hex digits of its key>``: one path component, no dots.
 STAGE_FOLDER = re.compile(r"^[a-z][a-z0-9-]*-[0-9a-f]{16}$")
+#: A stage folder without ``stage.json`` younger than this is being created, not broken.
+CREATION_GRACE_S = 60.0
 _VERSIONED_PACKAGES = ("numpy", "scipy", "scikit-learn", "torch", "opencv-python-headless")
 
 
@@ -466,9 +468,10 @@ def _meta_problem(meta, folder: str) -> str | None:
     if f"{meta['kind']}-{meta['key']}" != folder:
         return f"it describes {meta['kind']}-{meta['key']}, not the folder {folder}"
     try:
-        np.dtype(meta.get("dtype", "float32"))
+        if np.dtype(meta.get("dtype", "float32")).kind != "f":
+            raise TypeError
     except TypeError:
-        return f"unknown dtype {meta.get('dtype')!r}"
+        return f"'dtype' must be a floating dtype, got {meta.get('dtype')!r}"
     return None
 
 
@@ -598,7 +601,8 @@ class Store:
         stages, problems = [], []
         for path in sorted(self.stages_dir.iterdir()):
             if not path.is_dir() or not (path / "stage.json").exists():
-                if path.is_dir() and STAGE_FOLDER.match(path.name):
+                if path.is_dir() and STAGE_FOLDER.match(path.name) and \
+                        time.time() - path.stat().st_mtime > CREATION_GRACE_S:
                     problems.append((path.name, "stage.json missing"))
                 continue
             try:

@@ -273,3 +273,12 @@ def test_16_17_dry_run_creates_no_stage_folder(tmp_path, cli):
     assert done.exit_code == 0
     again = cli("encode", "--store", store, "--input", "imp", "--method", "avg", "--dry-run")
     assert "dry run: 0 to compute, 3 already complete" in again.output
+
+
+def test_probe_the_same_source_twice_is_a_usage_error(tmp_path):
+    manifest = npy_dataset(tmp_path, n=2)
+    proc = run_cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--from",
+                   tmp_path / "npy", "--store", tmp_path / "s", "--name", "x", check=False)
+    assert one_line_error(proc, code=2) == f"error: --from {tmp_path / 'npy'} is given more " \
+                                           "than once"
+    assert not (tmp_path / "s").exists()

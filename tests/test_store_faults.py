@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -250,3 +251,22 @@ def test_16_7_a_read_only_store_is_read_and_refuses_writes_in_one_line(tmp_path)
         export = run_cli("export", "--store", ro, "fc", "-o", ro / "x.npz", check=False)
         assert "read-only file system" in one_line_error(export, code=2)
     assert other.path.exists()
+
+
+def test_probe_half_created_and_hostile_stage_folders(tmp_path):
+    """Found by the probe: a stage folder being created is not a problem, an old one without
+    stage.json is; a stage.json declaring an object dtype is corrupt, not a stage."""
+    store = Store(tmp_path / "s")
+    make_stage(store, "healthy", name="ok")
+    creating = store.stages_dir / "encode-0123456789abcdef"
+    creating.mkdir()
+    assert store.scan()[1] == []
+    old = time.time() - 3600
+    os.utime(creating, (old, old))
+    assert store.scan()[1] == [(creating.name, "stage.json missing")]
+    shutil.rmtree(creating)
+    hostile = make_stage(store, "hostile")
+    meta = json.loads((hostile.path / "stage.json").read_text())
+    (hostile.path / "stage.json").write_text(json.dumps(dict(meta, dtype="object")))
+    (folder, reason), = store.scan()[1]
+    assert folder == hostile.name and "'dtype' must be a floating dtype" in reason

@@ -37,6 +37,10 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     """
     reporter = reporter or Reporter()
     specs = tuple((detect_format(path), str(Path(path).resolve())) for path in sources)
+    if len(set(specs)) < len(specs):
+        twice = next(path for path, spec in zip(sources, specs, strict=True)
+                     if specs.count(spec) > 1)
+        raise ParameterError("from", f"{twice} is given more than once")
     if manifest_path:
         manifest_file = str(Path(manifest_path).resolve())
         manifest = Manifest.read(manifest_file)
