@@ -76,12 +76,13 @@ def os_reason(err: OSError, path: str | os.PathLike | None = None) -> str:
     if code is None and path is not None and _free_bytes(Path(path)) == 0:
         code = errno.ENOSPC
     text = os.strerror(code) if code is not None and not err.strerror else err.strerror
-    text = text or _first_line(err)
+    text = text or first_line(err)
     hint = _WRITE_HINTS.get(code)
     return f"{text} ({hint})" if hint and hint not in text.lower() else text
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message, or its type name when it has none."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
 

@@ -36,6 +36,7 @@ from featpipe.fileio import (
     HOST,
     atomic_write_bytes,
     check_h5_dataset,
+    first_line,
     make_dirs,
     safe_stem,
     shard_of,
@@ -91,7 +92,7 @@ class PackedItems:
         try:
             return self._handle(path)["ids"].asstr()[()].tolist()
         except (OSError, KeyError, ValueError, TypeError) as err:
-            raise FeatpipeError(f"unreadable packed file {path}: {_first_line(err)}") from None
+            raise FeatpipeError(f"unreadable packed file {path}: {first_line(err)}") from None
 
     @classmethod
     def open(cls, stage_path: Path) -> PackedItems | None:
@@ -133,13 +134,13 @@ class PackedItems:
         except KeyError:
             return None
         except OSError as err:
-            raise ItemError(item_id, f"unreadable packed file {path}: {_first_line(err)}") \
+            raise ItemError(item_id, f"unreadable packed file {path}: {first_line(err)}") \
                 from None
         try:
             check_h5_dataset(node, item_id)
             return node[()]
         except (OSError, ValueError, TypeError) as err:
-            raise ItemError(item_id, f"unreadable packed file {path}: {_first_line(err)}") \
+            raise ItemError(item_id, f"unreadable packed file {path}: {first_line(err)}") \
                 from None
 
     def extras(self, item_id: str) -> dict[str, np.ndarray]:
@@ -148,13 +149,9 @@ class PackedItems:
             group = self._handle(path)["extras"].get(safe_stem(item_id))
             return {} if group is None else {k: group[k][()] for k in group}
         except (OSError, KeyError, ValueError) as err:
-            raise ItemError(item_id, f"unreadable packed file {path}: {_first_line(err)}") \
+            raise ItemError(item_id, f"unreadable packed file {path}: {first_line(err)}") \
                 from None
 
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 @dataclass

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from featpipe.errors import FeatpipeError, ParameterError, WriteError
-from featpipe.fileio import shard_of
+from featpipe.fileio import first_line, shard_of
 from featpipe.store import Stage
 
 log = logging.getLogger("featpipe")
@@ -317,7 +317,7 @@ class DaskExecutor(Executor):
             client = Client(self.scheduler, timeout=self.timeout, set_as_default=False)
         except (OSError, TimeoutError) as err:
             raise FeatpipeError(f"cannot reach the dask scheduler at {self.scheduler}: "
-                                f"{_first_line(err)}") from None
+                                f"{first_line(err)}") from None
         futures = []
         try:
             shared = client.scatter(compute, broadcast=True, hash=False)
@@ -329,7 +329,7 @@ class DaskExecutor(Executor):
                     yield future.result()
                 except Exception as err:  # KilledWorker, lost connection: the batch is unknown
                     raise FeatpipeError(
-                        f"dask batch of stage {stage.name} failed ({_first_line(err)}); items "
+                        f"dask batch of stage {stage.name} failed ({first_line(err)}); items "
                         "already written are kept: re-run the same command to compute the rest"
                     ) from None
         finally:
@@ -351,10 +351,6 @@ def make_executor(name: str, jobs: int = 1, scheduler: str | None = None) -> Exe
         return DaskExecutor(scheduler)
     raise FeatpipeError(f"--executor must be one of {EXECUTORS}, got {name!r}")
 
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def run_items(

@@ -47,6 +47,7 @@ from featpipe.fileio import (
     atomic_save_npy,
     atomic_save_npz,
     atomic_write_bytes,
+    first_line,
     human_bytes,
     id_digest,
     load_npy,
@@ -440,7 +441,7 @@ class Stage:
                 from None
         except (OSError, ValueError, EOFError, zipfile.BadZipFile, MemoryError) as err:
             raise FeatpipeError(f"model {name!r} of stage {self.name}: {path} is unreadable "
-                                f"({_first_line(err)})") from None
+                                f"({first_line(err)})") from None
         if not isinstance(meta, dict):
             raise FeatpipeError(f"model {name!r} of stage {self.name}: {path} is not a JSON "
                                 "object")
@@ -475,10 +476,6 @@ def _meta_problem(meta, folder: str) -> str | None:
     return None
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
 
 def _load_item_file(item_id: str, path: Path, mmap: bool = False) -> np.ndarray:
     """One item (or sidecar) file; FileNotFoundError passes, any damage is an ItemError."""
@@ -487,7 +484,7 @@ def _load_item_file(item_id: str, path: Path, mmap: bool = False) -> np.ndarray:
     except FileNotFoundError:
         raise
     except (ValueError, EOFError, OSError) as err:
-        raise ItemError(item_id, f"unreadable array {path}: {_first_line(err)}") from None
+        raise ItemError(item_id, f"unreadable array {path}: {first_line(err)}") from None
     except MemoryError:
         raise ItemError(item_id, f"array {path} ({human_bytes(path.stat().st_size)}) does not "
                                  "fit in memory") from None
@@ -633,7 +630,7 @@ class Store:
             folder = path.read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as err:
             raise FeatpipeError(f"name {name!r}: {path} is unreadable "
-                                f"({_first_line(err)})") from None
+                                f"({first_line(err)})") from None
         if not STAGE_FOLDER.match(folder):
             raise FeatpipeError(f"name {name!r}: {path} holds {folder[:200]!r}, not a stage "
                                 "folder of this store (kind-key); names never point outside "

@@ -12,7 +12,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import one_line_error, run_cli
 
 from featpipe.errors import FeatpipeError
 from featpipe.manifest import Manifest, from_rows
@@ -37,15 +37,6 @@ def npy_dataset(folder, n=6, extra_rows=()):
     rows.extend(extra_rows)
     (folder / "m.csv").write_text("\n".join(rows) + "\n")
     return folder / "m.csv"
-
-
-def one_line_error(proc, code=1) -> str:
-    """The single ``error:`` line of a failed command (no traceback)."""
-    assert proc.returncode == code, (proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, proc.stderr
-    return errors[0]
 
 
 # -- 2 and 9: ids and labels -----------------------------------------------------------------

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import one_line_error, run_cli
 
 from featpipe.errors import FeatpipeError, WriteError
 from featpipe.fileio import atomic_write_bytes
@@ -30,14 +30,6 @@ def make_stage(store: Store, kind: str, n: int = 3, name: str | None = None, sha
     if name:
         store.set_name(name, stage)
     return stage
-
-
-def one_line_error(proc, code=1) -> str:
-    assert proc.returncode == code, (proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, proc.stderr
-    return errors[0]
 
 
 def tmp_files(root) -> list:
