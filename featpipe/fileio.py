@@ -172,14 +172,11 @@ def atomic_save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -
     atomic_write(path, lambda handle: np.savez(handle, **arrays))
 
 
-def read_npy_header(handle: BinaryIO) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype from the header of an open ``.npy`` stream (left just after it)."""
+def _npy_header(handle: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
     version = np.lib.format.read_magic(handle)
     if version == (1, 0):
-        shape, _, dtype = np.lib.format.read_array_header_1_0(handle)
-    else:
-        shape, _, dtype = np.lib.format.read_array_header_2_0(handle)
-    return shape, dtype
+        return np.lib.format.read_array_header_1_0(handle)
+    return np.lib.format.read_array_header_2_0(handle)
 
 
 def human_bytes(n: float) -> str:
@@ -190,25 +187,39 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _checked_header(handle: BinaryIO, total_bytes: int
+                    ) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    shape, fortran, dtype = _npy_header(handle)
+    declared = 0 if dtype.hasobject else math.prod(shape) * dtype.itemsize
+    available = total_bytes - handle.tell()
+    if declared > available:
+        raise ValueError(f"header declares shape {shape} {dtype} ({human_bytes(declared)}) "
+                         f"but the file holds {human_bytes(max(available, 0))} of data "
+                         "(truncated or corrupt)")
+    return shape, fortran, dtype, declared
+
+
 def check_npy_header(handle: BinaryIO, total_bytes: int) -> tuple[tuple[int, ...], np.dtype]:
     """Read an ``.npy`` header and check that the ``total_bytes`` of the stream hold the data
     it declares; raises ``ValueError`` (before anything is allocated) when they do not."""
-    shape, dtype = read_npy_header(handle)
-    if not dtype.hasobject:
-        declared = math.prod(shape) * dtype.itemsize
-        available = total_bytes - handle.tell()
-        if declared > available:
-            raise ValueError(f"header declares shape {shape} {dtype} ({human_bytes(declared)}) "
-                             f"but the file holds {human_bytes(max(available, 0))} of data "
-                             "(truncated or corrupt)")
+    shape, _, dtype, _ = _checked_header(handle, total_bytes)
     return shape, dtype
 
 
 def load_npy(path: str | os.PathLike, mmap: bool = False) -> np.ndarray:
-    """``np.load`` of one ``.npy`` (no pickle) after :func:`check_npy_header`."""
+    """One ``.npy`` file (no pickle: an object array is a ``ValueError``), its header checked
+    by :func:`check_npy_header` first; read through one open file, memory-mapped with
+    ``mmap``."""
     with open(path, "rb") as handle:
-        check_npy_header(handle, os.fstat(handle.fileno()).st_size)
-    return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        shape, fortran, dtype, nbytes = _checked_header(handle, os.fstat(handle.fileno()).st_size)
+        if dtype.hasobject:
+            raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+        if not mmap:
+            buffer = np.empty(nbytes, np.uint8)  # not zero-filled: read straight into it
+            if handle.readinto(buffer.data) != nbytes:
+                raise EOFError(f"{path}: file shorter than its header declares")
+            return buffer.view(dtype).reshape(shape, order="F" if fortran else "C")
+    return np.load(path, mmap_mode="r", allow_pickle=False)
 
 
 def memory_bytes() -> int:
