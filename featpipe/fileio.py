@@ -63,7 +63,7 @@ def tmp_path(path: Path) -> Path:
 
 
 _WRITE_HINTS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
-                errno.EROFS: "the store is on a read-only file system"}
+                errno.EROFS: "read-only file system"}
 
 
 def os_reason(err: OSError, path: str | os.PathLike | None = None) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from featpipe.errors import FeatpipeError
-from featpipe.fileio import atomic_write_bytes
+from featpipe.fileio import atomic_write_bytes, make_dirs
 
 SPLIT_VALUES = ("train", "test", "")
 LABEL_SEPARATOR = ";"
@@ -241,7 +241,7 @@ class Manifest:
     def write(self, path: str | os.PathLike, relative_to: Path | None | str = "parent") -> None:
         """Write the CSV atomically; paths relative to the file's folder unless told otherwise."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent)
         base = path.parent.resolve() if relative_to == "parent" else relative_to
         atomic_write_bytes(path, self.to_csv(base).encode("utf-8"))
 

@@ -242,6 +242,10 @@ def test_16_7_a_read_only_store_is_read_and_refuses_writes_in_one_line(tmp_path)
             assert "Read-only file system" in line, args
         export = run_cli("export", "--store", ro, "fc", "-o", ro / "x.npz", check=False)
         assert "read-only file system" in one_line_error(export, code=2)
+        build = run_cli("manifest", "build", tmp_path / "data" / "npy", "--ext", ".npy", "-o",
+                        ro / "new" / "m.csv", check=False)
+        assert one_line_error(build) == f"error: cannot write {ro / 'new'}: Read-only file " \
+                                        "system"
     assert other.path.exists()
 
 
