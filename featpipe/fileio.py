@@ -142,7 +142,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     tmp = tmp_path(path)
     try:
         with writing(path):
-            with open(tmp, "wb") as handle:
+            with open(tmp, "w+b") as handle:  # readable too: h5py reads what it writes
                 write(handle)
                 handle.flush()
                 os.fsync(handle.fileno())

@@ -264,6 +264,12 @@ def test_16_17_dry_run_creates_no_stage_folder(tmp_path, cli):
     assert done.exit_code == 0
     again = cli("encode", "--store", store, "--input", "imp", "--method", "avg", "--dry-run")
     assert "dry run: 0 to compute, 3 already complete" in again.output
+    before = sorted(p.name for p in (store / "stages").iterdir())
+    from featpipe.stages import fit_standardize
+
+    planned = fit_standardize(Store(store), "imp", name="std", dry_run=True)  # `run --dry-run`
+    assert not planned.exists and not planned.path.exists()
+    assert sorted(p.name for p in (store / "stages").iterdir()) == before
 
 
 def test_probe_the_same_source_twice_is_a_usage_error(tmp_path):

@@ -17,7 +17,13 @@ from featpipe.classify.experiment import METRICS, SOLVERS
 from featpipe.classify.fusion import FUSIONS
 from featpipe.classify.kernels import KERNELS
 from featpipe.classify.metrics import AP_MODES
-from featpipe.cli.common import ClickReporter, check_jobs, open_store, store_option
+from featpipe.cli.common import (
+    ClickReporter,
+    check_jobs,
+    command_line,
+    open_store,
+    store_option,
+)
 from featpipe.stages.classification import classify as classify_stage
 
 
@@ -76,4 +82,5 @@ def classify(store_path, inputs, kernels, fusion, weights, C_values, cv, split, 
                    weights=_numbers([weights], "--weights") if weights else None,
                    C=_numbers(C_values, "--C"), cv=cv, split=split, metric=metric,
                    ap_mode=ap_mode, solver=solver, gamma=gamma, order=order,
-                   normalize=normalize, jobs=jobs, report=report_path, reporter=ClickReporter())
+                   normalize=normalize, jobs=jobs, report=report_path,
+                   command=command_line(), reporter=ClickReporter())
