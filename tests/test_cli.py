@@ -35,6 +35,7 @@ def test_exit_codes_0_1_2(tmp_path, cli):
                                     "b,a.avi,run,test\n")
     ok = run_cli("manifest", "check", tmp_path / "m.csv", check=False)
     assert ok.returncode == 0 and ok.stderr == ""
+    (tmp_path / "s").mkdir()
     failure = run_cli("cache", "verify", "--store", tmp_path / "s", "nope", check=False)
     assert failure.returncode == 1
     assert failure.stderr.startswith("error: no stage named 'nope'") and \

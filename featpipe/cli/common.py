@@ -8,6 +8,7 @@ import sys
 import click
 
 from featpipe.cli.display import board, print_above
+from featpipe.parallel import resolve_jobs
 from featpipe.stages.base import Progress, Reporter, RunOptions, StageRun
 from featpipe.store import Store
 
@@ -18,11 +19,19 @@ store_option = click.option(
 RUN_OPTION_NAMES = ("jobs", "executor", "scheduler", "shard", "on_error", "force", "dry_run")
 
 
+def check_jobs(ctx, param, value):
+    """``--jobs`` callback: -1 = every core, capped at the cores, 0 or < -1 exit 2 at once."""
+    return resolve_jobs(value, param.name)
+
+
+JOBS_HELP = "Worker processes: N (capped at the available cores) or -1 (one per core)."
+
+
 def item_parallel_options(func):
     """``--jobs --executor --shard --on-error --force --dry-run`` for item-parallel stages."""
     options = [
         click.option("--jobs", "-j", default=1, show_default=True, type=int,
-                     help="Worker processes (-1: one per core)."),
+                     callback=check_jobs, help=JOBS_HELP),
         click.option("--executor", default="local", show_default=True,
                      type=click.Choice(["local", "dask", "slurm"]),
                      help="Where items run (see README 'Running on a cluster')."),

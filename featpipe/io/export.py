@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.errors import FeatpipeError, ParameterError
-from featpipe.fileio import atomic_save_npz, atomic_write
+from featpipe.fileio import atomic_save_npz, atomic_write, check_output_path, make_dirs
 from featpipe.store import Stage
 
 #: Output suffix -> format.
@@ -52,6 +52,7 @@ def export_stage(stage: Stage, output: str | Path, partial: bool = False
     """Write the export file of ``stage`` to ``output``; returns its arrays and the number of
     items not computed (an incomplete stage is refused unless ``partial``)."""
     fmt = export_format(output)
+    check_output_path(output, "output")
     done = stage.done_ids()
     ids = [i for i in stage.items.ids if i in done]
     missing = len(stage.items) - len(ids)
@@ -62,7 +63,7 @@ def export_stage(stage: Stage, output: str | Path, partial: bool = False
                             "--partial")
     arrays = export_arrays(stage, ids)
     path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     if fmt == "npz":
         atomic_save_npz(path, arrays)
     elif fmt == "hdf5":

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import re
 import zipfile
 from collections import Counter
@@ -40,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.errors import FeatpipeError, ItemError
+from featpipe.fileio import check_h5_dataset, check_npy_header, load_npy
 from featpipe.io import matlab
 from featpipe.manifest import Manifest, ManifestItem, from_rows
 from featpipe.parallel import ItemOutput
@@ -82,15 +84,6 @@ def describe(sig: Signature) -> str:
     return "arrays of shape (N, " + ", ".join(map(str, feature)) + ")"
 
 
-def _npy_header(handle) -> tuple[tuple[int, ...], np.dtype]:
-    version = np.lib.format.read_magic(handle)
-    if version == (1, 0):
-        shape, _, dtype = np.lib.format.read_array_header_1_0(handle)
-    else:
-        shape, _, dtype = np.lib.format.read_array_header_2_0(handle)
-    return shape, dtype
-
-
 class NpyDirSource:
     """A folder with one ``.npy`` or ``.mat`` file per item."""
 
@@ -127,7 +120,7 @@ class NpyDirSource:
         return found
 
     def locate(self, item: ManifestItem) -> Path | None:
-        return next((p for p in self._candidates(item) if p.is_file()), None)
+        return next((p for p in self._candidates(item) if _is_file(p)), None)
 
     def header(self, item: ManifestItem):
         path = self.locate(item)
@@ -136,7 +129,7 @@ class NpyDirSource:
         if path.suffix == ".mat":
             return matlab.numeric_variables(path)[self._mat_name(item, path)]
         with open(path, "rb") as handle:
-            return _npy_header(handle)
+            return check_npy_header(handle, os.fstat(handle.fileno()).st_size)
 
     def _mat_name(self, item: ManifestItem, path: Path) -> str:
         """The variable of a per-item ``.mat`` file: ``mat_variable``, else the only one."""
@@ -158,15 +151,26 @@ class NpyDirSource:
         try:
             if path.suffix == ".mat":
                 return matlab.read_variable(path, self._mat_name(item, path))
-            return np.load(path, allow_pickle=False)
+            return load_npy(path)
         except FeatpipeError as err:
             raise ItemError(item.id, err.cause) from None
         except (OSError, ValueError, EOFError) as err:
             raise ItemError(item.id, f"cannot read {path}: {_reason(err)}") from None
 
     def describe_missing(self, item: ManifestItem) -> str:
-        return ("none of " + ", ".join(str(p) for p in self._candidates(item))
-                + f" (formats tried: {', '.join(FOLDER_EXTENSIONS)})")
+        paths = self._candidates(item)
+        too_long = " (file name too long for this file system)" if any(
+            _is_file(p) is None for p in paths) else ""
+        return ("none of " + ", ".join(str(p)[:300] for p in paths)
+                + f" (formats tried: {', '.join(FOLDER_EXTENSIONS)}){too_long}")
+
+
+def _is_file(path: Path) -> bool | None:
+    """``path.is_file()``, or ``None`` when the name cannot exist (too long, invalid)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return None
 
 
 class NpzSource:
@@ -191,10 +195,11 @@ class NpzSource:
         if member is None:
             return None
         with self._zip.open(member) as handle:
-            return _npy_header(handle)
+            return check_npy_header(handle, self._zip.getinfo(member).file_size)
 
     def read(self, item: ManifestItem) -> np.ndarray:
         try:
+            self.header(item)
             with self._zip.open(self._members[item.id]) as handle:
                 return np.lib.format.read_array(handle, allow_pickle=False)
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
@@ -231,7 +236,10 @@ class H5Source:
 
     def header(self, item: ManifestItem):
         node = self.locate(item)
-        return None if node is None else (node.shape, node.dtype)
+        if node is None:
+            return None
+        check_h5_dataset(node, item.id)
+        return node.shape, node.dtype
 
     def read(self, item: ManifestItem) -> np.ndarray:
         node = self.locate(item)
@@ -239,6 +247,7 @@ class H5Source:
             raise ItemError(item.id, f"dataset {item.id!r} of {self.path} has non-numeric dtype "
                                      f"{node.dtype}")
         try:
+            check_h5_dataset(node, item.id)
             return np.asarray(node[()])
         except (OSError, ValueError, TypeError) as err:
             raise ItemError(item.id, f"cannot read dataset {item.id!r} of {self.path}: "
@@ -296,6 +305,8 @@ class TsSource:
             raise FeatpipeError(f"--from {self.path}: cannot parse .ts file ({_reason(err)})") \
                 from None
         self.arrays = [np.asarray(case).T for case in X]
+        if not self.arrays:
+            raise FeatpipeError(f"--from {self.path}: the .ts file holds no cases")
         self.labels = [str(v) for v in y] if y is not None and len(y) else [""] * len(X)
         width = len(str(max(len(self.arrays) - 1, 0)))
         self.ids = [f"{self.path.stem}/{i:0{width}d}" for i in range(len(self.arrays))]
@@ -507,11 +518,13 @@ class ImportCompute:
         if manifest is None:
             manifest = _stage_items(self.stage_path)
         results = []
-        for item_id in ids:
+        for item_id in ids:  # every failure, whatever its type, belongs to its own item
             try:
                 results.append(ItemOutput(self.read(manifest[item_id], sources)))
             except ItemError as err:
                 results.append(err)
+            except Exception as err:
+                results.append(ItemError(item_id, f"{type(err).__name__}: {_reason(err)}"))
         return results
 
     def read(self, item: ManifestItem, sources: Sequence) -> np.ndarray:

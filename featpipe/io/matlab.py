@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.errors import FeatpipeError
+from featpipe.fileio import check_h5_dataset
 
 #: MATLAB numeric classes and the numpy dtypes they read as.
 NUMERIC_CLASSES = {"double": "float64", "single": "float32", "int8": "int8", "uint8": "uint8",
@@ -92,6 +93,7 @@ def read_variable(path: str | os.PathLike, name: str) -> np.ndarray:
                 if node.dtype.kind not in "biuf":
                     raise FeatpipeError(f"variable {name!r} of {path} is not a real numeric "
                                         f"array (stored as {node.dtype})")
+                check_h5_dataset(node, name)  # a huge declared shape: before allocating
                 array = np.asarray(node[()]).T
         else:
             from scipy.io import loadmat

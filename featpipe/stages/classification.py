@@ -24,6 +24,7 @@ from featpipe.classify.kernels import PrecomputedKernel
 from featpipe.classify.metrics import AP_MODES
 from featpipe.classify.svm import OneVsRestSVC
 from featpipe.errors import FeatpipeError, ParameterError
+from featpipe.fileio import check_output_path
 from featpipe.parameters import check_params
 from featpipe.stages.base import Reporter
 from featpipe.store import Store
@@ -87,6 +88,8 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
                              f"{len(kernels)} kernels for {len(inputs)} inputs")
     kernels = tuple(kernels) * len(inputs) if len(kernels) == 1 else tuple(kernels)
     Cs = tuple(C)
+    if report:
+        check_output_path(report, "report")
     stages = [store.resolve(name) for name in inputs]
     manifest = stages[0].items
     if len(manifest) == 0:

@@ -348,7 +348,8 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
             raise FeatpipeError(f"--pca {pca} is a {pca_stage.kind} stage, not a pca stage")
         inputs.append(pca_stage)
         pca_path = str(pca_stage.path)
-    stage = store.stage("extract", params, inputs=inputs, items=manifest, dtype=dtype)
+    stage = store.stage("extract", params, inputs=inputs, items=manifest, dtype=dtype,
+                        create=not options.dry_run)
     paths = {it.id: str(manifest.resolve_path(it)) for it in manifest}
     compute = ExtractCompute(features, paths, sampling, feature_params, pca_path, decoder,
                              decode_timeout, batch_size, device)

@@ -55,7 +55,8 @@ def _model_stage(store: Store, kind: str, model, inputs: list[Stage], model_name
     is fitted, not what) and ``stage_params``, announced; and whether there is nothing to fit
     (the model is fitted and kept, the stage then named, or this is a dry run)."""
     key = {k: v for k, v in json_params(model.get_params()).items() if k != "device"}
-    stage = store.stage(kind, {**key, **stage_params}, inputs=inputs, items=Manifest([]))
+    stage = store.stage(kind, {**key, **stage_params}, inputs=inputs, items=Manifest([]),
+                        create=not dry_run)
     announce(stage, name, reporter)
     return stage, _already(stage, model_name, force, store, name, reporter, dry_run)
 
@@ -418,7 +419,7 @@ def fit_standardize(store: Store, input: str, *, name: str | None = None, split:
     source = store.resolve(input)
     train = train_item_ids(source, split)
     stage = store.stage("standardize", {"split": split}, inputs=[source],
-                        items=Manifest([], root=source.path))
+                        items=Manifest([], root=source.path), create=not dry_run)
     announce(stage, name, reporter)
     if dry_run:
         _already(stage, MODEL_NAME, False, store, name, reporter, dry_run)

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from featpipe.errors import ParameterError
+from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.io.importers import (
     ImportCompute,
     describe,
@@ -43,6 +43,10 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     reporter = reporter or Reporter()
     check_name(name)
     specs = tuple((detect_format(path), str(Path(path).resolve())) for path in sources)
+    if len(set(specs)) < len(specs):
+        twice = next(path for path, spec in zip(sources, specs, strict=True)
+                     if specs.count(spec) > 1)
+        raise ParameterError("from", f"{twice} is given more than once")
     if manifest_path:
         manifest_file = str(Path(manifest_path).resolve())
         manifest = Manifest.read(manifest_file)
@@ -57,6 +61,9 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
         stamp = file_stamp(specs, None)
         _, opened = open_sources(specs, None, stamp)
         manifest = ts_manifest(opened)
+    if not manifest.ids:
+        raise FeatpipeError(f"the manifest {manifest_path} has no items" if manifest_path
+                            else "the .ts files hold no cases")
     if write_manifest:
         manifest.write(write_manifest)
         reporter.info(f"wrote manifest {write_manifest} ({len(manifest)} items)")
@@ -64,7 +71,8 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
               "items": manifest_digest(manifest)}
     params.update({"transpose": True} if transpose else {})
     params.update({"mat_variable": mat_variable} if mat_variable else {})
-    stage = store.stage("import", params, items=manifest, dtype=dtype)
+    stage = store.stage("import", params, items=manifest, dtype=dtype,
+                        create=not (options and options.dry_run))
     expected = reference_signature(opened, manifest, transpose)
     from_mat = mat_shapes(opened, manifest)
     if from_mat:
