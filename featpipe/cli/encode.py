@@ -1,6 +1,7 @@
 """``featpipe encode``: one vector (or sequence) per item from an input stage.
 
-Methods and their options come from :mod:`featpipe.encode.registry`; the work is
+Methods and their options come from :mod:`featpipe.encode.registry` (options generated from
+the estimators, :mod:`featpipe.cli.options`); the work is
 :func:`featpipe.stages.encoding.encode`.
 """
 
@@ -16,29 +17,13 @@ from featpipe.cli.common import (
     run_options,
     store_option,
 )
-from featpipe.encode.registry import EncodeMethod, load_methods
+from featpipe.cli.options import click_options
+from featpipe.encode.registry import load_methods
 from featpipe.stages.encoding import encode as encode_stage
-
-
-def _encode(methods: dict[str, EncodeMethod], store_path, input_name, method, name,
-            **kwargs):
-    options = run_options(kwargs)
-    own = {option.name for option in methods[method].options}
-    stray = sorted(k for k, v in kwargs.items() if v not in (None, ()) and k not in own)
-    if stray:
-        flags = ", ".join("--" + k.replace("_", "-") for k in stray)
-        raise click.UsageError(f"{flags} does not apply to --method {method}")
-    given = {k: v for k, v in kwargs.items() if k in own}
-    finish(encode_stage(open_store(store_path), input_name, method, given, name=name,
-                        options=options, reporter=ClickReporter()))
 
 
 def _make_command() -> click.Command:
     methods = load_methods()
-    shared: dict[str, click.Option] = {}
-    for method in methods.values():
-        for option in method.options:
-            shared.setdefault(option.name, option)
     listing = "\n".join(f"  {m.name:12s} {m.summary}" for m in methods.values())
 
     @click.command("encode", help="Encode each item of an input stage.\n\nMethods:\n\n\b\n"
@@ -49,10 +34,13 @@ def _make_command() -> click.Command:
                   help="Encoding method (listed above).")
     @click.option("--name", "-n", default=None, help="Name to give the encoded stage.")
     @item_parallel_options
-    def encode(**kwargs):
-        _encode(methods, **kwargs)
+    def encode(store_path, input_name, method, name, **kwargs):
+        options = run_options(kwargs)
+        given = {k: v for k, v in kwargs.items() if v not in (None, ())}
+        finish(encode_stage(open_store(store_path), input_name, method, given, name=name,
+                            options=options, reporter=ClickReporter()))
 
-    encode.params.extend(shared.values())
+    encode.params.extend(click_options(methods))
     return encode
 
 

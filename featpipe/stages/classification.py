@@ -7,11 +7,39 @@ a summary over splits, and optionally a report (JSON, Markdown, plots) beside ``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 
-from featpipe.classify.experiment import Settings, run_split, summarise
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from featpipe.classify.experiment import (
+    METRICS,
+    SOLVERS,
+    Settings,
+    check_solver,
+    run_split,
+    summarise,
+)
+from featpipe.classify.fusion import FUSIONS, normalised_weights
+from featpipe.classify.kernels import PrecomputedKernel
+from featpipe.classify.metrics import AP_MODES
+from featpipe.classify.svm import OneVsRestSVC
 from featpipe.errors import FeatpipeError, ParameterError
+from featpipe.fileio import check_output_path
+from featpipe.parameters import check_params
 from featpipe.stages.base import Reporter
 from featpipe.store import Store
+
+#: The experiment's own parameters; C, the kernels, gamma and order are checked by the SVM and
+#: kernel estimators that take them.
+CONSTRAINTS = {
+    "fusion": [StrOptions(set(FUSIONS))],
+    "cv": [Interval(Integral, 2, None, closed="left")],
+    "metric": [StrOptions(set(METRICS)), None],
+    "ap_mode": [StrOptions(set(AP_MODES))],
+    "solver": [StrOptions(set(SOLVERS))],
+    "normalize": [StrOptions({"none", "l2"})],
+    "jobs": [Integral],
+}
 
 
 def split_numbers(text: str, n_splits: int) -> list[int]:
@@ -33,19 +61,35 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
              C: Sequence[float] = (1000.0,), cv: int = 5, split: str = "1",
              metric: str | None = None, ap_mode: str = "standard", solver: str = "libsvm",
              gamma: float | None = None, order: int = 1, normalize: str = "none",
-             jobs: int = -1, report: str | None = None,
+             jobs: int = -1, report: str | None = None, command: str | None = None,
              reporter: Reporter | None = None) -> dict:
     """Train and test on each split; returns ``{"splits": [...], "summary": {...}}``.
 
     ``kernels`` is one kernel for all inputs or one per input; several ``C`` are chosen among
     by ``cv``-fold cross-validation on the train split; ``split`` is a number or ``'all'``.
+    Every parameter is checked before any input is read (:class:`ParameterError`).
+    ``command`` is the command line recorded in the report (None for a library call).
     """
     reporter = reporter or Reporter()
+    check_params(CONSTRAINTS, {"fusion": fusion, "cv": cv, "metric": metric,
+                               "ap_mode": ap_mode, "solver": solver, "normalize": normalize,
+                               "jobs": jobs})
+    if not C:
+        raise ParameterError("C", "needs at least one value")
+    for value in C:
+        OneVsRestSVC.check_param_values({"C": value})
+    for kernel in kernels:
+        PrecomputedKernel.check_param_values({"kernel": kernel, "gamma": gamma, "order": order})
+    check_solver(solver, kernels)
+    if weights:
+        normalised_weights(len(inputs), weights)
     if len(kernels) not in (1, len(inputs)):
         raise ParameterError("kernel", f"needs one value for all inputs or one per input, got "
                              f"{len(kernels)} kernels for {len(inputs)} inputs")
     kernels = tuple(kernels) * len(inputs) if len(kernels) == 1 else tuple(kernels)
     Cs = tuple(C)
+    if report:
+        check_output_path(report, "report")
     stages = [store.resolve(name) for name in inputs]
     manifest = stages[0].items
     if len(manifest) == 0:
@@ -70,13 +114,14 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
     reporter.info(f"{metric}: {summary['mean']:.4f} ± {summary['std']:.4f} over "
                   f"{len(results)} split(s)")
     if report:
-        from featpipe.classify.report import build_report, write_report
+        from featpipe.classify.report import build_report, stage_chain, write_report
 
         config = {"store": str(store.root), "inputs": list(inputs),
                   "stages": [s.name for s in stages], "kernels": list(kernels),
                   "fusion": fusion, "weights": list(weights) if weights else None,
                   "C": list(Cs), "cv": cv, "split": split, "metric": metric, "ap": ap_mode,
                   "solver": solver, "gamma": gamma, "order": order, "normalize": normalize}
-        written = write_report(report, build_report(config, results, summary))
+        written = write_report(report, build_report(config, results, summary,
+                                                    stage_chain(stages), command))
         reporter.info(f"report: {', '.join(str(p) for p in written)}")
     return {"splits": results, "summary": summary}

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from featpipe.encode.registry import load_methods, method_params
-from featpipe.errors import FeatpipeError, InputError, ItemError
+from featpipe.errors import FeatpipeError, ItemError, ParameterError
 from featpipe.parallel import ItemOutput
-from featpipe.stages.base import Reporter, RunOptions, StageRun, run_stage
+from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name, run_stage
 from featpipe.store import Stage, Store
 
 
@@ -70,26 +70,31 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
     """Encode every item of stage ``input`` with ``method``; returns the run.
 
     ``params`` holds the method's parameters (missing ones take the method's defaults); a
-    model parameter (``gmm``, ``model``, ``pca``...) names a fitted stage of ``store``.
+    model parameter (``gmm``, ``model``...) names a fitted stage of ``store``.  Every value is
+    checked before the stage exists (:class:`~featpipe.errors.ParameterError`).
     """
     methods = load_methods()
     if method not in methods:
-        raise InputError(f"unknown encode method {method!r}; choose from {sorted(methods)}")
+        raise ParameterError("method", f"must be one of {', '.join(sorted(methods))}, got "
+                             f"{method!r}")
     chosen = methods[method]
+    unknown = sorted(set(params or {}) - set(chosen.defaults))
+    if unknown:
+        raise ParameterError(unknown[0], f"does not apply to method {method}")
+    check_name(name)
     params = method_params(chosen, params or {})
+    chosen.validate(params)
     source = store.resolve(input)
     models = {}
     for option in chosen.model_options:
-        if params.get(option):
+        if params[option]:
             models[option] = store.resolve(params[option])
             params[option] = models[option].name
-        elif option in chosen.defaults and chosen.defaults[option] is None:
-            raise FeatpipeError(f"--method {method} needs --{option.replace('_', '-')} NAME "
-                                "of a fitted model stage")
     if not source.items.ids:
         raise FeatpipeError(f"input stage {source.name} has no items")
     stage = store.stage("encode", {"method": method, **params},
-                        inputs=[source, *models.values()], items=source.items)
+                        inputs=[source, *models.values()], items=source.items,
+                        create=not (options and options.dry_run))
     compute = EncodeCompute(source.path, method, params, {k: s.path for k, s in models.items()})
     batch = chosen.batch_size(params) if callable(chosen.batch_size) else chosen.batch_size
     return run_stage(stage, source.items.ids, compute, store=store, name=name, options=options,

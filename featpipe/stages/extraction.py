@@ -27,7 +27,7 @@ from featpipe.extract.dsift import DenseSIFT, to_grey
 from featpipe.io.video import DecodeWorker, FrameChunk, Sampling, prefetch
 from featpipe.manifest import Manifest
 from featpipe.parallel import ItemOutput, parse_shard, plan
-from featpipe.stages.base import Reporter, RunOptions, StageRun, run_stage
+from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name, run_stage
 from featpipe.store import Stage, Store
 
 FEATURES = ("vgg16-fc6", "vgg16-conv5_3", "dsift")
@@ -312,6 +312,7 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
     """
     if features not in FEATURES:
         raise ParameterError("features", f"must be one of {FEATURES}, got {features!r}")
+    check_name(name)
     options = options or RunOptions()
     sampling = (sampling or Sampling()).validate()
     if batch_size < 1:
@@ -347,7 +348,8 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
             raise FeatpipeError(f"--pca {pca} is a {pca_stage.kind} stage, not a pca stage")
         inputs.append(pca_stage)
         pca_path = str(pca_stage.path)
-    stage = store.stage("extract", params, inputs=inputs, items=manifest, dtype=dtype)
+    stage = store.stage("extract", params, inputs=inputs, items=manifest, dtype=dtype,
+                        create=not options.dry_run)
     paths = {it.id: str(manifest.resolve_path(it)) for it in manifest}
     compute = ExtractCompute(features, paths, sampling, feature_params, pca_path, decoder,
                              decode_timeout, batch_size, device)
