@@ -129,7 +129,7 @@ def deep_fisher_workload(scale, rng, svm_timer=None):
 
 def ns_workload(scale, rng):
     from featpipe.backend import device_namespace
-    from featpipe.encode.bilinear import covariance_pool, newton_schulz_sqrtm
+    from featpipe.encode.bilinear import bilinear_pool, newton_schulz_sqrtm
 
     n = max(1, round(64 * scale))
     F = np.maximum(rng.standard_normal((n, 196, 512)), 0).astype(np.float32)
@@ -137,7 +137,8 @@ def ns_workload(scale, rng):
     def run(device):
         xp, dev = device_namespace(device)
         X = xp.asarray(F, device=dev) if device != "cpu" else F
-        out = newton_schulz_sqrtm(covariance_pool(X), 5)
+        covariance = bilinear_pool(X - xp.mean(X, axis=-2, keepdims=True))
+        out = newton_schulz_sqrtm(covariance, 5)
         return np.asarray(out.cpu() if hasattr(out, "cpu") else out)
 
     return f"cov + Newton-Schulz, {n} x 196 x 512", run
