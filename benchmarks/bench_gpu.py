@@ -12,7 +12,9 @@ Workloads (``--scale`` multiplies the item counts, for small machines):
 
 Each workload runs on the CPU (numpy / torch CPU, all cores unless ``--threads``) and, when a
 GPU is present, with ``device="cuda"`` (inputs handed over as numpy arrays, transfers
-included); outputs are compared (minimum cosine of the rows).  Without a GPU the CUDA column
+included); outputs are compared (minimum cosine of the rows).  On a shared machine use
+``--threads 1``: multi-threaded OpenBLAS spinning on busy cores made the same CPU run 10x
+slower (deep Fisher 0.7 s and 8.8 s within minutes).  Without a GPU the CUDA column
 says so.  ``--count-ops`` instead counts the operator calls made from Python (top-level aten
 ops: kernel launches on a GPU) per item of hrp, rankpool and deep Fisher with torch CPU
 tensors, with the torch profiler; run it with ``PYTHONPATH`` pointing at another checkout to
@@ -294,6 +296,8 @@ def main(argv=None):
     from threadpoolctl import threadpool_limits
 
     threads = args.threads or len(os.sched_getaffinity(0))
+    if args.threads:  # featpipe's own worker threads (hrp chunks) as well
+        os.environ["FEATPIPE_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     with threadpool_limits(threads):
         if args.count_ops:
