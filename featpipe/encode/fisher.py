@@ -514,9 +514,9 @@ def _accumulate(x, weights, means, variances, threshold, first, second, mass):
     """Add the sums Σ γ d, Σ γ d² and Σ γ of descriptors ``x`` into ``first``, ``second``,
     ``mass`` (one (K, D), (K, D), (K,) accumulator of :class:`FisherAccumulator`).
 
-    1. Approximate log joints of all pairs from one float32 GEMM on data centred at the mean
-       of the GMM's means (error up to ~1e-3 on real PCA-SIFT); the rest is one compiled pass
-       over the descriptors (:mod:`featpipe.encode._fisher_loop`).
+    1. Approximate log joints of all pairs from one float64 GEMM on data centred at the mean
+       of the GMM's means, stored as float32; the rest is one compiled pass over the
+       descriptors (:mod:`featpipe.encode._fisher_loop`).
     2. Candidate pairs, within ``_MARGIN`` of log(threshold) below the best, are recomputed
        from direct differences d_tk (float32, as VLFeat); the normaliser uses these exact
        values and the approximate ones of the other pairs (each below ~1e-7 of the best, so
@@ -524,11 +524,14 @@ def _accumulate(x, weights, means, variances, threshold, first, second, mass):
     3. Kept pairs (gamma >= threshold) are accumulated per component in float64.
 
     Step 2 is right when the approximate log joints are within ``_MARGIN / 2`` of the exact
-    ones.  A rounding bound of the float32 GEMM, ½(2D + 3)·2⁻²⁴·(|[xc², xc]|·max_k|rhs_k| +
-    max|bias| + max|log norm|), is checked per descriptor; descriptors beyond it (far from
-    every Gaussian, e.g. a value of 1e6 against a GMM of N(0, 1) data, where float32 loses
-    10⁵ nats and the posteriors underflowed to all zeros) go through the float64 body
-    :func:`fisher_vectors` with direct differences instead.
+    ones.  Per descriptor, a rounding bound ½(γ₆₄·(|[xc², xc]|·max_k|rhs_k|) +
+    u₃₂·(max_k|raw| + max|bias|)) + u₃₂·max|log norm| (γ₆₄ = (2D + 3)·2⁻⁵³: the float64 GEMM;
+    u₃₂ = 2⁻²⁴: the float32 copies) is checked; on real PCA-SIFT it is ~1e-2 nats.
+    Descriptors beyond it (far from every Gaussian, e.g. a value of 1e6 against a GMM of
+    N(0, 1) data, where the log joints lose 10⁵ nats and the posteriors would underflow to
+    all zeros) go through the float64 body :func:`fisher_vectors` with direct differences.
+    A float32 GEMM is not used: its worst-case bound (2D + 3)·2⁻²⁴·|terms| exceeds the margin
+    on real PCA-SIFT (narrow components), which sent every descriptor down the exact path.
     """
     import numba
 
@@ -544,16 +547,19 @@ def _accumulate(x, weights, means, variances, threshold, first, second, mass):
     valid = weights >= PRIOR_THRESHOLD
     log_norm = np.where(valid, np.log(np.maximum(weights, 1e-300)), -np.inf) \
         - 0.5 * np.sum(np.log(variances), axis=1)
-    # ‖(x − μ_k)/σ_k‖² − ‖(μ_k − c)/σ_k‖² for all pairs from one float32 GEMM, (N, K)
+    # ‖(x − μ_k)/σ_k‖² − ‖(μ_k − c)/σ_k‖² for all pairs from one float64 GEMM, (N, K)
     with np.errstate(over="ignore", invalid="ignore"):
-        lhs = np.concatenate([xc * xc, xc], axis=1)
-        rhs = np.concatenate([inv_var, -2.0 * (means - center) * inv_var], axis=1).astype(
-            np.float32)
-        raw = lhs @ rhs.T
-        bias = np.sum((means - center) ** 2 * inv_var, axis=1).astype(np.float32)
-        scale = np.abs(lhs) @ np.max(np.abs(rhs), axis=0) + np.max(bias) + \
-            np.max(np.abs(log_norm[valid]), initial=0.0)
-    unreliable = ~(0.5 * (2 * xc.shape[1] + 3) * 2.0**-24 * scale <= _MARGIN / 2)
+        xc64 = x64 - center
+        lhs = np.concatenate([xc64 * xc64, xc64], axis=1)
+        rhs = np.concatenate([inv_var, -2.0 * (means - center) * inv_var], axis=1)
+        raw64 = lhs @ rhs.T
+        bias64 = np.sum((means - center) ** 2 * inv_var, axis=1)
+        gemm = (2 * xc.shape[1] + 3) * 2.0**-53 * (np.abs(lhs) @ np.max(np.abs(rhs), axis=0))
+        copies = 2.0**-24 * (np.max(np.abs(raw64), axis=1) + np.max(np.abs(bias64)))
+        error = 0.5 * (gemm + copies) + 2.0**-24 * np.max(np.abs(log_norm[valid]), initial=0.0)
+        raw = raw64.astype(np.float32)
+        bias = bias64.astype(np.float32)
+    unreliable = ~(error <= _MARGIN / 2)
     if np.any(unreliable):
         _accumulate_exact(x64[unreliable], weights, means, variances, threshold, first,
                           second, mass)
