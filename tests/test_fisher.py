@@ -206,22 +206,31 @@ def test_large_items_are_encoded_in_blocks(photo_sift, monkeypatch):
     np.testing.assert_allclose(blocks, whole, atol=1e-6)
 
 
-def test_real_descriptors_take_the_fast_path(photo_sift, monkeypatch):
+def test_real_descriptors_take_the_fast_path(monkeypatch):
     """Real PCA-SIFT never needs the exact float64 path (it is for descriptors far from every
-    Gaussian): a bound that sent every row there made the encoder 10x slower. A GMM with
-    narrow components (variance floor) is the hard case for the GEMM's rounding bound."""
-    from featpipe.encode import fisher
+    Gaussian): a float32 rounding bound that sent every row there made the encoder 10x slower.
+    featpipe's dense SIFT zeroes low-contrast descriptors, which gives the GMM narrow
+    components (variance floor): the hard case for the GEMM's rounding bound."""
+    from sklearn.datasets import load_sample_images
 
-    projected, _, _ = photo_sift
-    sample = np.concatenate(projected)
-    gmm = GaussianMixtureModel(64, max_iter=30, random_state=0).fit(sample[::2])
+    from featpipe.encode import fisher
+    from featpipe.extract.dsift import DenseSIFT, to_grey
+
+    sift = DenseSIFT(sizes=[4, 6, 8, 10], step=8)
+    descs = [sift.compute(to_grey(image)).descriptors.astype(np.float64)
+             for image in load_sample_images().images]
+    stacked = np.concatenate(descs)
+    mean = stacked.mean(axis=0)
+    components = np.linalg.svd(stacked[::4] - mean, full_matrices=False)[2][:64]
+    projected = [(d - mean) @ components.T for d in descs]
+    gmm = GaussianMixtureModel(16, max_iter=30, random_state=0).fit(
+        np.concatenate(projected)[::2])
     routed = []
     exact = fisher._accumulate_exact
     monkeypatch.setattr(fisher, "_accumulate_exact",
                         lambda x, *args: routed.append(len(x)) or exact(x, *args))
     for x in projected:
         ours = fisher_vector(x, gmm.weights_, gmm.means_, gmm.variances_)
-        ref = literal_fisher_vector(x.astype(np.float64), gmm.weights_, gmm.means_,
-                                    gmm.variances_)
+        ref = literal_fisher_vector(x, gmm.weights_, gmm.means_, gmm.variances_)
         assert np.abs(ours - ref).max() <= 1e-5
     assert not routed, f"{sum(routed)} real descriptors took the exact path"
