@@ -354,7 +354,7 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
               batch_size: int = 32, weight_decay: float = 1e-4, seed: int = 0) -> Stage:
     """Fit GM-SOP (gated mixture of parametric second-order pooling) on one conv map per
     train image of ``split``."""
-    from featpipe.encode.bilinear import local_feature_sets
+    from featpipe.items import LocalFeatures
     from featpipe.learn.gmsop import MODEL_NAME, GatedMixtureSOP
 
     reporter = reporter or Reporter()
@@ -374,12 +374,13 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
     maps, labels = [], []
     for item_id in train:
         try:
-            sets, frames = local_feature_sets(source.read_item(item_id), source.extras_of(item_id))
+            record = LocalFeatures.from_item(source.read_item(item_id),
+                                             source.extras_of(item_id))
         except FeatpipeError as err:
             raise ItemError(item_id, err.cause) from None
-        if frames is not None:
+        if record.n_frames != 1:
             raise ItemError(item_id, "fit gmsop takes one conv map per image, got frames")
-        maps.append(sets[0])
+        maps.append(record.descriptors)
         labels.append(source.items[item_id].label)
     model = GatedMixtureSOP(
         n_components=components, top_k=top_k, dim=dim, ns_iters=ns_iters,
