@@ -16,29 +16,20 @@ from featpipe.cli.common import (
     run_options,
     store_option,
 )
-from featpipe.encode.registry import EncodeMethod, load_methods
+from featpipe.encode.registry import EncodeMethod, given_params, load_methods, method_options
 from featpipe.stages.encoding import encode as encode_stage
 
 
 def _encode(methods: dict[str, EncodeMethod], store_path, input_name, method, name,
             **kwargs):
     options = run_options(kwargs)
-    own = {option.name for option in methods[method].options}
-    stray = sorted(k for k, v in kwargs.items() if v not in (None, ()) and k not in own)
-    if stray:
-        flags = ", ".join("--" + k.replace("_", "-") for k in stray)
-        raise click.UsageError(f"{flags} does not apply to --method {method}")
-    given = {k: v for k, v in kwargs.items() if k in own}
+    given = given_params(methods[method], kwargs)
     finish(encode_stage(open_store(store_path), input_name, method, given, name=name,
                         options=options, reporter=ClickReporter()))
 
 
 def _make_command() -> click.Command:
     methods = load_methods()
-    shared: dict[str, click.Option] = {}
-    for method in methods.values():
-        for option in method.options:
-            shared.setdefault(option.name, option)
     listing = "\n".join(f"  {m.name:12s} {m.summary}" for m in methods.values())
 
     @click.command("encode", help="Encode each item of an input stage.\n\nMethods:\n\n\b\n"
@@ -52,7 +43,7 @@ def _make_command() -> click.Command:
     def encode(**kwargs):
         _encode(methods, **kwargs)
 
-    encode.params.extend(shared.values())
+    encode.params.extend(method_options(methods.values()))
     return encode
 
 

@@ -10,7 +10,7 @@ stage key hashes the method name and its complete parameter dict.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -73,3 +73,28 @@ def method_params(method: EncodeMethod, given: Mapping[str, object]) -> dict:
             value = method.defaults.get(option.name)
         params[option.name] = list(value) if isinstance(value, tuple) else value
     return params
+
+
+def method_options(methods: Iterable[EncodeMethod], skip: Container[str] = ()
+                   ) -> list[click.Option]:
+    """The click options of ``methods``, one per name (the first declaration wins), minus
+    the names in ``skip``: ``featpipe encode`` and ``featpipe extract --encode`` offer
+    exactly these."""
+    options: dict[str, click.Option] = {}
+    for method in methods:
+        for option in method.options:
+            if option.name not in skip:
+                options.setdefault(option.name, option)
+    return list(options.values())
+
+
+def given_params(method: EncodeMethod, values: Mapping[str, object], flag: str = "--method"
+                 ) -> dict:
+    """The values of ``method``'s own options; a value given for an option of another
+    method is a usage error (``flag`` names the method's flag in the message)."""
+    own = {option.name for option in method.options}
+    stray = sorted(k for k, v in values.items() if v not in (None, ()) and k not in own)
+    if stray:
+        flags = ", ".join("--" + k.replace("_", "-") for k in stray)
+        raise click.UsageError(f"{flags} does not apply to {flag} {method.name}")
+    return {k: v for k, v in values.items() if k in own}
