@@ -432,8 +432,10 @@ def _first_line(err: BaseException) -> str:
         return "file does not exist"
     if isinstance(err, FeatpipeError):
         return err.cause
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if type(err) is RuntimeError and text:  # the decoders' own one-line causes
+        return text
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _decode_item(conn, request, decoder: str, program: WorkerProgram, log: _StderrLog) -> None:
