@@ -177,7 +177,7 @@ def motion(run: Runner, per_class: int, frames: int, vgg: bool, weights: str) ->
             "in reverse order, so order-blind encoders are at chance (0.5 within each pair).")
     run.echo("    dense SIFT per frame, pooled on a 4x4 grid")
     run("extract", "--manifest", manifest_path, "--store", run.store.root, "--features",
-        "dsift", "--sizes", "8", "--step", "8", "--name", "motion-dsift")
+        "dsift", "--sizes", "8", "--step", "8", "--every", 1, "--name", "motion-dsift")
     run("encode", "--store", run.store.root, "--input", "motion-dsift", "--method",
         "spatial-grid", "--grid", "4x4", "--name", "motion-dsift-grid")
     task = Task("Rendered motion, dense SIFT 4x4 grid", note)
