@@ -336,7 +336,8 @@ class ModelThread:
     """The model on a thread of its own: ``submit`` a batch of crops (a host buffer of
     (B, H, W, 3) uint8, pinned when CUDA is present) and collect ``(features, tag)`` with
     ``results``; at most one batch waits while one computes, so the caller packs the next
-    batch meanwhile, and ``wake`` (a pipe) becomes readable when a batch is done.
+    batch meanwhile, and ``wake`` (a pipe) becomes readable when a batch is done;
+    ``last_seconds`` is the last batch's duration.
     ``model.forward_crops(uint8 tensor) -> numpy`` runs on one CUDA stream (when on CUDA); a
     failure of the model ends the run (it is no item's fault)."""
 
@@ -352,6 +353,9 @@ class ModelThread:
         self.todo: queue.Queue = queue.Queue(maxsize=1)
         self.done: queue.Queue = queue.Queue()
         self.busy = 0
+        #: seconds the last batch took; when the model last became idle
+        self.last_seconds = 0.0
+        self.idle_since = 0.0
         self.wake, self._signal = os.pipe()
         os.set_blocking(self.wake, False)
         self.stream = torch.cuda.Stream() if pin else None
@@ -379,10 +383,12 @@ class ModelThread:
                 if job is None:
                     return
                 buffer, n, tag = job
+                started = time.monotonic()
                 try:
                     out = (self.model.forward_crops(buffer[:n]), tag)
                 except BaseException as err:  # noqa: BLE001 - raised in the caller
                     out = (err, tag)
+                self.last_seconds = time.monotonic() - started
                 self.free.put(buffer)
                 self.done.put(out)
                 os.write(self._signal, b"x")
@@ -400,6 +406,8 @@ class ModelThread:
         except queue.Empty:
             pass
         self.busy -= len(found)
+        if found and not self.busy:
+            self.idle_since = time.monotonic()
         for out, _ in found:
             if isinstance(out, BaseException):
                 raise FeatpipeError(f"the model failed: {type(out).__name__}: {out}")
@@ -532,12 +540,18 @@ class Extraction:
 
         model = ModelThread(self.model, self.batch_size, self.preprocess.crop,
                             getattr(self.model, "device", "cpu"))
-        buffer, tags = None, []
+        buffer, tags, packed_since = None, [], 0.0
         try:
             while self.pool.busy or tags or model.busy:
-                # wait for a worker or the model, unless a partial batch could go to it now
-                events = self.pool.poll(0.0 if tags and model.busy == 0 else None,
-                                        wake=[model.wake])
+                # A partial batch goes to an idle model once it has waited as long as the
+                # last batch took (the model would have been idle that long anyway), or at
+                # the end; until then, wait for a worker, the model, or that moment.
+                due = None
+                if tags and model.busy == 0:
+                    since = max(packed_since, model.idle_since)
+                    due = 0.0 if not self.pool.busy else max(
+                        0.0, since + model.last_seconds - time.monotonic())
+                events = self.pool.poll(due, wake=[model.wake])
                 for event in events:
                     kind, item_id = event[0], event[1]
                     if kind == "error":
@@ -553,8 +567,8 @@ class Extraction:
                     else:
                         for (crop, shape), seconds in zip(event[2], event[3], strict=True):
                             if buffer is None:
-                                buffer = model.buffer()
-                            buffer[len(tags)] = _as_tensor(crop)
+                                buffer, packed_since = model.buffer(), time.monotonic()
+                            buffer[len(tags)].numpy()[...] = crop
                             tags.append((item_id, item.generation, item.frames, seconds,
                                          tuple(shape)))
                             item.frames += 1
@@ -563,7 +577,8 @@ class Extraction:
                                 model.submit(buffer, len(tags), tags)
                                 buffer, tags = None, []
                         self.on_frames(len(event[3]))
-                if tags and model.busy == 0 and not events:  # never let the model wait
+                if tags and model.busy == 0 and (not self.pool.busy or time.monotonic() >= max(
+                        packed_since, model.idle_since) + model.last_seconds):
                     model.submit(buffer, len(tags), tags)
                     buffer, tags = None, []
                 for features, batch_tags in model.results():
@@ -594,12 +609,6 @@ class Extraction:
                     yield self._commit(item_id, pending, item.warning)
         finally:
             model.close()
-
-
-def _as_tensor(crop: np.ndarray):
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(crop))
 
 
 def worker_count(jobs: int) -> int:
