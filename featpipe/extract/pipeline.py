@@ -315,6 +315,9 @@ class CropProgram:
         self.preprocess = preprocess
 
     def start(self, item_id: str) -> CropProgram:
+        import torch
+
+        torch.set_num_threads(1)  # one core per decoding worker; the model wants the rest
         return self
 
     def add(self, frame: np.ndarray, seconds: float):

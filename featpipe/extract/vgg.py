@@ -191,7 +191,6 @@ class VGGPreprocess:
         import torch
         import torch.nn.functional as F
 
-        torch.set_num_threads(1)
         height, width = frame.shape[:2]
         new_h, new_w, _, top, left = self.geometry(height, width)
         if min(new_h, new_w) < self.crop:
