@@ -280,6 +280,8 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
             if name and run.ok:  # a name moves to a stage whose run went through
                 store.set_name(name, stage)
             return run
+        except Interrupt as signal_:  # before any item ran (probing, loading the model)
+            raise Interrupted(signal_.signum, summary.done, len(todo) - summary.done) from None
         finally:
             pool.close()
 
