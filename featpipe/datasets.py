@@ -7,7 +7,14 @@ Formats (the files as the dataset authors distribute them):
 
 - **folder**: every file below ``root`` with a wanted extension (hidden ones skipped); id = its
   path relative to ``root`` without the extension; label = the name of its parent folder
-  (optional).
+  (optional).  When every file lies below a top-level ``train/`` folder and a ``test/`` or
+  ``val/`` folder (``valid``, ``validation`` too, any case), those folders are the splits (and
+  stay part of the ids): split1 = train/test; with both test and val, split2 = train/val (val
+  plays the test part, as VOC's split2); with val but no test, split1 = train/val.
+- **generated splits** (:func:`with_test_fraction`, :func:`with_folds`): stratified per
+  class (the ``;``-joined label) and seeded; within a class, items are ordered by
+  sha256(seed, id), so the assignment does not depend on the file system's listing order, the
+  numpy version or the other items of other classes.
 - **UCF101** (``ucfTrainTestlist/``): ``classInd.txt`` lines ``"1 ApplyEyeMakeup"``;
   ``trainlist0K.txt`` lines ``"ApplyEyeMakeup/v_ApplyEyeMakeup_g08_c01.avi 1"`` (1-based class
   index); ``testlist0K.txt`` lines ``"ApplyEyeMakeup/v_ApplyEyeMakeup_g01_c01.avi"``.
@@ -25,16 +32,20 @@ Formats (the files as the dataset authors distribute them):
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from featpipe.errors import FeatpipeError
-from featpipe.manifest import Manifest, from_rows
+from featpipe.manifest import Manifest, ManifestItem, from_rows
 
 VIDEO_EXTENSIONS = (".avi", ".mp4", ".mkv", ".mov", ".webm", ".mpg", ".mpeg", ".m4v")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".ppm", ".pgm")
 SPLIT_FORMATS = ("ucf101", "hmdb51", "hollywood2", "voc")
+#: Top-level folder names (lower case) that a folder scan reads as splits.
+SPLIT_FOLDERS = {"train": "train", "test": "test", "val": "val", "valid": "val",
+                 "validation": "val"}
 
 
 def _lines(path: Path) -> list[tuple[int, list[str]]]:
@@ -73,9 +84,13 @@ def _subfolder(root: Path, name: str) -> str:
 
 
 def from_folder(root: str | Path, extensions: Iterable[str] = VIDEO_EXTENSIONS + IMAGE_EXTENSIONS,
-                labels_from_parent: bool = True) -> Manifest:
+                labels_from_parent: bool = True, split_folders: bool = True) -> Manifest:
     """Every file below ``root`` with one of ``extensions``; ids are relative paths without
-    extension (two files that differ only by extension are an error, not a silent overwrite)."""
+    extension (two files that differ only by extension are an error, not a silent overwrite).
+
+    With ``split_folders``, a ``train/`` + ``test/`` (or ``val/``) layout gives the split
+    columns (module docstring); otherwise the one split column is empty.
+    """
     root = Path(root)
     if not root.is_dir():
         raise FeatpipeError(f"{root} is not a folder")
@@ -97,7 +112,100 @@ def from_folder(root: str | Path, extensions: Iterable[str] = VIDEO_EXTENSIONS +
         rows.append((item_id, rel, label, []))
     if not rows:
         raise FeatpipeError(f"no files with extensions {sorted(wanted)} under {root}")
-    return from_rows(rows, root, n_splits=1)
+    parts = split_folder_parts([rel for _, rel, _, _ in rows]) if split_folders else None
+    if parts is None:
+        return from_rows(rows, root, n_splits=1)
+    columns = _split_columns(set(parts))
+    rows = [(i, rel, label, [column.get(part, "") for column in columns])
+            for (i, rel, label, _), part in zip(rows, parts, strict=True)]
+    return from_rows(rows, root, n_splits=len(columns))
+
+
+def split_folder_parts(paths: Iterable[str]) -> list[str] | None:
+    """The split part (``train``, ``test``, ``val``) of each relative path when the paths form a
+    split-folder layout (every path below a split folder, ``train`` and ``test`` or ``val``
+    among them), else ``None``."""
+    parts = []
+    for rel in paths:
+        top, sep, _ = rel.partition("/")
+        if not sep or top.lower() not in SPLIT_FOLDERS:
+            return None
+        parts.append(SPLIT_FOLDERS[top.lower()])
+    found = set(parts)
+    return parts if "train" in found and found & {"test", "val"} else None
+
+
+def _split_columns(found: set[str]) -> list[dict[str, str]]:
+    """Split columns (folder part -> membership) for the split folders present."""
+    if "test" not in found:
+        return [{"train": "train", "val": "test"}]
+    columns = [{"train": "train", "test": "test"}]
+    if "val" in found:
+        columns.append({"train": "train", "val": "test"})
+    return columns
+
+
+def describe_split_folders(manifest: Manifest) -> str | None:
+    """One line saying how split folders became split columns (None when they did not)."""
+    parts = split_folder_parts(it.path for it in manifest)
+    if parts is None:
+        return None
+    found = set(parts)
+    names = [f"{name}/" for name in ("train", "test", "val") if name in found]
+    columns = ["split1 = train/val" if "test" not in found else "split1 = train/test"]
+    if {"test", "val"} <= found:
+        columns.append("split2 = train/val")
+    return f"split folders {' '.join(names)}: {', '.join(columns)}"
+
+
+def _stratified_order(manifest: Manifest, seed: int) -> list[list[ManifestItem]]:
+    """Items grouped by class (the joined label, sorted), each group in sha256(seed, id)
+    order."""
+    groups: dict[str, list[ManifestItem]] = {}
+    for it in manifest:
+        groups.setdefault(it.label, []).append(it)
+
+    def rank(it: ManifestItem) -> str:
+        return hashlib.sha256(f"{seed}\0{it.id}".encode("utf-8", "surrogatepass")).hexdigest()
+
+    return [sorted(groups[label], key=rank) for label in sorted(groups)]
+
+
+def _with_splits(manifest: Manifest, splits: dict[str, list[str]], n_splits: int) -> Manifest:
+    items = [ManifestItem(it.id, it.path, it.labels, tuple(splits[it.id]), it.line)
+             for it in manifest]
+    return Manifest(items, manifest.root, n_splits, manifest.source)
+
+
+def with_test_fraction(manifest: Manifest, fraction: float, seed: int = 0) -> Manifest:
+    """One split column: round(``fraction`` x n) items of each class are test, the rest
+    train; a class of n >= 2 items keeps at least one item on each side, a class of one item
+    is train only (a test class needs train items)."""
+    if not 0 < fraction < 1:
+        raise FeatpipeError(f"test fraction must be in (0, 1), got {fraction}")
+    splits = {}
+    for group in _stratified_order(manifest, seed):
+        n_test = min(len(group) - 1, max(1, round(fraction * len(group))))
+        for position, it in enumerate(group):
+            splits[it.id] = ["test" if position < n_test else "train"]
+    return _with_splits(manifest, splits, 1)
+
+
+def with_folds(manifest: Manifest, folds: int, seed: int = 0) -> Manifest:
+    """``folds`` split columns (stratified k-fold): the items of each class are dealt to the
+    folds in turn, continuing from where the previous class stopped (fold sizes differ by
+    at most one); split k tests fold k and trains on the others.  A class of one item is
+    train in every split (a test class needs train items)."""
+    if folds < 2:
+        raise FeatpipeError(f"folds must be at least 2, got {folds}")
+    fold_of, dealt = {}, 0
+    for group in _stratified_order(manifest, seed):
+        for it in group:
+            fold_of[it.id] = dealt % folds if len(group) > 1 else None
+            dealt += len(group) > 1
+    splits = {item_id: ["test" if fold == k else "train" for k in range(folds)]
+              for item_id, fold in fold_of.items()}
+    return _with_splits(manifest, splits, folds)
 
 
 def from_ucf101(root: str | Path, lists: str | Path) -> Manifest:

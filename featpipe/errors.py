@@ -22,6 +22,14 @@ class ItemError(FeatpipeError):
         super().__init__(message, item=item)
 
 
+class WriteError(FeatpipeError):
+    """A file could not be written (disk full, read-only store, no permission).
+
+    Not an item's fault: a stage run stops at the first one, keeps every item already
+    recorded, and leaves no temporary or half-written file behind.
+    """
+
+
 class InputError(FeatpipeError, ValueError):
     """A parameter or an input array is invalid (also a ``ValueError`` for library users)."""
 

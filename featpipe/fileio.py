@@ -9,19 +9,28 @@ and executors can all use it without importing each other.
 - Item ids map to file stems that cannot escape their folder and never collide (a readable
   part plus a digest of the exact id).
 - Shards: item ``i`` belongs to shard ``int(sha256(i)[:8], 16) mod N``.
+- Write failures (disk full, read-only file system, no permission) become one
+  :class:`~featpipe.errors.WriteError` line naming the file.
+- ``.npy`` headers are checked against the bytes that hold the data before anything is
+  allocated, so a header that declares a shape of 10^12 rows is an error, not a MemoryError.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import math
 import os
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+
+from featpipe.errors import ParameterError, WriteError
 
 HOST = socket.gethostname().split(".")[0] or "host"
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -53,22 +62,94 @@ def tmp_path(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp.{HOST}.{os.getpid()}")
 
 
+_WRITE_HINTS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
+                errno.EROFS: "read-only file system"}
+
+
+def os_reason(err: OSError, path: str | os.PathLike | None = None) -> str:
+    """``strerror`` of an OSError, with a hint for the write failures users meet most.
+
+    numpy reports a short write without an errno (``8176 written``): when the file system of
+    ``path`` then has no free block left, that is a full disk, and it is said so.
+    """
+    code = err.errno
+    if code is None and path is not None and _free_bytes(Path(path)) == 0:
+        code = errno.ENOSPC
+    text = os.strerror(code) if code is not None and not err.strerror else err.strerror
+    text = text or first_line(err)
+    hint = _WRITE_HINTS.get(code)
+    return f"{text} ({hint})" if hint and hint not in text.lower() else text
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message, or its type name when it has none."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on the file system of ``path``."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        info = os.statvfs(path)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike, verb: str = "write") -> Iterator[None]:
+    """Turn an OSError raised inside the block into a :class:`WriteError` naming ``path``
+    (``cannot <verb> <path>: <reason>``)."""
+    try:
+        yield
+    except OSError as err:
+        raise WriteError(f"cannot {verb} {path}: {os_reason(err, path)}") from None
+
+
+def make_dirs(path: str | os.PathLike) -> None:
+    """``mkdir -p`` whose failure is a :class:`WriteError` naming the folder."""
+    with writing(path):
+        Path(path).mkdir(parents=True, exist_ok=True)
+
+
+def check_output_path(path: str | os.PathLike, option: str) -> None:
+    """Refuse, before any work is done, an output file that cannot be written (a folder, a
+    parent that is a file, a folder that is read-only): a :class:`ParameterError` for
+    ``option``, so results are never computed and then lost."""
+    path = Path(path)
+    if path.is_dir():
+        raise ParameterError(option, f"{path} is a folder; give a file name")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ParameterError(option, f"cannot write {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK):
+        read_only = bool(os.statvfs(parent).f_flag & os.ST_RDONLY)
+        raise ParameterError(option, f"cannot write {path}: {parent} is "
+                             + ("on a read-only file system" if read_only else "not writable"))
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
     """Run ``write(handle)`` into a temporary file, fsync it and rename it onto ``path``.
 
     Whatever fails (disk full, read-only folder, a bad array), the temporary file is removed
-    and the old ``path``, if any, is untouched.
+    and the old ``path``, if any, is untouched; an OSError becomes a :class:`WriteError`.
     """
     path = Path(path)
     tmp = tmp_path(path)
     try:
-        with open(tmp, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        with writing(path):
+            with open(tmp, "w+b") as handle:  # readable too: h5py reads what it writes
+                write(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise
 
 
@@ -89,3 +170,80 @@ def atomic_save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -
         if value.dtype.hasobject:
             raise ValueError(f"array {key!r} has dtype object; featpipe never pickles")
     atomic_write(path, lambda handle: np.savez(handle, **arrays))
+
+
+def _npy_header(handle: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
+    version = np.lib.format.read_magic(handle)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(handle)
+    return np.lib.format.read_array_header_2_0(handle)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _checked_header(handle: BinaryIO, total_bytes: int
+                    ) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    shape, fortran, dtype = _npy_header(handle)
+    declared = 0 if dtype.hasobject else math.prod(shape) * dtype.itemsize
+    available = total_bytes - handle.tell()
+    if declared > available:
+        raise ValueError(f"header declares shape {shape} {dtype} ({human_bytes(declared)}) "
+                         f"but the file holds {human_bytes(max(available, 0))} of data "
+                         "(truncated or corrupt)")
+    return shape, fortran, dtype, declared
+
+
+def check_npy_header(handle: BinaryIO, total_bytes: int) -> tuple[tuple[int, ...], np.dtype]:
+    """Read an ``.npy`` header and check that the ``total_bytes`` of the stream hold the data
+    it declares; raises ``ValueError`` (before anything is allocated) when they do not."""
+    shape, _, dtype, _ = _checked_header(handle, total_bytes)
+    return shape, dtype
+
+
+def load_npy(path: str | os.PathLike, mmap: bool = False) -> np.ndarray:
+    """One ``.npy`` file (no pickle: an object array is a ``ValueError``), its header checked
+    by :func:`check_npy_header` first; read through one open file, memory-mapped with
+    ``mmap``."""
+    with open(path, "rb") as handle:
+        shape, fortran, dtype, nbytes = _checked_header(handle, os.fstat(handle.fileno()).st_size)
+        if dtype.hasobject:
+            raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+        if not mmap:
+            buffer = np.empty(nbytes, np.uint8)  # not zero-filled: read straight into it
+            if handle.readinto(buffer.data) != nbytes:
+                raise EOFError(f"{path}: file shorter than its header declares")
+            return buffer.view(dtype).reshape(shape, order="F" if fortran else "C")
+    return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
+def memory_bytes() -> int:
+    """Physical memory of this machine (the most one array could ever take)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 2**62
+
+
+def check_h5_dataset(node, name: str) -> None:
+    """Refuse, before reading, an HDF5 dataset that cannot hold the array it declares: an
+    ``h5py.Empty`` one (no shape), one larger than this machine's memory, or an unfiltered one
+    with fewer bytes stored than its shape needs (truncated, or never written: reading it would
+    give fill values).  Raises ``ValueError`` naming ``name``."""
+    if node.shape is None:
+        raise ValueError(f"dataset {name!r} is empty (h5py.Empty: no shape, no data)")
+    declared = math.prod(node.shape) * node.dtype.itemsize
+    if declared > memory_bytes():
+        raise ValueError(f"dataset {name!r} declares shape {node.shape} {node.dtype} "
+                         f"({human_bytes(declared)}), more than this machine's memory "
+                         f"({human_bytes(memory_bytes())})")
+    stored = node.id.get_storage_size()
+    if node.id.get_create_plist().get_nfilters() == 0 and stored < declared:
+        raise ValueError(f"dataset {name!r} declares shape {node.shape} {node.dtype} "
+                         f"({human_bytes(declared)}) but only {human_bytes(stored)} are stored "
+                         "(truncated or never written)")

@@ -4,6 +4,12 @@ CSV, UTF-8, header ``id,path,label,split1[,split2,...]`` (DESIGN.md section 2). 
 unique; ``path`` is relative to the manifest's folder or absolute; ``label`` is one class name
 or several separated by ``;`` (multi-label sets such as Hollywood2 and VOC); ``splitK`` is
 ``train``, ``test`` or empty (not in that split).
+
+Ids and labels may hold any Unicode text except control characters (U+0000-U+001F,
+U+007F-U+009F): they end in ledgers, terminals and export files, where ``v2\\0`` and ``v2``
+would become the same id.  Such a row is refused with its line number (or, for a manifest
+built from files, its path); so is text that is not valid UTF-8.  The file is read without
+newline translation, so a quoted ``\\r`` stays ``\\r``.
 """
 
 from __future__ import annotations
@@ -11,15 +17,30 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from featpipe.errors import FeatpipeError
-from featpipe.fileio import atomic_write_bytes
+from featpipe.fileio import atomic_write_bytes, make_dirs
 
 SPLIT_VALUES = ("train", "test", "")
 LABEL_SEPARATOR = ";"
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def text_problem(what: str, value: str) -> str | None:
+    """Why ``value`` cannot be an id or label (a control character, text that is not UTF-8),
+    or ``None``; ``what`` names it in the message (``id 'x'``)."""
+    control = _CONTROL.search(value)
+    if control:
+        return (f"{what} contains a control character (U+{ord(control.group()):04X}); ids "
+                "and labels must not (they would not survive export or a terminal)")
+    if _SURROGATE.search(value):
+        return f"{what} is not valid UTF-8 (a file name with undecodable bytes?)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -118,11 +139,16 @@ class Manifest:
         """Read and parse a manifest CSV; format problems are returned, not raised."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            with open(path, encoding="utf-8", newline="") as handle:  # keep \r inside quotes
+                text = handle.read()
         except FileNotFoundError:
             raise FeatpipeError(f"manifest {path} does not exist") from None
+        except IsADirectoryError:
+            raise FeatpipeError(f"manifest {path} is a folder, not a CSV file") from None
         except UnicodeDecodeError as err:
             raise FeatpipeError(f"manifest {path} is not UTF-8 ({err.reason})") from None
+        except OSError as err:
+            raise FeatpipeError(f"manifest {path} is unreadable ({err.strerror})") from None
         return cls.parse(text, root=path.parent, source=str(path))
 
     @classmethod
@@ -140,7 +166,7 @@ class Manifest:
               ) -> tuple[Manifest, list[Problem]]:
         """Parse CSV text into a manifest and the list of format problems (duplicates, splits)."""
         problems: list[Problem] = []
-        reader = csv.reader(io.StringIO(text.removeprefix("\ufeff")))
+        reader = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""))
         try:
             header = next(reader)
         except csv.Error as err:
@@ -179,6 +205,11 @@ class Manifest:
                                                 f"{seen[item_id]})"))
                 continue
             seen[item_id] = lineno
+            bad_text = text_problem(f"id {item_id!r}", item_id) or text_problem(
+                f"label {label!r} of {item_id!r}", label)
+            if bad_text:
+                problems.append(Problem(lineno, bad_text))
+                continue
             splits = tuple(cell.strip() for cell in row[3:])
             for k, value in enumerate(splits, start=1):
                 if value not in SPLIT_VALUES:
@@ -210,7 +241,7 @@ class Manifest:
     def write(self, path: str | os.PathLike, relative_to: Path | None | str = "parent") -> None:
         """Write the CSV atomically; paths relative to the file's folder unless told otherwise."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent)
         base = path.parent.resolve() if relative_to == "parent" else relative_to
         atomic_write_bytes(path, self.to_csv(base).encode("utf-8"))
 
@@ -256,7 +287,16 @@ def _records(reader, problems: list[Problem]) -> Iterator[tuple[int, list[str]]]
 
 def from_rows(rows: Sequence[tuple[str, str, Sequence[str], Sequence[str]]], root: Path,
               n_splits: int | None = None) -> Manifest:
-    """Build a manifest from ``(id, path, labels, splits)`` tuples."""
-    items = [ManifestItem(i, p, tuple(ls), tuple(ss), line)
-             for line, (i, p, ls, ss) in enumerate(rows, start=2)]
+    """Build a manifest from ``(id, path, labels, splits)`` tuples; an id or label that
+    :func:`text_problem` refuses (or a path that is not UTF-8) is an error naming the path."""
+    items = []
+    for line, (i, p, ls, ss) in enumerate(rows, start=2):
+        where = f" (from {p!r})" if p else ""
+        problem = text_problem(f"id {i!r}{where}", i) or text_problem(
+            f"path {p!r}", _CONTROL.sub("", p)) or next(
+            filter(None, (text_problem(f"label {label!r} of {i!r}", label) for label in ls)),
+            None)
+        if problem:
+            raise FeatpipeError(problem)
+        items.append(ManifestItem(i, p, tuple(ls), tuple(ss), line))
     return Manifest(items, root, n_splits)

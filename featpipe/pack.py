@@ -20,8 +20,10 @@ which NFS and Lustre often refuse.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +31,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from featpipe.errors import FeatpipeError, ItemError
-from featpipe.fileio import HOST, atomic_write_bytes, safe_stem, shard_of
+from featpipe.errors import FeatpipeError, ItemError, WriteError
+from featpipe.fileio import (
+    HOST,
+    atomic_write_bytes,
+    check_h5_dataset,
+    first_line,
+    make_dirs,
+    safe_stem,
+    shard_of,
+    writing,
+)
+from featpipe.parallel import resolve_jobs, worker_pool
 
 if TYPE_CHECKING:
     from featpipe.store import Stage
@@ -40,6 +52,7 @@ PACK_INDEX = "pack.json"
 LOCK_NAME = "pack.lock"
 #: Default number of items per HDF5 file when ``shards`` is not given.
 ITEMS_PER_FILE = 10_000
+_SHARD_FILE = re.compile(r"^shard-\d{4,}-of-\d{4,}\.[0-9a-f]+\.h5$")
 
 
 def _open_h5(path: Path, mode: str = "r"):
@@ -56,7 +69,12 @@ class PackedItems:
     def __init__(self, folder: Path, index: dict):
         self.folder = folder
         self.n_shards = int(index["shards"])
-        self.files = [folder / name for name in index["files"]]
+        names = list(index["files"])
+        bad = [n for n in names if not isinstance(n, str) or not _SHARD_FILE.match(n)]
+        if bad or len(names) != self.n_shards:
+            raise ValueError(f"file list does not name {self.n_shards} shard files of this "
+                             f"folder ({bad[0]!r})" if bad else "file count differs from shards")
+        self.files = [folder / name for name in names]
         self._ids: frozenset[str] | None = None
         self._handles: dict[Path, object] = {}
         self._pid = os.getpid()
@@ -69,6 +87,12 @@ class PackedItems:
         if handle is None:
             handle = self._handles[path] = _open_h5(path)
         return handle
+
+    def _ids_in(self, path: Path) -> list[str]:
+        try:
+            return self._handle(path)["ids"].asstr()[()].tolist()
+        except (OSError, KeyError, ValueError, TypeError) as err:
+            raise FeatpipeError(f"unreadable packed file {path}: {first_line(err)}") from None
 
     @classmethod
     def open(cls, stage_path: Path) -> PackedItems | None:
@@ -98,7 +122,7 @@ class PackedItems:
         if self._ids is None:
             found: set[str] = set()
             for path in self.files:
-                found.update(self._handle(path)["ids"].asstr()[()].tolist())
+                found.update(self._ids_in(path))
             self._ids = frozenset(found)
         return self._ids
 
@@ -106,19 +130,28 @@ class PackedItems:
         """The packed array of ``item_id``, or ``None`` when it is not in the pack."""
         path = self.file_of(item_id)
         try:
-            return self._handle(path)["items"][safe_stem(item_id)][()]
+            node = self._handle(path)["items"][safe_stem(item_id)]
         except KeyError:
             return None
         except OSError as err:
-            raise ItemError(item_id, f"unreadable packed file {path}: {err}") from None
+            raise ItemError(item_id, f"unreadable packed file {path}: {first_line(err)}") \
+                from None
+        try:
+            check_h5_dataset(node, item_id)
+            return node[()]
+        except (OSError, ValueError, TypeError) as err:
+            raise ItemError(item_id, f"unreadable packed file {path}: {first_line(err)}") \
+                from None
 
     def extras(self, item_id: str) -> dict[str, np.ndarray]:
         path = self.file_of(item_id)
         try:
             group = self._handle(path)["extras"].get(safe_stem(item_id))
             return {} if group is None else {k: group[k][()] for k in group}
-        except OSError as err:
-            raise ItemError(item_id, f"unreadable packed file {path}: {err}") from None
+        except (OSError, KeyError, ValueError) as err:
+            raise ItemError(item_id, f"unreadable packed file {path}: {first_line(err)}") \
+                from None
+
 
 
 @dataclass
@@ -146,7 +179,7 @@ def _write_shard(stage: Stage, ids: list[str], target: Path) -> None:
 
     tmp = target.with_name(f"{target.name}.tmp.{HOST}.{os.getpid()}")
     try:
-        with _open_h5(tmp, "w") as handle:
+        with writing(target), _open_h5(tmp, "w") as handle:
             handle.create_dataset("ids", data=ids, dtype=h5py.string_dtype("utf-8"))
             items = handle.create_group("items")
             extras = handle.create_group("extras")
@@ -158,10 +191,12 @@ def _write_shard(stage: Stage, ids: list[str], target: Path) -> None:
                     group = extras.create_group(stem)
                     for name, values in sidecars.items():
                         group.create_dataset(name, data=values)
-        _fsync_file(tmp)
-        os.replace(tmp, target)
+        with writing(target):
+            _fsync_file(tmp)
+            os.replace(tmp, target)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def _check_shard(stage: Stage, ids: list[str], path: Path) -> None:
@@ -206,21 +241,26 @@ def pack_stage(stage: Stage, shards: int | None = None, keep_files: bool = False
         shards = max(1, -(-len(ids) // ITEMS_PER_FILE))
     if shards < 1:
         raise FeatpipeError(f"--shards must be at least 1, got {shards}")
-    jobs = (os.cpu_count() or 1) if jobs in (0, -1) else max(1, int(jobs))
+    jobs = resolve_jobs(jobs)
     folder = stage.path / PACK_DIR
-    folder.mkdir(exist_ok=True)
+    make_dirs(folder)
     lock = folder / LOCK_NAME
     try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
+        with writing(lock):
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except WriteError:
+        if not lock.exists():
+            raise
         raise FeatpipeError(f"stage {stage.name} is being packed by another process ({lock} "
                             "exists; remove it if that process is gone)") from None
     try:
-        os.write(fd, f"{HOST} {os.getpid()}\n".encode())
-        os.close(fd)
+        with writing(lock):
+            os.write(fd, f"{HOST} {os.getpid()}\n".encode())
+            os.close(fd)
         files, removed = _pack_locked(stage, ids, shards, folder, keep_files, jobs)
     finally:
-        lock.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            lock.unlink(missing_ok=True)
     return PackSummary(len(ids), files, sum(p.stat().st_size for p in files), removed)
 
 
@@ -241,21 +281,23 @@ def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_f
             for shard_ids, path in zip(by_shard, files, strict=True):
                 _write_and_check(stage, shard_ids, path)
         else:
-            from joblib import Parallel, delayed
+            from joblib import delayed
 
-            Parallel(n_jobs=jobs, backend="loky")(
+            worker_pool(jobs)(
                 delayed(_write_and_check)(stage, shard_ids, path)
                 for shard_ids, path in zip(by_shard, files, strict=True))
     except BaseException:
         for path in files:
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
         raise
     index = {"shards": shards, "files": [p.name for p in files], "n_items": len(ids),
              "generation": generation}
     atomic_write_bytes(folder / PACK_INDEX, json.dumps(index, indent=2).encode("utf-8"))
     for path in folder.glob("shard-*.h5"):  # older generations, or leftovers of a crash
         if path not in files:
-            path.unlink()
+            with writing(path, "remove"):
+                path.unlink()
     removed = 0
     if not keep_files:  # main file first: while it exists, its loose sidecars exist too
         for item_id in ids:
@@ -263,6 +305,7 @@ def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_f
             sidecars = list(main.parent.glob(f"{safe_stem(item_id)}+*.npy"))
             for path in [main, *sidecars]:
                 if path.exists():
-                    path.unlink()
+                    with writing(path, "remove"):
+                        path.unlink()
                     removed += 1
     return files, removed

@@ -17,11 +17,24 @@ Executors (one interface, :class:`Executor`: batches in, per-item outcomes out):
 ``dask``
     batches go to the workers of a ``distributed`` scheduler (``--scheduler ADDRESS``); each
     worker writes its items and its own ledger exactly like a local worker.
+
+Every failure belongs to its own item: when a batch's compute raises, each of its items is
+computed alone, so one bad item never fails (or is blamed for) its neighbours.  A write that
+fails for the store itself (disk full, read-only: :class:`~featpipe.errors.WriteError`) is no
+item's fault: the run stops there, keeping every item already recorded.
+
+``--jobs N`` (:func:`resolve_jobs`): ``-1`` is every core this process may use; ``N`` above
+that count is capped to it with a warning; ``0`` and other negatives are a usage error.
+Local worker processes exit when their parent dies, even by SIGKILL (:func:`worker_init`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -29,9 +42,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from featpipe.errors import FeatpipeError
-from featpipe.fileio import shard_of
+from featpipe.errors import FeatpipeError, ParameterError, WriteError
+from featpipe.fileio import first_line, shard_of
 from featpipe.store import Stage
+
+log = logging.getLogger("featpipe")
 
 ON_ERROR = ("fail", "skip")
 
@@ -85,6 +100,63 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     return index, total
 
 
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity: a SLURM task or ``taskset`` limit)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def resolve_jobs(jobs: int, option: str = "jobs") -> int:
+    """Worker count for ``--jobs``: ``-1`` = every available core; ``N >= 1`` capped at the
+    available cores (with a warning: more processes than cores only compete for them);
+    ``0`` or another negative value is a :class:`ParameterError`."""
+    jobs = int(jobs)
+    cores = available_cores()
+    if jobs == -1:
+        return cores
+    if jobs < 1:
+        raise ParameterError(option, f"must be a positive number of processes or -1 (one per "
+                                     f"core), got {jobs}")
+    if jobs > cores:
+        log.warning("--%s %d is more than the %d core(s) available to this process; using %d",
+                    option.replace("_", "-"), jobs, cores, cores)
+        return cores
+    return jobs
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def worker_init(parent: int) -> None:
+    """Runs first in every local worker process: exit as soon as ``parent`` is gone.
+
+    On Linux the kernel sends SIGKILL when the parent dies (``PR_SET_PDEATHSIG``), even while
+    the worker is busy in compiled code; elsewhere a daemon thread polls the parent.  Without
+    this, loky workers of a SIGKILLed command outlive it until their idle timeout (minutes).
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG
+            raise OSError(ctypes.get_errno(), "prctl")
+    except (OSError, AttributeError):
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    if os.getppid() != parent:  # the parent died before the death signal was armed
+        os._exit(1)
+
+
+def worker_pool(n_jobs: int, **kwargs):
+    """A joblib/loky ``Parallel`` whose workers exit with their parent (:func:`worker_init`)."""
+    from joblib import Parallel
+
+    return Parallel(n_jobs=n_jobs, backend="loky", initializer=worker_init,
+                    initargs=(os.getpid(),), **kwargs)
+
+
 def plan(stage: Stage, ids: Iterable[str], force: bool = False,
          shard: tuple[int, int] | None = None) -> tuple[list[str], RunSummary]:
     """The ids this process must compute, and a summary pre-filled with skipped counts."""
@@ -109,16 +181,30 @@ def describe_error(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def process_batch(stage: Stage, compute: Compute, ids: Sequence[str]
-                  ) -> list[tuple[str, str | None]]:
-    """Compute a batch, write each result, record each outcome; returns (id, error or None)."""
-    started = time.perf_counter()
+def compute_each(compute: Compute, ids: Sequence[str]) -> list:
+    """``compute(ids)``; when it raises for a batch, each item is computed alone, so the
+    exception is recorded against the item that raised it and the others complete."""
     try:
         results = list(compute(ids))
         if len(results) != len(ids):
             raise RuntimeError(f"compute returned {len(results)} results for {len(ids)} items")
-    except Exception as err:  # the whole batch failed: every item gets the reason
-        results = [err] * len(ids)
+        return results
+    except WriteError:
+        raise
+    except Exception as err:
+        if len(ids) == 1:
+            return [err]
+    return [compute_each(compute, [item_id])[0] for item_id in ids]
+
+
+def process_batch(stage: Stage, compute: Compute, ids: Sequence[str]
+                  ) -> list[tuple[str, str | None]]:
+    """Compute a batch, write each result, record each outcome; returns (id, error or None).
+
+    A :class:`WriteError` (the store cannot be written) propagates: it is no item's fault.
+    """
+    started = time.perf_counter()
+    results = compute_each(compute, ids)
     seconds = (time.perf_counter() - started) / max(len(ids), 1)
     outcomes = []
     for item_id, result in zip(ids, results, strict=True):
@@ -128,6 +214,8 @@ def process_batch(stage: Stage, compute: Compute, ids: Sequence[str]
         elif result is not WRITTEN:
             try:
                 stage.write_item(item_id, result.array, result.extras, seconds=seconds)
+            except WriteError:
+                raise
             except Exception as err:
                 error = describe_error(err)
         if error is not None:
@@ -167,17 +255,17 @@ class LocalExecutor(Executor):
     name = "local"
 
     def __init__(self, jobs: int = 1):
-        self.jobs = (os.cpu_count() or 1) if jobs in (0, -1) else max(1, int(jobs))
+        self.jobs = resolve_jobs(jobs)
 
     def outcomes(self, stage, compute, chunks):
         if self.jobs == 1 or len(chunks) <= 1:
             for chunk in chunks:
                 yield process_batch(stage, compute, chunk)
             return
-        from joblib import Parallel, delayed
+        from joblib import delayed
         from joblib.externals.loky.process_executor import TerminatedWorkerError
 
-        parallel = Parallel(n_jobs=self.jobs, backend="loky", return_as="generator_unordered")
+        parallel = worker_pool(self.jobs, return_as="generator_unordered")
         results = parallel(delayed(process_batch)(stage, compute, chunk) for chunk in chunks)
         try:
             yield from results
@@ -232,7 +320,7 @@ class DaskExecutor(Executor):
             client = Client(self.scheduler, timeout=self.timeout, set_as_default=False)
         except (OSError, TimeoutError) as err:
             raise FeatpipeError(f"cannot reach the dask scheduler at {self.scheduler}: "
-                                f"{_first_line(err)}") from None
+                                f"{first_line(err)}") from None
         futures = []
         try:
             shared = client.scatter(compute, broadcast=True, hash=False)
@@ -244,7 +332,7 @@ class DaskExecutor(Executor):
                     yield future.result()
                 except Exception as err:  # KilledWorker, lost connection: the batch is unknown
                     raise FeatpipeError(
-                        f"dask batch of stage {stage.name} failed ({_first_line(err)}); items "
+                        f"dask batch of stage {stage.name} failed ({first_line(err)}); items "
                         "already written are kept: re-run the same command to compute the rest"
                     ) from None
         finally:
@@ -266,10 +354,6 @@ def make_executor(name: str, jobs: int = 1, scheduler: str | None = None) -> Exe
         return DaskExecutor(scheduler)
     raise FeatpipeError(f"--executor must be one of {EXECUTORS}, got {name!r}")
 
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def run_items(
@@ -302,7 +386,7 @@ def run_items(
     chunks = batches(todo, batch_size)
     outcomes = executor.outcomes(stage, compute, chunks)
     try:
-        for chunk_outcomes in outcomes:
+        for chunk_outcomes in _until_write_error(outcomes, stage, summary):
             for item_id, error in chunk_outcomes:
                 if error is None:
                     summary.done += 1
@@ -317,3 +401,14 @@ def run_items(
     finally:
         outcomes.close()
     return summary
+
+
+def _until_write_error(outcomes: Iterable[Outcomes], stage: Stage, summary: RunSummary
+                       ) -> Iterator[Outcomes]:
+    """The executor's outcomes; a :class:`WriteError` stops the run with what is kept."""
+    try:
+        yield from outcomes
+    except WriteError as err:
+        raise WriteError(f"{err} (stage {stage.name}: {summary.done} item(s) done by this run "
+                         "and every item recorded before are kept; re-run the same command "
+                         "once the store can be written)") from None

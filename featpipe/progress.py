@@ -4,14 +4,24 @@ Every worker (local process, dask worker, SLURM array task) appends to its own
 ``ledger/<host>-<pid>.jsonl``, so the ledgers alone tell how far a stage is, on any machine
 that sees the store, while it runs.  An item counts as done when a ledger says so and its
 array exists (:meth:`featpipe.store.Stage.done_ids`).
+
+Whether a stage is still being computed: a ledger of this host is written by a process that
+is still alive (``<host>-<pid>.jsonl``), or a ledger of another host had a line in the last
+:data:`RECENT_S` seconds (or ten times its mean item time).  Only then is a time left shown.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
+from featpipe.fileio import HOST
 from featpipe.store import Stage
+
+#: A ledger of another host counts as active when its last line is at most this old.
+RECENT_S = 600.0
 
 
 @dataclass
@@ -31,6 +41,21 @@ class LedgerProgress:
         if self.first is None or self.last is None or self.last <= self.first:
             return None
         return (self.done + self.failed - 1) / (self.last - self.first)
+
+    def active(self, now: float) -> bool:
+        """Whether its process is still computing (see the module docstring)."""
+        host, _, pid = self.name.rpartition("-")
+        if host == HOST and pid.isdigit():
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                pass
+            return True
+        lines = self.done + self.failed
+        patience = max(RECENT_S, 10 * self.seconds / lines) if lines else RECENT_S
+        return self.last is not None and now - self.last <= patience
 
 
 @dataclass
@@ -61,6 +86,41 @@ class StageProgress:
             return None
         lines = sum(p.done + p.failed for p in self.ledgers)
         return (lines - 1) / (max(lasts) - min(firsts))
+
+    def running(self, now: float | None = None) -> bool:
+        """Whether any process is still computing this stage."""
+        now = time.time() if now is None else now
+        return any(ledger.active(now) for ledger in self.ledgers)
+
+    def eta_seconds(self, now: float | None = None) -> float | None:
+        """Seconds left at the current rate, only while the stage is running."""
+        rate = self.rate
+        if not self.pending or not rate or not self.running(now):
+            return None
+        return self.pending / rate
+
+    def to_dict(self) -> dict:
+        """JSON-ready counts, rate, time left, ledgers and failures (``status --json``)."""
+        now = time.time()
+        return {"total": self.total, "done": self.done, "failed": len(self.failed),
+                "pending": self.pending, "complete": self.complete,
+                "running": self.running(now), "items_per_second": self.rate,
+                "eta_seconds": self.eta_seconds(now), "done_lines": self.done_lines,
+                "recomputed": self.recomputed, "failed_items": self.failed,
+                "ledgers": [dict(asdict(p), rate=p.rate, active=p.active(now))
+                            for p in self.ledgers]}
+
+
+def format_duration(seconds: float) -> str:
+    """``42 s``, ``5 min 3 s``, ``2 h 10 min``; under a second is ``less than 1 s``."""
+    if seconds < 1:
+        return "less than 1 s"
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
 def stage_progress(stage: Stage) -> StageProgress:

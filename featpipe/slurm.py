@@ -15,12 +15,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from featpipe.errors import FeatpipeError
 
-#: The template shipped in the repository's ``bin/`` folder.
-DEFAULT_TEMPLATE = Path(__file__).resolve().parents[1] / "bin" / "featpipe-array.sbatch"
+#: The job-array template, shipped as package data (``featpipe/templates/``).
+TEMPLATE_NAME = "featpipe-array.sbatch"
 #: Flags ``submit`` adds to every stage command; the user must not give them.
 ADDED_FLAGS = ("--executor", "--shard", "--scheduler")
 
@@ -114,6 +115,13 @@ class ArrayJob:
             start = text.index("{{")
             raise FeatpipeError(f"template has an unknown placeholder {text[start:start + 30]!r}")
         return text
+
+
+def default_template() -> str:
+    """The text of the shipped job-array template (read with importlib.resources, so it is
+    found in a wheel, a zip or a source checkout alike)."""
+    return resources.files("featpipe").joinpath("templates", TEMPLATE_NAME).read_text(
+        encoding="utf-8")
 
 
 def sbatch_path() -> str:

@@ -16,6 +16,11 @@ parameter lands in a new one.  Item writes are atomic (temporary file in the sam
 fsync, ``os.replace``); an item counts as done only when a ledger line says so *and* its file
 exists, so a process killed at any moment loses at most the items it was computing.
 No pickle anywhere: arrays are ``.npy``/``.npz`` read with ``allow_pickle=False``.
+
+A store is read defensively: a name resolves only to a stage folder of the same store, a
+corrupt ``stage.json``, ledger line, item header or model is a one-line
+:class:`~featpipe.errors.FeatpipeError` naming the file, and a write that fails (disk full,
+read-only store) is a :class:`~featpipe.errors.WriteError` that leaves no partial ledger line.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import json
 import os
 import re
 import time
+import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -41,12 +47,21 @@ from featpipe.fileio import (
     atomic_save_npy,
     atomic_save_npz,
     atomic_write_bytes,
+    first_line,
+    human_bytes,
     id_digest,
+    load_npy,
+    make_dirs,
     safe_stem,
+    writing,
 )
 from featpipe.manifest import Manifest
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: A stage folder name, ``<kind>-<16 hex digits of its key>``: one path component, no dots.
+STAGE_FOLDER = re.compile(r"^[a-z][a-z0-9-]*-[0-9a-f]{16}$")
+#: A stage folder without ``stage.json`` younger than this is being created, not broken.
+CREATION_GRACE_S = 60.0
 _VERSIONED_PACKAGES = ("numpy", "scipy", "scikit-learn", "torch", "opencv-python-headless")
 
 
@@ -81,38 +96,87 @@ class LedgerEntry:
     time: float
 
 
-class _LedgerWriter:
-    """Appends JSON lines to ``ledger/<host>-<pid>.jsonl``; one file per process, never shared."""
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and \
+        np.isfinite(value)
 
-    _open: dict[tuple[str, int], object] = {}
+
+def _ledger_entry(raw) -> LedgerEntry | str:
+    """A parsed ledger line as an entry, or the reason it is not one."""
+    if not isinstance(raw, dict):
+        return "not a JSON object"
+    if not isinstance(raw.get("id"), str):
+        return "'id' missing or not a string"
+    if raw.get("status") not in ("done", "failed"):
+        return f"'status' must be 'done' or 'failed', got {raw.get('status')!r}"
+    for key in ("seconds", "time"):
+        if not _is_number(raw.get(key, 0.0)):
+            return f"{key!r} must be a number, got {raw.get(key)!r}"
+    if not isinstance(raw.get("error"), str | None):
+        return "'error' must be a string or null"
+    return LedgerEntry(raw["id"], raw["status"], float(raw.get("seconds", 0.0)),
+                       raw.get("error"), float(raw.get("time", 0.0)))
+
+
+class _LedgerWriter:
+    """Appends JSON lines to ``ledger/<host>-<pid>.jsonl``; one file per process, never shared.
+
+    Each line is one ``os.write`` on an ``O_APPEND`` descriptor, then fsync.  When the write
+    fails (disk full, read-only store) the file is cut back to its previous length, so no
+    partial line is left to be glued to the next one, and a :class:`WriteError` names it.
+    """
+
+    _open: dict[tuple[str, int], int] = {}
 
     @classmethod
     def append(cls, ledger_dir: Path, entry: dict) -> None:
         pid = os.getpid()
         key = (str(ledger_dir), pid)
-        handle = cls._open.get(key)
-        if handle is None:
-            ledger_dir.mkdir(parents=True, exist_ok=True)
-            handle = open(ledger_dir / f"{HOST}-{pid}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-            cls._open[key] = handle
-        handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+        path = ledger_dir / f"{HOST}-{pid}.jsonl"
+        data = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
+        fd = cls._open.get(key)
+        if fd is None:
+            make_dirs(ledger_dir)
+            with writing(path):
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            cls._open[key] = fd
+        size = os.fstat(fd).st_size
+        with writing(path):
+            try:
+                written = os.write(fd, data)
+                if written != len(data):
+                    raise OSError(28, "No space left on device")
+                os.fsync(fd)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                raise
 
 
 class Stage:
     """One stage folder: its metadata, its items, its ledger and its models."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, meta: Mapping | None = None,
+                 items: Manifest | None = None):
+        """Open the stage folder ``path``; with ``meta`` (and ``items``) a *planned* stage that
+        is not on disk (a dry run computes its key and its plan without creating it)."""
         self.path = Path(path)
-        meta_path = self.path / "stage.json"
-        try:
-            self.meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise FeatpipeError(f"no stage at {self.path} (stage.json missing)") from None
-        except json.JSONDecodeError as err:
-            raise FeatpipeError(f"{meta_path}: corrupt stage metadata ({err})") from None
-        self._items: Manifest | None = None
+        self.exists = meta is None
+        self._items: Manifest | None = items
+        if meta is None:
+            meta_path = self.path / "stage.json"
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                raise FeatpipeError(f"no stage at {self.path} (stage.json missing)") from None
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise FeatpipeError(f"{meta_path}: corrupt stage metadata ({err})") from None
+            except OSError as err:
+                raise FeatpipeError(f"{meta_path}: unreadable ({err.strerror})") from None
+            problem = _meta_problem(meta, self.path.name)
+            if problem:
+                raise FeatpipeError(f"{meta_path}: corrupt stage metadata ({problem})")
+        self.meta = dict(meta)
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -147,6 +211,11 @@ class Stage:
     def __repr__(self) -> str:
         return f"Stage({self.name!r})"
 
+    def _check_on_disk(self) -> None:
+        if not self.exists:
+            raise FeatpipeError(f"stage {self.name} is only planned (a dry run); nothing is "
+                                "written to it")
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stage) and other.path.resolve() == self.path.resolve()
 
@@ -161,6 +230,11 @@ class Stage:
             path = self.path / "items.csv"
             self._items = Manifest.read(path) if path.exists() else Manifest([], root=self.path)
         return self._items
+
+    @property
+    def is_model_stage(self) -> bool:
+        """A fit stage: it covers no items and holds models (once fitted)."""
+        return not self.items.ids
 
     @property
     def dtype(self) -> np.dtype:
@@ -185,6 +259,7 @@ class Stage:
         Sidecars in ``extras`` (timestamps, positions) are written first, the main array last,
         so the main file is the commit point.
         """
+        self._check_on_disk()
         array = np.asarray(array)
         if array.dtype.kind not in "biuf":
             raise ItemError(item_id, f"result has non-numeric dtype {array.dtype}")
@@ -196,7 +271,7 @@ class Stage:
             if not np.all(np.isfinite(array)):
                 raise ItemError(item_id, f"result overflows {self.dtype}; nothing was written")
         target = self.item_path(item_id)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(target.parent)
         for extra, values in (extras or {}).items():
             if not re.fullmatch(r"[a-z][a-z0-9_]*", extra):
                 raise ValueError(f"sidecar name {extra!r} must match [a-z][a-z0-9_]*")
@@ -209,6 +284,7 @@ class Stage:
         """Append one ledger line for ``item_id`` (``done`` or ``failed``)."""
         if status not in ("done", "failed"):
             raise ValueError(f"ledger status must be 'done' or 'failed', got {status!r}")
+        self._check_on_disk()
         entry = {"id": item_id, "status": status, "seconds": round(float(seconds), 6),
                  "error": error, "time": time.time()}
         _LedgerWriter.append(self.path / "ledger", entry)
@@ -219,20 +295,41 @@ class Stage:
             yield entry
 
     def ledger_with_source(self) -> Iterator[tuple[str, LedgerEntry]]:
-        """Like :meth:`ledger`, each line with the name of its ledger file (one per process)."""
+        """Like :meth:`ledger`, each line with the name of its ledger file (one per process).
+
+        Malformed lines are skipped (an item whose only done line is malformed counts as not
+        done and is recomputed); :meth:`ledger_problems` lists them.
+        """
+        for name, _, entry in self._ledger_lines():
+            if isinstance(entry, LedgerEntry):
+                yield name, entry
+
+    def ledger_problems(self) -> list[str]:
+        """Malformed ledger lines, except a last line cut short by a killed process."""
+        return [f"ledger {name} line {lineno}: {entry}"
+                for name, lineno, entry in self._ledger_lines() if isinstance(entry, str)]
+
+    def _ledger_lines(self) -> Iterator[tuple[str, int, LedgerEntry | str]]:
         ledger_dir = self.path / "ledger"
         if not ledger_dir.is_dir():
             return
         for path in sorted(ledger_dir.glob("*.jsonl")):
-            with open(path, encoding="utf-8") as handle:
-                for line in handle:
-                    try:
-                        raw = json.loads(line)
-                        yield path.name, LedgerEntry(
-                            raw["id"], raw["status"], raw.get("seconds", 0.0),
-                            raw.get("error"), raw.get("time", 0.0))
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        continue
+            try:
+                lines = path.read_bytes().split(b"\n")
+            except OSError as err:
+                yield path.name, 0, f"unreadable ({err.strerror})"
+                continue
+            last = len(lines) - 1  # after the final newline: empty, or a line cut short
+            for lineno, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    entry = _ledger_entry(json.loads(line))
+                except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                    if lineno - 1 == last:
+                        continue  # the process was killed while writing this line
+                    entry = f"not JSON ({err})"
+                yield path.name, lineno, entry
 
     def item_states(self) -> dict[str, LedgerEntry]:
         """Latest ledger entry per item, a ``done`` entry winning over any ``failed`` one."""
@@ -277,18 +374,20 @@ class Stage:
         return set(self.items.ids) <= self.done_ids()
 
     def read_item(self, item_id: str, mmap: bool = False) -> np.ndarray:
-        """Load one item's array (``allow_pickle=False``); packed items are read from HDF5."""
+        """Load one item's array (``allow_pickle=False``); packed items are read from HDF5.
+
+        The header is checked against the file size first: a corrupt header is an
+        :class:`ItemError` naming the item, never a MemoryError.
+        """
         path = self.item_path(item_id)
         try:
-            return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+            return _load_item_file(item_id, path, mmap)
         except FileNotFoundError:
             packed = self.packed()
             array = packed.read(item_id) if packed is not None else None
             if array is not None:
                 return array
             raise ItemError(item_id, f"not computed in stage {self.name}") from None
-        except (ValueError, EOFError, OSError) as err:
-            raise ItemError(item_id, f"unreadable array {path}: {err}") from None
 
     def read_extra(self, item_id: str, extra: str) -> np.ndarray | None:
         """Load a sidecar (``timestamps``, ``positions``...) or ``None`` when there is none."""
@@ -296,7 +395,7 @@ class Stage:
         if not path.exists():
             packed = None if self.item_path(item_id).exists() else self.packed()
             return packed.extras(item_id).get(extra) if packed is not None else None
-        return np.load(path, allow_pickle=False)
+        return _load_item_file(item_id, path)
 
     def extras_of(self, item_id: str) -> dict[str, np.ndarray]:
         """All sidecars of one item, by name."""
@@ -306,32 +405,89 @@ class Stage:
         found = packed.extras(item_id) if packed is not None else {}
         if folder.is_dir():
             for path in folder.glob(f"{prefix}*.npy"):
-                found[path.name[len(prefix):-4]] = np.load(path, allow_pickle=False)
+                found[path.name[len(prefix):-4]] = _load_item_file(item_id, path)
         return found
 
     # -- models -----------------------------------------------------------------------------
     def save_model(self, name: str, arrays: Mapping[str, np.ndarray], meta: Mapping) -> None:
         """Save a fitted object as ``models/<name>.npz`` (arrays) + ``models/<name>.json``."""
+        self._check_on_disk()
         folder = self.path / "models"
-        folder.mkdir(parents=True, exist_ok=True)
+        make_dirs(folder)
         atomic_save_npz(folder / f"{name}.npz", arrays)
         text = json.dumps(dict(meta), indent=2, sort_keys=True, default=_json_default)
         atomic_write_bytes(folder / f"{name}.json", text.encode("utf-8"))
 
     def load_model(self, name: str) -> tuple[dict[str, np.ndarray], dict]:
+        """The arrays and metadata of model ``name``; a damaged model is one error line (an
+        object array is refused, never unpickled)."""
         folder = self.path / "models"
+        path = folder / f"{name}.npz"
         try:
-            with np.load(folder / f"{name}.npz", allow_pickle=False) as data:
-                arrays = {k: data[k] for k in data.files}
-            meta = json.loads((folder / f"{name}.json").read_text(encoding="utf-8"))
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {}
+                for key in data.files:
+                    try:
+                        arrays[key] = data[key]
+                    except ValueError as err:
+                        reason = ("an object array (featpipe never unpickles)"
+                                  if "allow_pickle" in str(err) else str(err))
+                        raise FeatpipeError(f"model {name!r} of stage {self.name}: array "
+                                            f"{key!r} in {path} is {reason}") from None
+            path = folder / f"{name}.json"
+            meta = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise FeatpipeError(f"stage {self.name} has no model {name!r} (not fitted yet?)") \
                 from None
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, MemoryError) as err:
+            raise FeatpipeError(f"model {name!r} of stage {self.name}: {path} is unreadable "
+                                f"({first_line(err)})") from None
+        if not isinstance(meta, dict):
+            raise FeatpipeError(f"model {name!r} of stage {self.name}: {path} is not a JSON "
+                                "object")
         return arrays, meta
+
+    def model_names(self) -> list[str]:
+        """Names of the models this stage holds (fit stages)."""
+        folder = self.path / "models"
+        return sorted(p.stem for p in folder.glob("*.npz")) if folder.is_dir() else []
 
     def has_model(self, name: str) -> bool:
         folder = self.path / "models"
         return (folder / f"{name}.npz").exists() and (folder / f"{name}.json").exists()
+
+
+def _meta_problem(meta, folder: str) -> str | None:
+    """Why ``stage.json`` content is not a stage's metadata, or ``None``."""
+    if not isinstance(meta, dict):
+        return f"not a JSON object but {type(meta).__name__}"
+    for key, kind in (("kind", str), ("key", str), ("params", dict), ("inputs", list)):
+        if not isinstance(meta.get(key), kind):
+            return f"{key!r} missing or not a {kind.__name__}"
+    if not all(isinstance(name, str) and STAGE_FOLDER.match(name) for name in meta["inputs"]):
+        return "'inputs' must list stage folders (kind-key)"
+    if f"{meta['kind']}-{meta['key']}" != folder:
+        return f"it describes {meta['kind']}-{meta['key']}, not the folder {folder}"
+    try:
+        if np.dtype(meta.get("dtype", "float32")).kind != "f":
+            raise TypeError
+    except TypeError:
+        return f"'dtype' must be a floating dtype, got {meta.get('dtype')!r}"
+    return None
+
+
+
+def _load_item_file(item_id: str, path: Path, mmap: bool = False) -> np.ndarray:
+    """One item (or sidecar) file; FileNotFoundError passes, any damage is an ItemError."""
+    try:
+        return load_npy(path, mmap)
+    except FileNotFoundError:
+        raise
+    except (ValueError, EOFError, OSError) as err:
+        raise ItemError(item_id, f"unreadable array {path}: {first_line(err)}") from None
+    except MemoryError:
+        raise ItemError(item_id, f"array {path} ({human_bytes(path.stat().st_size)}) does not "
+                                 "fit in memory") from None
 
 
 def _json_default(value):
@@ -365,12 +521,14 @@ class Store:
         inputs: Iterable[Stage] = (),
         items: Manifest | None = None,
         dtype: str = "float32",
+        create: bool = True,
     ) -> Stage:
         """Open the stage for (kind, params, inputs), creating it exclusively if it is new.
 
         ``items`` are the manifest rows the stage covers (default: those of its first input).
         Creation is race-free: ``stage.json`` is written to a temporary file and hard-linked
-        into place, which fails if another process got there first.
+        into place, which fails if another process got there first.  With ``create=False``
+        (a dry run) a new stage is only planned: its key and items, nothing on disk.
         """
         if not re.fullmatch(r"[a-z][a-z0-9-]*", kind):
             raise ValueError(f"stage kind {kind!r} must match [a-z][a-z0-9-]*")
@@ -383,9 +541,6 @@ class Store:
             return Stage(path)
         if items is None and inputs:
             items = inputs[0].items
-        path.mkdir(parents=True, exist_ok=True)
-        if items is not None:
-            items.write(path / "items.csv", relative_to=None)
         meta = {
             "kind": kind,
             "key": key,
@@ -398,23 +553,64 @@ class Store:
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "host": HOST,
         }
+        if not create:
+            return Stage(path, meta=meta, items=items if items is not None else Manifest([]))
+        make_dirs(path)
+        if items is not None:
+            items.write(path / "items.csv", relative_to=None)
         tmp = path / f"stage.json.tmp.{HOST}.{os.getpid()}"
-        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
         try:
-            os.link(tmp, path / "stage.json")
-        except FileExistsError:
-            pass  # another process created it first; its metadata is identical by key
+            with writing(path / "stage.json"):
+                tmp.write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+                try:
+                    os.link(tmp, path / "stage.json")
+                except FileExistsError:
+                    pass  # another process created it first; its metadata is identical by key
         finally:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
         return Stage(path)
 
     def stage_by_folder(self, folder: str) -> Stage:
+        """The stage in folder ``stages/<folder>``; anything but a ``kind-key`` name (a path
+        with ``/`` or ``..``) is refused, so no stage outside this store is ever opened."""
+        if not isinstance(folder, str) or not STAGE_FOLDER.match(folder):
+            raise FeatpipeError(f"{folder!r} is not a stage folder name (kind-key) of store "
+                                f"{self.root}")
         return Stage(self.stages_dir / folder)
 
-    def all_stages(self) -> list[Stage]:
+    def require(self) -> Store:
+        """This store, or a one-line error when its folder does not exist or is not a store."""
+        if not self.root.is_dir():
+            what = "is not a folder" if self.root.exists() else "does not exist"
+            raise FeatpipeError(f"no store at {self.root}: the folder {what}")
+        if not self.stages_dir.is_dir() and not self.names_dir.is_dir() and \
+                any(self.root.iterdir()):
+            raise FeatpipeError(f"{self.root} is not a featpipe store (no stages/ or names/ "
+                                "folder in it)")
+        return self
+
+    def scan(self) -> tuple[list[Stage], list[tuple[str, str]]]:
+        """Every stage folder: the stages that open, and ``(folder, problem)`` for the others
+        (corrupt ``stage.json``, a stray folder), so one broken stage stops nothing."""
         if not self.stages_dir.is_dir():
-            return []
-        return [Stage(p) for p in sorted(self.stages_dir.iterdir()) if (p / "stage.json").exists()]
+            return [], []
+        stages, problems = [], []
+        for path in sorted(self.stages_dir.iterdir()):
+            if not path.is_dir() or not (path / "stage.json").exists():
+                if path.is_dir() and STAGE_FOLDER.match(path.name) and \
+                        time.time() - path.stat().st_mtime > CREATION_GRACE_S:
+                    problems.append((path.name, "stage.json missing"))
+                continue
+            try:
+                stages.append(self.stage_by_folder(path.name))
+            except FeatpipeError as err:
+                problems.append((path.name, str(err)))
+        return stages, problems
+
+    def all_stages(self) -> list[Stage]:
+        """The stages that open (see :meth:`scan` for the broken ones)."""
+        return self.scan()[0]
 
     # -- names ------------------------------------------------------------------------------
     def set_name(self, name: str, stage: Stage) -> None:
@@ -423,27 +619,49 @@ class Store:
             raise FeatpipeError(
                 f"invalid name {name!r}: use letters, digits, '.', '_' or '-' (at most 128)"
             )
-        self.names_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.names_dir)
         atomic_write_bytes(self.names_dir / name, (stage.name + "\n").encode("utf-8"))
 
-    def names(self) -> dict[str, str]:
-        """All names and the stage folder each points to."""
+    def read_name(self, name: str) -> str:
+        """The stage folder ``name`` points to; a name file holding anything but a stage
+        folder name of this store (``../../other/stages/X``) is an error, never followed."""
+        path = self.names_dir / name
+        try:
+            folder = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as err:
+            raise FeatpipeError(f"name {name!r}: {path} is unreadable "
+                                f"({first_line(err)})") from None
+        if not STAGE_FOLDER.match(folder):
+            raise FeatpipeError(f"name {name!r}: {path} holds {folder[:200]!r}, not a stage "
+                                "folder of this store (kind-key); names never point outside "
+                                "their store's stages/")
+        return folder
+
+    def names(self, problems: list[str] | None = None) -> dict[str, str]:
+        """All valid names and the stage folder each points to; a corrupt name file is left
+        out (and described in ``problems`` when a list is given)."""
         if not self.names_dir.is_dir():
             return {}
-        return {
-            p.name: p.read_text(encoding="utf-8").strip()
-            for p in sorted(self.names_dir.iterdir())
-            if NAME_PATTERN.match(p.name)
-        }
+        found = {}
+        for path in sorted(self.names_dir.iterdir()):
+            if not NAME_PATTERN.match(path.name) or not path.is_file():
+                continue
+            try:
+                found[path.name] = self.read_name(path.name)
+            except FeatpipeError as err:
+                if problems is not None:
+                    problems.append(str(err))
+        return found
 
     def resolve(self, name: str) -> Stage:
         """The stage a name points to; a stage folder name (``kind-key``) works too."""
+        self.require()
         if NAME_PATTERN.match(name) and (self.names_dir / name).is_file():
-            folder = (self.names_dir / name).read_text(encoding="utf-8").strip()
+            folder = self.read_name(name)
             if not (self.stages_dir / folder / "stage.json").exists():
                 raise FeatpipeError(f"name {name!r} points to missing stage {folder}")
             return self.stage_by_folder(folder)
-        if NAME_PATTERN.match(name) and (self.stages_dir / name / "stage.json").exists():
+        if STAGE_FOLDER.match(name) and (self.stages_dir / name / "stage.json").exists():
             return self.stage_by_folder(name)
         known = ", ".join(self.names()) or "none yet"
         raise FeatpipeError(

@@ -31,6 +31,15 @@ def run_cli(*args, check=True, env=None, cwd=None, timeout=600):
     return proc
 
 
+def one_line_error(proc, code=1) -> str:
+    """The single ``error:`` line of a failed ``run_cli`` (exit ``code``, no traceback)."""
+    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr
+    return errors[0]
+
+
 @pytest.fixture
 def cli():
     """In-process CLI runner: ``cli('encode', ...)`` -> click Result (exit_code, output)."""

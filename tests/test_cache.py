@@ -1,6 +1,7 @@
 """`featpipe cache ls|verify|gc|pack`."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -46,11 +47,17 @@ def test_ls_lists_names_kinds_and_counts(filled, cli):
     result = cli("cache", "ls", "--store", store.root)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].split() == ["NAMES", "STAGE", "KIND", "DONE", "FAILED", "TOTAL", "INPUTS"]
+    assert lines[0].split() == ["NAMES", "STAGE", "KIND", "DONE", "FAILED", "TOTAL", "SIZE",
+                                "CREATED", "INPUTS", "PARAMS"]
     table = {line.split()[1]: line.split() for line in lines[1:]}
-    assert table[base.name] == ["-", base.name, "import", "3", "1", "4", "-"]
-    assert table[child.name] == ["enc", child.name, "encode", "3", "0", "4", base.name]
+    assert table[base.name][:6] == ["-", base.name, "import", "3", "1", "4"]
+    assert table[base.name][8:] == ["-", "src=1"]
+    assert table[child.name][:6] == ["enc", child.name, "encode", "3", "0", "4"]
+    assert table[child.name][8:] == [base.name, 'method="avg"']
     assert table[orphan.name][3:6] == ["1", "0", "4"]
+    for row in table.values():
+        assert re.fullmatch(r"\d+(\.\d)?(B|KiB|MiB)", row[6]), row
+        assert re.fullmatch(r"20\d\d-\d\d-\d\dT\d\d:\d\dZ", row[7]), row
 
 
 def test_verify_ok_then_each_kind_of_damage_is_named(filled, cli):

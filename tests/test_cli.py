@@ -30,9 +30,12 @@ def test_every_registered_command_has_help(cli, command):
 
 def test_exit_codes_0_1_2(tmp_path, cli):
     (tmp_path / "a.avi").write_text("x")
-    (tmp_path / "m.csv").write_text("id,path,label,split1\na,a.avi,run,train\n")
+    # train and test rows: a split without one of them is warned about on stderr
+    (tmp_path / "m.csv").write_text("id,path,label,split1\na,a.avi,run,train\n"
+                                    "b,a.avi,run,test\n")
     ok = run_cli("manifest", "check", tmp_path / "m.csv", check=False)
     assert ok.returncode == 0 and ok.stderr == ""
+    (tmp_path / "s").mkdir()
     failure = run_cli("cache", "verify", "--store", tmp_path / "s", "nope", check=False)
     assert failure.returncode == 1
     assert failure.stderr.startswith("error: no stage named 'nope'") and \

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from featpipe.datasets import from_folder, from_hmdb51, from_hollywood2, from_ucf101, from_voc
 from featpipe.errors import FeatpipeError
@@ -261,3 +262,131 @@ def test_read_strict_names_the_line_and_roundtrip(tmp_path):
     assert again.resolve_path(again["é/1"]).resolve() == (tmp_path / "sub" / "é.avi").resolve()
     assert again["q,1"].path == "/abs/x.avi"
     assert again["é/1"].labels == ("a", "b") and again["q,1"].splits == ("test", "train")
+
+
+# -- splits from a folder scan -------------------------------------------------------------
+def split_layout(root: Path, parts=("train", "test"), classes=("run", "walk"), per_class=3):
+    for part in parts:
+        for label in classes:
+            for i in range(per_class):
+                touch(root / part / label / f"v{i}.avi")
+
+
+def class_folders(root: Path, **counts: int) -> Path:
+    """``root/<class>/v<i>.avi`` for each class and count."""
+    for label, n in counts.items():
+        for i in range(n):
+            touch(root / label / f"v{i}.avi")
+    return root
+
+
+def test_train_test_folders_become_the_split_and_stay_in_the_ids(tmp_path, cli):
+    split_layout(tmp_path / "d")
+    result = cli("manifest", "build", tmp_path / "d", "-o", tmp_path / "m.csv")
+    assert result.exit_code == 0, result.output
+    assert "split folders train/ test/: split1 = train/test" in result.output
+    assert "split1: 6 train, 6 test" in result.output and "warning" not in result.output
+    manifest = Manifest.read(tmp_path / "m.csv")
+    assert rows(manifest)["train/run/v0"] == ("d/train/run/v0.avi", ("run",), ("train",))
+    assert rows(manifest)["test/walk/v2"] == ("d/test/walk/v2.avi", ("walk",), ("test",))
+    assert manifest.n_splits == 1 and manifest.classes == ["run", "walk"]
+
+
+def test_val_folder_is_split2_or_the_test_part(tmp_path):
+    split_layout(tmp_path / "three", parts=("train", "Val", "test"))
+    manifest = from_folder(tmp_path / "three")
+    assert manifest.n_splits == 2
+    assert rows(manifest)["train/run/v0"][2] == ("train", "train")
+    assert rows(manifest)["test/run/v0"][2] == ("test", "")
+    assert rows(manifest)["Val/run/v0"][2] == ("", "test")
+    split_layout(tmp_path / "two", parts=("train", "validation"))
+    manifest = from_folder(tmp_path / "two")
+    assert manifest.n_splits == 1
+    assert rows(manifest)["validation/walk/v1"][2] == ("test",)
+    # a class that happens to be called 'train' among others is a class, not a split
+    split_layout(tmp_path / "voc", parts=("x",), classes=("train", "bus"))
+    voc = from_folder(tmp_path / "voc" / "x")
+    assert voc.n_splits == 1 and {it.split(1) for it in voc} == {""}
+    assert sorted(voc.classes) == ["bus", "train"]
+    assert from_folder(tmp_path / "three", split_folders=False).n_splits == 1
+
+
+def test_test_fraction_is_stratified_seeded_and_order_free(tmp_path, cli):
+    from featpipe.datasets import with_test_fraction
+
+    data = class_folders(tmp_path / "d", run=10, walk=5, jump=1)
+    out = tmp_path / "m.csv"
+    result = cli("manifest", "build", data, "-o", out, "--test-fraction", "0.3", "--seed", "7")
+    assert result.exit_code == 0, result.output
+    manifest = Manifest.read(out)
+    test = {label: sum(it.split(1) == "test" for it in manifest if it.label == label)
+            for label in ("run", "walk", "jump")}
+    assert test == {"run": 3, "walk": 2, "jump": 0}  # round(0.3 n), one-item class stays train
+    assert "split1: 11 train, 5 test" in result.output
+    again = with_test_fraction(from_folder(data), 0.3, seed=7)
+    assert [it.splits for it in again] == [it.splits for it in manifest]
+    # the assignment of an item does not depend on the listing order
+    shuffled = Manifest(list(reversed(from_folder(data).items)), data)
+    assert {it.id: it.splits for it in with_test_fraction(shuffled, 0.3, 7)} == \
+        {it.id: it.splits for it in manifest}
+    other = with_test_fraction(from_folder(data), 0.3, seed=8)
+    assert [it.splits for it in other] != [it.splits for it in manifest]
+
+
+def test_folds_make_k_stratified_split_columns(tmp_path, cli):
+    data = class_folders(tmp_path / "d", run=7, walk=5, jump=1)
+    out = tmp_path / "m.csv"
+    result = cli("manifest", "build", data, "-o", out, "--folds", "3")
+    assert result.exit_code == 0, result.output
+    manifest = Manifest.read(out)
+    assert manifest.n_splits == 3
+    for it in manifest:
+        if it.label == "jump":
+            assert it.splits == ("train",) * 3
+        else:
+            assert it.splits.count("test") == 1 and it.splits.count("train") == 2
+    sizes = [len(manifest.split_ids(k, "test")) for k in (1, 2, 3)]
+    assert sorted(sizes) == [4, 4, 4]
+    for k in (1, 2, 3):
+        run_test = [i for i in manifest.split_ids(k, "test") if i.startswith("run/")]
+        assert len(run_test) in (2, 3)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--test-fraction", "0"), "0<x<1"),
+    (("--test-fraction", "1.5"), "0<x<1"),
+    (("--folds", "1"), "x>=2"),
+    (("--folds", "3", "--test-fraction", "0.2"), "exclude each other"),
+    (("--seed", "3"), "--seed applies to"),
+])
+def test_split_options_usage_errors(tmp_path, cli, args, message):
+    touch(tmp_path / "d" / "run" / "a.avi")
+    result = cli("manifest", "build", tmp_path / "d", "-o", tmp_path / "m.csv", *args)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "m.csv").exists()
+
+
+def test_split_folders_and_generated_splits_conflict(tmp_path, cli):
+    split_layout(tmp_path / "d")
+    result = cli("manifest", "build", tmp_path / "d", "-o", tmp_path / "m.csv", "--folds", "2")
+    assert result.exit_code == 2 and "--no-split-folders" in result.output
+    result = cli("manifest", "build", tmp_path / "d", "-o", tmp_path / "m.csv", "--folds", "2",
+                 "--no-split-folders")
+    assert result.exit_code == 0 and Manifest.read(tmp_path / "m.csv").n_splits == 2
+
+
+def test_missing_train_or_test_rows_warn_on_stderr(tmp_path):
+    touch(tmp_path / "d" / "run" / "a.avi")
+    out = tmp_path / "m.csv"
+    built = run_cli("manifest", "build", tmp_path / "d", "-o", out)
+    warning = "warning: split1 has no train and no test rows"
+    assert warning in built.stderr and warning not in built.stdout
+    checked = run_cli("manifest", "check", out)
+    assert checked.returncode == 0 and warning in checked.stderr
+    assert "ok (1 items" in checked.stdout
+    quiet = run_cli("-q", "manifest", "check", out)
+    assert quiet.stderr == "" and "ok (1 items" in quiet.stdout
+    out.write_text("id,path,label,split1,split2\nx,d/run/a.avi,run,train,train\n")
+    checked = run_cli("manifest", "check", out)
+    assert "split1 has no test rows" in checked.stderr
+    assert "split2 has no test rows" in checked.stderr

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from featpipe.errors import FeatpipeError, ItemError
-from featpipe.fileio import safe_stem
+from featpipe.fileio import load_npy, safe_stem
 from featpipe.manifest import from_rows
 from featpipe.store import Store
 
@@ -109,3 +109,25 @@ def test_names_and_models(tmp_path):
     arrays, meta = stage.load_model("pca")
     np.testing.assert_array_equal(arrays["components"], np.eye(2))
     assert meta == {"dim": 2, "mean": [0.0, 0.0]}
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(12, dtype=np.float32).reshape(3, 4),
+    np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4)),
+    np.arange(6, dtype=">f4").reshape(2, 3),
+    np.array(3.5),
+    np.zeros((0, 5), np.float16),
+    np.array([True, False]),
+    np.arange(24, dtype=np.int64).reshape(2, 3, 4)[:, ::2],
+])
+def test_load_npy_equals_np_load_and_refuses_object_arrays(tmp_path, array):
+    path = tmp_path / "a.npy"
+    np.save(path, array)
+    loaded, reference = load_npy(path), np.load(path, allow_pickle=False)
+    assert loaded.dtype == reference.dtype and loaded.shape == reference.shape
+    assert loaded.flags.f_contiguous == reference.flags.f_contiguous and loaded.flags.writeable
+    np.testing.assert_array_equal(loaded, reference)
+    np.testing.assert_array_equal(load_npy(path, mmap=True), reference)
+    np.save(path, np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="Object arrays"):
+        load_npy(path)

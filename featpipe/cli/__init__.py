@@ -2,13 +2,24 @@
 
 Exit codes: 0 success; 1 failure (some items failed, or a stage could not run); 2 usage error.
 A :class:`featpipe.errors.FeatpipeError` is printed as one ``error:`` line, without traceback.
+
+Verbosity, the same for every command (README "Command line"):
+
+- default: results on stdout (stage and name, summary line, scores); warnings and errors on
+  stderr; a progress line on stderr when it is a terminal.
+- ``-q``: stderr carries errors only (``error:`` and ``failed:`` lines): no progress, no
+  warnings, no log lines, no Python warnings.  stdout is unchanged: it is the command's
+  result, which scripts read; ``> /dev/null`` silences it.
+- ``-v``: also featpipe's log lines (what a stage reads, EM and SGD iterations with their
+  objective, per-epoch losses) and, off a terminal, plain progress lines every 10 s.
+- ``-vv``: also debug lines, and a progress line at every update off a terminal.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import sys
+import warnings
 
 import click
 
@@ -27,6 +38,7 @@ COMMANDS = {
     "cache": "featpipe.cli.cache:cache",
     "status": "featpipe.cli.status:status",
     "submit": "featpipe.cli.submit:submit",
+    "run": "featpipe.cli.run:run",
     "demo": "featpipe.cli.demo:demo",
 }
 
@@ -67,18 +79,50 @@ class FeatpipeGroup(LazyGroup):
 @click.group(cls=FeatpipeGroup, lazy_commands=COMMANDS,
              context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="featpipe")
-@click.option("-v", "--verbose", count=True, help="More messages (repeat for debug).")
-@click.option("-q", "--quiet", is_flag=True, help="Only errors; no progress bars.")
+@click.option("-v", "--verbose", count=True,
+              help="-v: log lines (iterations, objectives) and progress lines in log files; "
+                   "-vv: debug.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="stderr shows errors only (no progress, warnings or log lines); stdout "
+                   "keeps the results.")
 @click.pass_context
 def cli(ctx, verbose, quiet):
     """featpipe: extract per-frame features, encode videos and images, train kernel SVMs."""
-    level = logging.ERROR if quiet else (logging.DEBUG if verbose > 1 else
-                                         logging.INFO if verbose else logging.WARNING)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    if quiet and verbose:
+        raise click.UsageError("-q and -v exclude each other")
+    configure_logging(-1 if quiet else min(verbose, 2))
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose
     ctx.obj["quiet"] = quiet
+
+
+class _StatusAwareHandler(logging.Handler):
+    """Log records on stderr, printed above an active progress line."""
+
+    def emit(self, record):
+        from featpipe.cli.display import print_above
+
+        try:
+            print_above(self.format(record))
+        except Exception:  # logging must never break a run
+            self.handleError(record)
+
+
+def configure_logging(level: int) -> None:
+    """featpipe's loggers at ERROR (-q, level -1), WARNING (0), INFO (1) or DEBUG (2); other
+    libraries' loggers at WARNING (ERROR with -q); with -q Python warnings are ignored."""
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, _StatusAwareHandler)]:
+        root.removeHandler(handler)
+    handler = _StatusAwareHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                           "%H:%M:%S"))
+    root.addHandler(handler)
+    root.setLevel(logging.ERROR if level < 0 else logging.WARNING)
+    logging.getLogger("featpipe").setLevel(
+        {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}[level])
+    if level < 0:
+        warnings.simplefilter("ignore")
 
 
 def main(argv=None):

@@ -1,48 +1,151 @@
-"""``featpipe cache ls|verify|gc|pack``: inspect, verify and clean a store."""
+"""``featpipe cache ls|show|verify|gc|pack``: inspect, verify and clean a store."""
 
 from __future__ import annotations
+
+import datetime as _dt
+import json
 
 import click
 
 from featpipe.cli import LazyGroup
 from featpipe.cli.common import ClickReporter, open_store, store_option
+from featpipe.fileio import human_bytes
+from featpipe.progress import format_duration
 from featpipe.stages import cache as upkeep
-from featpipe.store import Store
 
 CACHE_COMMANDS = {"pack": "featpipe.cli.cache_pack:pack"}
+PARAMS_WIDTH = 60
 
 
 @click.group(cls=LazyGroup, lazy_commands=CACHE_COMMANDS)
 def cache():
-    """Inspect (ls), check (verify) and clean (gc) a store."""
+    """Inspect (ls, show), check (verify) and clean (gc, pack) a store."""
 
 
-def _names_by_folder(store: Store) -> dict[str, list[str]]:
-    by_folder: dict[str, list[str]] = {}
-    for name, folder in store.names().items():
-        by_folder.setdefault(folder, []).append(name)
-    return by_folder
+def _compact_bytes(n: int) -> str:
+    return human_bytes(n).replace(" bytes", "B").replace(" ", "")
+
+
+def _created(text: str | None) -> str:
+    """``2025-01-31T10:04:00+00:00`` -> ``2025-01-31T10:04Z``."""
+    try:
+        stamp = _dt.datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return "-"
+    return stamp.astimezone(_dt.UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
+def _params(params: dict, width: int | None = PARAMS_WIDTH) -> str:
+    text = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}"
+                    for k, v in sorted(params.items())) or "-"
+    return text if width is None or len(text) <= width else text[:width - 3] + "..."
+
+
+def _counts(row: dict) -> tuple[str, str, str]:
+    if row["items"] is None:  # a fit stage: its models, not 0/0/0 items
+        return ("model" if row["models"] else "no-model"), "-", "-"
+    items = row["items"]
+    return str(items["done"]), str(items["failed"]), str(items["total"])
 
 
 @cache.command("ls")
 @store_option
-def ls(store_path):
-    """One line per stage: names, stage folder (kind-key), done/failed/total items."""
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON list (every field in full) instead of the table.")
+def ls(store_path, as_json):
+    """One line per stage: names, stage folder (kind-key), done/failed/total items (``model``
+    for a fitted model stage), size on disk, creation time (UTC), inputs and parameters.
+
+    A stage that cannot be read is a ``problem:`` line (stderr, exit status 1); the others
+    are listed.
+    """
     store = open_store(store_path)
-    stages = store.all_stages()
-    if not stages:
+    rows, problems = upkeep.list_stages(store)
+    if as_json:
+        click.echo(json.dumps({"store": str(store.root), "stages": rows, "problems": problems},
+                              indent=1, default=str))
+    elif not rows:
         click.echo(f"store {store.root}: no stages")
+    else:
+        table = [("NAMES", "STAGE", "KIND", "DONE", "FAILED", "TOTAL", "SIZE", "CREATED",
+                  "INPUTS", "PARAMS")]
+        for row in rows:
+            table.append((",".join(row["names"]) or "-", row["stage"], row["kind"],
+                          *_counts(row), _compact_bytes(row["size_bytes"]),
+                          _created(row["created"]), ",".join(row["inputs"]) or "-",
+                          _params(row["params"])))
+        widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+        for line in table:
+            click.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True))
+                       .rstrip())
+    for problem in problems:
+        click.echo(f"problem: {problem}", err=True)
+    if problems:
+        raise click.exceptions.Exit(1)
+
+
+def _echo_chain(nodes: list[dict], depth: int = 1) -> None:
+    for node in nodes:
+        names = f" ({','.join(node['names'])})" if node["names"] else ""
+        detail = node.get("problem") or _params(node["params"])
+        click.echo(f"{'  ' * depth}{node['stage']}{names}: {detail}")
+        _echo_chain(node.get("inputs", []), depth + 1)
+
+
+def _when(stamp: float | None) -> str:
+    if stamp is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(stamp, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@cache.command("show")
+@store_option
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def show(store_path, name, as_json):
+    """Everything about stage NAME: parameters, the chain of inputs it was computed from,
+    size, versions, and its items (counts, an example shape, timings) or, for a fit stage,
+    its models (each array's shape and dtype, and the model's metadata)."""
+    info = upkeep.show(open_store(store_path), name)
+    if as_json:
+        click.echo(json.dumps(info, indent=1, default=str))
         return
-    names = _names_by_folder(store)
-    rows = [("NAMES", "STAGE", "KIND", "DONE", "FAILED", "TOTAL", "INPUTS")]
-    for stage in stages:
-        rows.append((",".join(names.get(stage.name, [])) or "-", stage.name, stage.kind,
-                     str(len(stage.done_ids())), str(len(stage.failed())),
-                     str(len(stage.items)), ",".join(stage.input_names) or "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
-                   .rstrip())
+    names = f" as {','.join(info['names'])}" if info["names"] else ""
+    click.echo(f"stage {info['stage']}{names} ({info['kind']})")
+    click.echo(f"created: {_created(info['created'])} on {info['host'] or '-'}; "
+               f"{info['files']} file(s), {human_bytes(info['size_bytes'])}")
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(info["versions"].items()))
+    click.echo(f"versions: {versions or '-'}")
+    click.echo("params:" + ("" if info["params"] else " -"))
+    for key, value in sorted(info["params"].items()):
+        click.echo(f"  {key}: {json.dumps(value)}")
+    click.echo("inputs:" + ("" if info["input_chain"] else " - (made from files)"))
+    _echo_chain(info["input_chain"])
+    if info["items"] is None:
+        click.echo(f"models: {len(info['models']) or 'none (not fitted yet)'}")
+        for model, detail in info["models"].items():
+            click.echo(f"  {model} (written {_when(detail['written'])}):")
+            for key, array in detail["arrays"].items():
+                click.echo(f"    {key}: {tuple(array['shape'])} {array['dtype']}")
+            for key, value in sorted(detail["meta"].items()):
+                text = json.dumps(value, default=str)
+                click.echo(f"    meta {key}: {text if len(text) <= 100 else text[:97] + '...'}")
+        return
+    items = info["items"]
+    click.echo(f"items: {items['total']} total, {items['done']} done, {items['failed']} "
+               f"failed, {items['pending']} pending" + (" (packed)" if info["packed"] else ""))
+    example = info.get("item_example")
+    if example:
+        extras = f", sidecars {', '.join(example['extras'])}" if example["extras"] else ""
+        click.echo(f"item {example['id']!r}: {tuple(example['shape'])} {example['dtype']}"
+                   f"{extras}")
+    timings = info["timings"]
+    if timings["first_line"] is not None:
+        rate = timings["items_per_second"]
+        click.echo(f"timings: {format_duration(timings['compute_seconds'])} of compute in "
+                   f"{timings['processes']} process(es), {_when(timings['first_line'])} .. "
+                   f"{_when(timings['last_line'])}"
+                   + (f", {rate:.3g} items/s" if rate else ""))
 
 
 @cache.command("verify")
@@ -50,7 +153,8 @@ def ls(store_path):
 @click.argument("names", nargs=-1)
 def verify(store_path, names):
     """Load every computed item (all stages, or the NAMES given): readable, numeric, finite,
-    same feature shape as the stage's other items. Exits 1 naming each bad item."""
+    same feature shape as the stage's other items. Exits 1 naming each bad item; a stage that
+    cannot be read is a problem too, and the others are still verified."""
     if upkeep.verify(open_store(store_path), names, ClickReporter()):
         raise click.exceptions.Exit(1)
 
@@ -65,6 +169,8 @@ def gc(store_path, dry_run, min_age):
 
     A stage is needed when a name points to it or to a stage computed from it. A temporary
     file (``*.tmp.<host>.<pid>``) is stale when its process is gone (same host) or it is older
-    than a day.
+    than a day. While a name or a needed stage cannot be read, no stage is removed and the
+    exit status is 1.
     """
-    upkeep.gc(open_store(store_path), dry_run, min_age, ClickReporter())
+    if upkeep.gc(open_store(store_path), dry_run, min_age, ClickReporter()).problems:
+        raise click.exceptions.Exit(1)

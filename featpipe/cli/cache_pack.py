@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from featpipe.cli.common import open_store, store_option
+from featpipe.cli.common import check_jobs, open_store, store_option
 from featpipe.pack import ITEMS_PER_FILE, pack_stage
 
 
@@ -15,8 +15,9 @@ from featpipe.pack import ITEMS_PER_FILE, pack_stage
               help=f"Number of HDF5 files (default: one per {ITEMS_PER_FILE} items).")
 @click.option("--keep-files", is_flag=True,
               help="Keep the loose .npy files after packing (default: remove them).")
-@click.option("--jobs", "-j", default=1, show_default=True, type=int,
-              help="Processes writing different HDF5 files at once (-1: one per core).")
+@click.option("--jobs", "-j", default=1, show_default=True, type=int, callback=check_jobs,
+              help="Processes writing different HDF5 files at once (capped at the cores; "
+                   "-1: one per core).")
 def pack(store_path, name, shards, keep_files, jobs):
     """Pack the items of finished stage NAME into HDF5 files (readers use them transparently).
 

@@ -17,7 +17,13 @@ from featpipe.classify.experiment import METRICS, SOLVERS
 from featpipe.classify.fusion import FUSIONS
 from featpipe.classify.kernels import KERNELS
 from featpipe.classify.metrics import AP_MODES
-from featpipe.cli.common import ClickReporter, open_store, store_option
+from featpipe.cli.common import (
+    ClickReporter,
+    check_jobs,
+    command_line,
+    open_store,
+    store_option,
+)
 from featpipe.stages.classification import classify as classify_stage
 
 
@@ -65,8 +71,8 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
               help="chi2-map: order of the homogeneous kernel map.")
 @click.option("--normalize", default="none", show_default=True, type=click.Choice(["none", "l2"]),
               help="L2-normalise each encoding before its kernel (usual for rank pooling).")
-@click.option("--jobs", "-j", default=-1, show_default=True, type=int,
-              help="Threads for the chi-square kernels (-1: all cores).")
+@click.option("--jobs", "-j", default=-1, show_default=True, type=int, callback=check_jobs,
+              help="Threads for the chi-square kernels (capped at the cores; -1: all cores).")
 @click.option("--report", "report_path", default=None, type=click.Path(dir_okay=False),
               help="Write REPORT.json, a Markdown summary and PNG plots beside it.")
 def classify(store_path, inputs, kernels, fusion, weights, C_values, cv, split, metric,
@@ -76,4 +82,5 @@ def classify(store_path, inputs, kernels, fusion, weights, C_values, cv, split, 
                    weights=_numbers([weights], "--weights") if weights else None,
                    C=_numbers(C_values, "--C"), cv=cv, split=split, metric=metric,
                    ap_mode=ap_mode, solver=solver, gamma=gamma, order=order,
-                   normalize=normalize, jobs=jobs, report=report_path, reporter=ClickReporter())
+                   normalize=normalize, jobs=jobs, report=report_path,
+                   command=command_line(), reporter=ClickReporter())

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 import click
 
+from featpipe.cli.display import board, print_above
+from featpipe.parallel import resolve_jobs
 from featpipe.stages.base import Progress, Reporter, RunOptions, StageRun
 from featpipe.store import Store
 
@@ -16,11 +19,19 @@ store_option = click.option(
 RUN_OPTION_NAMES = ("jobs", "executor", "scheduler", "shard", "on_error", "force", "dry_run")
 
 
+def check_jobs(ctx, param, value):
+    """``--jobs`` callback: -1 = every core, capped at the cores, 0 or < -1 exit 2 at once."""
+    return resolve_jobs(value, param.name)
+
+
+JOBS_HELP = "Worker processes: N (capped at the available cores) or -1 (one per core)."
+
+
 def item_parallel_options(func):
     """``--jobs --executor --shard --on-error --force --dry-run`` for item-parallel stages."""
     options = [
         click.option("--jobs", "-j", default=1, show_default=True, type=int,
-                     help="Worker processes (-1: one per core)."),
+                     callback=check_jobs, help=JOBS_HELP),
         click.option("--executor", default="local", show_default=True,
                      type=click.Choice(["local", "dask", "slurm"]),
                      help="Where items run (see README 'Running on a cluster')."),
@@ -44,40 +55,48 @@ def run_options(kwargs: dict) -> RunOptions:
     return RunOptions(**{k: kwargs.pop(k) for k in RUN_OPTION_NAMES})
 
 
+def command_line() -> str:
+    """The command line being run, as a shell would read it (for reports)."""
+    return shlex.join(["featpipe", *sys.argv[1:]])
+
+
 def open_store(store_path: str) -> Store:
     return Store(store_path)
 
 
-def quiet() -> bool:
+def verbosity() -> int:
+    """-1 with ``-q``, 0 by default, 1 with ``-v``, 2 with ``-vv`` (README "Command line")."""
     ctx = click.get_current_context(silent=True)
-    return bool(ctx and ctx.find_root().obj and ctx.find_root().obj.get("quiet"))
+    obj = ctx.find_root().obj if ctx else None
+    if not obj:
+        return 0
+    return -1 if obj.get("quiet") else min(int(obj.get("verbose") or 0), 2)
 
 
-class _Bar(Progress):
-    def __init__(self, total: int, label: str):
-        self.bar = click.progressbar(length=total, label=label, file=sys.stderr)
-        self.bar.__enter__()
-
-    def advance(self, n: int = 1) -> None:
-        self.bar.update(n)
-
-    def close(self) -> None:
-        self.bar.__exit__(None, None, None)
+def warn(text: str) -> None:
+    """A warning on stderr (not with ``-q``), above any progress line."""
+    if verbosity() >= 0:
+        print_above(text)
 
 
 class ClickReporter(Reporter):
-    """Result lines on stdout, warnings on stderr, a progress bar when stderr is a terminal."""
+    """Result lines on stdout; warnings on stderr unless ``-q``; errors on stderr always;
+    progress as :mod:`featpipe.cli.display` describes (nothing with ``-q``)."""
 
     def info(self, text: str) -> None:
         click.echo(text)
 
     def warn(self, text: str) -> None:
-        click.echo(text, err=True)
+        warn(text)
+
+    def error(self, text: str) -> None:
+        print_above(text)
 
     def progress(self, total: int | None, label: str, unit: str = "items") -> Progress:
-        if total is not None and sys.stderr.isatty() and not quiet():
-            return _Bar(total, label)
-        return Progress()
+        level = verbosity()
+        if level < 0 or total == 0:  # -q, or nothing to count (everything already complete)
+            return Progress()
+        return board(level).open(total, label, unit)
 
 
 def finish(run: StageRun) -> None:

@@ -1,4 +1,5 @@
-"""``featpipe export``: a stage's items, ids, labels and splits as one ``.npz``."""
+"""``featpipe export``: a stage's items, sidecars, ids, labels and splits as one ``.npz``,
+HDF5 or MATLAB ``.mat`` file (the suffix of ``-o`` picks the format)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,21 @@ from featpipe.io.export import export_stage
 @store_option
 @click.argument("name")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="The .npz file to write.")
+              help="File to write: .npz, .h5/.hdf5 or .mat (the suffix picks the format).")
 @click.option("--partial", is_flag=True,
               help="Export the computed items of an incomplete stage (default: refuse).")
 def export(store_path, name, output, partial):
-    """Write stage NAME to an .npz: ids, X (stacked, or ragged with offsets), labels, splits.
+    """Write stage NAME to one file: ids, X (stacked, or ragged with offsets), sidecars
+    (timestamps, positions...), labels, splits.
 
-    Layout: README section "Export"; no pickle or object arrays, load with
-    ``np.load(path, allow_pickle=False)`` or ``featpipe.io.export.load_export``.
+    Layout: README section "Import and export"; no pickle or object arrays.  Read it with
+    ``featpipe.io.export.load_export`` (any format), ``np.load(path, allow_pickle=False)``,
+    h5py or MATLAB's ``load``.
     """
     arrays, missing = export_stage(open_store(store_path).resolve(name), output, partial)
     n, shape = len(arrays["ids"]), arrays["X"].shape
+    sidecars = sorted(k[len("sidecar_"):-len("_layout")] for k in arrays
+                      if k.startswith("sidecar_") and k.endswith("_layout"))
     click.echo(f"wrote {output}: {n} items, layout {arrays['layout']}, X {shape} "
-               f"{arrays['X'].dtype}" + (f", {missing} items not computed" if missing else ""))
+               f"{arrays['X'].dtype}" + (f", sidecars {', '.join(sidecars)}" if sidecars else "")
+               + (f", {missing} items not computed" if missing else ""))

@@ -7,14 +7,33 @@ from pathlib import Path
 
 import click
 
+from featpipe.cli.common import warn
 from featpipe.datasets import (
     IMAGE_EXTENSIONS,
     SPLIT_FORMATS,
     VIDEO_EXTENSIONS,
+    describe_split_folders,
     from_folder,
     from_split_files,
+    with_folds,
+    with_test_fraction,
 )
 from featpipe.manifest import Manifest
+
+
+def split_warnings(manifest: Manifest) -> list[str]:
+    """One warning per split column without train rows or without test rows (classify and
+    the fit commands need both)."""
+    if not len(manifest):
+        return []
+    found = []
+    for k in range(1, (manifest.n_splits or 1) + 1):
+        missing = [part for part in ("train", "test") if not manifest.split_ids(k, part)]
+        if missing:
+            found.append(f"warning: split{k} has no {' and no '.join(missing)} rows: classify "
+                         "and fit need both (manifest build --test-fraction F, --folds K, or "
+                         "train/ and test/ folders)")
+    return found
 
 
 @click.group()
@@ -34,8 +53,29 @@ def manifest():
 @click.option("--splits", "splits", default=None, metavar="FORMAT:PATH",
               help=f"Items, labels and splits from official split files; FORMAT is one of "
                    f"{', '.join(SPLIT_FORMATS)}; PATH is the folder holding those files.")
-def build(data_dir, output, labels_from, extensions, splits):
-    """Write a manifest for the files under DIR (paths relative to the manifest's folder)."""
+@click.option("--split-folders/--no-split-folders", default=True, show_default=True,
+              help="Read top-level train/ and test/ (or val/) folders as the split.")
+@click.option("--test-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=None, metavar="F",
+              help="One split: fraction F of each class is test (stratified, seeded).")
+@click.option("--folds", type=click.IntRange(min=2), default=None, metavar="K",
+              help="K split columns: stratified K-fold, split k tests fold k.")
+@click.option("--seed", type=int, default=None,
+              help="Seed of --test-fraction / --folds  [default: 0]")
+def build(data_dir, output, labels_from, extensions, splits, split_folders, test_fraction,
+          folds, seed):
+    """Write a manifest for the files under DIR (paths relative to the manifest's folder).
+
+    \b
+    Splits: train/<class>/ and test/<class>/ (or val/) folders give them (the folder stays
+    part of the ids); else --test-fraction F or --folds K make them, stratified per class
+    and seeded; else --splits FORMAT:PATH reads the dataset's official split files.
+    """
+    generated = test_fraction is not None or folds is not None
+    if test_fraction is not None and folds is not None:
+        raise click.UsageError("--test-fraction and --folds exclude each other")
+    if seed is not None and not generated:
+        raise click.UsageError("--seed applies to --test-fraction or --folds")
     if splits:
         fmt, sep, path = splits.partition(":")
         if not sep or not path:
@@ -43,10 +83,25 @@ def build(data_dir, output, labels_from, extensions, splits):
                                      param_hint="--splits")
         if extensions:
             raise click.UsageError("--ext applies to the folder scan, not to --splits")
+        if generated:
+            raise click.UsageError("--test-fraction/--folds apply to the folder scan; --splits "
+                                   "reads the official splits")
         result = from_split_files(fmt.lower(), data_dir, path)
     else:
         result = from_folder(data_dir, extensions or VIDEO_EXTENSIONS + IMAGE_EXTENSIONS,
-                             labels_from_parent=labels_from == "parent-dir")
+                             labels_from_parent=labels_from == "parent-dir",
+                             split_folders=split_folders)
+        layout = describe_split_folders(result) if split_folders else None
+        if layout and generated:
+            raise click.UsageError(f"{data_dir} has {layout.split(':')[0]}, which give the "
+                                   "split; drop --test-fraction/--folds or pass "
+                                   "--no-split-folders")
+        if test_fraction is not None:
+            result = with_test_fraction(result, test_fraction, seed or 0)
+        elif folds is not None:
+            result = with_folds(result, folds, seed or 0)
+        elif layout:
+            click.echo(layout)
     result.write(output)
     missing = sum(not result.resolve_path(it).exists() for it in result)
     classes = Counter(label for it in result for label in it.labels)
@@ -57,8 +112,10 @@ def build(data_dir, output, labels_from, extensions, splits):
         if train or test:
             click.echo(f"  split{k}: {train} train, {test} test")
     if missing:
-        click.echo(f"warning: {missing} listed files do not exist under {data_dir} "
-                   f"(see `featpipe manifest check {output}`)", err=True)
+        warn(f"warning: {missing} listed files do not exist under {data_dir} "
+             f"(see `featpipe manifest check {output}`)")
+    for line in split_warnings(result):
+        warn(line)
 
 
 @manifest.command("check")
@@ -73,6 +130,8 @@ def check(manifest_path, no_outside, no_files):
     problems += parsed.check(check_files=not no_files, allow_outside_root=not no_outside)
     for problem in sorted(problems, key=lambda p: p.line):
         click.echo(f"{path}:{problem.line}: {problem.message}")
+    for line in split_warnings(parsed):
+        warn(line)
     if problems:
         click.echo(f"{len(problems)} problem(s) in {path}", err=True)
         raise click.exceptions.Exit(1)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as _dt
+import json
 
 import click
 
 from featpipe.cli.common import open_store, store_option
-from featpipe.progress import stage_progress
+from featpipe.progress import format_duration, stage_progress
+from featpipe.stages.cache import describe_stage
 
 
 def _when(stamp: float | None) -> str:
@@ -20,6 +22,23 @@ def _rate(rate: float | None) -> str:
     return "-" if rate is None else f"{rate:.3g} items/s"
 
 
+def _model_status(stage, as_json: bool, check: bool) -> None:
+    """A fit stage has no items: its state is whether its models are written."""
+    info = describe_stage(stage, sizes=False, models=True)
+    fitted = bool(info["models"])
+    if as_json:
+        click.echo(json.dumps({"stage": stage.name, "kind": stage.kind, "complete": fitted,
+                               "models": info["models"]}, indent=1, default=str))
+    else:
+        click.echo(f"stage {stage.name} ({stage.kind}): a fitted-model stage, no items")
+        for model, detail in info["models"].items():
+            arrays = ", ".join(f"{k} {tuple(v['shape'])}" for k, v in detail["arrays"].items())
+            click.echo(f"model {model}: written {_when(detail['written'])} UTC; {arrays}")
+        click.echo(f"status: {'complete: model fitted' if fitted else 'incomplete: no model'}")
+    if check and not fitted:
+        raise click.exceptions.Exit(1)
+
+
 @click.command("status")
 @store_option
 @click.argument("name")
@@ -29,19 +48,42 @@ def _rate(rate: float | None) -> str:
               help="How many per-process ledgers to list (the most recently active first).")
 @click.option("--check", is_flag=True,
               help="Exit with status 1 unless every item of the stage is done.")
-def status(store_path, name, show_failed, show_ledgers, check):
-    """Show how far stage NAME is: done, failed and pending items, rate, per-process ledgers."""
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object (counts, rate, time left, ledgers, failed items).")
+def status(store_path, name, show_failed, show_ledgers, check, as_json):
+    """Show how far stage NAME is: done, failed and pending items, rate, per-process ledgers.
+
+    A time left is shown only while a process is computing the stage (a ledger of this host
+    whose process is alive, or one of another host written to in the last 10 minutes).
+    """
     stage = open_store(store_path).resolve(name)
+    if stage.is_model_stage:
+        _model_status(stage, as_json, check)
+        return
     progress = stage_progress(stage)
+    if as_json:
+        click.echo(json.dumps({"stage": stage.name, "kind": stage.kind,
+                               **progress.to_dict()}, indent=1))
+        if check and not progress.complete:
+            raise click.exceptions.Exit(1)
+        return
     click.echo(f"stage {stage.name} ({stage.kind})")
     share = 100.0 * progress.done / progress.total if progress.total else 100.0
     click.echo(f"items: {progress.total} total, {progress.done} done, "
                f"{len(progress.failed)} failed, {progress.pending} pending ({share:.1f}% done)")
-    rate = progress.rate
-    eta = ""
-    if rate and progress.pending:
-        eta = f", about {progress.pending / rate:.0f} s left at this rate"
-    click.echo(f"rate: {_rate(rate)}{eta}")
+    running = progress.running()
+    eta = progress.eta_seconds()
+    if eta is not None:
+        click.echo(f"rate: {_rate(progress.rate)}, about {format_duration(eta)} left at this "
+                   "rate")
+    elif progress.rate is not None and not running:
+        click.echo(f"rate: {_rate(progress.rate)} while it ran")
+    else:
+        click.echo(f"rate: {_rate(progress.rate)}")
+    if progress.pending and progress.ledgers and not running:
+        click.echo(f"running: no process is computing this stage now (last ledger line "
+                   f"{_when(max(p.last or 0.0 for p in progress.ledgers))} UTC); re-run its "
+                   f"command to compute the {progress.pending} pending item(s)")
     if progress.recomputed:
         click.echo(f"recomputed: {len(progress.recomputed)} item(s) have more than one done "
                    f"line (e.g. {progress.recomputed[0]!r}; --force or an interrupted write)")

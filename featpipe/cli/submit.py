@@ -11,11 +11,10 @@ from pathlib import Path
 import click
 
 from featpipe.cli.common import open_store
-from featpipe.errors import FeatpipeError
 from featpipe.progress import stage_progress
 from featpipe.slurm import (
-    DEFAULT_TEMPLATE,
     ArrayJob,
+    default_template,
     option_value,
     sbatch,
     stage_argv,
@@ -42,7 +41,11 @@ from featpipe.slurm import (
 @click.option("--log-dir", type=click.Path(file_okay=False), default=None,
               help="Folder for task logs (default: STORE/logs, else ./featpipe-logs).")
 @click.option("--template", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="sbatch template (default: bin/featpipe-array.sbatch).")
+              help="Your own sbatch template (start from --print-template; default: the "
+                   "one shipped with featpipe).")
+@click.option("--print-template", is_flag=True, is_eager=True, expose_value=False,
+              callback=lambda ctx, _, value: _print_template(ctx) if value else None,
+              help="Print the shipped template (to copy and edit) and exit.")
 @click.option("--scheduler", default=None, envvar="DASK_SCHEDULER_ADDRESS",
               help="Dask scheduler address for --backend dask (or $DASK_SCHEDULER_ADDRESS).")
 @click.option("--wait", is_flag=True,
@@ -75,10 +78,8 @@ def submit(backend, tasks, partition, time_limit, mem, gpus, cpus_per_task, arra
         job_name=job_name or "-".join(["featpipe", subcommand] + ([name] if name else [])),
         partition=partition, time=time_limit, mem=mem, gpus=gpus, cpus_per_task=cpus_per_task,
         throttle=array_throttle, extra=list(extra))
-    template_path = Path(template) if template else DEFAULT_TEMPLATE
-    if not template_path.is_file():
-        raise FeatpipeError(f"sbatch template {template_path} not found; pass --template PATH")
-    script = job.render(template_path.read_text(encoding="utf-8"))
+    script = job.render(Path(template).read_text(encoding="utf-8") if template
+                        else default_template())
     report = None
     if store and name:
         report = [sys.executable, "-m", "featpipe", "status", "--store",
@@ -122,6 +123,11 @@ def submit(backend, tasks, partition, time_limit, mem, gpus, cpus_per_task, arra
                    f"task logs in {log_dir}); submit the same command again to finish it",
                    err=True)
         raise click.exceptions.Exit(1)
+
+
+def _print_template(ctx: click.Context) -> None:
+    click.echo(default_template(), nl=False)
+    ctx.exit(0)
 
 
 def _submit_dask(argv: list[str], scheduler: str | None, dry_run: bool) -> None:

@@ -27,6 +27,7 @@ only the pairs with ``gamma >= 1e-6`` are accumulated, as a sparse product with 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -47,6 +48,7 @@ _LOG_2PI = math.log(2.0 * math.pi)
 _MARGIN = 0.5
 #: Descriptors per block in the FV encoder.
 _CHUNK = 32768
+log = logging.getLogger(__name__)
 
 
 def _check_descriptors(x, dim: int | None = None, what: str = "descriptors") -> np.ndarray:
@@ -143,12 +145,15 @@ class GaussianMixtureModel:
             means = np.asarray(init_params["means"], dtype=self.dtype) - self.center_
             variances = np.asarray(init_params["variances"], dtype=self.dtype)
         else:
+            log.info("initialising K=%d by %s on %d descriptors", self.n_components, self.init, n)
             weights, means, variances = self._initialise(xc, data_var)
         variances = np.maximum(variances, self.variance_floor_)
         history, restarts, converged = [], 0, False
-        for _ in range(self.max_iter):
+        for iteration in range(self.max_iter):
             stats, ll = self._e_step(xc, weights, means, variances)
             history.append(ll)
+            log.info("EM iteration %d/%d: mean log-likelihood %.6g (K=%d, %d descriptors)",
+                     iteration + 1, self.max_iter, ll, len(weights), n)
             if len(history) > 1 and abs(history[-1] - history[-2]) < self.tol * abs(history[-1]):
                 converged = True
                 break

@@ -612,9 +612,3 @@ class Extraction:
                     yield self._commit(item_id, pending, item.warning)
         finally:
             model.close()
-
-
-def worker_count(jobs: int) -> int:
-    """Decoding workers for ``--jobs``: -1 or 0 means one per core; at most one per core."""
-    cores = os.cpu_count() or 1
-    return cores if jobs in (0, -1) else max(1, min(int(jobs), cores))

@@ -1,13 +1,21 @@
-"""Per-item feature arrays from files made elsewhere: a folder of ``.npy``, an ``.npz``, an
-HDF5 file, or an aeon/sktime ``.ts`` file.
+"""Per-item feature arrays from files made elsewhere: a folder of ``.npy`` or ``.mat`` files,
+an ``.npz``, an HDF5 file, a MATLAB ``.mat`` file, or an aeon/sktime ``.ts`` file.
 
 How an item id finds its array in each source:
 
-- folder of ``.npy`` (``npy-dir``): ``FOLDER/<id>.npy`` (ids with ``/`` are subfolders); else
+- folder (``npy-dir``): ``FOLDER/<id>.npy`` (ids with ``/`` are subfolders); else
   ``FOLDER/<flat id>.npy`` where the flat id replaces every character outside
   ``[A-Za-z0-9._-]`` by ``_`` (used only when no other id has the same flat form); else
-  ``FOLDER/<manifest path with its extension replaced by .npy>``.
+  ``FOLDER/<manifest path with its extension replaced by .npy>``; each of these with ``.mat``
+  instead of ``.npy`` too (``.npy`` first).  A per-item ``.mat`` file holds one numeric
+  variable, or the one named by ``mat_variable``.
 - ``.npz``: the key equal to the id.  HDF5 (``.h5``/``.hdf5``): the dataset at path ``id``.
+- ``.mat`` (v5 through scipy, v7.3 through h5py): the variable named like the id, else its
+  MATLAB form (characters outside ``[A-Za-z0-9_]`` become ``_``, when no other id shares it).
+  Matrices read as MATLAB shows them: rows are frames (T x D), the layout of VideoDarwin's
+  ``VideoDarwin(data)`` ("row vector data matrix", ``size(data,1)`` frames);
+  ``transpose=True`` (``--transpose``) reads one frame per column (VLFeat's D x N
+  descriptors).
 - ``.ts``: case ``i`` (0-based) of ``NAME.ts`` has id ``NAME/<i>`` (zero-padded to the width of
   the case count); its array is ``T x channels`` (aeon stores ``channels x T``).
 
@@ -22,6 +30,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
+import os
 import re
 import zipfile
 from collections import Counter
@@ -31,10 +41,15 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.errors import FeatpipeError, ItemError
+from featpipe.fileio import check_h5_dataset, check_npy_header, load_npy
+from featpipe.io import matlab
 from featpipe.manifest import Manifest, ManifestItem, from_rows
 from featpipe.parallel import ItemOutput
 
-FORMATS = ("npy-dir", "npz", "h5", "ts")
+log = logging.getLogger(__name__)
+FORMATS = ("npy-dir", "npz", "h5", "mat", "ts")
+#: Per-item file extensions a folder source tries, in this order.
+FOLDER_EXTENSIONS = (".npy", ".mat")
 _FLAT = re.compile(r"[^A-Za-z0-9._-]")
 #: (ndim, feature shape): feature shape is shape[1:] for ndim >= 2 and shape for vectors.
 Signature = tuple[int, tuple[int, ...]]
@@ -48,10 +63,12 @@ def detect_format(path: str | Path) -> str:
     if path.is_dir():
         return "npy-dir"
     suffix = path.suffix.lower()
-    formats = {".npz": "npz", ".h5": "h5", ".hdf5": "h5", ".hdf": "h5", ".ts": "ts"}
+    formats = {".npz": "npz", ".h5": "h5", ".hdf5": "h5", ".hdf": "h5", ".mat": "mat",
+               ".ts": "ts"}
     if suffix not in formats:
-        raise FeatpipeError(f"--from {path}: unknown format; expected a folder of .npy, an "
-                            ".npz, an HDF5 (.h5/.hdf5) or an aeon .ts file")
+        raise FeatpipeError(f"--from {path}: unknown format; expected a folder of .npy or .mat "
+                            "files, an .npz, an HDF5 (.h5/.hdf5), a MATLAB .mat or an aeon .ts "
+                            "file")
     return formats[suffix]
 
 
@@ -67,27 +84,23 @@ def describe(sig: Signature) -> str:
     return "arrays of shape (N, " + ", ".join(map(str, feature)) + ")"
 
 
-def _npy_header(handle) -> tuple[tuple[int, ...], np.dtype]:
-    version = np.lib.format.read_magic(handle)
-    if version == (1, 0):
-        shape, _, dtype = np.lib.format.read_array_header_1_0(handle)
-    else:
-        shape, _, dtype = np.lib.format.read_array_header_2_0(handle)
-    return shape, dtype
-
-
 class NpyDirSource:
-    """A folder with one ``.npy`` per item."""
+    """A folder with one ``.npy`` or ``.mat`` file per item."""
 
     fmt = "npy-dir"
 
-    def __init__(self, folder: Path, manifest: Manifest | None):
+    def __init__(self, folder: Path, manifest: Manifest | None, mat_variable: str | None = None):
         self.path = Path(folder)
         self.root = manifest.root.resolve() if manifest is not None else None
         flats = Counter(_FLAT.sub("_", i) for i in (manifest.ids if manifest else ()))
         self._unique_flat = {f for f, n in flats.items() if n == 1}
+        self.mat_variable = mat_variable
 
     def _candidates(self, item: ManifestItem) -> list[Path]:
+        return [stem.with_name(stem.name[:-4] + ext) for stem in self._npy_candidates(item)
+                for ext in FOLDER_EXTENSIONS]
+
+    def _npy_candidates(self, item: ManifestItem) -> list[Path]:
         found = []
         rel = Path(item.id)
         if item.id and not rel.is_absolute() and ".." not in rel.parts:
@@ -107,24 +120,57 @@ class NpyDirSource:
         return found
 
     def locate(self, item: ManifestItem) -> Path | None:
-        return next((p for p in self._candidates(item) if p.is_file()), None)
+        return next((p for p in self._candidates(item) if _is_file(p)), None)
 
     def header(self, item: ManifestItem):
         path = self.locate(item)
         if path is None:
             return None
+        if path.suffix == ".mat":
+            return matlab.numeric_variables(path)[self._mat_name(item, path)]
         with open(path, "rb") as handle:
-            return _npy_header(handle)
+            return check_npy_header(handle, os.fstat(handle.fileno()).st_size)
+
+    def _mat_name(self, item: ManifestItem, path: Path) -> str:
+        """The variable of a per-item ``.mat`` file: ``mat_variable``, else the only one."""
+        found = matlab.numeric_variables(path)
+        if self.mat_variable is not None:
+            if self.mat_variable not in found:
+                raise ItemError(item.id, f"{path} has no numeric variable "
+                                         f"{self.mat_variable!r} (it has: "
+                                         f"{', '.join(found) or 'none'})")
+            return self.mat_variable
+        if len(found) != 1:
+            raise ItemError(item.id, f"{path} holds {len(found)} numeric variables "
+                                     f"({', '.join(found) or 'none'}); choose one with "
+                                     "--mat-variable NAME")
+        return next(iter(found))
 
     def read(self, item: ManifestItem) -> np.ndarray:
         path = self.locate(item)
         try:
-            return np.load(path, allow_pickle=False)
+            if path.suffix == ".mat":
+                return matlab.read_variable(path, self._mat_name(item, path))
+            return load_npy(path)
+        except FeatpipeError as err:
+            raise ItemError(item.id, err.cause) from None
         except (OSError, ValueError, EOFError) as err:
             raise ItemError(item.id, f"cannot read {path}: {_reason(err)}") from None
 
     def describe_missing(self, item: ManifestItem) -> str:
-        return "none of " + ", ".join(str(p) for p in self._candidates(item))
+        paths = self._candidates(item)
+        too_long = " (file name too long for this file system)" if any(
+            _is_file(p) is None for p in paths) else ""
+        return ("none of " + ", ".join(str(p)[:300] for p in paths)
+                + f" (formats tried: {', '.join(FOLDER_EXTENSIONS)}){too_long}")
+
+
+def _is_file(path: Path) -> bool | None:
+    """``path.is_file()``, or ``None`` when the name cannot exist (too long, invalid)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return None
 
 
 class NpzSource:
@@ -149,10 +195,11 @@ class NpzSource:
         if member is None:
             return None
         with self._zip.open(member) as handle:
-            return _npy_header(handle)
+            return check_npy_header(handle, self._zip.getinfo(member).file_size)
 
     def read(self, item: ManifestItem) -> np.ndarray:
         try:
+            self.header(item)
             with self._zip.open(self._members[item.id]) as handle:
                 return np.lib.format.read_array(handle, allow_pickle=False)
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
@@ -189,7 +236,10 @@ class H5Source:
 
     def header(self, item: ManifestItem):
         node = self.locate(item)
-        return None if node is None else (node.shape, node.dtype)
+        if node is None:
+            return None
+        check_h5_dataset(node, item.id)
+        return node.shape, node.dtype
 
     def read(self, item: ManifestItem) -> np.ndarray:
         node = self.locate(item)
@@ -197,6 +247,7 @@ class H5Source:
             raise ItemError(item.id, f"dataset {item.id!r} of {self.path} has non-numeric dtype "
                                      f"{node.dtype}")
         try:
+            check_h5_dataset(node, item.id)
             return np.asarray(node[()])
         except (OSError, ValueError, TypeError) as err:
             raise ItemError(item.id, f"cannot read dataset {item.id!r} of {self.path}: "
@@ -204,6 +255,39 @@ class H5Source:
 
     def describe_missing(self, item: ManifestItem) -> str:
         return f"no dataset {item.id!r} in {self.path}"
+
+
+class MatSource:
+    """A MATLAB ``.mat`` file (v5 or v7.3) with one numeric variable per item."""
+
+    fmt = "mat"
+
+    def __init__(self, path: Path, manifest: Manifest | None):
+        self.path = Path(path)
+        self._variables = matlab.numeric_variables(self.path)
+        names = Counter(matlab.matlab_name(i) for i in (manifest.ids if manifest else ()))
+        self._unique = {n for n, count in names.items() if count == 1}
+
+    def locate(self, item: ManifestItem) -> str | None:
+        if item.id in self._variables:
+            return item.id
+        name = matlab.matlab_name(item.id)
+        return name if name in self._unique and name in self._variables else None
+
+    def header(self, item: ManifestItem):
+        name = self.locate(item)
+        return None if name is None else self._variables[name]
+
+    def read(self, item: ManifestItem) -> np.ndarray:
+        try:
+            return matlab.read_variable(self.path, self.locate(item))
+        except FeatpipeError as err:
+            raise ItemError(item.id, err.cause) from None
+
+    def describe_missing(self, item: ManifestItem) -> str:
+        name = matlab.matlab_name(item.id)
+        tried = repr(item.id) + (f" or {name!r}" if name != item.id else "")
+        return f"no numeric variable {tried} in {self.path}"
 
 
 class TsSource:
@@ -221,6 +305,8 @@ class TsSource:
             raise FeatpipeError(f"--from {self.path}: cannot parse .ts file ({_reason(err)})") \
                 from None
         self.arrays = [np.asarray(case).T for case in X]
+        if not self.arrays:
+            raise FeatpipeError(f"--from {self.path}: the .ts file holds no cases")
         self.labels = [str(v) for v in y] if y is not None and len(y) else [""] * len(X)
         width = len(str(max(len(self.arrays) - 1, 0)))
         self.ids = [f"{self.path.stem}/{i:0{width}d}" for i in range(len(self.arrays))]
@@ -255,14 +341,17 @@ def _reason(err: BaseException) -> str:
     return text or type(err).__name__
 
 
-def open_source(fmt: str, path: str | Path, manifest: Manifest | None):
+def open_source(fmt: str, path: str | Path, manifest: Manifest | None,
+                mat_variable: str | None = None):
     path = Path(path)
     if fmt == "npy-dir":
-        return NpyDirSource(path, manifest)
+        return NpyDirSource(path, manifest, mat_variable)
     if fmt == "npz":
         return NpzSource(path)
     if fmt == "h5":
         return H5Source(path)
+    if fmt == "mat":
+        return MatSource(path, manifest)
     if fmt == "ts":
         return TsSource(path)
     raise FeatpipeError(f"unknown source format {fmt!r}; use one of {', '.join(FORMATS)}")
@@ -307,14 +396,15 @@ def file_stamp(specs: Sequence[tuple[str, str]], manifest_file: str | None) -> t
 
 @functools.lru_cache(maxsize=4)
 def open_sources(specs: tuple[tuple[str, str], ...], manifest_file: str | None,
-                 stamp: tuple = ()):
+                 stamp: tuple = (), mat_variable: str | None = None):
     """Sources opened once per process (workers reuse them across batches); ``stamp`` (see
     :func:`file_stamp`) is part of the cache key so a rewritten file is not served stale."""
     manifest = Manifest.read(manifest_file) if manifest_file else None
-    return manifest, [open_source(fmt, path, manifest) for fmt, path in specs]
+    return manifest, [open_source(fmt, path, manifest, mat_variable) for fmt, path in specs]
 
 
-def reference_signature(sources: Sequence, manifest: Manifest) -> Signature | None:
+def reference_signature(sources: Sequence, manifest: Manifest, transpose: bool = False
+                        ) -> Signature | None:
     """The most common feature shape over all items (earliest item wins a tie), from headers.
 
     Also refuses a folder layout where two items would read the same ``.npy`` file.
@@ -331,10 +421,10 @@ def reference_signature(sources: Sequence, manifest: Manifest) -> Signature | No
                                         f"read {path}; rename the files or the ids")
             try:
                 header = source.header(item)
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile, FeatpipeError):
                 header = None
             if header is not None:
-                sig = signature(header[0])
+                sig = signature(transposed_shape(header[0], transpose))
                 counts[sig] += 1
                 first.setdefault(sig, position)
                 break
@@ -361,27 +451,80 @@ def check_array(item_id: str, array: np.ndarray, expected: Signature | None) -> 
     return array if array.dtype.kind == "f" else array.astype(np.float64)
 
 
+def transposed_shape(shape: Sequence[int], transpose: bool) -> tuple[int, ...]:
+    """The shape after ``--transpose`` (2-D arrays swap their axes; others are unchanged)."""
+    shape = tuple(shape)
+    return shape[::-1] if transpose and len(shape) == 2 else shape
+
+
+def _mat_header(source, item: ManifestItem):
+    """The header of an item read from a ``.mat`` file by ``source``, else None."""
+    if isinstance(source, NpyDirSource):
+        path = source.locate(item)
+        if path is None or path.suffix != ".mat":
+            return None
+    elif not isinstance(source, MatSource):
+        return None
+    try:
+        return source.header(item)
+    except (OSError, ValueError, FeatpipeError):
+        return None
+
+
+def mat_shapes(sources: Sequence, manifest: Manifest) -> list[tuple[int, ...]]:
+    """The shapes (as MATLAB shows them) of the items that come from ``.mat`` files."""
+    shapes = []
+    for item in manifest:
+        header = next((h for h in (_mat_header(s, item) for s in sources) if h is not None),
+                      None)
+        if header is not None:
+            shapes.append(tuple(header[0]))
+    return shapes
+
+
+def orientation_warning(shapes: Sequence[tuple[int, ...]], transpose: bool) -> str | None:
+    """A warning when 2-D ``.mat`` matrices (``shapes`` as MATLAB shows them) look the other
+    way round: all have the same number of rows but not of columns, or all have one column."""
+    shapes = [transposed_shape(s, transpose) for s in shapes if len(s) == 2]
+    rows, cols = {s[0] for s in shapes}, {s[1] for s in shapes}
+    flag = "without --transpose" if transpose else "with --transpose"
+    if len(shapes) > 1 and len(rows) == 1 and len(cols) > 1:
+        return (f"warning: every .mat matrix has {rows.pop()} rows but their column counts "
+                f"differ ({min(cols)}..{max(cols)}): frames look like columns; re-run {flag} "
+                "if so")
+    if shapes and cols == {1} and rows != {1}:
+        return (f"warning: every .mat matrix has one column: read as sequences of 1-D "
+                f"frames; if each is one vector, re-run {flag}")
+    return None
+
+
 class ImportCompute:
     """Picklable compute for :func:`featpipe.parallel.run_items`: reads and checks items."""
 
     def __init__(self, specs: Sequence[tuple[str, str]], manifest_file: str | None,
-                 stage_path: str, expected: Signature | None, stamp: tuple = ()):
+                 stage_path: str, expected: Signature | None, stamp: tuple = (),
+                 transpose: bool = False, mat_variable: str | None = None):
         self.specs = tuple((fmt, str(path)) for fmt, path in specs)
         self.manifest_file = manifest_file
         self.stage_path = str(stage_path)
         self.expected = expected
         self.stamp = stamp
+        self.transpose = transpose
+        self.mat_variable = mat_variable
 
     def __call__(self, ids: Sequence[str]) -> list:
-        manifest, sources = open_sources(self.specs, self.manifest_file, self.stamp)
+        manifest, sources = open_sources(self.specs, self.manifest_file, self.stamp,
+                                         self.mat_variable)
         if manifest is None:
             manifest = _stage_items(self.stage_path)
         results = []
-        for item_id in ids:
+        for item_id in ids:  # every failure, whatever its type, belongs to its own item
             try:
                 results.append(ItemOutput(self.read(manifest[item_id], sources)))
             except ItemError as err:
                 results.append(err)
+            except Exception as err:
+                results.append(ItemError(item_id, f"{type(err).__name__}: {_reason(err)}"))
         return results
 
     def read(self, item: ManifestItem, sources: Sequence) -> np.ndarray:
@@ -392,7 +535,13 @@ class ImportCompute:
         if len(holders) > 1:
             raise ItemError(item.id, "found in more than one source: " + ", ".join(
                 str(s.path) for s in holders))
-        return check_array(item.id, holders[0].read(item), self.expected)
+        array = holders[0].read(item)
+        if self.transpose:
+            if array.ndim > 2:
+                raise ItemError(item.id, f"--transpose applies to 2-D arrays, got shape "
+                                         f"{array.shape}")
+            array = array.T
+        return check_array(item.id, array, self.expected)
 
 
 @functools.lru_cache(maxsize=4)

@@ -34,6 +34,7 @@ image's descriptors.  Written against the array API: numpy, torch, CuPy, array_a
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ import numpy as np
 from featpipe.backend import device_namespace, namespace, to_numpy
 from featpipe.encode.fisher import POSTERIOR_THRESHOLD, PRIOR_THRESHOLD, check_gmm
 from featpipe.errors import InputError
+
+log = logging.getLogger(__name__)
 
 MODES = ("shared", "per-class")
 
@@ -409,6 +412,8 @@ class DeepFisherKernel:
             score = self._score(w, self._encode(theta, val_x), y_va, n_classes)
             history.append({"iteration": it, "objective": objective, "validation": score,
                             "step": step})
+            log.info("iteration %d/%d: objective %.6g, validation %.4f, step %.3g",
+                     it, self.max_iter, objective, score, step)
             if score > best[0]:
                 best, stale = (score, theta, w, it), 0
             else:

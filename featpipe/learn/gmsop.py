@@ -23,6 +23,7 @@ Gaussian instead of equal weights (equal weights tie the top-K choice).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 
@@ -34,6 +35,8 @@ from featpipe.encode.bilinear import newton_schulz_sqrtm, triu_vectorise
 from featpipe.encode.registry import EncodeMethod
 from featpipe.errors import FeatpipeError, InputError
 from featpipe.items import PerFrameStream, encode_per_frame
+
+log = logging.getLogger(__name__)
 
 MODEL_NAME = "gmsop"
 
@@ -177,6 +180,8 @@ class GatedMixtureSOP:
                 optimiser.step()
                 total += loss.item() * len(index)
             self.loss_curve_.append(total / len(X))
+            log.info("epoch %d/%d: loss %.6g", len(self.loss_curve_), int(self.epochs),
+                     self.loss_curve_[-1])
         norm.eval()
         self._set_params({k: v.detach().cpu().numpy() for k, v in params.items()})
         self.norm_ = {k: v.detach().cpu().numpy() for k, v in norm.state_dict().items()

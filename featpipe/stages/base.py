@@ -46,6 +46,9 @@ class Reporter:
     def warn(self, text: str) -> None:
         """Something the user should know but that does not stop the stage: stderr."""
 
+    def error(self, text: str) -> None:
+        """An item or step that failed (stderr, also with ``-q``)."""
+
     def progress(self, total: int | None, label: str, unit: str = "items") -> Progress:
         """A progress display for ``total`` units (``None``: not known in advance)."""
         return Progress()
@@ -102,14 +105,16 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
         return StageRun(stage, summary, todo)
     if name:
         store.set_name(name, stage)
-    with reporter.progress(len(ids), stage.kind) as progress:
+    todo, _ = plan(stage, ids, force=options.force, shard=shard)
+    label = f"{stage.kind} {name}" if name else stage.kind
+    with reporter.progress(len(todo), label) as progress:
         summary = run_items(
             stage, ids, compute, jobs=options.jobs, on_error=options.on_error,
             force=options.force, shard=shard, batch_size=batch_size,
             executor=options.executor, scheduler=options.scheduler, progress=progress.advance)
     reporter.info(f"summary: {summary.line()}")
     for item_id, error in list(summary.failed.items())[:20]:
-        reporter.warn(f"failed: {item_id}: {error}")
+        reporter.error(f"failed: {item_id}: {error}")
     return StageRun(stage, summary)
 
 

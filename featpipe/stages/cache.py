@@ -1,38 +1,52 @@
-"""Store upkeep behind ``featpipe cache``: verify every computed item, collect garbage.
+"""Store upkeep behind ``featpipe cache``: inspect, verify every computed item, collect garbage.
 
+- :func:`describe_stage` / :func:`list_stages`: what a stage is (names, kind, parameters,
+  inputs, creation, size, item counts or its models), for ``cache ls`` and ``cache show``.
 - :func:`verify`: load every done item, its sidecars and the models of each stage: readable,
   numeric, finite, and the same feature shape as the stage's other items.
 - :func:`gc`: remove unnamed stages that no named stage needs, and stale temporary files.
+
+A broken stage (corrupt ``stage.json``, packed file, ledger line, name file) is reported as a
+``problem:`` line and the others are still listed, verified or collected.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
 import time
+import zipfile
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from featpipe.errors import FeatpipeError
-from featpipe.fileio import HOST
+from featpipe.errors import FeatpipeError, ParameterError
+from featpipe.fileio import HOST, check_npy_header, writing
 from featpipe.io.importers import describe, signature
+from featpipe.progress import stage_progress
 from featpipe.stages.base import Reporter
 from featpipe.store import Stage, Store
 
 _TMP = re.compile(r"\.tmp\.([^./]+)\.(\d+)$")
 
 
-def _load(path: Path) -> np.ndarray:
-    return np.load(path, allow_pickle=False)
+def store_problems(store: Store) -> tuple[list[Stage], list[str], list[str]]:
+    """The stages that open, one text per broken stage folder, one per corrupt name file."""
+    store.require()
+    stages, broken = store.scan()
+    name_problems: list[str] = []
+    store.names(name_problems)
+    return stages, [f"stage {folder}: {reason}" for folder, reason in broken], name_problems
 
 
 def verify_stage(stage: Stage) -> tuple[int, list[str]]:
     """Load every done item, its sidecars and the models; returns (items checked, problems)."""
-    problems: list[str] = []
+    problems: list[str] = list(stage.ledger_problems())
     shapes: dict[str, tuple[int, ...]] = {}
     packed = stage.packed()
     for item_id, entry in sorted(stage.item_states().items()):
@@ -43,10 +57,10 @@ def verify_stage(stage: Stage) -> tuple[int, list[str]]:
             problems.append(f"item {item_id!r}: the ledger says done but {path} is missing")
             continue
         try:
-            array = _load(path) if path.exists() else stage.read_item(item_id)
+            array = stage.read_item(item_id)
             extras = list(stage.extras_of(item_id).items())
-        except (OSError, ValueError, EOFError, FeatpipeError) as err:
-            problems.append(f"item {item_id!r}: unreadable ({err})")
+        except FeatpipeError as err:
+            problems.append(f"item {item_id!r}: unreadable ({err.cause})")
             continue
         for source, values in [("array", array), *extras]:
             if values.dtype.kind not in "biuf":
@@ -71,37 +85,173 @@ def verify_stage(stage: Stage) -> tuple[int, list[str]]:
 
 
 def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = None) -> int:
-    """Verify the stages called ``names`` (all stages when empty); returns the problem count."""
+    """Verify the stages called ``names`` (all stages when empty); returns the problem count.
+
+    A stage that cannot be opened or read counts as a problem; the others are still verified.
+    """
     reporter = reporter or Reporter()
-    stages = [store.resolve(n) for n in names] if names else store.all_stages()
-    total, bad = 0, 0
+    if names:
+        stages, store_level, broken = [store.resolve(n) for n in names], [], []
+    else:
+        stages, broken, name_problems = store_problems(store)
+        store_level = broken + name_problems
+    for problem in store_level:
+        reporter.info(f"problem: {problem}")
+    total, bad = 0, len(store_level)
     for stage in stages:
-        checked, problems = verify_stage(stage)
+        try:
+            checked, problems = verify_stage(stage)
+            missing = len(set(stage.items.ids) - stage.done_ids())
+            note = f" ({missing} of {len(stage.items)} not computed)" if missing else ""
+        except FeatpipeError as err:
+            checked, problems, note = 0, [f"unreadable ({err})"], ""
         total += checked
         bad += len(problems)
         for problem in problems:
             reporter.info(f"problem: stage {stage.name}: {problem}")
-        missing = len(set(stage.items.ids) - stage.done_ids())
-        note = f" ({missing} of {len(stage.items)} not computed)" if missing else ""
         reporter.info(f"{'ok' if not problems else 'BAD'}: stage {stage.name}: {checked} items "
-                   f"checked{note}")
-    reporter.info(f"verified {total} items in {len(stages)} stages: {bad} problem(s)")
+                      f"checked{note}")
+    n_stages = len(stages) + len(broken)
+    reporter.info(f"verified {total} items in {n_stages} stages: {bad} problem(s)")
     return bad
 
 
+# -- inspection -------------------------------------------------------------------------------
+
+def names_by_folder(store: Store) -> dict[str, list[str]]:
+    """The names pointing at each stage folder."""
+    by_folder: dict[str, list[str]] = {}
+    for name, folder in store.names().items():
+        by_folder.setdefault(folder, []).append(name)
+    return by_folder
 
 
-def _needed(store: Store) -> set[str]:
-    """Stage folders reachable from a name through the inputs chain."""
+def model_arrays(stage: Stage, name: str) -> dict[str, dict]:
+    """Shape and dtype of each array of model ``name``, read from the ``.npz`` headers (no
+    array is loaded)."""
+    path = stage.path / "models" / f"{name}.npz"
+    found = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with archive.open(info) as handle:
+                    shape, dtype = check_npy_header(handle, info.file_size)
+                found[info.filename[:-4]] = {"shape": list(shape), "dtype": str(dtype)}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise FeatpipeError(f"model {name!r} of stage {stage.name}: {path} is unreadable "
+                            f"({err})") from None
+    return found
+
+
+def describe_stage(stage: Stage, names: Sequence[str] = (), sizes: bool = True,
+                   models: bool = False) -> dict:
+    """What ``cache ls``/``cache show`` print about a stage, as JSON-ready data.
+
+    Item stages have ``items`` (total, done, failed); fit stages have ``models`` (their
+    names, or with ``models=True`` each model's arrays and metadata).  ``size_bytes`` sums
+    the files of the stage folder.
+    """
+    meta = stage.meta
+    info = {"stage": stage.name, "names": list(names), "kind": stage.kind, "key": stage.key,
+            "created": meta.get("created"), "host": meta.get("host"),
+            "dtype": meta.get("dtype", "float32"), "versions": meta.get("versions", {}),
+            "inputs": stage.input_names, "params": stage.params}
+    if sizes:
+        info["size_bytes"], info["files"] = _size_and_files(stage.path)
+    if stage.is_model_stage:
+        info["items"] = None
+        if models:
+            info["models"] = {}
+            for model in stage.model_names():
+                _, model_meta = stage.load_model(model)
+                written = (stage.path / "models" / f"{model}.npz").stat().st_mtime
+                info["models"][model] = {"arrays": model_arrays(stage, model),
+                                         "meta": model_meta, "written": written}
+        else:
+            info["models"] = stage.model_names()
+    else:
+        progress = stage_progress(stage)
+        info["items"] = {"total": progress.total, "done": progress.done,
+                         "failed": len(progress.failed), "pending": progress.pending}
+        info["packed"] = stage.packed() is not None
+    return info
+
+
+def list_stages(store: Store) -> tuple[list[dict], list[str]]:
+    """:func:`describe_stage` of every stage, and the problems of those that cannot be read."""
+    stages, broken, name_problems = store_problems(store)
+    problems = broken + name_problems
+    names = names_by_folder(store)
+    rows = []
+    for stage in stages:
+        try:
+            rows.append(describe_stage(stage, names.get(stage.name, [])))
+        except FeatpipeError as err:
+            problems.append(f"stage {stage.name}: {err}")
+    return rows, problems
+
+
+def input_chain(stage: Stage, names: dict[str, list[str]]) -> list[dict]:
+    """The stages ``stage`` was computed from, recursively: ``{stage, kind, names, inputs}``
+    (a missing or broken input is listed with its ``problem``)."""
+    def walk(folder: str, seen: frozenset[str]) -> dict:
+        node = {"stage": folder, "names": names.get(folder, [])}
+        if folder in seen:
+            return {**node, "problem": "cycle in the inputs chain"}
+        try:
+            parent = stage.store.stage_by_folder(folder)
+        except FeatpipeError as err:
+            return {**node, "problem": str(err)}
+        return {**node, "kind": parent.kind, "params": parent.params,
+                "inputs": [walk(f, seen | {folder}) for f in parent.input_names]}
+
+    return [walk(folder, frozenset({stage.name})) for folder in stage.input_names]
+
+
+def show(store: Store, name: str) -> dict:
+    """Everything about stage ``name`` (``cache show``): :func:`describe_stage` with models in
+    full, the inputs chain, and for item stages the timings and the first item's shape."""
+    stage = store.resolve(name)
+    names = names_by_folder(store)
+    info = describe_stage(stage, names.get(stage.name, []), models=True)
+    info["input_chain"] = input_chain(stage, names)
+    if not stage.is_model_stage:
+        progress = stage_progress(stage)
+        firsts = [p.first for p in progress.ledgers if p.first is not None]
+        lasts = [p.last for p in progress.ledgers if p.last is not None]
+        info["timings"] = {
+            "compute_seconds": sum(p.seconds for p in progress.ledgers),
+            "first_line": min(firsts, default=None), "last_line": max(lasts, default=None),
+            "processes": len(progress.ledgers),
+            "items_per_second": progress.rate}
+        done = sorted(stage.done_ids() & set(stage.items.ids))
+        if done:
+            first = stage.read_item(done[0], mmap=not info["packed"])
+            info["item_example"] = {"id": done[0], "shape": list(first.shape),
+                                    "dtype": str(first.dtype),
+                                    "extras": sorted(stage.extras_of(done[0]))}
+    return info
+
+
+def _needed(store: Store) -> tuple[set[str], list[str]]:
+    """Stage folders reachable from a name through the inputs chain, and the named or needed
+    stages whose inputs cannot be read (gc then removes no stage: it cannot tell which of
+    the others they need)."""
     keep: set[str] = set()
+    unreadable: list[str] = []
     todo = [folder for folder in store.names().values()]
     while todo:
         folder = todo.pop()
         if folder in keep or not (store.stages_dir / folder / "stage.json").exists():
             continue
         keep.add(folder)
-        todo.extend(store.stage_by_folder(folder).input_names)
-    return keep
+        try:
+            todo.extend(store.stage_by_folder(folder).input_names)
+        except FeatpipeError as err:
+            unreadable.append(f"stage {folder}: {err}")
+    return keep, unreadable
 
 
 def _last_activity(stage_path: Path) -> float:
@@ -129,34 +279,61 @@ def _is_stale_tmp(path: Path, max_age_s: float) -> bool:
     return time.time() - path.stat().st_mtime > max_age_s
 
 
-def _size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+def _size_and_files(path: Path) -> tuple[int, int]:
+    """Bytes and number of files under ``path`` (files removed meanwhile are skipped)."""
+    total, count = 0, 0
+    for root, _, files in os.walk(path):
+        for file in files:
+            try:
+                total += os.lstat(os.path.join(root, file)).st_size
+                count += 1
+            except FileNotFoundError:
+                continue
+    return total, count
+
+
+@dataclass
+class GcResult:
+    """What :func:`gc` removed (or would): stage folders, bytes, and the problems it met."""
+
+    removed: list[Path]
+    freed: int
+    problems: list[str]
 
 
 def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
-       reporter: Reporter | None = None) -> int:
-    """Remove unnamed stages that no named stage needs and stale temporary files; returns the
-    bytes freed (or that would be, with ``dry_run``).
+       reporter: Reporter | None = None) -> GcResult:
+    """Remove unnamed stages that no named stage needs and stale temporary files.
 
     A stage is needed when a name points to it or to a stage computed from it; one written to
     in the last ``min_age`` minutes is kept (it may be in use).  A temporary file
     (``*.tmp.<host>.<pid>``) is stale when its process is gone (same host) or it is older than
-    a day.
+    a day.  While a name or a needed stage cannot be read, no stage is removed.
     """
+    if not math.isfinite(min_age) or min_age < 0:
+        raise ParameterError("min_age", f"must be a number of minutes >= 0, got {min_age}")
     reporter = reporter or Reporter()
-    keep = _needed(store)
+    stages, broken, name_problems = store_problems(store)
+    keep, unreadable = _needed(store)
+    for problem in broken + name_problems + unreadable:
+        reporter.warn(f"problem: {problem}")
+    blocked = name_problems + unreadable
+    if blocked:
+        reporter.warn("gc removes no stage while a name or a needed stage cannot be read (it "
+                      "cannot tell which stages they keep); fix or remove it first")
     verb = "would remove" if dry_run else "removed"
     freed, removed = 0, []
     now = time.time()
-    for stage in store.all_stages():
-        if stage.name in keep:
+    for stage in stages:
+        if stage.name in keep or blocked:
             continue
         if now - _last_activity(stage.path) < min_age * 60:
             reporter.info(f"kept stage {stage.name}: written to less than {min_age:g} min ago")
             continue
-        size = _size(stage.path)
+        size = _size_and_files(stage.path)[0]
         if not dry_run:
-            shutil.rmtree(stage.path)
+            with writing(stage.path, "remove"):
+                shutil.rmtree(stage.path)
         freed += size
         removed.append(stage.path)
         reporter.info(f"{verb} stage {stage.name} ({size / 1e6:.1f} MB)")
@@ -168,7 +345,8 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
             if path.is_file() and _is_stale_tmp(path, max_age_s=86400):
                 size = path.stat().st_size
                 if not dry_run:
-                    path.unlink(missing_ok=True)
+                    with writing(path, "remove"):
+                        path.unlink(missing_ok=True)
                 freed += size
                 tmp_files += 1
                 reporter.info(f"{verb} temporary file {path}")
@@ -176,5 +354,5 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
         if not (store.stages_dir / folder / "stage.json").exists():
             reporter.warn(f"warning: name {name!r} points to missing stage {folder}")
     reporter.info(f"gc: {verb} {len(removed)} stage(s) and {tmp_files} temporary file(s), "
-               f"{freed / 1e6:.1f} MB; kept {len(keep)} named or needed stage(s)")
-    return freed
+                  f"{freed / 1e6:.1f} MB; kept {len(keep)} named or needed stage(s)")
+    return GcResult(removed, freed, broken + name_problems + unreadable)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from featpipe.classify.experiment import Settings, run_split, summarise
 from featpipe.errors import FeatpipeError, ParameterError
+from featpipe.fileio import check_output_path
 from featpipe.stages.base import Reporter
 from featpipe.store import Store
 
@@ -33,12 +34,13 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
              C: Sequence[float] = (1000.0,), cv: int = 5, split: str = "1",
              metric: str | None = None, ap_mode: str = "standard", solver: str = "libsvm",
              gamma: float | None = None, order: int = 1, normalize: str = "none",
-             jobs: int = -1, report: str | None = None,
+             jobs: int = -1, report: str | None = None, command: str | None = None,
              reporter: Reporter | None = None) -> dict:
     """Train and test on each split; returns ``{"splits": [...], "summary": {...}}``.
 
     ``kernels`` is one kernel for all inputs or one per input; several ``C`` are chosen among
     by ``cv``-fold cross-validation on the train split; ``split`` is a number or ``'all'``.
+    ``command`` is the command line recorded in the report (None for a library call).
     """
     reporter = reporter or Reporter()
     if len(kernels) not in (1, len(inputs)):
@@ -46,6 +48,8 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
                              f"{len(kernels)} kernels for {len(inputs)} inputs")
     kernels = tuple(kernels) * len(inputs) if len(kernels) == 1 else tuple(kernels)
     Cs = tuple(C)
+    if report:
+        check_output_path(report, "report")
     stages = [store.resolve(name) for name in inputs]
     manifest = stages[0].items
     if len(manifest) == 0:
@@ -70,13 +74,14 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
     reporter.info(f"{metric}: {summary['mean']:.4f} ± {summary['std']:.4f} over "
                   f"{len(results)} split(s)")
     if report:
-        from featpipe.classify.report import build_report, write_report
+        from featpipe.classify.report import build_report, stage_chain, write_report
 
         config = {"store": str(store.root), "inputs": list(inputs),
                   "stages": [s.name for s in stages], "kernels": list(kernels),
                   "fusion": fusion, "weights": list(weights) if weights else None,
                   "C": list(Cs), "cv": cv, "split": split, "metric": metric, "ap": ap_mode,
                   "solver": solver, "gamma": gamma, "order": order, "normalize": normalize}
-        written = write_report(report, build_report(config, results, summary))
+        written = write_report(report, build_report(config, results, summary,
+                                                    stage_chain(stages), command))
         reporter.info(f"report: {', '.join(str(p) for p in written)}")
     return {"splits": results, "summary": summary}

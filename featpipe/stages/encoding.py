@@ -89,7 +89,8 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
     if not source.items.ids:
         raise FeatpipeError(f"input stage {source.name} has no items")
     stage = store.stage("encode", {"method": method, **params},
-                        inputs=[source, *models.values()], items=source.items)
+                        inputs=[source, *models.values()], items=source.items,
+                        create=not (options and options.dry_run))
     compute = EncodeCompute(source.path, method, params, {k: s.path for k, s in models.items()})
     return run_stage(stage, source.items.ids, compute, store=store, name=name, options=options,
                      reporter=reporter, batch_size=chosen.batch_size)

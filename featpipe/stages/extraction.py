@@ -51,14 +51,13 @@ from featpipe.extract.pipeline import (
     Extraction,
     LocalFeatureProgram,
     Outputs,
-    worker_count,
 )
 from featpipe.interrupts import Interrupt, Interrupted, interruptible
 from featpipe.io.video import DecodePool, Sampling
 from featpipe.manifest import Manifest
-from featpipe.parallel import RunSummary, make_executor, parse_shard, plan
+from featpipe.parallel import make_executor, parse_shard, plan, resolve_jobs
 from featpipe.stages.base import Reporter, RunOptions, StageRun, announce, run_stage
-from featpipe.store import Stage, Store, stage_key
+from featpipe.store import Stage, Store
 
 FEATURES = ("vgg16-fc6", "vgg16-conv5_3", "dsift")
 #: the encode methods that take local features, offered by ``extract --encode``
@@ -79,17 +78,6 @@ def manifest_digest(manifest: Manifest) -> str:
     rows = [[it.id, str(manifest.resolve_path(it)), list(it.labels), list(it.splits)]
             for it in manifest]
     return hashlib.sha256(json.dumps(rows, ensure_ascii=True).encode()).hexdigest()[:16]
-
-
-def _existing(store: Store, kind: str, params: Mapping, inputs: Sequence[Stage],
-              dtype: str) -> tuple[str, Stage | None]:
-    """The folder name the stage has (or will have) and the stage if it exists: a dry run
-    and the disk check look before :meth:`Store.stage` creates anything (same key)."""
-    params = json.loads(json.dumps(dict(params)))
-    key_params = dict(params, dtype=dtype) if dtype != "float32" else params
-    folder = f"{kind}-{stage_key(kind, key_params, [s.key for s in inputs])}"
-    path = store.stages_dir / folder
-    return folder, Stage(path) if (path / "stage.json").exists() else None
 
 
 @dataclasses.dataclass
@@ -250,16 +238,15 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
     if options.executor != "dask":
         make_executor(options.executor).check_shard(shard)
     paths = {it.id: str(manifest.resolve_path(it)) for it in manifest}
-    folder, stage = _existing(store, "extract", plan_.params, plan_.inputs, dtype)
-    if stage is not None:
-        todo, summary = plan(stage, manifest.ids, force=options.force, shard=shard)
-    else:
-        todo, summary = plan_ids(manifest.ids, shard)
+    # the stage as planned (nothing on disk yet): a dry run and the disk check come first
+    stage = store.stage("extract", plan_.params, inputs=plan_.inputs, items=manifest,
+                        dtype=dtype, create=False)
+    todo, summary = plan(stage, manifest.ids, force=options.force, shard=shard)
     with interruptible():
-        pool = DecodePool(worker_count(options.jobs), decoder, decode_timeout)
+        pool = DecodePool(resolve_jobs(options.jobs), decoder, decode_timeout)
         try:
             if options.dry_run:
-                return _dry_run(store, folder, stage, name, todo, summary, pool, paths,
+                return _dry_run(store, stage, name, todo, summary, pool, paths,
                                 sampling, plan_.layout, reporter)
             total = _check_disk(store, todo, pool, paths, sampling, plan_.layout, disk_check,
                                 reporter)
@@ -286,21 +273,13 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
             pool.close()
 
 
-def plan_ids(ids: Sequence[str], shard: tuple[int, int] | None) -> tuple[list, RunSummary]:
-    """The ids of this shard (for a stage that does not exist yet: all are to compute)."""
-    from featpipe.fileio import shard_of
-
-    summary = RunSummary()
-    todo = [i for i in ids if shard is None or shard_of(i, shard[1]) == shard[0]]
-    summary.not_in_shard = len(ids) - len(todo)
-    return todo, summary
-
-
-def _dry_run(store, folder, stage, name, todo, summary, pool, paths, sampling, layout,
+def _dry_run(store, stage, name, todo, summary, pool, paths, sampling, layout,
              reporter) -> StageRun:
     """List the work with its estimate; create nothing."""
     label = f" as {name!r}" if name else ""
-    reporter.info(f"stage {folder}{label}" + ("" if stage else " (not created: dry run)"))
+    created = (stage.path / "stage.json").exists()
+    reporter.info(f"stage {stage.name}{label}" + ("" if created else
+                                                   " (not created: dry run)"))
     infos = probe_infos(pool, paths, todo)
     estimates = [estimate_item(i, infos[i], sampling, layout) for i in todo]
     for estimate in estimates:
@@ -376,7 +355,7 @@ def _run(stage, extraction: Extraction, todo, summary, paths, total: Totals,
         runs.close()
     reporter.info(f"summary: {summary.line()}")
     for item_id, error in list(summary.failed.items())[:20]:
-        reporter.warn(f"failed: {item_id}: {error}")
+        reporter.error(f"failed: {item_id}: {error}")
     return StageRun(stage, summary)
 
 

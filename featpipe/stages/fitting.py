@@ -27,8 +27,12 @@ log = logging.getLogger(__name__)
 
 
 def _already(stage: Stage, model: str, force: bool, store: Store, name: str | None,
-             reporter: Reporter) -> bool:
-    """Whether the model is fitted (and kept); names the stage either way."""
+             reporter: Reporter, dry_run: bool = False) -> bool:
+    """Whether the model is fitted (and kept) or this is a dry run; names a fitted stage."""
+    if dry_run:
+        fitted = stage.has_model(model) and not force
+        reporter.info("dry run: " + ("model already fitted" if fitted else "would fit"))
+        return True
     if stage.has_model(model) and not force:
         if name:
             store.set_name(name, stage)
@@ -42,7 +46,8 @@ def _already(stage: Stage, model: str, force: bool, store: Store, name: str | No
 
 def fit_pca(store: Store, input: str, *, name: str | None = None, dim: int = 64,
             sample: int = 100_000, seed: int = 0, split: int = 1, whiten: bool = False,
-            force: bool = False, reporter: Reporter | None = None) -> Stage:
+            force: bool = False, dry_run: bool = False, reporter: Reporter | None = None
+            ) -> Stage:
     """PCA on a seeded sample of ``sample`` train descriptors (0: all) of stage ``input``."""
     from featpipe.extract.pca import MODEL_NAME, PCAProjection, sample_rows, save_pca
 
@@ -53,9 +58,10 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, dim: int = 64,
     train = train_item_ids(source, split)
     params = {"dim": dim, "sample": sample or None, "seed": seed, "split": split,
               "whiten": whiten}
-    stage = store.stage("pca", params, inputs=[source], items=Manifest([], root=source.path))
+    stage = store.stage("pca", params, inputs=[source], items=Manifest([], root=source.path),
+                        create=not dry_run)
     announce(stage, name, reporter)
-    if _already(stage, MODEL_NAME, force, store, name, reporter):
+    if _already(stage, MODEL_NAME, force, store, name, reporter, dry_run):
         return stage
     rows = sample_rows(source, train, sample or None, seed)
     pca = PCAProjection(n_components=dim, whiten=whiten).fit(rows)
@@ -125,7 +131,8 @@ def pca_arrays(pca_stage: Stage | None, pca_dim: int | None, x: np.ndarray, seed
 def fit_gmm(store: Store, input: str, *, name: str, components: int = 256,
             pca: str | None = None, pca_dim: int | None = None, sample: int = 200_000,
             seed: int = 0, dtype: str = "float64", max_iter: int = 100, init: str = "kmeans",
-            force: bool = False, reporter: Reporter | None = None) -> Stage:
+            force: bool = False, dry_run: bool = False, reporter: Reporter | None = None
+            ) -> Stage:
     """A diagonal GMM (VLFeat conventions) on ``sample`` train descriptors of ``input``.
 
     ``pca`` names a fitted PCA stage applied first; ``pca_dim`` fits a seeded PCA on the
@@ -143,9 +150,10 @@ def fit_gmm(store: Store, input: str, *, name: str, components: int = 256,
     params = {"components": components, "pca": pca, "pca_dim": pca_dim,
               "sample": sample, "seed": seed, "dtype": dtype, "max_iter": max_iter,
               "init": init, "split": 1}
-    stage = store.stage("gmm", params, inputs=[source, *pca_stages], items=Manifest([]))
+    stage = store.stage("gmm", params, inputs=[source, *pca_stages], items=Manifest([]),
+                        create=not dry_run)
     announce(stage, name, reporter)
-    if _already(stage, "gmm", force, store, name, reporter):
+    if _already(stage, "gmm", force, store, name, reporter, dry_run):
         return stage
     x = sample_descriptors(source, ids, sample, seed)
     projection = pca_arrays(pca_stages[0] if pca_stages else None, pca_dim, x, seed)
@@ -190,7 +198,7 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, mode: str = "
                  posterior_cutoff: float = 1e-5, subsample: float = 0.1,
                  val_fraction: float = 0.25, split: int = 1, seed: int = 0,
                  device: str = "cpu", dtype: str = "float64", force: bool = False,
-                 reporter: Reporter | None = None) -> Stage:
+                 dry_run: bool = False, reporter: Reporter | None = None) -> Stage:
     """Learn a GMM end to end with linear SVMs (Sydorov et al. CVPR'14, Algorithm 1).
 
     Starts from the fitted GMM stage ``gmm`` (its PCA, if any, is applied to the descriptors
@@ -212,9 +220,10 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, mode: str = "
     params = {"mode": mode, "C": C, "max_iter": max_iter, "patience": patience,
               "posterior_cutoff": posterior_cutoff, "subsample": subsample,
               "val_fraction": val_fraction, "split": split, "seed": seed, "dtype": dtype}
-    stage = store.stage("deep-gmm", params, inputs=[source, gmm_stage], items=Manifest([]))
+    stage = store.stage("deep-gmm", params, inputs=[source, gmm_stage], items=Manifest([]),
+                        create=not dry_run)
     announce(stage, name, reporter)
-    if _already(stage, "gmm", force, store, name, reporter):
+    if _already(stage, "gmm", force, store, name, reporter, dry_run):
         return stage
     init, _ = gmm_stage.load_model("gmm")
     if init["means"].ndim != 2:
@@ -285,7 +294,7 @@ def _dhrp_accuracy(model, seqs, labels, coef=None, identity=False) -> float:
 
 
 def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1, device: str | None = None,
-             threads: int | None = None, force: bool = False,
+             threads: int | None = None, force: bool = False, dry_run: bool = False,
              reporter: Reporter | None = None, **hyper) -> Stage:
     """Learn ψ(W x) and a soft-max classifier through rank pooling (DHRP).
 
@@ -304,9 +313,10 @@ def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1, device: str
         torch.set_num_threads(threads)
     source = store.resolve(input)
     params = {"split": split, **hyper}
-    stage = store.stage("dhrp", params, inputs=[source], items=Manifest([], root=source.path))
+    stage = store.stage("dhrp", params, inputs=[source], items=Manifest([], root=source.path),
+                        create=not dry_run)
     announce(stage, name, reporter)
-    if _already(stage, MODEL_NAME, force, store, name, reporter):
+    if _already(stage, MODEL_NAME, force, store, name, reporter, dry_run):
         return stage
     train_ids = train_item_ids(source, split)
     test_ids = source.items.split_ids(split, "test")
@@ -348,7 +358,8 @@ def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1, device: str
 # -- GM-SOP ---------------------------------------------------------------------------------
 
 def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int = 1,
-              device: str = "cpu", force: bool = False, reporter: Reporter | None = None,
+              device: str = "cpu", force: bool = False, dry_run: bool = False,
+              reporter: Reporter | None = None,
               components: int = 16, top_k: int = 8, dim: int = 32, ns_iters: int = 3,
               balance_weight: float = 100.0, epochs: int = 30, lr: float = 0.01,
               batch_size: int = 32, weight_decay: float = 1e-4, seed: int = 0) -> Stage:
@@ -367,9 +378,9 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
         raise FeatpipeError("fit gmsop trains a single-label classifier; the manifest of "
                             f"{source.name} is multi-label")
     stage = store.stage("gmsop", {"split": split, **params}, inputs=[source],
-                        items=Manifest([], root=store.root))
+                        items=Manifest([], root=store.root), create=not dry_run)
     announce(stage, name, reporter)
-    if _already(stage, MODEL_NAME, force, store, name, reporter):
+    if _already(stage, MODEL_NAME, force, store, name, reporter, dry_run):
         return stage
     maps, labels = [], []
     for item_id in train:
@@ -401,7 +412,7 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
 # -- standardisation ------------------------------------------------------------------------
 
 def fit_standardize(store: Store, input: str, *, name: str | None = None, split: int = 1,
-                    reporter: Reporter | None = None) -> Stage:
+                    dry_run: bool = False, reporter: Reporter | None = None) -> Stage:
     """Per-channel mean and standard deviation of the train frames of ``input`` (then
     ``encode --method standardize --model NAME``)."""
     from featpipe.encode.standardize import MODEL_NAME, Standardizer
@@ -410,8 +421,11 @@ def fit_standardize(store: Store, input: str, *, name: str | None = None, split:
     source = store.resolve(input)
     train = train_item_ids(source, split)
     stage = store.stage("standardize", {"split": split}, inputs=[source],
-                        items=Manifest([], root=source.path))
+                        items=Manifest([], root=source.path), create=not dry_run)
     announce(stage, name, reporter)
+    if dry_run:
+        _already(stage, MODEL_NAME, False, store, name, reporter, dry_run)
+        return stage
     if not stage.has_model(MODEL_NAME):
         model = Standardizer().fit([source.read_item(i) for i in train])
         stage.save_model(MODEL_NAME, {"mean": model.mean_, "scale": model.scale_},

@@ -6,14 +6,16 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from featpipe.errors import ParameterError
+from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.io.importers import (
     ImportCompute,
     describe,
     detect_format,
     file_stamp,
     manifest_digest,
+    mat_shapes,
     open_sources,
+    orientation_warning,
     reference_signature,
     source_fingerprint,
     ts_manifest,
@@ -27,21 +29,28 @@ log = logging.getLogger(__name__)
 
 def import_features(store: Store, sources: Sequence[str], manifest_path: str | None = None, *,
                     name: str | None = None, dtype: str = "float32",
-                    write_manifest: str | None = None, options: RunOptions | None = None,
+                    write_manifest: str | None = None, transpose: bool = False,
+                    mat_variable: str | None = None, options: RunOptions | None = None,
                     reporter: Reporter | None = None) -> StageRun:
     """Import every manifest item from ``sources`` into an ``import`` stage named ``name``.
 
     Without a manifest every source must be a ``.ts`` file; the manifest is then built from
     the files (ids ``STEM/<i>``, class labels, split1 train/test from the file names) and saved
-    as the stage's ``items.csv`` (and at ``write_manifest`` when given).
+    as the stage's ``items.csv`` (and at ``write_manifest`` when given).  ``transpose`` swaps
+    the axes of every 2-D array (one frame per column, e.g. VLFeat's D x N descriptors);
+    ``mat_variable`` names the variable of per-item ``.mat`` files that hold several.
     """
     reporter = reporter or Reporter()
     specs = tuple((detect_format(path), str(Path(path).resolve())) for path in sources)
+    if len(set(specs)) < len(specs):
+        twice = next(path for path, spec in zip(sources, specs, strict=True)
+                     if specs.count(spec) > 1)
+        raise ParameterError("from", f"{twice} is given more than once")
     if manifest_path:
         manifest_file = str(Path(manifest_path).resolve())
         manifest = Manifest.read(manifest_file)
         stamp = file_stamp(specs, manifest_file)
-        _, opened = open_sources(specs, manifest_file, stamp)
+        _, opened = open_sources(specs, manifest_file, stamp, mat_variable)
     else:
         not_ts = [path for (fmt, _), path in zip(specs, sources, strict=True) if fmt != "ts"]
         if not_ts:
@@ -51,17 +60,33 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
         stamp = file_stamp(specs, None)
         _, opened = open_sources(specs, None, stamp)
         manifest = ts_manifest(opened)
+    if not manifest.ids:
+        raise FeatpipeError(f"the manifest {manifest_path} has no items" if manifest_path
+                            else "the .ts files hold no cases")
     if write_manifest:
         manifest.write(write_manifest)
         reporter.info(f"wrote manifest {write_manifest} ({len(manifest)} items)")
     params = {"sources": [source_fingerprint(fmt, path) for fmt, path in specs],
               "items": manifest_digest(manifest)}
-    stage = store.stage("import", params, items=manifest, dtype=dtype)
-    expected = reference_signature(opened, manifest)
+    params.update({"transpose": True} if transpose else {})
+    params.update({"mat_variable": mat_variable} if mat_variable else {})
+    stage = store.stage("import", params, items=manifest, dtype=dtype,
+                        create=not (options and options.dry_run))
+    expected = reference_signature(opened, manifest, transpose)
+    from_mat = mat_shapes(opened, manifest)
+    if from_mat:
+        reporter.info(f"orientation: {len(from_mat)} item(s) from .mat files, read "
+                      + ("transposed: one frame per column (D x T)" if transpose else
+                         "as MATLAB shows them: one frame per row (T x D); --transpose for "
+                         "one frame per column"))
+        warning = orientation_warning(from_mat, transpose)
+        if warning:
+            reporter.warn(warning)
     for source in opened:
         log.info("source %s (%s)", source.path, source.fmt)
     log.info("%d items; reference feature shape: %s", len(manifest),
              describe(expected) if expected else "none found")
-    compute = ImportCompute(specs, manifest_file, str(stage.path), expected, stamp)
+    compute = ImportCompute(specs, manifest_file, str(stage.path), expected, stamp, transpose,
+                            mat_variable)
     return run_stage(stage, manifest.ids, compute, store=store, name=name, options=options,
                      reporter=reporter, batch_size=16)

@@ -1,0 +1,232 @@
+"""What the command line shows while a stage runs: progress with count, rate and ETA.
+
+Behind :meth:`featpipe.stages.base.Reporter.progress` on the command line (``ClickReporter``).
+
+- **On a terminal** (stderr is a tty): one status line on stderr, redrawn in place at most
+  every 0.1 s and at every change of a display that was quiet longer than that::
+
+      encode [########------------]  40%  32/80 items  4.1 items/s  ETA 0:12
+
+  Several displays at once (items and frames of ``extract``) share the line, ``|``-separated.
+  Log lines and warnings are printed above it (the line is cleared, the text written, the
+  line redrawn).
+- **Off a terminal** (a SLURM log, a pipe): nothing by default; with ``-v`` a plain line every
+  ``FEATPIPE_PROGRESS_INTERVAL`` seconds (default 10) and a last line when the run ends::
+
+      progress: encode 32/80 items (40%), 4.1 items/s, about 12 s left
+      progress: encode 80/80 items in 19 s (4.2 items/s)
+
+  with ``-vv`` a line at every update.
+- ``-q``: nothing (the reporter hands out the silent base ``Progress``).
+
+The rate is the average since the display started (count / elapsed seconds), the ETA the
+remaining count at that rate; both appear once something has been counted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import click
+
+from featpipe.stages.base import Progress
+
+#: Seconds between plain progress lines off a terminal (``-v``).
+DEFAULT_INTERVAL = 10.0
+#: Seconds between redraws of the terminal line.
+REDRAW_INTERVAL = 0.1
+
+
+def format_duration(seconds: float) -> str:
+    """``45 s``, ``1 min 22 s``, ``2 h 03 min``."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def format_clock(seconds: float) -> str:
+    """``0:12``, ``1:02:03`` (terminal ETA)."""
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def format_rate(rate: float) -> str:
+    return f"{rate:.3g}" if rate < 100 else f"{rate:,.0f}"
+
+
+class StatusBoard:
+    """The stderr line shared by the active displays of one process (thread-safe).
+
+    ``tty`` selects the in-place line; ``verbosity`` (0, 1 = ``-v``, 2 = ``-vv``) the plain
+    lines off a terminal; ``write`` and ``clock`` are replaceable for tests.
+    """
+
+    def __init__(self, tty: bool, verbosity: int = 0, interval: float | None = None,
+                 write: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.tty = tty
+        self.verbosity = verbosity
+        self.interval = float(os.environ.get("FEATPIPE_PROGRESS_INTERVAL", DEFAULT_INTERVAL)
+                              if interval is None else interval)
+        self.clock = clock
+        self._write = write or (lambda text: click.echo(text, err=True, nl=False))
+        self._displays: list[ProgressDisplay] = []
+        self._lock = threading.RLock()
+        self._drawn = False  # a status line is on the terminal now
+        self._last_draw = -float("inf")
+
+    # -- displays ---------------------------------------------------------------------------
+    def open(self, total: int | None, label: str, unit: str) -> ProgressDisplay:
+        display = ProgressDisplay(self, total, label, unit)
+        with self._lock:
+            self._displays.append(display)
+        return display
+
+    def update(self, display: ProgressDisplay) -> None:
+        with self._lock:
+            now = self.clock()
+            if self.tty:
+                if now - self._last_draw >= REDRAW_INTERVAL:
+                    self._redraw(now)
+            elif self.verbosity >= 2 or (self.verbosity >= 1 and not display.finished()
+                                         and now - display.last_line >= self.interval):
+                display.last_line = now
+                self._write(f"progress: {display.plain(now)}\n")
+
+    def close(self, display: ProgressDisplay) -> None:
+        with self._lock:
+            if display not in self._displays:
+                return
+            now = self.clock()
+            if self.tty:
+                self._redraw(now)  # the final state stays on screen
+                self._displays.remove(display)
+                self._write("\n")
+                self._drawn = False
+                if self._displays:
+                    self._redraw(now)
+            else:
+                self._displays.remove(display)
+                if self.verbosity >= 1:
+                    self._write(f"progress: {display.final(now)}\n")
+
+    # -- other text -------------------------------------------------------------------------
+    def print_above(self, text: str) -> None:
+        """Write a whole line (log, warning) without breaking the status line."""
+        with self._lock:
+            if self._drawn:
+                self._write("\r\x1b[K")
+                self._drawn = False
+            self._write(text if text.endswith("\n") else text + "\n")
+            if self.tty and self._displays:
+                self._redraw(self.clock())
+
+    def _redraw(self, now: float) -> None:
+        if not self._displays:
+            return
+        width = shutil.get_terminal_size((100, 20)).columns
+        text = " | ".join(d.line(now, width // len(self._displays)) for d in self._displays)
+        self._write("\r" + text[: max(width - 1, 20)] + "\x1b[K")
+        self._drawn = True
+        self._last_draw = now
+
+
+class ProgressDisplay(Progress):
+    """One progress of a run: ``total`` units (or None), counted by :meth:`advance`."""
+
+    def __init__(self, board: StatusBoard, total: int | None, label: str, unit: str):
+        self.board = board
+        self.total = total
+        self.label = label
+        self.unit = unit
+        self.done = 0
+        self.started = board.clock()
+        self.last_line = self.started
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        self.board.update(self)
+
+    def finished(self) -> bool:
+        return self.total is not None and self.done >= self.total
+
+    def close(self) -> None:
+        self.board.close(self)
+
+    # -- text -------------------------------------------------------------------------------
+    def rate(self, now: float) -> float | None:
+        elapsed = now - self.started
+        return self.done / elapsed if self.done and elapsed > 0 else None
+
+    def eta(self, now: float) -> float | None:
+        rate = self.rate(now)
+        if rate is None or self.total is None:
+            return None
+        return max(self.total - self.done, 0) / rate
+
+    def count(self) -> str:
+        return (f"{self.done:,}/{self.total:,} {self.unit}" if self.total is not None
+                else f"{self.done:,} {self.unit}")
+
+    def line(self, now: float, width: int = 100) -> str:
+        """The terminal form: label, bar (when the total is known), count, rate, ETA."""
+        rate, eta = self.rate(now), self.eta(now)
+        tail = f"  {self.count()}"
+        tail += f"  {format_rate(rate)} {self.unit}/s" if rate is not None else ""
+        tail += f"  ETA {format_clock(eta)}" if eta is not None and not self.finished() else ""
+        if self.total is None or self.total == 0:
+            return self.label + tail
+        share = min(self.done, self.total) / self.total
+        bar_width = max(5, min(30, width - len(self.label) - len(tail) - 10))
+        filled = int(bar_width * share)
+        bar = "#" * filled + "-" * (bar_width - filled)
+        return f"{self.label} [{bar}] {100 * share:3.0f}%{tail}"
+
+    def plain(self, now: float) -> str:
+        """The log-file form: ``encode 32/80 items (40%), 4.1 items/s, about 12 s left``."""
+        text = f"{self.label} {self.count()}"
+        if self.total:
+            text += f" ({100 * self.done / self.total:.0f}%)"
+        rate, eta = self.rate(now), self.eta(now)
+        if rate is not None:
+            text += f", {format_rate(rate)} {self.unit}/s"
+        if eta is not None and not self.finished():
+            text += f", about {format_duration(eta)} left"
+        return text
+
+    def final(self, now: float) -> str:
+        """The last line: ``encode 80/80 items in 19 s (4.2 items/s)``."""
+        elapsed = now - self.started
+        rate = self.rate(now)
+        text = f"{self.label} {self.count()} in {format_duration(elapsed)}"
+        return text + (f" ({format_rate(rate)} {self.unit}/s)" if rate is not None else "")
+
+
+_BOARD: StatusBoard | None = None
+
+
+def board(verbosity: int) -> StatusBoard:
+    """The process's status board, for the current stderr and verbosity."""
+    global _BOARD
+    tty = sys.stderr.isatty()
+    if _BOARD is None or _BOARD.tty != tty or _BOARD.verbosity != verbosity \
+            or not _BOARD._displays:
+        _BOARD = StatusBoard(tty, verbosity)
+    return _BOARD
+
+
+def print_above(text: str) -> None:
+    """A stderr line that keeps an active terminal status line intact."""
+    if _BOARD is not None and _BOARD._displays:
+        _BOARD.print_above(text)
+    else:
+        click.echo(text if not text.endswith("\n") else text[:-1], err=True)

@@ -1,0 +1,49 @@
+"""``featpipe run PIPELINE.toml``: run a declared sequence of stages (a thin layer over
+:mod:`featpipe.stages`; the file format is in :mod:`featpipe.pipeline`)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from featpipe.cli.common import ClickReporter, open_store
+from featpipe.pipeline import PipelineError, load_pipeline, run_pipeline
+
+
+@click.command("run")
+@click.argument("pipeline_path", metavar="PIPELINE.toml", type=click.Path(dir_okay=False))
+@click.option("--store", "-s", "store_path", default=None, type=click.Path(file_okay=False),
+              help="Store folder [default: the file's [pipeline] store, else $FEATPIPE_STORE].")
+@click.option("--dry-run", is_flag=True,
+              help="List what each step would compute; compute nothing, move no name.")
+@click.option("--step", "steps", multiple=True, metavar="NAME",
+              help="Run only these steps (repeatable); their inputs must exist.")
+def run(pipeline_path, store_path, dry_run, steps):
+    """Run the steps of PIPELINE.toml in order; a rerun computes only what is missing.
+
+    \b
+    One [steps.NAME] table per step: stage = a featpipe.stages function, the other keys
+    its arguments; the step name is the stage's name, later steps use it as input:
+    [steps.avg]
+    stage = "encode"
+    input = "frames"
+    method = "avg"
+    Format: README "Pipeline files"; an example: docs/walkthrough.toml.
+    """
+    try:
+        pipeline = load_pipeline(pipeline_path)
+        unknown = sorted(set(steps) - {step.name for step in pipeline.steps})
+        if unknown:
+            raise click.BadParameter(f"no step {unknown[0]!r} in {pipeline_path}",
+                                     param_hint="--step")
+        store = store_path or pipeline.store or os.environ.get("FEATPIPE_STORE")
+        if not store:
+            raise click.UsageError(f"no store: give --store, set $FEATPIPE_STORE or add "
+                                   f"store = \"PATH\" under [pipeline] in {pipeline_path}")
+        run_pipeline(pipeline, open_store(store), dry_run=dry_run,
+                     only=(lambda step: step.name in steps) if steps else None,
+                     reporter=ClickReporter())
+    except PipelineError as err:
+        click.echo(f"error: {err}", err=True)
+        raise click.exceptions.Exit(2 if err.usage else 1) from None

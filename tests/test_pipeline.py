@@ -1,0 +1,135 @@
+"""``featpipe run PIPELINE.toml``: a declared sequence of stages, end to end on real data
+(aeon's BasicMotions: import -> fit standardize -> encode -> classify), dry runs, reruns that
+compute nothing, and bad pipeline files."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from featpipe.pipeline import PipelineError, load_pipeline, run_pipeline
+from featpipe.store import Store
+
+aeon = pytest.importorskip("aeon")
+DATA = Path(aeon.__file__).parent / "datasets" / "data" / "BasicMotions"
+
+PIPELINE = f"""
+[pipeline]
+store = "store"
+
+[steps.frames]
+stage = "import_features"
+sources = ["{DATA / 'BasicMotions_TRAIN.ts'}", "{DATA / 'BasicMotions_TEST.ts'}"]
+
+[steps.std]
+stage = "fit_standardize"
+input = "frames"
+
+[steps.frames-std]
+stage = "encode"
+input = "frames"
+method = "standardize"
+params = {{ model = "std" }}
+
+[steps.avg]
+stage = "encode"
+input = "frames-std"
+method = "avg"
+jobs = 2
+
+[steps.result]
+stage = "classify"
+inputs = ["avg"]
+kernels = ["chi2"]
+report = "reports/avg.json"
+"""
+
+
+@pytest.fixture
+def pipeline_file(tmp_path):
+    path = tmp_path / "pipeline.toml"
+    path.write_text(PIPELINE)
+    return path
+
+
+def test_a_pipeline_runs_end_to_end_and_a_rerun_computes_nothing(tmp_path, pipeline_file):
+    plan = run_cli("run", pipeline_file, "--dry-run", cwd=tmp_path)
+    lines = plan.stdout.splitlines()
+    assert "dry run: 80 to compute, 0 already complete" in lines
+    assert sum(line.startswith("would compute ") for line in lines) == 3  # a short list
+    for step, waits in (("std", "frames"), ("frames-std", "frames, std"),
+                        ("avg", "frames-std"), ("result", "avg")):
+        assert f"dry run: would run after {waits} (its input is not computed yet)" in \
+            plan.stdout, step
+    assert not (tmp_path / "store" / "names").exists()  # a dry run moves no name
+    first = run_cli("run", pipeline_file, cwd=tmp_path)
+    assert first.stdout.count("summary: 80 done, 0 skipped") == 3
+    assert "step 5/5: result (classify)" in first.stdout
+    assert "split 1: accuracy" in first.stdout
+    store = Store(tmp_path / "store")
+    assert sorted(store.names()) == ["avg", "frames", "frames-std", "std"]
+    report = json.loads((tmp_path / "reports" / "avg.json").read_text())
+    assert report["command"] == f"featpipe run {pipeline_file} (step result)"
+    assert [e["kind"] for e in report["inputs_chain"]] == ["import", "standardize", "encode",
+                                                             "encode"]
+    again = run_cli("run", pipeline_file, cwd=tmp_path)
+    assert again.stdout.count("summary: 0 done, 80 skipped (already complete)") == 3
+    assert again.stdout.split("split 1: ")[1].splitlines()[0] == \
+        first.stdout.split("split 1: ")[1].splitlines()[0]
+    plan = run_cli("run", pipeline_file, "--dry-run", cwd=tmp_path)
+    assert plan.stdout.count("dry run: 0 to compute, 80 already complete") == 3
+    assert "dry run: model already fitted" in plan.stdout
+    assert "would run after" not in plan.stdout
+
+
+def test_the_same_steps_through_the_library(tmp_path, pipeline_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    pipeline = load_pipeline(pipeline_file)
+    assert [s.name for s in pipeline.steps] == ["frames", "std", "frames-std", "avg", "result"]
+    results = run_pipeline(pipeline, Store(tmp_path / "lib"))
+    assert results[3].summary.done == 80 and results[4]["summary"]["metric"] == "accuracy"
+    # the command line gives the same numbers
+    cli = run_cli("run", pipeline_file, "--store", tmp_path / "cli", cwd=tmp_path)
+    assert f"accuracy {results[4]['splits'][0]['score']:.4f}" in cli.stdout
+    only = run_cli("run", pipeline_file, "--store", tmp_path / "cli", "--step", "avg",
+                   cwd=tmp_path)
+    assert "step 4/5: avg (encode)" in only.stdout and "step 1/5" not in only.stdout
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[steps.a]\nstage = 'encoder'\n", "stage = 'encoder' is not one of import_features"),
+    ("[steps.a]\nstage = 'encode'\ninput = 'x'\nmethod = 'avg'\nwindw = 3\n",
+     "step 'a' (encode) has no parameter 'windw'"),
+    ("[steps.a]\nstage = 'encode'\ninput = 'x'\n", "step 'a' (encode) needs method"),
+    ("[steps.a\n", "not a TOML file"),
+    ("[pipeline]\nstore = 's'\n", "no steps"),
+    ("[pipline]\n[steps.a]\nstage = 'encode'\n", "expected a [pipeline] table"),
+])
+def test_bad_pipeline_files_are_usage_errors_before_anything_runs(tmp_path, text, message):
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(PipelineError, match=re.escape(message)):
+        load_pipeline(path)
+    proc = run_cli("run", path, "--store", tmp_path / "s", check=False)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_failing_step_names_itself_and_stops_the_pipeline(tmp_path, pipeline_file):
+    broken = PIPELINE.replace('inputs = ["avg"]', 'inputs = ["nope"]')
+    path = tmp_path / "broken.toml"
+    path.write_text(broken)
+    proc = run_cli("run", path, cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert "error: step 'result' (classify): no stage named 'nope'" in proc.stderr
+    assert "summary: 80 done" in proc.stdout  # the earlier steps are kept
+    bad_value = PIPELINE.replace('method = "avg"', 'method = "hrp"\nparams = { window = 0 }')
+    path.write_text(bad_value)
+    proc = run_cli("run", path, "--store", tmp_path / "other", cwd=tmp_path, check=False)
+    assert proc.returncode in (1, 2) and "step 'avg' (encode)" in proc.stderr
+    missing = run_cli("run", tmp_path / "none.toml", check=False)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+    unknown = run_cli("run", pipeline_file, "--step", "nope", check=False)
+    assert unknown.returncode == 2 and "no step 'nope'" in unknown.stderr
