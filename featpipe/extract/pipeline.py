@@ -37,6 +37,7 @@ import numpy as np
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.fileio import HOST, id_digest, safe_stem
 from featpipe.interrupts import critical
+from featpipe.io.video import SendFrames
 from featpipe.items import Frame, ItemFiles, PendingItem
 from featpipe.parallel import describe_error
 from featpipe.store import Stage
@@ -308,7 +309,7 @@ class _LocalFeatureJob:
         self.output.abort()
 
 
-class CropProgram:
+class CropProgram(SendFrames):
     """VGG-16 preprocessing in the decoding worker: (crop, original (height, width))."""
 
     def __init__(self, preprocess):
@@ -322,15 +323,6 @@ class CropProgram:
 
     def add(self, frame: np.ndarray, seconds: float):
         return self.preprocess(frame), frame.shape[:2]
-
-    def restart(self) -> None:
-        pass
-
-    def finish(self):
-        return None
-
-    def abort(self) -> None:
-        pass
 
 
 # -- the model in the parent -----------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from featpipe.encode.registry import load_methods, method_params
+from featpipe.encode.registry import EncodeMethod, load_methods, method_params
 from featpipe.errors import FeatpipeError, InputError, ItemError
 from featpipe.parallel import ItemOutput
 from featpipe.stages.base import Reporter, RunOptions, StageRun, run_stage
@@ -64,6 +64,24 @@ class EncodeCompute:
         return results
 
 
+def method_models(store: Store, method: EncodeMethod, given: Mapping, flag: str = "--method"
+                  ) -> tuple[dict, dict[str, Stage]]:
+    """The method's complete parameters, with each model option (``gmm``, ``model``...)
+    resolved to its fitted stage (the parameter then holds the stage's folder name, so the
+    stage key follows the model) and the model stages by option; a required model that is
+    missing is a one-line error (``flag`` names the method's flag)."""
+    params = method_params(method, given)
+    models = {}
+    for option in method.model_options:
+        if params.get(option):
+            models[option] = store.resolve(params[option])
+            params[option] = models[option].name
+        elif option in method.defaults and method.defaults[option] is None:
+            raise FeatpipeError(f"{flag} {method.name} needs --{option.replace('_', '-')} NAME "
+                                "of a fitted model stage")
+    return params, models
+
+
 def encode(store: Store, input: str, method: str, params: Mapping | None = None, *,
            name: str | None = None, options: RunOptions | None = None,
            reporter: Reporter | None = None) -> StageRun:
@@ -76,16 +94,8 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
     if method not in methods:
         raise InputError(f"unknown encode method {method!r}; choose from {sorted(methods)}")
     chosen = methods[method]
-    params = method_params(chosen, params or {})
+    params, models = method_models(store, chosen, params or {})
     source = store.resolve(input)
-    models = {}
-    for option in chosen.model_options:
-        if params.get(option):
-            models[option] = store.resolve(params[option])
-            params[option] = models[option].name
-        elif option in chosen.defaults and chosen.defaults[option] is None:
-            raise FeatpipeError(f"--method {method} needs --{option.replace('_', '-')} NAME "
-                                "of a fitted model stage")
     if not source.items.ids:
         raise FeatpipeError(f"input stage {source.name} has no items")
     stage = store.stage("encode", {"method": method, **params},

@@ -177,18 +177,11 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
 def _encoder_plan(store, method, given, outputs, rows_per_frame, dim, itemsize):
     """The encoder of ``extract --encode``: ``featpipe encode``'s method, parameters and
     model stages (so its stage key says the same), checked on a synthetic frame."""
-    from featpipe.encode.registry import load_methods, method_params
+    from featpipe.encode.registry import load_methods
+    from featpipe.stages.encoding import method_models
 
     chosen = load_methods()[method]
-    params = method_params(chosen, given)
-    models = {}
-    for option in chosen.model_options:
-        if params.get(option):
-            models[option] = store.resolve(params[option])
-            params[option] = models[option].name
-        elif option in chosen.defaults and chosen.defaults[option] is None:
-            raise FeatpipeError(f"--encode {method} needs --{option.replace('_', '-')} NAME of "
-                                "a fitted model stage")
+    params, models = method_models(store, chosen, given, flag="--encode")
     encoder = chosen.build(dict(params), models)
     try:
         code_dim, per_frame = encoded_size(encoder, dim)
@@ -263,7 +256,7 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
             announce(stage, name, reporter)
             extraction = _extraction(stage, pool, sampling, features, plan_.feature_params,
                                      outputs, batch_size, device, allow_partial)
-            run = _run(stage, extraction, todo, summary, paths, total, options, reporter)
+            run = _run(stage, extraction, todo, summary, paths, total, options, reporter, name)
             if name and run.ok:  # a name moves to a stage whose run went through
                 store.set_name(name, stage)
             return run
@@ -329,13 +322,14 @@ def _extraction(stage, pool, sampling, features, feature_params, outputs, batch_
 
 
 def _run(stage, extraction: Extraction, todo, summary, paths, total: Totals,
-         options: RunOptions, reporter: Reporter) -> StageRun:
+         options: RunOptions, reporter: Reporter, name: str | None) -> StageRun:
     """Run the items in this process's pipeline: progress in frames, one summary line,
     the first failure ends the run with ``on_error='fail'``; a signal ends it cleanly."""
     extraction.on_warning = lambda item_id, text: reporter.warn(f"warning: {item_id}: {text}")
     runs = extraction.run([(i, paths[i]) for i in todo])
     try:
-        with reporter.progress(total.frames if todo else 0, stage.kind,
+        label = f"{stage.kind} {name}" if name else stage.kind
+        with reporter.progress(total.frames if todo else 0, label,
                                unit="frames") as progress:
             extraction.on_frames = progress.advance
             for item_id, error in runs:
