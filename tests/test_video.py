@@ -216,3 +216,19 @@ def test_worker_streams_early_and_restarts_on_a_wrong_count(tmp_path):
     after = [t for e in out[restarts[0] + 1:] if e[0] == "frames" for t in e[3]]
     assert after == pytest.approx([0.0, 0.6, 1.3, 1.9], abs=1e-6)
     assert out[-1][0] == "end"
+
+
+class UnloadableProgram:
+    """A worker program that cannot be rebuilt in the worker (its unpickling raises)."""
+
+    def __reduce__(self):
+        return (int, ("not a number",))
+
+
+def test_a_worker_that_cannot_load_its_program_fails_the_item_with_the_cause(tmp_path):
+    path = write_video(tmp_path / "v.mp4", n_frames=4)
+    with DecodePool(1, timeout=60, program=UnloadableProgram()) as pool:
+        (event,) = decode_all(pool, [("v", path)], Sampling())
+    assert event[0] == "error"
+    assert str(event[2]).startswith(f"v: {path}: decoding worker failed: ValueError: invalid "
+                                    "literal for int()")

@@ -521,6 +521,9 @@ def _worker_main(conn, decoder: str) -> None:  # pragma: no cover - runs in the 
                 _decode_item(conn, request, decoder, program, log)
     except (EOFError, OSError):
         return
+    except Exception as err:  # e.g. a program that cannot be unpickled: say why, then die
+        conn.send(("crashed", _first_line(err)))
+        raise
 
 
 class DecodeWorker:
@@ -695,6 +698,9 @@ class DecodePool:
                 events.append(self._failure(worker, f"decoder crashed (exit code {code})"))
                 break
             worker.deadline = time.monotonic() + worker.timeout
+            if message[0] == "crashed":
+                events.append(self._failure(worker, f"decoding worker failed: {message[1]}"))
+                break
             if message[0] == "error":
                 item_id, path = worker.item
                 events.append(("error", item_id, ItemError(item_id, f"{path}: {message[2]}"),
