@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 import featpipe.learn.dhrp as dhrp
+from featpipe.nn.rank_pool import rank_pool
 
 
 class Timers:
@@ -80,7 +81,7 @@ def one_epoch(seqs, labels, n_classes, hessian, device, batch_size=16, psi="ssr"
             batch = [seqs[j] for j in chunk]
             X, mask = dhrp._pad(batch, torch.float32, device)
             V = dhrp.mapped_sequences(X, mask, W, psi, 1e-3)
-            U = dhrp.rank_pool(V, 1.0, 0.1, hessian, torch.float64, [len(s) for s in batch])
+            U = rank_pool(V, 1.0, 0.1, hessian, torch.float64, [len(s) for s in batch])
             loss = torch.nn.functional.cross_entropy(U @ coef.T, y[chunk])
             opt.zero_grad()
             loss.backward()

@@ -38,10 +38,15 @@ class ParameterError(InputError):
     """A parameter value is invalid.  Raised before any stage exists; the CLI exits with 2.
 
     ``param`` names the parameter as the library spells it (``window``) and the message says
-    what is wrong with it as a predicate (``must be >= 1, got 0``); the command line shows
+    what is wrong with it as a predicate (``must be >= 1, got 0``): ``str(err)`` is
+    ``window must be >= 1, got 0``, and the command line shows the flag instead,
     ``error: --window must be >= 1, got 0``.
     """
 
     def __init__(self, param: str, message: str):
         self.param = param
         super().__init__(message)
+        self.args = (f"{param} {message}",)
+
+    def __str__(self) -> str:
+        return f"{self.param} {self.cause}"

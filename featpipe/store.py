@@ -409,8 +409,14 @@ class Stage:
         return found
 
     # -- models -----------------------------------------------------------------------------
-    def save_model(self, name: str, arrays: Mapping[str, np.ndarray], meta: Mapping) -> None:
-        """Save a fitted object as ``models/<name>.npz`` (arrays) + ``models/<name>.json``."""
+    def save_model(self, name: str, model, meta: Mapping | None = None) -> None:
+        """Save a fitted model as ``models/<name>.npz`` (arrays) + ``models/<name>.json``.
+
+        ``model`` follows :mod:`featpipe.models` (``to_arrays() -> (arrays, meta)``, and
+        ``meta`` is added to its metadata) or is a dict of arrays.
+        """
+        arrays, own = model.to_arrays() if hasattr(model, "to_arrays") else (model, {})
+        meta = {**own, **(meta or {})}
         self._check_on_disk()
         folder = self.path / "models"
         make_dirs(folder)
@@ -418,9 +424,9 @@ class Stage:
         text = json.dumps(dict(meta), indent=2, sort_keys=True, default=_json_default)
         atomic_write_bytes(folder / f"{name}.json", text.encode("utf-8"))
 
-    def load_model(self, name: str) -> tuple[dict[str, np.ndarray], dict]:
-        """The arrays and metadata of model ``name``; a damaged model is one error line (an
-        object array is refused, never unpickled)."""
+    def load_model(self, name: str, cls=None):
+        """``(arrays, meta)`` of model ``name``, or ``cls.from_arrays(arrays, meta)``; a damaged
+        model is one error line (an object array is refused, never unpickled)."""
         folder = self.path / "models"
         path = folder / f"{name}.npz"
         try:
@@ -445,7 +451,7 @@ class Stage:
         if not isinstance(meta, dict):
             raise FeatpipeError(f"model {name!r} of stage {self.name}: {path} is not a JSON "
                                 "object")
-        return arrays, meta
+        return (arrays, meta) if cls is None else cls.from_arrays(arrays, meta)
 
     def model_names(self) -> list[str]:
         """Names of the models this stage holds (fit stages)."""

@@ -38,9 +38,20 @@ def assert_matches_literal(loaded) -> None:
         assert array.tobytes() == expected_array(item_id).tobytes(), item_id
 
 
+def named_or_only_stage(store_dir, name):
+    """The stage ``name`` points to, or, while it has no name yet (a name moves to a stage only
+    once the stage is complete), the store's only stage."""
+    store = Store(store_dir)
+    if name in store.names():
+        return store.resolve(name)
+    stages = store.all_stages()
+    assert len(stages) == 1, f"no stage named {name!r} and {len(stages)} stages"
+    return stages[0]
+
+
 def done_lines(store_dir, name) -> Counter:
     """How many ``done`` ledger lines each item has, over all ledgers."""
-    stage = Store(store_dir).resolve(name)
+    stage = named_or_only_stage(store_dir, name)
     return Counter(e.id for e in stage.ledger() if e.status == "done")
 
 

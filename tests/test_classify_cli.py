@@ -136,8 +136,8 @@ def test_fusion_cv_and_liblinear(motions, cli):
     assert "split 1: map" in result.output
     result = cli("classify", "--store", store.root, "--input", "avg", "--kernel", "chi2",
                  "--solver", "liblinear")
-    assert result.exit_code == 1
-    assert "explicit-feature kernels" in result.output
+    assert result.exit_code == 2  # a usage error: found before any kernel is computed
+    assert "error: --solver liblinear needs explicit-feature kernels" in result.output
 
 
 def _store_with(tmp_path, rows, vectors):
@@ -234,4 +234,5 @@ def test_multilabel_map_and_all_splits(tmp_path, cli):
         result.output
     assert "| a |" in (tmp_path / "ml.md").read_text()
     result = cli("classify", "--store", store.root, "--input", "enc", "--metric", "accuracy")
-    assert result.exit_code == 1 and "undefined for multi-label" in result.output
+    assert result.exit_code == 2 and "error: --metric accuracy is undefined for multi-label" \
+        in result.output

@@ -164,7 +164,7 @@ def test_training_lowers_the_objective_and_keeps_the_best_validation(digits):
     best = max(h["validation"] for h in history)
     kept = [h for h in history if h["iteration"] == model.best_iteration_[0]][0]
     assert kept["validation"] == best >= history[0]["validation"]
-    encoder = FisherItemEncoder(model.to_arrays())
+    encoder = FisherItemEncoder(model.to_arrays()[0])
     train, _, test = _split(labels)
     phi = np.stack(encoder.encode_batch(projected, [{}] * len(projected))).astype(np.float64)
     scores = phi[test] @ model.svm_weights_.T
@@ -178,7 +178,7 @@ def test_per_class_mode_learns_one_gmm_per_class(digits):
     assert model.means_.shape == (3, 4, 12) and model.weights_.shape == (3, 4)
     np.testing.assert_allclose(model.weights_.sum(axis=1), 1.0)
     assert len(model.history_) == 3
-    out = FisherItemEncoder(model.to_arrays()).encode_one(projected[0], {})
+    out = FisherItemEncoder(model.to_arrays()[0]).encode_one(projected[0], {})
     assert out.shape == (3 * 2 * 4 * 12,)
 
 

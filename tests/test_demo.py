@@ -1,6 +1,7 @@
 """The demo in its reduced mode: report structure, caching, and order-aware > order-blind."""
 
 import re
+import shlex
 
 import pytest
 
@@ -51,3 +52,13 @@ def test_quick_demo_report_and_order_awareness(tmp_path, cli):
     again = cli("demo", "--out", out, "--quick")
     assert again.exit_code == 0, again.output
     assert "everything was cached: nothing was recomputed" in again.output
+    # the demo calls featpipe.stages; its log records the equivalent command lines, and those
+    # reach the very same stages (nothing to compute)
+    logged = [shlex.split(line[2:]) for line in
+              (out / "report" / "commands.log").read_text().splitlines() if line.startswith("$ ")]
+    picked = [a for a in logged if a[1] in ("import", "extract") or "hrp" in a]
+    assert {a[1] for a in picked} == {"import", "extract", "encode"}
+    for args in picked:
+        result = cli(*args[1:])
+        assert result.exit_code == 0, (args, result.output)
+        assert "summary: 0 done" in result.output, (args, result.output)

@@ -14,10 +14,10 @@ from featpipe.learn.dhrp import (  # noqa: E402
     DiscriminativeRankPooling,
     argmin_input_gradient,
     mapped_sequences,
-    rank_pool,
     solve_rank_svr,
 )
 from featpipe.manifest import from_rows  # noqa: E402
+from featpipe.nn.rank_pool import rank_pool  # noqa: E402
 from featpipe.store import Store  # noqa: E402
 
 F64 = torch.float64
@@ -222,10 +222,10 @@ def test_training_lowers_the_loss_and_compares_with_hrp_svm(basic_motions, hessi
     tr2, te2 = layer.transform_sequences(tr), layer.transform_sequences(te)
     model = DiscriminativeRankPooling(psi="ssr", hessian=hessian, lr=0.01, epochs=8,
                                       weight_decay=1e-3, val_fraction=0.2, device="cpu",
-                                      seed=0)
+                                      random_state=0)
     model.fit(tr2, ytr)
     again = DiscriminativeRankPooling(psi="ssr", hessian=hessian, epochs=1, device="cpu",
-                                      weight_decay=1e-3, val_fraction=0.2, seed=0)
+                                      weight_decay=1e-3, val_fraction=0.2, random_state=0)
     np.testing.assert_array_equal(again.fit(tr2, ytr).coef_init_, model.coef_init_)
     losses = [h["train_loss"] for h in model.history_]
     assert min(losses[1:]) < 0.7 * losses[0]
@@ -357,7 +357,8 @@ def test_command_errors(tmp_path, cli):
     store, source, _ = fill_store(tmp_path / "s")
     result = cli("encode", "--store", store.root, "--input", "seqs", "--method", "dhrp",
                  "--name", "x")
-    assert result.exit_code == 1 and "--method dhrp needs --model NAME" in result.output
+    assert result.exit_code == 2 and "error: --model is required by --method dhrp" \
+        in result.output and "`featpipe fit dhrp`" in result.output
     result = cli("fit", "dhrp", "--store", store.root, "--input", "seqs", "--name", "m",
                  "--psi", "cube")
     assert result.exit_code == 2

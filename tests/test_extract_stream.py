@@ -116,11 +116,11 @@ def test_encode_options_are_those_of_encode(recipe):
     folder, manifest, store = recipe
     stray = invoke("extract", "-m", manifest, *DSIFT, "--encode", "bilinear", "--gmm", "g8",
                    "-s", store)
-    assert stray.exit_code == 2 and "--gmm does not apply to --encode bilinear" in stray.output
+    assert stray.exit_code == 2 and "--gmm does not apply to method bilinear" in stray.output
     alone = invoke("extract", "-m", manifest, *DSIFT, "--grid", "2x2", "-s", store)
     assert alone.exit_code == 2 and "--grid applies to --encode only" in alone.output
     missing = invoke("extract", "-m", manifest, *DSIFT, "--encode", "fisher", "-s", store)
-    assert missing.exit_code == 1 and "needs --gmm NAME" in missing.output
+    assert missing.exit_code == 2 and "--gmm is required by --method fisher" in missing.output
     wrong_dim = invoke("extract", "-m", manifest, *DSIFT, "--pca", "p16", "--encode",
                        "fisher", "--gmm", "g8", "-s", store)  # the GMM expects 128-dim rows
     assert wrong_dim.exit_code == 1 and "cannot encode these features" in wrong_dim.output

@@ -145,7 +145,7 @@ def test_estimator_fit_transform_and_errors(photo_sift):
 
 
 def _encoder(gmm, **kwargs):
-    return FisherItemEncoder(gmm.to_arrays(), **kwargs)
+    return FisherItemEncoder(gmm.to_arrays()[0], **kwargs)
 
 
 def test_spatial_pyramid_regions_on_real_positions(photo_sift):
@@ -190,7 +190,7 @@ def test_per_frame_layouts(photo_sift):
 
 def test_stacked_per_class_gmm_concatenates(photo_sift):
     projected, gmm, _ = photo_sift
-    arrays = {k: np.stack([v, v]) for k, v in gmm.to_arrays().items()}
+    arrays = {k: np.stack([v, v]) for k, v in gmm.to_arrays()[0].items()}
     out = FisherItemEncoder(arrays).encode_one(projected[1], {})
     single = fisher_vector(projected[1], gmm.weights_, gmm.means_, gmm.variances_)
     np.testing.assert_array_equal(out, np.concatenate([single, single]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from fisher_data import digits_descriptors, single_thread_blas
@@ -147,12 +149,13 @@ def test_fit_gmm_with_pca_dim_projects_before_encoding(store_dir, cli):
                  "--components", 2, "--pca-dim", 4)
     assert result.exit_code == 0, result.output
     model, _ = store.resolve("g").load_model("gmm")
-    assert model["pca_components"].shape == (4, 10) and model["means"].shape == (2, 4)
+    pca, _ = store.resolve("g").load_model("pca")  # the projection fitted with the GMM
+    assert pca["components"].shape == (4, 10) and model["means"].shape == (2, 4)
     result = cli("encode", "--store", store_dir, "--input", "desc", "--method", "fisher",
                  "--gmm", "g", "--no-improved", "--name", "fv")
     assert result.exit_code == 0, result.output
     x = arrays["img0"]
-    projected = (x - model["pca_mean"]) @ model["pca_components"].T
+    projected = (x - pca["mean"]) @ pca["components"].T
     expected = fisher_vector(projected, model["weights"], model["means"], model["variances"],
                              improved=False)
     np.testing.assert_allclose(store.resolve("fv").read_item("img0"), expected, rtol=1e-5,
@@ -205,7 +208,9 @@ def test_encode_names_the_item_with_wrong_descriptors(store_dir, cli):
                  "--gmm", "g", "--name", "fv", "--on-error", "skip")
     assert result.exit_code == 1
     assert "bad" in result.output and "expected (N, 10)" in result.output
-    assert store.resolve("fv").done_ids() == {"good"}
+    assert "name fv not moved" in result.output  # the stage is incomplete
+    stage = store.resolve(re.search(r"stage (encode-\w+)", result.output).group(1))
+    assert stage.done_ids() == {"good"}
 
 
 def test_encode_per_frame_and_pyramid_from_sidecars(store_dir, cli):

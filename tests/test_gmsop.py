@@ -91,7 +91,7 @@ def transcribed_code(model, x):
 def fitted():
     maps, labels = synthetic_maps()
     model = GatedMixtureSOP(n_components=4, top_k=2, dim=3, epochs=25, lr=0.05,
-                            batch_size=8, seed=0)
+                            batch_size=8, random_state=0)
     return model.fit(maps[:32], labels[:32]), maps, labels
 
 
@@ -114,20 +114,33 @@ def test_transform_equals_transcription_and_round_trips(fitted):
 
 
 def test_codes_gradcheck():
+    """Through the network's codes (featpipe.nn.gmsop), with respect to the input and the
+    projections."""
+    from featpipe.nn.gmsop import GatedMixtureSOPNet
+
+    class Codes(torch.nn.Module):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return self.net.codes(x)[0]
+
     rng = np.random.default_rng(2)
-    model = GatedMixtureSOP(n_components=3, top_k=2, dim=2, ns_iters=3)
+    codes = Codes(GatedMixtureSOPNet(4, 2, n_components=3, top_k=2, dim=2, ns_iters=3))
     x = torch.tensor(rng.standard_normal((2, 6, 4)), requires_grad=True)
-    params = {"projections": torch.tensor(rng.standard_normal((3, 4, 2)), requires_grad=True),
-              "gate_weight": torch.tensor(rng.standard_normal((4, 3))),
-              "noise_weight": torch.tensor(rng.standard_normal((4, 3)))}
+    params = {"net.projections": torch.tensor(rng.standard_normal((3, 4, 2)),
+                                              requires_grad=True),
+              "net.gate_weight": torch.tensor(rng.standard_normal((4, 3))),
+              "net.noise_weight": torch.tensor(rng.standard_normal((4, 3)))}
     assert torch.autograd.gradcheck(
-        lambda x, p: model._codes(x, {**params, "projections": p})[0],
-        (x, params["projections"]))
+        lambda x, p: torch.func.functional_call(codes, {**params, "net.projections": p}, (x,)),
+        (x, params["net.projections"]))
 
 
 def test_bad_parameters_and_inputs():
     maps, labels = synthetic_maps(n_items=4)
-    with pytest.raises(ValueError, match="--top-k"):
+    with pytest.raises(ValueError, match=r"top_k must lie in 1..n_components \(2\), got 3"):
         GatedMixtureSOP(n_components=2, top_k=3).fit(maps, labels)
     with pytest.raises(ValueError, match="two classes"):
         GatedMixtureSOP(n_components=2, top_k=1).fit(maps, ["a"] * 4)
@@ -154,4 +167,5 @@ def test_cli_fit_and_encode_gmsop(store_dir, cli):
     np.testing.assert_allclose(store.resolve("codes").read_item("im5"),
                                model.transform([maps[5]])[0], rtol=1e-6)
     missing = cli("encode", "--store", store_dir, "--input", "feats", "--method", "gmsop")
-    assert missing.exit_code == 1 and "needs --model NAME" in missing.output
+    assert missing.exit_code == 2 and "--model is required by --method gmsop" in missing.output
+    assert "`featpipe fit gmsop`" in missing.output

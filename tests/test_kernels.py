@@ -151,7 +151,7 @@ def test_bad_inputs_name_the_problem(data):
         K.PrecomputedKernel("linear").fit(bad)
     with pytest.raises(InputError, match=r"chi2-exp needs non-negative.*use 'chi2'"):
         K.PrecomputedKernel("chi2-exp").fit(X - 0.5)
-    with pytest.raises(InputError, match="unknown kernel 'rbf'"):
+    with pytest.raises(InputError, match="kernel must be one of chi2, .*, got 'rbf'"):
         K.PrecomputedKernel("rbf").fit(X)
     with pytest.raises(InputError, match="not fitted"):
         K.PrecomputedKernel("chi2").transform(X)

@@ -7,8 +7,9 @@ import pytest
 from sklearn.decomposition import PCA
 
 from featpipe.errors import FeatpipeError, InputError
-from featpipe.extract.pca import PCAProjection, load_pca, sample_rows, save_pca
+from featpipe.extract.pca import PCAProjection, load_pca
 from featpipe.manifest import Manifest, from_rows
+from featpipe.stages.fitting import sample_descriptors
 from featpipe.store import Store
 
 
@@ -53,12 +54,12 @@ def descriptor_stage(tmp_path):
 
 def test_sampling_is_seeded_and_balanced(descriptor_stage):
     train = descriptor_stage.items.split_ids(1, "train")
-    a = sample_rows(descriptor_stage, train, 60, seed=3)
-    b = sample_rows(descriptor_stage, train, 60, seed=3)
-    c = sample_rows(descriptor_stage, train, 60, seed=4)
+    a = sample_descriptors(descriptor_stage, train, 60, seed=3)
+    b = sample_descriptors(descriptor_stage, train, 60, seed=3)
+    c = sample_descriptors(descriptor_stage, train, 60, seed=4)
     np.testing.assert_array_equal(a, b)
     assert a.shape == (60, 8) and not np.array_equal(a, c)
-    assert sample_rows(descriptor_stage, train, None, seed=0).shape == (50 + 150 + 250, 8)
+    assert sample_descriptors(descriptor_stage, train, None, seed=0).shape == (50 + 150 + 250, 8)
 
 
 def test_cli_fit_and_load(descriptor_stage, cli):
@@ -73,7 +74,7 @@ def test_cli_fit_and_load(descriptor_stage, cli):
     assert "1 skipped" in again.output
     pca = load_pca(Store(store_dir).resolve("p3"))
     train = descriptor_stage.items.split_ids(1, "train")
-    sample = sample_rows(descriptor_stage, train, 100, seed=7)
+    sample = sample_descriptors(descriptor_stage, train, 100, seed=7)
     ref = PCA(n_components=3, svd_solver="full").fit(sample)
     np.testing.assert_allclose(np.abs(pca.components_), np.abs(ref.components_), atol=1e-4)
     assert pca.transform(sample).shape == (100, 3)
@@ -93,6 +94,6 @@ def test_save_load_round_trip(tmp_path):
     X = np.random.default_rng(0).random((30, 5))
     pca = PCAProjection(n_components=2, whiten=True).fit(X)
     stage = Store(tmp_path).stage("pca", {"d": 2}, items=Manifest([], root=tmp_path))
-    save_pca(stage, pca, {"input": "x"})
+    stage.save_model("pca", pca, {"input": "x"})
     back = load_pca(stage)
     np.testing.assert_array_equal(back.transform(X), pca.transform(X))

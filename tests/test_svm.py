@@ -123,7 +123,7 @@ def test_bad_targets_and_parameters():
         OneVsRestSVC().fit(K_mat, np.array([[1, 0], [1, 0], [0, 0], [0, 0]]))
     with pytest.raises(InputError, match="square"):
         OneVsRestSVC().fit(np.ones((3, 4)), np.eye(3))
-    with pytest.raises(InputError, match="C must be a positive"):
+    with pytest.raises(InputError, match=r"C must be a float in the range \(0.0, inf\), got -1"):
         OneVsRestSVC(C=-1).fit(K_mat, np.eye(4))
     model = OneVsRestSVC().fit(K_mat, np.array([[1, 0], [1, 0], [0, 1], [0, 1]]))
     with pytest.raises(InputError, match="4 columns"):

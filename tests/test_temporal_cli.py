@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from featpipe.encode.temporal import HierarchicalRankPooling, RankPooling
@@ -49,11 +51,13 @@ def test_encode_cli_bad_item_is_named_and_others_kept(cli, store_dir, tmp_path):
     store = fill_store(store_dir, tmp_path, arrays)
     proc = cli("encode", "--store", store_dir, "--input", "feats", "--method", "hrp",
                    "--C", 0, "--name", "bad")
-    assert proc.exit_code == 1 and "C must be a finite number > 0" in proc.output
+    assert proc.exit_code == 2 and "error: --C must be a float in the range (0.0, inf), got 0.0" \
+        in proc.output
     proc = cli("encode", "--store", store_dir, "--input", "feats", "--method", "rankpool",
                    "--on-error", "skip", "--name", "rp")
     assert proc.exit_code == 1
-    stage = store.resolve("rp")
+    assert "name rp not moved: stage encode-" in proc.output  # incomplete: one item failed
+    stage = store.resolve(re.search(r"stage (encode-\w+)", proc.output).group(1))
     failed = stage.failed()
     done = stage.done_ids()
     # whichever item came first fixes the dimension; the other one fails, by name
@@ -69,4 +73,4 @@ def test_encode_cuda_without_gpu_is_clear(cli, store_dir, tmp_path):
     fill_store(store_dir, tmp_path, {"a": np.ones((4, 2), dtype=np.float32)})
     proc = cli("encode", "--store", store_dir, "--input", "feats", "--method", "hrp",
                    "--device", "cuda")
-    assert proc.exit_code == 1 and "no GPU" in proc.output
+    assert proc.exit_code == 2 and "error: --device cuda: no GPU" in proc.output

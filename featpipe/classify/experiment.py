@@ -20,7 +20,7 @@ from featpipe.classify import fusion, metrics
 from featpipe.classify.kernels import EXPLICIT_KERNELS, PrecomputedKernel, explicit_features
 from featpipe.classify.svm import OneVsRestLinearSVC, OneVsRestSVC
 from featpipe.encode.maps import l2_normalize
-from featpipe.errors import FeatpipeError, InputError, ItemError
+from featpipe.errors import FeatpipeError, InputError, ItemError, ParameterError
 from featpipe.manifest import Manifest
 from featpipe.store import Stage
 
@@ -42,6 +42,14 @@ class Settings:
     order: int = 1
     n_jobs: int | None = None
     normalize: str = "none"
+
+
+def check_solver(solver: str, kernels) -> None:
+    """liblinear trains on explicit features, so every kernel must have them."""
+    bad = [k for k in kernels if k not in EXPLICIT_KERNELS]
+    if solver == "liblinear" and bad:
+        raise ParameterError("solver", f"liblinear needs explicit-feature kernels "
+                             f"({', '.join(EXPLICIT_KERNELS)}), got {bad[0]!r}")
 
 
 def load_encodings(stage: Stage, ids: Sequence[str], role: str) -> np.ndarray:
@@ -127,12 +135,14 @@ def _folds(Y: np.ndarray, n_folds: int, multilabel: bool):
     from sklearn.model_selection import KFold, StratifiedKFold
 
     if n_folds < 2:
-        raise InputError(f"--cv must be at least 2 to choose among several C, got {n_folds}")
+        raise ParameterError("cv", f"must be at least 2 to choose among several C, got "
+                             f"{n_folds}")
     if not multilabel:
         counts = Y.sum(axis=0)
         if counts.min() < n_folds:
-            raise InputError(f"--cv {n_folds}: a class has only {int(counts.min())} train "
-                             f"items; use --cv {max(int(counts.min()), 2)} or fewer")
+            raise ParameterError("cv", f"is {n_folds}, but a class has only "
+                                 f"{int(counts.min())} train items; use "
+                                 f"{max(int(counts.min()), 2)} or fewer")
         splitter = StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=0)
         return list(splitter.split(np.zeros(len(Y)), Y.argmax(axis=1)))
     splitter = KFold(n_splits=n_folds, shuffle=True, random_state=0)
@@ -146,10 +156,7 @@ class _Fitted:
         weights = fusion.normalised_weights(len(kernels), settings.weights)
         self.gammas = []
         if settings.solver == "liblinear":
-            bad = [k for k in kernels if k not in EXPLICIT_KERNELS]
-            if bad:
-                raise InputError(f"--solver liblinear needs explicit-feature kernels "
-                                 f"({', '.join(EXPLICIT_KERNELS)}), got {bad[0]!r}")
+            check_solver(settings.solver, kernels)
             self.train = fusion.fuse_features(
                 [explicit_features(k, X, settings.order) for k, X in zip(kernels, train_sets,
                                                                         strict=True)], weights)
@@ -185,8 +192,7 @@ def run_split(stages: Sequence[Stage], kernels: Sequence[str], manifest: Manifes
     train, test, classes, Y_train, Y_test = split_targets(manifest, k)
     multilabel = bool(Y_train.sum(axis=1).max() > 1 or Y_test.sum(axis=1).max() > 1)
     if settings.metric == "accuracy" and multilabel:
-        raise InputError("--metric accuracy is undefined for multi-label items; use "
-                         "--metric map")
+        raise ParameterError("metric", "accuracy is undefined for multi-label items; use map")
     started = time.perf_counter()
     train_sets = [normalize_rows(load_encodings(s, train, "train"), settings.normalize)
                   for s in stages]

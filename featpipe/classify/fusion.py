@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from featpipe.errors import InputError
+from featpipe.errors import InputError, ParameterError
 
 FUSIONS = ("average",)
 
@@ -23,9 +23,11 @@ def normalised_weights(n_inputs: int, weights: Sequence[float] | None) -> np.nda
         return np.full(n_inputs, 1.0 / n_inputs)
     w = np.asarray(weights, dtype=np.float64)
     if w.shape != (n_inputs,):
-        raise InputError(f"{len(w)} weights given for {n_inputs} inputs")
+        raise ParameterError("weights", f"needs one value per input: {len(w)} weights given "
+                             f"for {n_inputs} inputs")
     if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-        raise InputError(f"weights must be non-negative with a positive sum, got {list(w)}")
+        raise ParameterError("weights", f"must be finite and non-negative with a positive sum, "
+                             f"got {[float(v) for v in w]}")
     return w / w.sum()
 
 

@@ -32,12 +32,16 @@ The SSR and SER maps are those of :mod:`featpipe.encode.maps`.
 from __future__ import annotations
 
 import math
+from numbers import Integral, Real
 
 import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from featpipe.encode.homkermap import HomogeneousKernelMap
 from featpipe.encode.maps import sign_expansion_root, signed_square_root
 from featpipe.errors import InputError
+from featpipe.parameters import ValidatedEstimator
 
 KERNELS = ("linear", "ssr", "chi2", "chi2-exp", "ser", "chi2+ser", "chi2-map")
 #: kernels computed as dot products of (mapped) features: liblinear can train on the features
@@ -213,18 +217,19 @@ def explicit_features(kernel: str, X, order: int = 1) -> np.ndarray:
                      f"{', '.join(EXPLICIT_KERNELS)}")
 
 
-class PrecomputedKernel:
+class PrecomputedKernel(ValidatedEstimator, TransformerMixin, BaseEstimator):
     """A named kernel fitted on training encodings: K(train, train) and K(test, train).
 
     Parameters
     ----------
-    kernel : one of :data:`KERNELS`
+    kernel : {"linear", "ssr", "chi2", "chi2-exp", "ser", "chi2+ser", "chi2-map"}
+        The kernel (module docstring).
     gamma : float or None
-        chi2-exp only: None means 1/mean train×train chi-square distance.
+        chi2-exp only: γ > 0; None means 1/mean train×train chi-square distance.
     order : int
         chi2-map only: order of the homogeneous kernel map.
     n_jobs : int or None
-        Threads for the chi-square family (None: all).
+        Threads for the chi-square family (None or -1: all).
 
     Attributes
     ----------
@@ -232,19 +237,19 @@ class PrecomputedKernel:
     gamma_ : the chi2-exp γ actually used (None for other kernels).
     """
 
+    _parameter_constraints = {
+        "kernel": [StrOptions(set(KERNELS))],
+        "gamma": [Interval(Real, 0, None, closed="neither"), None],
+        "order": [Interval(Integral, 0, None, closed="left")],
+        "n_jobs": [Integral, None],
+    }
+
     def __init__(self, kernel: str = "chi2", gamma: float | None = None, order: int = 1,
                  n_jobs: int | None = None):
         self.kernel = kernel
         self.gamma = gamma
         self.order = order
         self.n_jobs = n_jobs
-
-    def _validate(self) -> None:
-        if self.kernel not in KERNELS:
-            raise InputError(f"unknown kernel {self.kernel!r}; choose one of "
-                             f"{', '.join(KERNELS)}")
-        if self.gamma is not None and not self.gamma > 0:
-            raise InputError(f"gamma must be > 0, got {self.gamma!r}")
 
     def _compute(self, X, Y=None) -> np.ndarray:
         kernel = self.kernel
@@ -265,7 +270,7 @@ class PrecomputedKernel:
         return np.exp(distance, out=distance)
 
     def fit(self, X, y=None):
-        self._validate()
+        self._validate_params()
         X = check_features(X, "train encodings")
         if self.kernel == "chi2-exp":
             _require_nonnegative(X, self.kernel, "the train encodings")

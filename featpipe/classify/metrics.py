@@ -8,11 +8,16 @@
 - AP, VOC2007 11-point (Everingham et al. IJCV 2010, VOCdevkit ``VOCevalcls``): items ranked one
   by one, AP = (1/11) Σ_{t ∈ {0, 0.1, .., 1}} max{P_r : R_r ≥ t} (0 when no rank reaches t).
 - mAP: the mean of per-class AP over classes that have a positive test item.
+
+scikit-learn computes what it has (``average_precision_score``, ``accuracy_score``,
+``confusion_matrix``); this module adds the input checks, NaN for a class without a positive
+item, and the VOC2007 11-point AP, which scikit-learn does not have.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import sklearn.metrics
 
 from featpipe.errors import InputError
 
@@ -32,16 +37,9 @@ def _binary_inputs(y_true, scores):
 def average_precision(y_true, scores) -> float:
     """Non-interpolated AP; NaN when there is no positive item."""
     y_true, scores = _binary_inputs(y_true, scores)
-    n_pos = int(y_true.sum())
-    if n_pos == 0:
+    if not y_true.any():
         return float("nan")
-    order = np.argsort(-scores, kind="stable")
-    ranked_scores, ranked_true = scores[order], y_true[order]
-    last_of_tie = np.r_[np.flatnonzero(np.diff(ranked_scores) != 0), len(scores) - 1]
-    tp = np.cumsum(ranked_true)[last_of_tie]
-    precision = tp / (last_of_tie + 1)
-    recall = tp / n_pos
-    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+    return float(sklearn.metrics.average_precision_score(y_true, scores))
 
 
 def average_precision_voc07(y_true, scores) -> float:
@@ -87,14 +85,13 @@ def accuracy(true_index, predicted_index) -> float:
     predicted_index = np.asarray(predicted_index)
     if true_index.shape != predicted_index.shape or true_index.size == 0:
         raise InputError(f"{true_index.size} true labels for {predicted_index.size} predictions")
-    return float(np.mean(true_index == predicted_index))
+    return float(sklearn.metrics.accuracy_score(true_index, predicted_index))
 
 
 def confusion_matrix(true_index, predicted_index, n_classes: int) -> np.ndarray:
-    """Counts C[t, p] of items of class t predicted as p."""
-    matrix = np.zeros((n_classes, n_classes), dtype=np.int64)
-    np.add.at(matrix, (np.asarray(true_index), np.asarray(predicted_index)), 1)
-    return matrix
+    """Counts C[t, p] of items of class t predicted as p (classes 0..n_classes − 1)."""
+    return sklearn.metrics.confusion_matrix(true_index, predicted_index,
+                                            labels=np.arange(n_classes)).astype(np.int64)
 
 
 def per_class_accuracy(true_index, predicted_index, n_classes: int) -> np.ndarray:

@@ -17,10 +17,15 @@ with a regularised bias, ``-B 1``) on explicit features, for linear-type kernels
 
 from __future__ import annotations
 
+from numbers import Real
+
 import numpy as np
 import scipy.sparse as sp
+from sklearn.base import BaseEstimator
+from sklearn.utils._param_validation import Interval
 
 from featpipe.errors import InputError
+from featpipe.parameters import ValidatedEstimator
 
 DEFAULT_C = 1000.0
 
@@ -37,12 +42,6 @@ def _check_targets(Y) -> np.ndarray:
             raise InputError(f"class {c} has no negative training item (every train item "
                              "carries it)")
     return Y
-
-
-def _check_C(C) -> float:
-    if not (isinstance(C, int | float | np.floating | np.integer) and C > 0):
-        raise InputError(f"C must be a positive number, got {C!r}")
-    return float(C)
 
 
 def precomputed_problem_matrix(K: np.ndarray) -> sp.csr_matrix:
@@ -92,7 +91,22 @@ def train_binary_libsvm(problem, y: np.ndarray, C: float, tol: float = 1e-3):
     return index, coef, rho
 
 
-class OneVsRestSVC:
+class _SVMParameters(ValidatedEstimator, BaseEstimator):
+    """The parameters both one-vs-rest SVMs take.
+
+    Parameters
+    ----------
+    C : float
+        SVM cost C (finite, > 0).
+    tol : float
+        Stopping tolerance (libsvm/liblinear ``-e``).
+    """
+
+    _parameter_constraints = {"C": [Interval(Real, 0, None, closed="neither")],
+                              "tol": [Interval(Real, 0, None, closed="neither")]}
+
+
+class OneVsRestSVC(_SVMParameters):
     """One-vs-rest libsvm C-SVC on precomputed kernels (``-t 4``), default C = 1000.
 
     ``fit(K_train, Y)`` with K_train (n × n) and Y an (n × classes) 0/1 matrix;
@@ -106,7 +120,8 @@ class OneVsRestSVC:
         self.tol = tol
 
     def fit(self, K_train, Y):
-        C = _check_C(self.C)
+        self._validate_params()
+        C = float(self.C)
         K_train = np.asarray(K_train, dtype=np.float64)
         if K_train.ndim != 2 or K_train.shape[0] != K_train.shape[1]:
             raise InputError(f"train kernel must be square, got shape {K_train.shape}")
@@ -135,7 +150,7 @@ class OneVsRestSVC:
         return scores
 
 
-class OneVsRestLinearSVC:
+class OneVsRestLinearSVC(_SVMParameters):
     """One-vs-rest liblinear ``-s 3 -B 1`` on explicit features (linear-type kernels)."""
 
     def __init__(self, C: float = DEFAULT_C, tol: float = 0.1):
@@ -145,7 +160,8 @@ class OneVsRestLinearSVC:
     def fit(self, X, Y):
         from liblinear import liblinearutil
 
-        C = _check_C(self.C)
+        self._validate_params()
+        C = float(self.C)
         X = np.ascontiguousarray(X, dtype=np.float64)
         Y = _check_targets(Y)
         if Y.shape[0] != X.shape[0]:

@@ -25,6 +25,7 @@ import click
 
 from featpipe import __version__
 from featpipe.errors import FeatpipeError, ParameterError
+from featpipe.parameters import flag_of
 
 #: command name -> "module:attribute"; one module per command keeps each command obvious.
 COMMANDS = {
@@ -59,6 +60,21 @@ class LazyGroup(click.Group):
             return getattr(importlib.import_module(module_name), attr)
         return super().get_command(ctx, cmd_name)
 
+    def resolve_command(self, ctx, args):
+        name, command, rest = super().resolve_command(ctx, args)
+        ctx.meta["featpipe.command"] = command  # the innermost wins: flags of its options
+        return name, command, rest
+
+
+def flag_for(command: click.Command | None, param: str) -> str:
+    """The flag of ``command``'s option for library parameter ``param`` (``n_components`` is
+    ``--dim`` in ``fit pca``); by default the rule of :func:`featpipe.parameters.flag_of`."""
+    for option in getattr(command, "params", ()):
+        if isinstance(option, click.Option) and option.name == param:
+            return max((o for o in option.opts if o.startswith("--")), key=len,
+                       default=option.opts[0])
+    return flag_of(param)
+
 
 class FeatpipeGroup(LazyGroup):
     """The root group: a FeatpipeError is one ``error:`` line and exit status 1 (2 for a bad
@@ -68,8 +84,8 @@ class FeatpipeGroup(LazyGroup):
         try:
             return super().invoke(ctx)
         except ParameterError as err:
-            flag = "--" + err.param.replace("_", "-")
-            click.echo(f"error: {flag} {err}", err=True)
+            flag = flag_for(ctx.meta.get("featpipe.command"), err.param)
+            click.echo(f"error: {flag} {err.cause}", err=True)
             ctx.exit(2)
         except FeatpipeError as err:
             click.echo(f"error: {err}", err=True)

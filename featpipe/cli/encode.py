@@ -1,6 +1,7 @@
 """``featpipe encode``: one vector (or sequence) per item from an input stage.
 
-Methods and their options come from :mod:`featpipe.encode.registry`; the work is
+Methods and their options come from :mod:`featpipe.encode.registry` (options generated from
+the estimators, :mod:`featpipe.cli.options`); the work is
 :func:`featpipe.stages.encoding.encode`.
 """
 
@@ -16,16 +17,9 @@ from featpipe.cli.common import (
     run_options,
     store_option,
 )
-from featpipe.encode.registry import EncodeMethod, given_params, load_methods, method_options
+from featpipe.cli.options import click_options
+from featpipe.encode.registry import load_methods
 from featpipe.stages.encoding import encode as encode_stage
-
-
-def _encode(methods: dict[str, EncodeMethod], store_path, input_name, method, name,
-            **kwargs):
-    options = run_options(kwargs)
-    given = given_params(methods[method], kwargs)
-    finish(encode_stage(open_store(store_path), input_name, method, given, name=name,
-                        options=options, reporter=ClickReporter()))
 
 
 def _make_command() -> click.Command:
@@ -40,10 +34,13 @@ def _make_command() -> click.Command:
                   help="Encoding method (listed above).")
     @click.option("--name", "-n", default=None, help="Name to give the encoded stage.")
     @item_parallel_options
-    def encode(**kwargs):
-        _encode(methods, **kwargs)
+    def encode(store_path, input_name, method, name, **kwargs):
+        options = run_options(kwargs)
+        given = {k: v for k, v in kwargs.items() if v not in (None, ())}
+        finish(encode_stage(open_store(store_path), input_name, method, given, name=name,
+                            options=options, reporter=ClickReporter()))
 
-    encode.params.extend(method_options(methods.values()))
+    encode.params.extend(click_options(methods))
     return encode
 
 

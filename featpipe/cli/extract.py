@@ -2,8 +2,9 @@
 encoding while they are computed (``--encode``), or a sample of them (``--sample-descriptors``).
 
 The work is :func:`featpipe.stages.extraction.extract`; its docstring says what an item holds.
-The ``--encode`` method and its options are those of ``featpipe encode`` (one registry, one
-function gathers the options for both commands).
+The ``--encode`` method and its options are those of ``featpipe encode``: one registry, the
+same generated options (:func:`featpipe.cli.options.click_options`), the same checks
+(:func:`featpipe.stages.encoding.method_models`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from featpipe.cli.common import (
     run_options,
     store_option,
 )
-from featpipe.encode.registry import given_params, load_methods, method_options
+from featpipe.cli.options import click_options
+from featpipe.encode.registry import load_methods
 from featpipe.interrupts import Interrupted
 from featpipe.io.video import Sampling
 from featpipe.manifest import Manifest
@@ -118,15 +120,14 @@ def extract(ctx, manifest_path, store_path, features, name, weights, device, fps
             decode_timeout, **kwargs):
     """Decode each manifest item and store its features (or their encoding)."""
     options = run_options(kwargs)
-    methods = _encode_methods()
+    given = {k: v for k, v in kwargs.items() if v not in (None, ())}
     encode_params = None
-    if encode_method is not None:
-        encode_params = given_params(methods[encode_method], kwargs, flag="--encode")
-        if "device" in {o.name for o in methods[encode_method].options}:
+    if encode_method is not None:  # checked as `featpipe encode` checks them
+        encode_params = given
+        if "device" in _encode_methods()[encode_method].defaults:
             encode_params["device"] = device
-    elif any(v not in (None, ()) for v in kwargs.values()):
-        flags = ", ".join("--" + k.replace("_", "-") for k, v in kwargs.items()
-                          if v not in (None, ()))
+    elif given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise click.UsageError(f"{flags} applies to --encode only")
     dsift = {"sizes": _parse_sizes(sizes), "step": step, "magnif": magnif,
              "window_size": window_size, "contrast_threshold": contrast_threshold,
@@ -152,4 +153,4 @@ def extract(ctx, manifest_path, store_path, features, name, weights, device, fps
     finish(run)
 
 
-extract.params.extend(method_options(_encode_methods().values(), skip={"device"}))
+extract.params.extend(o for o in click_options(_encode_methods()) if o.name != "device")

@@ -9,6 +9,7 @@ import click
 
 from featpipe.cli.common import open_store, store_option
 from featpipe.progress import format_duration, stage_progress
+from featpipe.stages.base import latest_stage
 from featpipe.stages.cache import describe_stage
 
 
@@ -56,7 +57,7 @@ def status(store_path, name, show_failed, show_ledgers, check, as_json):
     A time left is shown only while a process is computing the stage (a ledger of this host
     whose process is alive, or one of another host written to in the last 10 minutes).
     """
-    stage = open_store(store_path).resolve(name)
+    stage = latest_stage(open_store(store_path), name)
     if stage.is_model_stage:
         _model_status(stage, as_json, check)
         return

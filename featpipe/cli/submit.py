@@ -20,6 +20,7 @@ from featpipe.slurm import (
     stage_argv,
     wait_for_jobs,
 )
+from featpipe.stages.base import latest_stage
 
 
 @click.command("submit")
@@ -116,7 +117,7 @@ def submit(backend, tasks, partition, time_limit, mem, gpus, cpus_per_task, arra
     log = log_dir / f"{job.job_name}-report-{report_id}.out"
     if log.exists():
         click.echo(log.read_text(encoding="utf-8"), nl=False)
-    progress = stage_progress(open_store(store).resolve(name))
+    progress = stage_progress(latest_stage(open_store(store), name))
     if not progress.complete:
         click.echo(f"error: stage {name} is not complete after job {job_id} "
                    f"({progress.done} of {progress.total} done, {len(progress.failed)} failed; "

@@ -1,7 +1,9 @@
 """The end-to-end demo: real sequences, rendered motion videos, real videos.
 
-Every step is a ``featpipe`` command run in this process (the same code a user runs), so the
-demo's store is an ordinary store and re-running it computes nothing.  The three parts:
+Every step calls a stage function of :mod:`featpipe.stages` (the code behind each command), so
+the demo's store is an ordinary store and re-running it computes nothing; the command log
+records the equivalent ``featpipe`` command line of each step and what it reported.  The three
+parts:
 
 1. Real sequences: aeon's GunPoint and BasicMotions, standardised with train statistics,
    encoded with avg, max, rankpool, arp and hrp, classified with linear and chi2+SER kernels,
@@ -15,17 +17,20 @@ demo's store is an ordinary store and re-running it computes nothing.  The three
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
+import inspect
 import json
 import re
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from featpipe import stages
 from featpipe.errors import FeatpipeError
+from featpipe.parameters import flag_of
+from featpipe.stages.base import Reporter, StageRun
 from featpipe.store import Store
 
 ORDER_BLIND = ("avg", "max")
@@ -35,7 +40,7 @@ KERNELS = ("linear", "chi2+ser")
 
 @dataclass
 class Step:
-    """One featpipe command the demo ran: its arguments, time and items computed."""
+    """One step of the demo: its equivalent command line, time and items computed."""
 
     args: list[str]
     seconds: float
@@ -67,8 +72,36 @@ class Extraction:
     shape: tuple[int, ...]
 
 
+class _Lines(Reporter):
+    """Collects what a stage reports, as the command line would print it."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def info(self, text: str) -> None:
+        self.lines.append(text)
+
+    def warn(self, text: str) -> None:
+        self.lines.append(text)
+
+    def error(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def _flags(params: dict) -> list[str]:
+    """``{"window": 20, "l2": False}`` -> ``--window 20 --no-l2``."""
+    out = []
+    for name, value in params.items():
+        if isinstance(value, bool):
+            out.append(flag_of(name) if value else "--no-" + flag_of(name)[2:])
+        else:
+            out += [flag_of(name), str(value)]
+    return out
+
+
 class Runner:
-    """Runs featpipe commands in-process, logs their output and times them."""
+    """Runs the demo's stages through :mod:`featpipe.stages`, logs their command lines and
+    report lines, and times them."""
 
     def __init__(self, out: Path, echo: Callable[[str], None]):
         self.out = out
@@ -79,23 +112,63 @@ class Runner:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.log.write_text("", encoding="utf-8")
 
-    def __call__(self, *args) -> str:
-        from featpipe.cli import cli
-
+    def run(self, args: Sequence, function: Callable, *positional, **kwargs):
+        """``function(store, *positional, **kwargs)``, the stage behind ``featpipe ARGS``."""
         args = [str(a) for a in args]
-        buffer = io.StringIO()
+        lines = _Lines()
         started = time.perf_counter()
-        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
-            code = cli.main(args=["-q", *args], prog_name="featpipe", standalone_mode=False)
+        error = None
+        try:
+            result = function(self.store, *positional, reporter=lines, **kwargs)
+        except FeatpipeError as err:
+            error, result = err, None
         seconds = time.perf_counter() - started
-        output = buffer.getvalue()
+        if isinstance(result, StageRun) and not result.ok:
+            error = FeatpipeError(f"{len(result.summary.failed)} items failed")
+        output = "".join(f"{line}\n" for line in lines.lines)
         with open(self.log, "a", encoding="utf-8") as handle:
-            handle.write(f"$ featpipe {' '.join(args)}\n{output}({seconds:.1f} s)\n\n")
-        if code not in (0, None):
-            raise FeatpipeError(f"demo step failed: featpipe {' '.join(args)}\n{output.strip()}")
-        computed = sum(int(m) for m in re.findall(r"summary: (\d+) done", output))
+            handle.write(f"$ featpipe {shlex.join(args)}\n{output}"
+                         + (f"error: {error}\n" if error else "") + f"({seconds:.1f} s)\n\n")
+        if error is not None:
+            raise FeatpipeError(f"demo step failed: featpipe {shlex.join(args)}: {error}")
+        computed = result.summary.done if isinstance(result, StageRun) else 0
         self.steps.append(Step(args, seconds, computed, output))
-        return output
+        return result
+
+    def import_ts(self, sources: Sequence[Path], name: str) -> None:
+        args = ["import", *[a for s in sources for a in ("--from", s)], "--store",
+                self.store.root, "--name", name]
+        self.run(args, stages.import_features, [str(s) for s in sources], name=name)
+
+    def fit_standardize(self, input: str, name: str) -> None:
+        self.run(["fit", "standardize", "--store", self.store.root, "--input", input, "--name",
+                  name], stages.fit_standardize, input, name=name)
+
+    def encode(self, input: str, method: str, name: str, **params) -> None:
+        self.run(["encode", "--store", self.store.root, "--input", input, "--method", method,
+                  "--name", name, *_flags(params)], stages.encode, input, method, params,
+                 name=name)
+
+    def extract(self, manifest_path: Path, features: str, name: str, frames: int | None = None,
+                every: int | None = None, weights: str | None = None, **dsift) -> None:
+        """``featpipe extract``; ``dsift`` holds dense SIFT's options (``sizes`` a list)."""
+        from featpipe.extract.dsift import DenseSIFT
+        from featpipe.io.video import Sampling
+        from featpipe.manifest import Manifest
+
+        sampling = {"frames": frames, "every": every}
+        shown = {k: ",".join(map(str, v)) if k == "sizes" else v for k, v in dsift.items()}
+        args = ["extract", "--manifest", manifest_path, "--store", self.store.root,
+                "--features", features, "--name", name,
+                *_flags({k: v for k, v in {**sampling, "weights": weights}.items() if v}),
+                *_flags(shown)]
+        options = None
+        if features == "dsift":  # what the command line gives: every option, defaults too
+            options = {key: arg.default for key, arg in
+                       inspect.signature(DenseSIFT).parameters.items() if key != "start"}
+            options.update(dsift)
+        self.run(args, stages.extract, Manifest.read(manifest_path), features, name=name,
+                 sampling=Sampling(**sampling), weights=weights, dsift=options)
 
     def stage_of(self, name: str) -> str:
         return self.store.resolve(name).name
@@ -108,18 +181,18 @@ class Runner:
                  kernels: Sequence[str] | None = None) -> float:
         """Classify split 1 (L2-normalised encodings, C = 1000); a report whose stages are
         unchanged is reused."""
-        stages = [self.stage_of(n) for n in inputs]
+        folders = [self.stage_of(n) for n in inputs]
         kernels = list(kernels or [kernel])
-        digest = hashlib.sha256(json.dumps([stages, kernels]).encode()).hexdigest()[:12]
+        digest = hashlib.sha256(json.dumps([folders, kernels]).encode()).hexdigest()[:12]
         slug = re.sub(r"[^a-z0-9]+", "-", f"{task.title}-{encoder}-{kernel}".lower()).strip("-")
         report = self.out / "report" / "runs" / f"{slug}-{digest}.json"
         if not report.exists():
-            args = ["classify", "--store", self.store.root]
-            for name in inputs:
-                args += ["--input", name]
-            for k in kernels:
-                args += ["--kernel", k]
-            self(*args, "--normalize", "l2", "--C", "1000", "--split", "1", "--report", report)
+            args = ["classify", "--store", self.store.root,
+                    *[a for name in inputs for a in ("--input", name)],
+                    *[a for k in kernels for a in ("--kernel", k)],
+                    "--normalize", "l2", "--C", "1000", "--split", "1", "--report", report]
+            self.run(args, stages.classify, list(inputs), kernels, normalize="l2", C=(1000.0,),
+                     split="1", report=str(report))
         data = json.loads(report.read_text(encoding="utf-8"))
         split = data["splits"][0]
         task.classes = split["classes"]
@@ -129,13 +202,11 @@ class Runner:
 
 
 def _encode_all(run: Runner, task: Task, source: str, prefix: str, hrp_window: int) -> None:
-    options = {"avg": [], "max": [], "rankpool": ["--directions", "both", "--psi", "ser"],
-               "arp": [],
-               "hrp": ["--window", hrp_window]}
-    for encoder, extra in options.items():
+    options = {"avg": {}, "max": {}, "rankpool": {"directions": "both", "psi": "ser"},
+               "arp": {}, "hrp": {"window": hrp_window}}
+    for encoder, params in options.items():
         name = f"{prefix}-{encoder}"
-        run("encode", "--store", run.store.root, "--input", source, "--method", encoder,
-            "--name", name, *extra)
+        run.encode(source, encoder, name, **params)
         task.stages[name] = run.stage_of(name)
         for kernel in KERNELS:
             run.classify(task, encoder, kernel, [name])
@@ -153,12 +224,9 @@ def sequences(run: Runner, dataset: str, window: int) -> Task:
                 f"{dataset}: its own train/test split; channels standardised with train "
                 f"statistics; rankpool in both directions with ψ = SER; hrp window {window}.")
     run.echo(f"[1] {dataset}: import, standardise, encode, classify")
-    run("import", "--from", folder / f"{dataset}_TRAIN.ts", "--from",
-        folder / f"{dataset}_TEST.ts", "--store", run.store.root, "--name", prefix)
-    run("fit", "standardize", "--store", run.store.root, "--input", prefix, "--name",
-        f"{prefix}-zfit")
-    run("encode", "--store", run.store.root, "--input", prefix, "--method", "standardize",
-        "--model", f"{prefix}-zfit", "--name", f"{prefix}-z")
+    run.import_ts([folder / f"{dataset}_TRAIN.ts", folder / f"{dataset}_TEST.ts"], prefix)
+    run.fit_standardize(prefix, f"{prefix}-zfit")
+    run.encode(prefix, "standardize", f"{prefix}-z", model=f"{prefix}-zfit")
     task.stages[prefix] = run.stage_of(prefix)
     _encode_all(run, task, f"{prefix}-z", prefix, window)
     return task
@@ -176,10 +244,8 @@ def motion(run: Runner, per_class: int, frames: int, vgg: bool, weights: str) ->
             "moves over a crop of the other; left/right and towards/away are the same frames "
             "in reverse order, so order-blind encoders are at chance (0.5 within each pair).")
     run.echo("    dense SIFT per frame, pooled on a 4x4 grid")
-    run("extract", "--manifest", manifest_path, "--store", run.store.root, "--features",
-        "dsift", "--sizes", "8", "--step", "8", "--every", 1, "--name", "motion-dsift")
-    run("encode", "--store", run.store.root, "--input", "motion-dsift", "--method",
-        "spatial-grid", "--grid", "4x4", "--name", "motion-dsift-grid")
+    run.extract(manifest_path, "dsift", "motion-dsift", sizes=[8], step=8, every=1)
+    run.encode("motion-dsift", "spatial-grid", "motion-dsift-grid", grid="4x4")
     task = Task("Rendered motion, dense SIFT 4x4 grid", note)
     task.stages["motion-dsift"] = run.stage_of("motion-dsift")
     _encode_all(run, task, "motion-dsift-grid", "motion-dsift", 8)
@@ -187,8 +253,7 @@ def motion(run: Runner, per_class: int, frames: int, vgg: bool, weights: str) ->
     if vgg:
         label = "seeded random weights" if weights.startswith("random") else weights
         run.echo(f"    VGG-16 fc6 ({label}), 8 frames per clip")
-        run("extract", "--manifest", manifest_path, "--store", run.store.root, "--features",
-            "vgg16-fc6", "--weights", weights, "--frames", 8, "--name", "motion-fc6")
+        run.extract(manifest_path, "vgg16-fc6", "motion-fc6", frames=8, weights=weights)
         task = Task(f"Rendered motion, VGG-16 fc6 ({label})", note)
         task.stages["motion-fc6"] = run.stage_of("motion-fc6")
         _encode_all(run, task, "motion-fc6", "motion-fc6", 4)
@@ -212,14 +277,13 @@ def real_video(run: Runner, vgg: bool, weights: str, quick: bool = False) -> lis
     manifest = from_rows([(k, str(p), [], []) for k, p in paths.items()], root=folder)
     manifest.write(folder / "manifest.csv")
     results = []
-    plans = [("dsift", ["--every", 50 if quick else 10, "--sizes", "4,6,8,10", "--step", 8,
-                        "--max-pixels", 100_000])]
+    plans = [("dsift", {"every": 50 if quick else 10, "sizes": [4, 6, 8, 10], "step": 8,
+                        "max_pixels": 100_000})]
     if vgg:
-        plans.append(("vgg16-fc6", ["--frames", 4, "--weights", weights]))
-    for feature, extra in plans:
+        plans.append(("vgg16-fc6", {"frames": 4, "weights": weights}))
+    for feature, options in plans:
         name = f"real-{feature}"
-        run("extract", "--manifest", folder / "manifest.csv", "--store", run.store.root,
-            "--features", feature, "--name", name, *extra)
+        run.extract(folder / "manifest.csv", feature, name, **options)
         stage = run.store.resolve(name)
         ledger = {e.id: e.seconds for e in stage.ledger() if e.status == "done"}
         stamps = {i: [round(float(t), 3) for t in stage.read_extra(i, "timestamps")]

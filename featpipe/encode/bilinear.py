@@ -38,15 +38,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from numbers import Integral, Real
 
 import array_api_compat
-import click
 import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from featpipe.backend import device_namespace, namespace, to_numpy
+from featpipe.encode.maps import l2_normalize, signed_square_root
 from featpipe.encode.registry import EncodeMethod
-from featpipe.errors import InputError
+from featpipe.errors import InputError, ParameterError
 from featpipe.items import Frame, ItemSink, PerFrameStream, encode_per_frame
+from featpipe.parameters import ValidatedEstimator, estimator_parameters
 
 POOLINGS = ("bilinear", "cov", "cbp-ts", "cbp-rm")
 MATRIX_POOLINGS = ("bilinear", "cov")
@@ -56,31 +60,11 @@ COMPACT_NORMS = ("none", "ssr", "sqrtm", "run")
 _CHUNK_ELEMENTS = 1 << 25
 
 
-# -- element-wise maps ------------------------------------------------------------------------
-def signed_sqrt(x):
-    """SSR: sign(x)·√|x|."""
-    xp = namespace(x)
-    return xp.sign(x) * xp.sqrt(xp.abs(x))
-
-
-def l2_normalise(x):
-    """Rows divided by their L2 norm; an all-zero row stays zero."""
-    xp = namespace(x)
-    norm = xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True))
-    return x / xp.where(norm > 0, norm, xp.ones_like(norm))
-
-
 # -- pooling ----------------------------------------------------------------------------------
 def bilinear_pool(F):
     """B = FᵀF / N for a stack F (..., N, D) -> (..., D, D)."""
     xp = namespace(F)
     return xp.matrix_transpose(F) @ F / F.shape[-2]
-
-
-def covariance_pool(F):
-    """Σ = (F − 1μᵀ)ᵀ(F − 1μᵀ) / N (biased covariance, as iSQRT-COV's Σ = X Ī Xᵀ)."""
-    xp = namespace(F)
-    return bilinear_pool(F - xp.mean(F, axis=-2, keepdims=True))
 
 
 def triu_vectorise(M):
@@ -126,7 +110,7 @@ def newton_schulz_sqrtm(M, n_iter: int = 5):
     a GPU and torch autograd differentiates it.  A zero matrix maps to zero.
     """
     if int(n_iter) < 1:
-        raise InputError(f"--ns-iters must be >= 1, got {n_iter}")
+        raise ParameterError("n_iter", f"must be >= 1, got {n_iter}")
     xp = namespace(M)
     eye = xp.eye(M.shape[-1], dtype=M.dtype, device=array_api_compat.device(M))
     tr = _trace(M)
@@ -169,7 +153,7 @@ def rank1_update(F, n_iter: int = 2, eta: float = 0.6, v0=None):
     right singular vector, the top singular value is multiplied by (1 − η), the others kept.
     """
     if int(n_iter) < 0:
-        raise InputError(f"--run-iters must be >= 0, got {n_iter}")
+        raise ParameterError("n_iter", f"must be >= 0, got {n_iter}")
     xp = namespace(F)
     v = _unit(_start_vector(v0, F, F.shape[-1]))
     for _ in range(int(n_iter)):
@@ -185,7 +169,7 @@ def rank1_update_gram(M, n_iter: int = 2, eta: float = 0.6, v0=None):
     M_K = M − u aᵀ − a uᵀ with w = M u, a = η w − ½η²(uᵀw) u.
     """
     if int(n_iter) < 0:
-        raise InputError(f"--run-iters must be >= 0, got {n_iter}")
+        raise ParameterError("n_iter", f"must be >= 0, got {n_iter}")
     xp = namespace(M)
     u = _unit(_start_vector(v0, M, M.shape[-1]))
     for _ in range(int(n_iter)):
@@ -300,65 +284,86 @@ def random_maclaurin_pool(F, dim: int = 8192, seed: int = 0, params=None):
 
 
 # -- the encoder ------------------------------------------------------------------------------
-class SecondOrderPooling:
+class SecondOrderPooling(ValidatedEstimator, TransformerMixin, BaseEstimator):
     """Second-order pooling of local features, batched on the array API.
 
     Parameters
     ----------
-    method : 'bilinear' | 'cov' | 'cbp-ts' | 'cbp-rm'
-    norm : 'none' | 'ssr' | 'sqrtm' | 'ns' | 'logm' | 'run'  (compact: none, ssr, sqrtm, run)
-    ns_iters : Newton–Schulz iterations (iSQRT-COV uses 5).
-    run_iters, run_eta : RUN power iterations K and shrink factor η.
-    dim : output size d of compact methods.
-    seed : seeds the sketches / projections and RUN's v₀.
-    post_ssr : element-wise SSR of the final vector.
-    l2 : L2-normalise the final vector.
-    log_eps : eigenvalue floor of ``logm``, relative to the largest eigenvalue.
+    method : {"bilinear", "cov", "cbp-ts", "cbp-rm"}
+        Pooling: bilinear FᵀF/N, covariance, or compact bilinear by tensor sketch or random
+        Maclaurin.
+    norm : {"none", "ssr", "sqrtm", "ns", "logm", "run"}
+        Normalisation (ns and logm need the D×D matrix of bilinear or cov).
+    ns_iters : int
+        Newton–Schulz iterations for norm ns (iSQRT-COV uses 5).
+    run_iters : int
+        RUN power iterations K for norm run.
+    run_eta : float
+        RUN shrink factor η for norm run.
+    dim : int
+        Output size d of the compact methods.
+    random_state : int
+        Seed of the sketches, the projections and RUN's start vector v₀.
+    post_ssr : bool
+        Element-wise SSR of the final vector.
+    l2 : bool
+        L2-normalise the final vector.
+    log_eps : float
+        Eigenvalue floor of logm, relative to the largest eigenvalue.
 
     ``transform(X)`` takes a stack (B, N, D) or a list of (N_i, D) arrays (numpy, torch, CuPy,
     array_api_strict) and returns (B, d) in the input's namespace.  The encoder is stateless:
-    random parameters are a function of (seed, D, dim), so ``fit`` only validates.
+    random parameters are a function of (random_state, D, dim), so ``fit`` only validates.
 
     References: Lin, RoyChowdhury, Maji, ICCV'15 (B-CNN); Gao et al., CVPR'16 (compact);
     Li et al., CVPR'18 (iSQRT-COV); Yu, Cai, Li, ECCV'20 (RUN).
     """
 
+    _parameter_constraints = {
+        "method": [StrOptions(set(POOLINGS))],
+        "norm": [StrOptions(set(NORMS))],
+        "ns_iters": [Interval(Integral, 1, None, closed="left")],
+        "run_iters": [Interval(Integral, 0, None, closed="left")],
+        "run_eta": [Interval(Real, 0, 1, closed="both")],
+        "dim": [Interval(Integral, 1, None, closed="left")],
+        "random_state": [Interval(Integral, 0, None, closed="left")],
+        "post_ssr": ["boolean"],
+        "l2": ["boolean"],
+        "log_eps": [Interval(Real, 0, None, closed="neither")],
+    }
+
     def __init__(self, method="bilinear", norm="ssr", ns_iters=5, run_iters=2, run_eta=0.6,
-                 dim=8192, seed=0, post_ssr=False, l2=True, log_eps=1e-6):
+                 dim=8192, random_state=0, post_ssr=False, l2=True, log_eps=1e-6):
         self.method = method
         self.norm = norm
         self.ns_iters = ns_iters
         self.run_iters = run_iters
         self.run_eta = run_eta
         self.dim = dim
-        self.seed = seed
+        self.random_state = random_state
         self.post_ssr = post_ssr
         self.l2 = l2
         self.log_eps = log_eps
 
-    def _validate(self):
-        if self.method not in POOLINGS:
-            raise InputError(f"--method must be one of {POOLINGS}, got {self.method!r}")
-        allowed = NORMS if self.method in MATRIX_POOLINGS else COMPACT_NORMS
-        if self.norm not in allowed:
-            raise InputError(f"--norm {self.norm} does not apply to --method {self.method} "
-                             f"(choose from {', '.join(allowed)}; ns and logm need the D×D "
-                             "matrix of bilinear or cov)")
-        if self.norm == "ssr" and self.post_ssr:
-            raise InputError("--norm ssr already applies SSR; drop --post-ssr")
-        if self.method not in MATRIX_POOLINGS and int(self.dim) < 1:
-            raise InputError(f"--dim must be >= 1, got {self.dim}")
-        if not 0.0 <= float(self.run_eta) <= 1.0:
-            raise InputError(f"--run-eta must lie in [0, 1], got {self.run_eta}")
+    @classmethod
+    def _check_param_rules(cls, params):
+        method, norm = params.get("method", "bilinear"), params.get("norm")
+        allowed = NORMS if method in MATRIX_POOLINGS else COMPACT_NORMS
+        if norm is not None and norm not in allowed:
+            raise ParameterError("norm", f"{norm} does not apply to method {method} (choose "
+                                 f"from {', '.join(allowed)}; ns and logm need the D×D matrix "
+                                 "of bilinear or cov)")
+        if norm == "ssr" and params.get("post_ssr"):
+            raise ParameterError("post_ssr", "repeats norm ssr, which already applies SSR")
 
     def fit(self, X=None, y=None):
         """Validate the parameters (nothing is learned); returns self."""
-        self._validate()
+        self._validate_params()
         return self
 
     def transform(self, X):
         """Encode a stack (B, N, D) or a list of (N_i, D) arrays -> (B, d)."""
-        self._validate()
+        self._validate_params()
         if isinstance(X, list | tuple):
             return self._transform_list(X)
         if X.ndim != 3:
@@ -396,7 +401,7 @@ class SecondOrderPooling:
     def _features(self, F):
         """Compact pooling of the features: F, its RUN update, or its SVD square-root rows."""
         if self.norm == "run":
-            v0 = gaussian_start(F.shape[-1], self.seed)
+            v0 = gaussian_start(F.shape[-1], self.random_state)
             return rank1_update(F, self.run_iters, self.run_eta, v0)
         if self.norm == "sqrtm":
             return svd_sqrt_rows(F)
@@ -411,7 +416,7 @@ class SecondOrderPooling:
             M = bilinear_pool(F)
             if self.norm == "run":
                 M = rank1_update_gram(M, self.run_iters, self.run_eta,
-                                      gaussian_start(D, self.seed))
+                                      gaussian_start(D, self.random_state))
             elif self.norm == "sqrtm":
                 M = sqrtm_eigh(M)
             elif self.norm == "ns":
@@ -420,12 +425,12 @@ class SecondOrderPooling:
                 M = logm_eigh(M, self.log_eps)
             if self.method in MATRIX_POOLINGS:
                 return triu_vectorise(M)
-            return tensor_sketch_matrix(M, dim, self.seed)
+            return tensor_sketch_matrix(M, dim, self.random_state)
         if self.method == "cbp-ts":
-            params = tensor_sketch_params(D, dim, self.seed)
+            params = tensor_sketch_params(D, dim, self.random_state)
             pool = tensor_sketch_pool
         else:
-            params = random_maclaurin_params(D, dim, self.seed)
+            params = random_maclaurin_params(D, dim, self.random_state)
             pool = random_maclaurin_pool
         per_image = F.shape[-2] * dim * 4
         step = max(1, _CHUNK_ELEMENTS // per_image)
@@ -436,17 +441,28 @@ class SecondOrderPooling:
 
     def _finish(self, z):
         if self.norm == "ssr" or self.post_ssr:
-            z = signed_sqrt(z)
-        return l2_normalise(z) if self.l2 else z
+            z = signed_square_root(z)
+        return l2_normalize(z) if self.l2 else z
 
 
 # -- featpipe encode --method bilinear|cov|cbp-ts|cbp-rm ------------------------------------
-class LocalFeatureEncoder:
+class LocalFeatureEncoder(ValidatedEstimator):
     """``encode_batch`` for the CLI: items are read as :class:`~featpipe.items.LocalFeatures`;
     equal-shaped sets of a batch are stacked and pooled at once on the chosen device; an item
     with frames becomes a (T, d) sequence with ``frame_index`` (and ``timestamps`` when the
     input has them) sidecars, ready for any temporal encoder (frames without features are
-    left out).  ``stream(sink)`` codes the frames of one item as extraction produces them."""
+    left out).  ``stream(sink)`` codes the frames of one item as extraction produces them.
+
+    Parameters
+    ----------
+    pooling : SecondOrderPooling
+        The pooling and its normalisation.
+    device : {"cpu", "cuda"}
+        Where to encode: cpu (numpy), or cuda (CuPy or torch; fails clearly without a GPU).
+    """
+
+    _parameter_constraints = {"pooling": [SecondOrderPooling],
+                              "device": [StrOptions({"cpu", "cuda"})]}
 
     def __init__(self, pooling: SecondOrderPooling, device: str = "cpu"):
         self.pooling = pooling.fit()
@@ -474,54 +490,18 @@ class LocalFeatureEncoder:
         return encode_per_frame(self._encode, arrays, extras)
 
 
-def _build(params, models):
-    pooling = SecondOrderPooling(
-        method=params["method_name"], norm=params["norm"], ns_iters=params["ns_iters"],
-        run_iters=params["run_iters"], run_eta=params["run_eta"], dim=params["dim"],
-        seed=params["seed"], post_ssr=params["post_ssr"], l2=params["l2"],
-        log_eps=params["log_eps"])
-    return LocalFeatureEncoder(pooling, device=params["device"])
-
-
-def _options(compact: bool) -> tuple[click.Option, ...]:
-    options = [
-        click.Option(["--norm"], type=click.Choice(NORMS), default=None,
-                     help="Normalisation (ns, logm: bilinear/cov only) [ssr]."),
-        click.Option(["--ns-iters"], type=int, default=None,
-                     help="Newton-Schulz iterations for --norm ns [5]."),
-        click.Option(["--run-iters"], type=int, default=None,
-                     help="RUN power iterations K for --norm run [2]."),
-        click.Option(["--run-eta"], type=float, default=None,
-                     help="RUN shrink factor eta for --norm run [0.6]."),
-        click.Option(["--seed"], type=int, default=None,
-                     help="Seed of sketches, projections and RUN's start vector [0]."),
-        click.Option(["--post-ssr/--no-post-ssr"], default=None,
-                     help="Element-wise SSR of the final vector [off]."),
-        click.Option(["--l2/--no-l2"], default=None, help="L2-normalise the final vector [on]."),
-        click.Option(["--log-eps"], type=float, default=None,
-                     help="logm eigenvalue floor relative to the largest [1e-6]."),
-        click.Option(["--device"], type=click.Choice(["cpu", "cuda"]), default=None,
-                     help="Where to pool: cpu (numpy) or cuda (CuPy or torch) [cpu]."),
-    ]
-    if compact:
-        options.append(click.Option(["--dim"], type=int, default=None,
-                                    help="Compact bilinear output size d [8192]."))
-    return tuple(options)
-
-
-_DEFAULTS = {"norm": "ssr", "ns_iters": 5, "run_iters": 2, "run_eta": 0.6, "seed": 0,
-             "post_ssr": False, "l2": True, "log_eps": 1e-6, "device": "cpu"}
-
-
 def _method(name: str, summary: str) -> EncodeMethod:
-    compact = name not in MATRIX_POOLINGS
-    defaults = dict(_DEFAULTS, **({"dim": 8192} if compact else {}))
+    exclude = ("method",) if name not in MATRIX_POOLINGS else ("method", "dim")
 
     def build(params, models):
-        return _build({"method_name": name, "dim": 0, **params}, models)
+        params = dict(params)
+        device = params.pop("device")
+        return LocalFeatureEncoder(SecondOrderPooling(method=name, **params), device=device)
 
-    return EncodeMethod(name=name, summary=summary, build=build, options=_options(compact),
-                        defaults=defaults, batch_size=32)
+    parameters = estimator_parameters(SecondOrderPooling, exclude=exclude) + \
+        estimator_parameters(LocalFeatureEncoder, include=("device",))
+    return EncodeMethod(name, summary, build, parameters, batch_size=32,
+                        fixed={"method": name})
 
 
 ENCODE_METHODS = [

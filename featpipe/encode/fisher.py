@@ -31,12 +31,18 @@ import logging
 import math
 import warnings
 from collections.abc import Mapping, Sequence
+from numbers import Integral, Real
 
 import numpy as np
+from sklearn.base import BaseEstimator, DensityMixin, TransformerMixin
+from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
+from sklearn.utils.validation import validate_data
 
-from featpipe.errors import InputError
+from featpipe.errors import InputError, ParameterError
 from featpipe.items import Frame, LocalFeatures, MemorySink, PerFrameStream, stream_item
+from featpipe.models import ArrayModel
 from featpipe.parallel import ItemOutput
+from featpipe.parameters import ValidatedEstimator, estimator_parameters, model_parameter
 
 #: VLFeat's skip thresholds (``vl/fisher.c``): tiny priors and tiny posteriors.
 PRIOR_THRESHOLD = 1e-6
@@ -81,25 +87,47 @@ def _mahalanobis(x, means, inv_var):
     return out
 
 
-class GaussianMixtureModel:
+class GaussianMixtureModel(ArrayModel, ValidatedEstimator, DensityMixin, BaseEstimator):
     """Diagonal GMM fitted by EM with VLFeat's conventions (see the module docstring).
 
     Parameters
     ----------
-    n_components : int, default 256
-    max_iter : int, default 100
-    tol : float, default 1e-5 -- relative change of the mean log-likelihood that stops EM.
-    variance_floor : float, default 1e-4 -- floor = ``variance_floor * max(data variance)``.
-    init : {"kmeans++", "kmeans"} -- k-means++ seeding alone, or k-means (Lloyd) after it.
-    random_state : int, default 0
-    dtype : {"float64", "float32"} -- precision of the EM computations.
-    chunk_size : int -- rows per E-step block (bounds memory).
+    n_components : int
+        Number of Gaussians K.
+    max_iter : int
+        Most EM iterations.
+    tol : float
+        Relative change of the mean log-likelihood that stops EM.
+    variance_floor : float
+        Floor of every variance, relative to the largest data variance.
+    init : {"kmeans", "kmeans++"}
+        Initialisation: k-means (Lloyd) after k-means++ seeding, or the seeding alone.
+    random_state : int
+        Seed of the initialisation.
+    dtype : {"float64", "float32"}
+        Precision of the EM computations.
+    chunk_size : int
+        Rows per E-step block (bounds memory).
 
     Attributes
     ----------
     weights_ (K,), means_ (K, D), variances_ (K, D), log_likelihoods_ (mean log-likelihood per
     descriptor, before each M-step), n_iter_, n_restarts_, converged_, variance_floor_.
     """
+
+    _model_name = "gmm"
+    _fitted_arrays = ("weights_", "means_", "variances_")
+    _fitted_meta = ("n_iter_", "n_restarts_", "converged_", "variance_floor_")
+    _parameter_constraints = {
+        "n_components": [Interval(Integral, 1, None, closed="left")],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "tol": [Interval(Real, 0, None, closed="left")],
+        "variance_floor": [Interval(Real, 0, None, closed="left")],
+        "init": [StrOptions({"kmeans", "kmeans++"})],
+        "random_state": ["random_state"],
+        "dtype": [StrOptions({"float64", "float32"})],
+        "chunk_size": [Interval(Integral, 1, None, closed="left")],
+    }
 
     def __init__(self, n_components=256, max_iter=100, tol=1e-5, variance_floor=1e-4,
                  init="kmeans", random_state=0, dtype="float64", chunk_size=16384):
@@ -114,25 +142,17 @@ class GaussianMixtureModel:
 
     # -- fitting ----------------------------------------------------------------------------
     def _validate(self, x):
-        if not (isinstance(self.n_components, int | np.integer) and self.n_components >= 1):
-            raise InputError(f"n_components must be a positive integer, got "
-                             f"{self.n_components!r}")
-        if self.init not in ("kmeans", "kmeans++"):
-            raise InputError(f"init must be 'kmeans' or 'kmeans++', got {self.init!r}")
-        if self.dtype not in ("float32", "float64"):
-            raise InputError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
-        if not self.max_iter >= 1:
-            raise InputError(f"max_iter must be >= 1, got {self.max_iter!r}")
+        self._validate_params()
         x = _check_descriptors(x)
         if x.shape[0] < self.n_components:
             raise InputError(f"need at least n_components={self.n_components} descriptors to "
                              f"fit the GMM, got {x.shape[0]}")
         return x.astype(self.dtype, copy=False)
 
-    def fit(self, x, init_params: Mapping[str, np.ndarray] | None = None):
-        """Fit on descriptors ``x`` (n, D).  ``init_params`` (weights, means, variances)
+    def fit(self, X, y=None, init_params: Mapping[str, np.ndarray] | None = None):
+        """Fit on descriptors ``X`` (n, D).  ``init_params`` (weights, means, variances)
         replaces the k-means initialisation (used by tests and warm starts)."""
-        x = self._validate(x)
+        x = self._validate(X)
         n, dim = x.shape
         self.center_ = x.mean(axis=0)
         xc = x - self.center_
@@ -168,6 +188,7 @@ class GaussianMixtureModel:
         self.n_iter_ = len(history) - 1
         self.n_restarts_ = restarts
         self.converged_ = converged
+        self.n_features_in_ = dim
         return self
 
     def _initialise(self, xc, data_var):
@@ -252,12 +273,9 @@ class GaussianMixtureModel:
     def score(self, x) -> float:
         """Mean log-likelihood of descriptors ``x`` under the fitted model."""
         x = _check_descriptors(x, self.means_.shape[1]).astype(np.float64)
+        center = self.means_.mean(axis=0)  # any centre: the log-likelihood does not depend on it
         return float(np.mean(_logsumexp_rows(self._log_joint(
-            x - self.center_, self.weights_, self.means_ - self.center_, self.variances_))))
-
-    # -- persistence ------------------------------------------------------------------------
-    def to_arrays(self) -> dict[str, np.ndarray]:
-        return {"weights": self.weights_, "means": self.means_, "variances": self.variances_}
+            x - center, self.weights_, self.means_ - center, self.variances_))))
 
 
 def check_gmm(weights, means, variances):
@@ -404,16 +422,48 @@ def pyramid_regions(positions, image_size, pyramid: str) -> list[np.ndarray]:
     return masks
 
 
-class FisherVector:
-    """Fisher-vector encoder, scikit-learn style.
+class FisherVector(ValidatedEstimator, TransformerMixin, BaseEstimator):
+    """Fisher-vector encoder (VLFeat layout; improved by default), scikit-learn's contract.
 
-    ``FisherVector(n_components=256).fit(descs).transform(list_of_descriptor_arrays)``.
-    ``fit`` accepts one (n, D) array or a list of them and fits a :class:`GaussianMixtureModel`
-    (or uses ``gmm``, an already fitted one).  ``transform`` returns (n_items, 2KD) float32.
+    ``FisherVector(n_components=256).fit(descriptors).transform(items)``: ``fit`` takes the
+    descriptors to fit a :class:`GaussianMixtureModel` on, as one (n, D) array or a list of
+    them; with ``gmm`` it uses that fitted diagonal GMM instead (a
+    :class:`GaussianMixtureModel` or scikit-learn's
+    ``GaussianMixture(covariance_type="diag")``).  ``transform`` takes a *list* of (n_i, D)
+    descriptor arrays, one per item, or a stack (items, n, D), and returns (items, 2KD) float32.
+    A single 2-D array is refused: it would be one image's descriptors, and encoding its rows
+    as separate items would be silently wrong (this is also why scikit-learn's
+    ``check_estimator``, which feeds 2-D arrays, cannot run every check on it).
 
-    Parameters: n_components, improved (True), posterior_threshold (1e-6, VLFeat),
-    max_iter, random_state, gmm (a fitted GaussianMixtureModel or None).
+    Parameters
+    ----------
+    n_components : int
+        Number of Gaussians K of the GMM fitted by ``fit`` (unused with ``gmm``).
+    improved : bool
+        Signed square root, then L2 normalisation (VLFeat's improved FV).
+    posterior_threshold : float
+        Pairs with a posterior below this are skipped (VLFeat: 1e-6).
+    max_iter : int
+        Most EM iterations of the GMM fitted by ``fit``.
+    random_state : int
+        Seed of the GMM fitted by ``fit``.
+    gmm : GaussianMixtureModel, sklearn.mixture.GaussianMixture or None
+        A fitted diagonal GMM to use instead of fitting one.
+
+    Attributes
+    ----------
+    weights_ (K,), means_ (K, D), variances_ (K, D): the GMM used; gmm_: the fitted GMM
+    object; n_iter_: EM iterations of the fitted GMM (0 with ``gmm``); n_features_in_.
     """
+
+    _parameter_constraints = {
+        "n_components": [Interval(Integral, 1, None, closed="left")],
+        "improved": ["boolean"],
+        "posterior_threshold": [Interval(Real, 0, 1, closed="left")],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "random_state": ["random_state"],
+        "gmm": [HasMethods(["fit"]), None],
+    }
 
     def __init__(self, n_components=256, improved=True, posterior_threshold=POSTERIOR_THRESHOLD,
                  max_iter=100, random_state=0, gmm=None):
@@ -424,33 +474,77 @@ class FisherVector:
         self.random_state = random_state
         self.gmm = gmm
 
-    def fit(self, descriptors, y=None):
+    def fit(self, X, y=None):
+        """Fit the GMM on descriptors ``X``: one (n, D) array or a list of them (with ``gmm``
+        the data only has to match its dimension)."""
+        self._validate_params()
+        if isinstance(X, list | tuple):
+            X = np.concatenate([_check_descriptors(d) for d in X])
+        try:
+            X = validate_data(self, X, dtype=[np.float64, np.float32])
+        except ValueError as err:
+            raise InputError(f"descriptors: {err}") from None
         if self.gmm is not None:
             self.gmm_ = self.gmm
+            self.weights_, self.means_, self.variances_ = diagonal_gmm_arrays(self.gmm)
+            self.n_iter_ = 0
+            if self.means_.shape[1] != X.shape[1]:
+                raise InputError(f"descriptors: dimension {X.shape[1]} does not match the "
+                                 f"GMM's {self.means_.shape[1]}")
         else:
-            if not isinstance(descriptors, np.ndarray):
-                descriptors = np.concatenate([_check_descriptors(d) for d in descriptors])
             self.gmm_ = GaussianMixtureModel(self.n_components, max_iter=self.max_iter,
-                                             random_state=self.random_state).fit(descriptors)
-        self.weights_, self.means_, self.variances_ = check_gmm(
-            self.gmm_.weights_, self.gmm_.means_, self.gmm_.variances_)
+                                             random_state=self.random_state).fit(X)
+            self.weights_, self.means_, self.variances_ = check_gmm(
+                self.gmm_.weights_, self.gmm_.means_, self.gmm_.variances_)
+            self.n_iter_ = self.gmm_.n_iter_
         return self
 
-    def transform(self, items: Sequence[np.ndarray]) -> np.ndarray:
+    def transform(self, X: Sequence[np.ndarray]) -> np.ndarray:
         if not hasattr(self, "means_"):
             raise InputError("FisherVector is not fitted: call fit() first")
-        if isinstance(items, np.ndarray) and items.ndim == 2:
+        if isinstance(X, np.ndarray) and X.ndim == 2:
             raise InputError("transform expects a list of (n_i, D) descriptor arrays, one per "
                              "item; got one 2-D array (wrap it in a list)")
         out = [fisher_vector(x, self.weights_, self.means_, self.variances_, self.improved,
-                             self.posterior_threshold) for x in items]
+                             self.posterior_threshold) for x in X]
         return np.stack(out) if out else np.zeros((0, 2 * self.means_.size), np.float32)
+
+
+def diagonal_gmm_arrays(gmm) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(weights, means, variances) of a fitted diagonal GMM: a :class:`GaussianMixtureModel`
+    or scikit-learn's ``GaussianMixture(covariance_type="diag")``."""
+    if not hasattr(gmm, "means_"):
+        raise ParameterError("gmm", f"must be a fitted GMM, got an unfitted "
+                             f"{type(gmm).__name__}")
+    if hasattr(gmm, "variances_"):
+        variances = gmm.variances_
+    elif getattr(gmm, "covariance_type", None) == "diag":
+        variances = gmm.covariances_
+    else:
+        raise ParameterError("gmm", "must have diagonal covariances (scikit-learn: "
+                             f"covariance_type='diag'), got "
+                             f"{getattr(gmm, 'covariance_type', type(gmm).__name__)!r}")
+    return check_gmm(gmm.weights_, gmm.means_, variances)
 
 
 # -- `featpipe encode --method fisher` -------------------------------------------------------
 
-class FisherItemEncoder:
+class FisherItemEncoder(ValidatedEstimator):
     """Encodes stage items with a stored GMM (``fit gmm`` or ``fit deep-gmm``).
+
+    Parameters
+    ----------
+    arrays : dict of ndarray
+        The GMM (``weights``, ``means``, ``variances``, with a leading class axis for per-class
+        models) and optionally a projection applied first (``pca_mean``, ``pca_components``).
+    improved : bool
+        Signed square root, then L2 normalisation (VLFeat's improved FV).
+    pyramid : {"none", "1x1+2x2+3x1"}
+        Spatial pyramid from the ``positions`` sidecar: one FV per cell, concatenated.
+    posterior_cutoff : float
+        Pairs with a posterior below this are skipped (VLFeat: 1e-6).
+    per_frame : bool
+        One FV per frame (``frame_index`` sidecar or (F, n, D) items) instead of per item.
 
     Item layouts accepted:
 
@@ -469,6 +563,19 @@ class FisherItemEncoder:
     per-class FVs, in the model's class order.
     """
 
+    _parameter_constraints = {
+        "arrays": [dict],
+        "improved": ["boolean"],
+        "pyramid": [StrOptions(set(PYRAMIDS))],
+        "posterior_cutoff": [Interval(Real, 0, 1, closed="left")],
+        "per_frame": ["boolean"],
+    }
+
+    @classmethod
+    def _check_param_rules(cls, params):
+        if params.get("per_frame") and params.get("pyramid", "none") != "none":
+            raise ParameterError("per_frame", "cannot be combined with a pyramid")
+
     def __init__(self, arrays: Mapping[str, np.ndarray], improved=True, pyramid="none",
                  posterior_cutoff=POSTERIOR_THRESHOLD, per_frame=False):
         means = np.asarray(arrays["means"])
@@ -482,12 +589,8 @@ class FisherItemEncoder:
         self.pyramid = pyramid
         self.threshold = posterior_cutoff
         self.per_frame = per_frame
-        if pyramid not in PYRAMIDS:
-            raise InputError(f"--pyramid must be one of {sorted(PYRAMIDS)}, got {pyramid!r}")
-        if not 0.0 <= posterior_cutoff < 1.0:
-            raise InputError(f"--posterior-cutoff must be in [0, 1), got {posterior_cutoff}")
-        if per_frame and pyramid != "none":
-            raise InputError("--per-frame and --pyramid cannot be combined")
+        self.check_param_values({"improved": improved, "pyramid": pyramid,
+                                 "posterior_cutoff": posterior_cutoff, "per_frame": per_frame})
 
     @property
     def input_dim(self) -> int:
@@ -573,35 +676,29 @@ class _FisherItemStream:
 
 
 def _build(params, models):
-    arrays, _meta = models["gmm"].load_model("gmm")
-    return FisherItemEncoder(arrays, improved=params["improved"], pyramid=params["pyramid"],
-                             posterior_cutoff=params["posterior_cutoff"],
-                             per_frame=params["per_frame"])
+    params = {k: v for k, v in params.items() if k != "gmm"}
+    return FisherItemEncoder(gmm_stage_arrays(models["gmm"]), **params)
+
+
+def gmm_stage_arrays(stage) -> dict[str, np.ndarray]:
+    """The GMM arrays of a ``fit gmm`` or ``fit deep-gmm`` stage, with the projection of its
+    ``pca`` model (whitening folded in) as ``pca_mean`` and ``pca_components``."""
+    from featpipe.extract.pca import MODEL_NAME, PCAProjection
+
+    arrays, _ = stage.load_model("gmm")
+    if stage.has_model(MODEL_NAME):
+        mean, components = stage.load_model(MODEL_NAME, PCAProjection).projection()
+        arrays.update(pca_mean=mean, pca_components=components)
+    return arrays
 
 
 def _encode_methods():
-    import click
-
     from featpipe.encode.registry import EncodeMethod
 
-    options = (
-        click.Option(["--gmm"], default=None, metavar="NAME",
-                     help="fisher: GMM model stage (from `fit gmm` or `fit deep-gmm`)."),
-        click.Option(["--improved/--no-improved"], default=None,
-                     help="fisher: signed square root + L2 (default: improved)."),
-        click.Option(["--pyramid"], default=None, type=click.Choice(sorted(PYRAMIDS)),
-                     help="fisher: spatial pyramid from the 'positions' sidecar (default none)."),
-        click.Option(["--posterior-cutoff"], default=None, type=float,
-                     help="fisher: skip pairs with posterior below this (default 1e-6, VLFeat)."),
-        click.Option(["--per-frame/--per-item"], default=None,
-                     help="fisher: one FV per frame ('frame_index' sidecar or (F, n, D) items)."),
-    )
+    gmm = model_parameter("gmm", "GMM model stage.", ("fit gmm", "fit deep-gmm"))
     return [EncodeMethod(
-        name="fisher", summary="Fisher vectors on a GMM (VLFeat layout, improved FV)",
-        build=_build, options=options,
-        defaults={"gmm": None, "improved": True, "pyramid": "none",
-                  "posterior_cutoff": POSTERIOR_THRESHOLD, "per_frame": False},
-        model_options=("gmm",), batch_size=8)]
+        "fisher", "Fisher vectors on a GMM (VLFeat layout, improved FV)", _build,
+        (gmm, *estimator_parameters(FisherItemEncoder, exclude=("arrays",))), batch_size=8)]
 
 
 ENCODE_METHODS = _encode_methods()

@@ -26,10 +26,16 @@ are mapped like any other value (VLFeat silently maps them to zero).
 from __future__ import annotations
 
 import math
+from numbers import Integral, Real
 
 import numpy as np
+from scipy.sparse import issparse
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import validate_data
 
 from featpipe.errors import InputError
+from featpipe.parameters import ValidatedEstimator
 
 WINDOWS = ("rectangular", "uniform")
 
@@ -72,17 +78,21 @@ def smoothed_spectrum(omega: float, period: float, window: str) -> float:
     return max(total, 0.0)
 
 
-class HomogeneousKernelMap:
+class HomogeneousKernelMap(ValidatedEstimator, TransformerMixin, BaseEstimator):
     """Explicit feature map of the additive chi-square kernel, VLFeat's construction.
+
+    A scikit-learn transformer of (N, D) arrays that needs no data to fit (like
+    ``sklearn.kernel_approximation.AdditiveChi2Sampler``): ``fit(X)`` samples the spectrum and
+    records D; ``transform`` without ``fit`` samples it on the fly.
 
     Parameters
     ----------
-    order : int, default 1
+    order : int
         Approximation order n; each input value gives 2n + 1 outputs.
-    gamma : float, default 1.0
+    gamma : float
         Homogeneity degree γ (1 for the standard chi-square kernel).
     period : float or None
-        Period Λ of the periodicised signature; ``None`` uses VLFeat's default for ``order``.
+        Period Λ of the periodicised signature; None uses VLFeat's default for the order.
     window : {"rectangular", "uniform"}
         Spectral window (VLFeat's MATLAB default is rectangular).
 
@@ -93,6 +103,13 @@ class HomogeneousKernelMap:
     kappa_ : ndarray (n + 1,)  smoothed spectrum κ̂ at f_j L
     """
 
+    _parameter_constraints = {
+        "order": [Interval(Integral, 0, None, closed="left")],
+        "gamma": [Interval(Real, 0, None, closed="neither")],
+        "period": [Interval(Real, 0, None, closed="neither"), None],
+        "window": [StrOptions(set(WINDOWS))],
+    }
+
     def __init__(self, order: int = 1, gamma: float = 1.0, period: float | None = None,
                  window: str = "rectangular"):
         self.order = order
@@ -100,17 +117,16 @@ class HomogeneousKernelMap:
         self.period = period
         self.window = window
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.requires_fit = False  # the map depends on the parameters only
+        return tags
+
     def fit(self, X=None, y=None):
-        """Sample the spectrum (no data needed; ``X`` is accepted for pipelines)."""
-        if isinstance(self.order, bool) or not isinstance(self.order, int | np.integer) \
-                or self.order < 0:
-            raise InputError(f"homkermap order must be an integer >= 0, got {self.order!r}")
-        if not self.gamma > 0:
-            raise InputError(f"homkermap gamma must be > 0, got {self.gamma!r}")
-        if self.window not in WINDOWS:
-            raise InputError(f"homkermap window must be one of {WINDOWS}, got {self.window!r}")
-        if self.period is not None and not self.period > 0:
-            raise InputError(f"homkermap period must be > 0, got {self.period!r}")
+        """Sample the spectrum; ``X`` (optional: the map needs no data) fixes D."""
+        self._validate_params()
+        if X is not None:
+            self._checked(X, reset=True)
         order = int(self.order)
         period = default_period(order, self.window) if self.period is None else float(
             self.period)
@@ -133,20 +149,21 @@ class HomogeneousKernelMap:
     def n_outputs_per_dim(self) -> int:
         return 2 * int(self.order) + 1
 
+    def _checked(self, X, reset: bool) -> np.ndarray:
+        """A finite 2-D float64 array with the fitted number of columns, or an InputError
+        (scikit-learn's ``validate_data`` messages)."""
+        if not issparse(X) and len(getattr(X, "shape", ())) > 2:
+            raise InputError(f"homkermap expects a 2-D array (N, D), got shape {X.shape}")
+        try:
+            return validate_data(self, X, reset=reset, dtype=np.float64)
+        except ValueError as err:
+            raise InputError(f"homkermap: {err}") from None
+
     def transform(self, X) -> np.ndarray:
         """Ψ(X): (N, D) -> (N, (2n + 1)·D) float64, [Ψ(x_1), Ψ(x_2), ...] per row."""
         if not hasattr(self, "kappa_"):
             self.fit()
-        X = np.asarray(X)
-        if X.dtype.kind not in "iuf":
-            raise InputError(f"homkermap expects a numeric array, got dtype {X.dtype}")
-        if X.ndim == 1:
-            X = X[None, :]
-        if X.ndim != 2:
-            raise InputError(f"homkermap expects a 2-D array (N, D), got shape {X.shape}")
-        X = X.astype(np.float64, copy=False)
-        if not np.all(np.isfinite(X)):
-            raise InputError("homkermap input contains NaN or Inf")
+        X = self._checked(X, reset=False)
         order = int(self.order)
         step = 2.0 * math.pi / self.period_
         magnitude = np.abs(X)
@@ -162,6 +179,3 @@ class HomogeneousKernelMap:
             out[..., 2 * j - 1] = amplitude * np.cos(angle)
             out[..., 2 * j] = amplitude * np.sin(angle)
         return out.reshape(X.shape[0], -1)
-
-    def fit_transform(self, X, y=None) -> np.ndarray:
-        return self.fit(X).transform(X)

@@ -1,23 +1,34 @@
 """The ``featpipe encode --method`` registry.
 
-Each encoder module declares ``ENCODE_METHODS``, a list of :class:`EncodeMethod`, and is named
-in :data:`METHOD_MODULES`.  ``featpipe encode`` offers the union of their options; every click
-option of a method defaults to ``None`` and the method's ``defaults`` fill in what the user did
-not give, so two methods can share an option name (``--C``) with different defaults.  The
-stage key hashes the method name and its complete parameter dict.
+Each encoder module declares ``ENCODE_METHODS``, a list of :class:`EncodeMethod`; the modules
+are :data:`METHOD_MODULES`, then any plugin module named by the ``featpipe.encoders`` entry
+point group or by the ``FEATPIPE_ENCODERS`` environment variable (module names separated by
+commas; CONTRIBUTING.md shows a whole plugin).
+
+A method's parameters are declared once, by the estimator classes that take them
+(:func:`featpipe.parameters.estimator_parameters`: signature, ``_parameter_constraints``,
+numpydoc), plus the model parameters that name fitted stages
+(:func:`featpipe.parameters.model_parameter`).  ``featpipe encode`` offers the union of the
+methods' options (generated, :mod:`featpipe.cli.options`); :func:`method_params` fills in the
+method's defaults and :meth:`EncodeMethod.validate` checks every value before a stage exists.
+The stage key hashes the method name and its complete parameter dict.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Protocol
 
-import click
 import numpy as np
 
-#: Modules that define ENCODE_METHODS; add yours here.
+from featpipe.parameters import Parameter, check_parameter_values
+
+#: Modules that define ENCODE_METHODS (plugins: the ``featpipe.encoders`` entry points and
+#: ``$FEATPIPE_ENCODERS``).
 METHOD_MODULES: list[str] = [
     "featpipe.encode.temporal",
     "featpipe.encode.standardize",
@@ -27,6 +38,10 @@ METHOD_MODULES: list[str] = [
     "featpipe.learn.dhrp",
     "featpipe.learn.gmsop",
 ]
+#: Entry point group of plugin modules (each value names a module with ENCODE_METHODS).
+ENTRY_POINT_GROUP = "featpipe.encoders"
+#: Environment variable listing plugin modules, separated by commas.
+PLUGIN_VARIABLE = "FEATPIPE_ENCODERS"
 
 
 class ItemEncoder(Protocol):
@@ -40,26 +55,54 @@ class ItemEncoder(Protocol):
 class EncodeMethod:
     """One ``--method`` value.
 
-    ``build(params, models)`` returns an :class:`ItemEncoder`; ``params`` holds every option of
-    the method (defaults applied) and ``models`` maps each option listed in ``model_options``
-    (options whose value names a fitted stage, such as ``--gmm``) to that :class:`Stage`.
+    ``build(params, models)`` returns an :class:`ItemEncoder`; ``params`` holds every parameter
+    of the method (defaults applied, validated) and ``models`` maps each model parameter (one
+    that names a fitted stage, such as ``gmm``) to that :class:`~featpipe.store.Stage`.
+    ``fixed`` holds the values ``build`` gives the estimators besides ``params`` (the pooling
+    of ``--method cov``), so that their rules are checked with them.
     """
 
     name: str
     summary: str
     build: Callable[..., ItemEncoder]
-    options: tuple[click.Option, ...] = ()
-    defaults: Mapping[str, object] = field(default_factory=dict)
-    model_options: tuple[str, ...] = ()
+    parameters: tuple[Parameter, ...] = ()
     batch_size: int = 16
+    fixed: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def defaults(self) -> dict[str, object]:
+        return {p.name: p.default for p in self.parameters}
+
+    @property
+    def model_options(self) -> tuple[str, ...]:
+        """The parameters that name fitted model stages."""
+        return tuple(p.name for p in self.parameters if p.model)
+
+    @property
+    def options(self) -> tuple:
+        """The method's click options (each defaults to ``None``: see :func:`method_params`)."""
+        from featpipe.cli.options import click_options
+
+        return click_options({self.name: self})
+
+    def validate(self, params: Mapping[str, object]) -> None:
+        """Raise :class:`~featpipe.errors.ParameterError` for a missing model or a bad value."""
+        check_parameter_values(self.parameters, params, f"--method {self.name}", self.fixed)
+
+
+def _plugin_modules() -> list[str]:
+    names = [ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    names += [n.strip() for n in os.environ.get(PLUGIN_VARIABLE, "").split(",") if n.strip()]
+    return names
 
 
 def load_methods() -> dict[str, EncodeMethod]:
     methods: dict[str, EncodeMethod] = {}
-    for module_name in METHOD_MODULES:
+    for module_name in METHOD_MODULES + _plugin_modules():
         for method in importlib.import_module(module_name).ENCODE_METHODS:
             if method.name in methods:
-                raise RuntimeError(f"encode method {method.name!r} is registered twice")
+                raise RuntimeError(f"encode method {method.name!r} is registered twice "
+                                   f"(again by {module_name})")
             methods[method.name] = method
     return methods
 
@@ -67,34 +110,39 @@ def load_methods() -> dict[str, EncodeMethod]:
 def method_params(method: EncodeMethod, given: Mapping[str, object]) -> dict:
     """The method's complete parameters: what the user gave, else the method's default."""
     params = {}
-    for option in method.options:
-        value = given.get(option.name)
+    for param in method.parameters:
+        value = given.get(param.name)
         if value is None or value == ():
-            value = method.defaults.get(option.name)
-        params[option.name] = list(value) if isinstance(value, tuple) else value
+            value = param.default
+        params[param.name] = list(value) if isinstance(value, tuple) else value
     return params
 
 
-def method_options(methods: Iterable[EncodeMethod], skip: Container[str] = ()
-                   ) -> list[click.Option]:
-    """The click options of ``methods``, one per name (the first declaration wins), minus
-    the names in ``skip``: ``featpipe encode`` and ``featpipe extract --encode`` offer
-    exactly these."""
-    options: dict[str, click.Option] = {}
-    for method in methods:
-        for option in method.options:
-            if option.name not in skip:
-                options.setdefault(option.name, option)
-    return list(options.values())
+def estimator_builder(cls, **fixed) -> Callable[[Mapping, Mapping], ItemEncoder]:
+    """``build`` for a method whose parameters are those of transformer ``cls``: the
+    transformer, fed one batch of item arrays at a time (:class:`BatchTransformer`)."""
+
+    def build(params: Mapping, models: Mapping) -> ItemEncoder:
+        return BatchTransformer(cls(**params, **fixed))
+
+    return build
 
 
-def given_params(method: EncodeMethod, values: Mapping[str, object], flag: str = "--method"
-                 ) -> dict:
-    """The values of ``method``'s own options; a value given for an option of another
-    method is a usage error (``flag`` names the method's flag in the message)."""
-    own = {option.name for option in method.options}
-    stray = sorted(k for k, v in values.items() if v not in (None, ()) and k not in own)
-    if stray:
-        flags = ", ".join("--" + k.replace("_", "-") for k in stray)
-        raise click.UsageError(f"{flags} does not apply to {flag} {method.name}")
-    return {k: v for k, v in values.items() if k in own}
+class BatchTransformer:
+    """The :class:`ItemEncoder` around a transformer of lists of arrays: ``fit`` on the first
+    item (it records the dimension, so that a later item with other dimensions fails with a
+    clear error), then ``transform`` each batch into float32 rows.  A transformer with
+    ``transform_sequences`` and ``emit_layer`` set gives one sequence per item instead."""
+
+    def __init__(self, transformer):
+        self.transformer = transformer
+
+    def encode_batch(self, arrays: Sequence[np.ndarray],
+                     extras: Sequence[Mapping[str, np.ndarray]]) -> list[np.ndarray]:
+        if not arrays:
+            return []
+        if getattr(self.transformer, "n_features_in_", None) is None:
+            self.transformer.fit([arrays[0]])
+        if getattr(self.transformer, "emit_layer", None) is not None:
+            return [s.astype(np.float32) for s in self.transformer.transform_sequences(arrays)]
+        return list(np.asarray(self.transformer.transform(arrays)).astype(np.float32))

@@ -15,22 +15,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import click
 import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.utils._param_validation import StrOptions
 
 from featpipe.encode.registry import EncodeMethod
-from featpipe.errors import InputError
+from featpipe.errors import InputError, ParameterError
 from featpipe.items import LocalFeatures, PerFrameStream, frame_sidecars
 from featpipe.parallel import ItemOutput
+from featpipe.parameters import ValidatedEstimator, estimator_parameters
 
 
 def parse_grid(text: str) -> tuple[int, int]:
+    """``'4x2'`` -> (4, 2): columns by rows, both at least 1."""
     try:
-        gx, gy = (int(v) for v in text.lower().split("x"))
+        gx, gy = (int(v) for v in str(text).lower().split("x"))
     except ValueError:
-        raise InputError(f"--grid must look like 2x2, got {text!r}") from None
+        raise ParameterError("grid", f"must look like 2x2 (columns x rows), got {text!r}") \
+            from None
     if gx < 1 or gy < 1:
-        raise InputError(f"--grid {text}: both sizes must be ≥ 1")
+        raise ParameterError("grid", f"must have both sizes >= 1, got {text!r}")
     return gx, gy
 
 
@@ -74,13 +78,29 @@ def grid_pool(descriptors: np.ndarray, positions: np.ndarray, frame_index: np.nd
         np.maximum.at(pooled, slot, X)
         pooled[np.isinf(pooled)] = 0.0
     else:
-        raise InputError(f"--pool must be avg or max, got {pool!r}")
+        raise ParameterError("pool", f"must be avg or max, got {pool!r}")
     return pooled.reshape(n_frames, n_cells * dim)
 
 
-class SpatialGridPooling:
+class SpatialGridPooling(ValidatedEstimator, BaseEstimator):
     """Encoder for ``featpipe encode``: items of local features -> frame sequences;
-    ``stream(sink)`` pools frames as extraction produces them."""
+    ``stream(sink)`` pools frames as extraction produces them.
+
+    Parameters
+    ----------
+    grid : str
+        Cells of the grid over the frame (``image_size``; else the descriptors' bounding
+        box), columns x rows (``4x4``).
+    pool : {"avg", "max"}
+        Pooling of the descriptors in each cell (an empty cell gives zeros).
+    """
+
+    _parameter_constraints = {"grid": [str], "pool": [StrOptions({"avg", "max"})]}
+
+    @classmethod
+    def _check_param_rules(cls, params):
+        if "grid" in params:
+            parse_grid(params["grid"])
 
     def __init__(self, grid: str = "2x2", pool: str = "avg"):
         self.grid = grid
@@ -106,15 +126,11 @@ class SpatialGridPooling:
 
 
 def _build(params: Mapping, models: Mapping):
-    return SpatialGridPooling(params["grid"], params["pool"])
+    return SpatialGridPooling(**params)
 
 
 ENCODE_METHODS = [
     EncodeMethod("spatial-grid", "local descriptors -> per-frame grid-pooled sequence "
-                 "(--grid 2x2 --pool avg)", _build,
-                 (click.Option(["--grid"], default=None, help="spatial-grid: cells, e.g. 2x2 "
-                                                               "[2x2]."),
-                  click.Option(["--pool"], type=click.Choice(["avg", "max"]), default=None,
-                               help="Pooling in each cell [avg].")),
-                 {"grid": "2x2", "pool": "avg"}, batch_size=8),
+                 "(--grid --pool)", _build, estimator_parameters(SpatialGridPooling),
+                 batch_size=8),
 ]

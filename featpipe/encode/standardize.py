@@ -9,25 +9,38 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import click
 import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
 
 from featpipe.encode.registry import EncodeMethod
 from featpipe.errors import InputError
+from featpipe.models import ArrayModel
+from featpipe.parameters import ValidatedEstimator, model_parameter
 
 MODEL_NAME = "standardize"
 
 
-class Standardizer:
-    """Fit per-channel mean and standard deviation on (T_i, D) sequences; transform them."""
+class Standardizer(ArrayModel, ValidatedEstimator, TransformerMixin, BaseEstimator):
+    """Fit per-channel mean and standard deviation on (T_i, D) sequences; transform them.
 
-    def fit(self, sequences: Sequence[np.ndarray]) -> Standardizer:
-        if not sequences:
+    Attributes
+    ----------
+    mean_ : ndarray (D,)
+    scale_ : ndarray (D,)
+        Standard deviation per channel (1 where it is below 1e-12).
+    """
+
+    _model_name = MODEL_NAME
+    _fitted_arrays = ("mean_", "scale_")
+
+    def fit(self, sequences: Sequence[np.ndarray], y=None) -> Standardizer:
+        if not len(sequences):
             raise InputError("standardize: no train sequences to fit on")
         frames = np.concatenate([_frames(x, i) for i, x in enumerate(sequences)], axis=0)
         self.mean_ = frames.mean(axis=0)
         std = frames.std(axis=0)
         self.scale_ = np.where(std < 1e-12, 1.0, std)
+        self.n_features_in_ = self.mean_.shape[0]
         return self
 
     def transform(self, sequences: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -49,13 +62,6 @@ def _frames(x, index) -> np.ndarray:
     return x
 
 
-def load_standardizer(stage) -> Standardizer:
-    arrays, _ = stage.load_model(MODEL_NAME)
-    model = Standardizer()
-    model.mean_, model.scale_ = arrays["mean"], arrays["scale"]
-    return model
-
-
 class _StandardizeEncoder:
     def __init__(self, model: Standardizer):
         self.model = model
@@ -65,13 +71,12 @@ class _StandardizeEncoder:
 
 
 def _build(params: Mapping, models: Mapping):
-    return _StandardizeEncoder(load_standardizer(models["model"]))
+    return _StandardizeEncoder(models["model"].load_model(MODEL_NAME, Standardizer))
 
 
 ENCODE_METHODS = [
     EncodeMethod("standardize", "per-channel z-score with train statistics (fit standardize "
                  "first; --model NAME)", _build,
-                 (click.Option(["--model"], default=None,
-                               help="Name of a fitted model stage (fit dhrp/gmsop/standardize)."),),
-                 {"model": None}, model_options=("model",), batch_size=64),
+                 (model_parameter("model", "Name of a fitted model stage.",
+                                  ("fit standardize",)),), batch_size=64),
 ]

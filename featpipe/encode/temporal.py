@@ -17,19 +17,22 @@
   when J = 1); every prefix shares the TVM vectors and Gram matrix of the whole sequence; then
   the final layer rank-pools X^(depth) as in ``hrp``.
 
-Each encoder is a scikit-learn style transformer over a list of (T_i, D) sequences and a
-``featpipe encode --method`` value.  Numerics go through the array API: ``device="cuda"``
-runs on CuPy or torch when a GPU is present and raises a clear error when not.
+Each encoder is a scikit-learn transformer (``BaseEstimator``, ``_parameter_constraints``)
+over a list of (T_i, D) sequences and a ``featpipe encode --method`` value whose options are
+generated from the class (:mod:`featpipe.parameters`).  Numerics go through the array API:
+``device="cuda"`` runs on CuPy or torch when a GPU is present and raises a clear error when
+not.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from numbers import Integral, Real
 
-import click
 import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from featpipe.backend import device_namespace, namespace, to_numpy
 from featpipe.encode.maps import (
@@ -41,9 +44,8 @@ from featpipe.encode.maps import (
     running_sum,
     time_varying_mean,
 )
-from featpipe.encode.registry import EncodeMethod
+from featpipe.encode.registry import EncodeMethod, estimator_builder
 from featpipe.encode.svr import (
-    check_svr_params,
     gram,
     rank_svr_dual,
     rank_svr_liblinear,
@@ -51,7 +53,8 @@ from featpipe.encode.svr import (
     rank_svr_unit,
     rank_svr_unit_gram,
 )
-from featpipe.errors import InputError
+from featpipe.errors import InputError, ParameterError
+from featpipe.parameters import ValidatedEstimator, estimator_parameters
 
 SOLVERS = ("newton", "liblinear")
 DIRECTIONS = ("fwd", "rev", "both")
@@ -99,18 +102,6 @@ def check_sequence(X, index, expected_dim: int | None = None, device="cpu"):
 
 def array_is_numpy(X) -> bool:
     return isinstance(X, np.ndarray)
-
-
-def _check_choice(value, choices, name):
-    if value not in choices:
-        raise InputError(f"{name} must be one of {tuple(choices)}, got {value!r}")
-    return value
-
-
-def _check_positive_int(value, name, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,40 +365,26 @@ def recursive_layer(X, psi="ser", C=1.0, epsilon=0.1, solver="newton",
 # ---------------------------------------------------------------------------------------------
 # transformers
 
+_DEVICE = [StrOptions({"cpu", "cuda"})]
+_POSITIVE_INT = [Interval(Integral, 1, None, closed="left")]
 
-class TemporalEncoder:
-    """Base of the temporal encoders: a scikit-learn style transformer over a list of
-    (T_i, D) sequences (numpy, torch or CuPy arrays).  ``fit`` only records the dimension."""
 
-    device = "cpu"
+class TemporalEncoder(ValidatedEstimator, TransformerMixin, BaseEstimator):
+    """Base of the temporal encoders: a scikit-learn transformer over a list of (T_i, D)
+    sequences (numpy, torch or CuPy arrays).  ``fit`` only records the dimension.
 
-    def get_params(self, deep=True):
-        return {name: getattr(self, name) for name in self._param_names()}
+    Parameters
+    ----------
+    device : {"cpu", "cuda"}
+        Where to encode: cpu (numpy), or cuda (CuPy or torch; fails clearly without a GPU).
+    """
 
-    def set_params(self, **params):
-        for name, value in params.items():
-            if name not in self._param_names():
-                raise ValueError(f"{type(self).__name__} has no parameter {name!r}")
-            setattr(self, name, value)
-        return self
-
-    @classmethod
-    def _param_names(cls):
-        import inspect
-
-        return [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-
-    def __repr__(self):
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
-        return f"{type(self).__name__}({args})"
+    _parameter_constraints = {"device": _DEVICE}
 
     def fit(self, sequences, y=None):
         seqs = self._validated(sequences)
         self.n_features_in_ = seqs[0].shape[1]
         return self
-
-    def fit_transform(self, sequences, y=None):
-        return self.fit(sequences, y).transform(sequences)
 
     def transform(self, sequences):
         """Encode each sequence; returns an (n, dim) numpy array in the inputs' float dtype."""
@@ -416,8 +393,7 @@ class TemporalEncoder:
         return np.stack([np.asarray(to_numpy(e)) for e in encoded])
 
     def _validated(self, sequences):
-        self._check_params()
-        _check_choice(self.device, ("cpu", "cuda"), "device")
+        self._validate_params()
         if isinstance(sequences, np.ndarray) and sequences.ndim == 2:
             raise InputError("expected a list of (T, D) sequences, got one 2-D array; "
                              "wrap it in a list")
@@ -432,73 +408,105 @@ class TemporalEncoder:
         return [first] + [check_sequence(s, i, dim, self.device)
                           for i, s in enumerate(sequences) if i > 0]
 
-    def _check_params(self):
-        pass
-
     def _encode_all(self, seqs):
         return [self._encode_one(X) for X in seqs]
 
 
-class AveragePooling(TemporalEncoder):
-    """Mean over time."""
+class _DeviceOnly(TemporalEncoder):
+    """An encoder whose only parameter is the device."""
 
     def __init__(self, device="cpu"):
         self.device = device
+
+
+class AveragePooling(_DeviceOnly):
+    """Mean over time."""
 
     def _encode_one(self, X):
         return average_pool(X)
 
 
-class MaxPooling(TemporalEncoder):
+class MaxPooling(_DeviceOnly):
     """Maximum over time."""
-
-    def __init__(self, device="cpu"):
-        self.device = device
 
     def _encode_one(self, X):
         return max_pool(X)
 
 
 class TemporalPyramid(TemporalEncoder):
-    """Two-level temporal pyramid: [pool(X); pool(first half); pool(second half)], 3·D."""
+    """Two-level temporal pyramid: [pool(X); pool(first half); pool(second half)], 3·D.
+
+    Parameters
+    ----------
+    pool : {"avg", "max"}
+        Pooling in each cell of the pyramid.
+    """
+
+    _parameter_constraints = {**TemporalEncoder._parameter_constraints,
+                              "pool": [StrOptions({"avg", "max"})]}
 
     def __init__(self, pool="avg", device="cpu"):
         self.pool = pool
         self.device = device
 
-    def _check_params(self):
-        _check_choice(self.pool, ("avg", "max"), "pool")
-
     def _encode_one(self, X):
         return temporal_pyramid(X, self.pool)
 
 
-class ApproximateRankPooling(TemporalEncoder):
+class ApproximateRankPooling(_DeviceOnly):
     """Dynamic-image coefficients on the raw frames: d = Σ_t α_t x_t (Bilen et al. CVPR'16)."""
-
-    def __init__(self, device="cpu"):
-        self.device = device
 
     def _encode_one(self, X):
         return approximate_rank_pool(X)
 
 
 class _RankPoolingParams(TemporalEncoder):
-    def _check_params(self):
-        check_svr_params(self.C, self.epsilon)
-        _check_choice(self.psi, PSI_MAPS, "psi")
-        _check_choice(self.solver, SOLVERS, "solver")
-        _check_choice(self.directions, DIRECTIONS, "directions")
-        if self.solver == "liblinear" and self.device != "cpu":
-            raise InputError("solver='liblinear' runs on the CPU only; use device='cpu'")
+    """The SVR parameters every rank-pooling encoder shares.
+
+    Parameters
+    ----------
+    psi : {"none", "ssr", "ser"}
+        Map ψ applied to the time-varying mean before the SVR.
+    C : float
+        SVR cost (liblinear ``-c``; the HRP paper writes C/2).
+    epsilon : float
+        SVR insensitivity ε (liblinear ``-p``).
+    directions : {"fwd", "rev", "both"}
+        Rank-pool the sequence forward, reversed, or both concatenated (the final layer of
+        hrp and recursive).
+    solver : {"newton", "liblinear"}
+        SVR solver: featpipe's exact batched Newton, or per-window liblinear (the reference).
+    """
+
+    _parameter_constraints = {
+        **TemporalEncoder._parameter_constraints,
+        "psi": [StrOptions(set(PSI_MAPS))],
+        "C": [Interval(Real, 0, None, closed="neither")],
+        "epsilon": [Interval(Real, 0, None, closed="left")],
+        "directions": [StrOptions(set(DIRECTIONS))],
+        "solver": [StrOptions(set(SOLVERS))],
+    }
+
+    @classmethod
+    def _check_param_rules(cls, params):
+        if params.get("solver") == "liblinear" and params.get("device", "cpu") != "cpu":
+            raise ParameterError("solver", "liblinear runs on the CPU only; use device cpu")
 
 
 class RankPooling(_RankPoolingParams):
-    """Rank pooling of the whole sequence: u* of the SVR on L2(ψ(TVM(X))).
+    """Rank pooling of the whole sequence: u* of the SVR on L2(ψ(TVM(X))) (VideoDarwin).
 
     Sequences are solved ``batch_size`` at a time (sorted by length; shorter ones zero-padded
     and masked); small batches keep the working set in cache.
+
+    Parameters
+    ----------
+    batch_size : int
+        Sequences solved together.
     """
+
+    _parameter_constraints = {**_RankPoolingParams._parameter_constraints,
+                              "batch_size": _POSITIVE_INT}
 
     def __init__(self, directions="both", psi="ssr", C=1.0, epsilon=0.1, solver="newton",
                  device="cpu", batch_size=8):
@@ -511,7 +519,6 @@ class RankPooling(_RankPoolingParams):
         self.batch_size = batch_size
 
     def _encode_all(self, seqs):
-        _check_positive_int(self.batch_size, "batch_size")
         out = [None] * len(seqs)
         for i, X in enumerate(seqs):
             if X.shape[0] > DENSE_MAX_LENGTH:
@@ -542,8 +549,27 @@ class RankPooling(_RankPoolingParams):
 
 class HierarchicalRankPooling(_RankPoolingParams):
     """Hierarchical rank pooling (Fernando et al. CVPR'16): depth−1 sliding-window layers,
-    then rank pooling of the whole last sequence.  ``emit_layer=ℓ`` returns the sequence
-    X^(ℓ) (ℓ = 1 is the input, ℓ = depth the sequence the final layer pools) instead."""
+    then rank pooling of the whole last sequence.
+
+    Parameters
+    ----------
+    window : int
+        Window length M of each sliding-window layer (a shorter sequence is one window).
+    stride : int
+        Stride S between windows.
+    depth : int
+        Number of layers L (depth − 1 sliding-window layers, then the final one).
+    emit_layer : int or None
+        Return the sequence X^(ℓ) of layer ℓ (1 = the input, depth = the sequence the final
+        layer pools) instead of the final vector.
+    chunk_bytes : int
+        Working memory for one chunk of layer-1 windows, in bytes.
+    """
+
+    _parameter_constraints = {**_RankPoolingParams._parameter_constraints,
+                              "window": _POSITIVE_INT, "stride": _POSITIVE_INT,
+                              "depth": _POSITIVE_INT, "emit_layer": [*_POSITIVE_INT, None],
+                              "chunk_bytes": _POSITIVE_INT}
 
     def __init__(self, window=20, stride=1, depth=2, psi="ser", C=1.0, epsilon=0.1,
                  directions="fwd", solver="newton", device="cpu", emit_layer=None,
@@ -560,17 +586,13 @@ class HierarchicalRankPooling(_RankPoolingParams):
         self.emit_layer = emit_layer
         self.chunk_bytes = chunk_bytes
 
-    def _check_params(self):
-        super()._check_params()
-        _check_positive_int(self.window, "window")
-        _check_positive_int(self.stride, "stride")
-        _check_positive_int(self.depth, "depth")
-        _check_positive_int(self.chunk_bytes, "chunk_bytes")
-        if self.emit_layer is not None:
-            _check_positive_int(self.emit_layer, "emit_layer")
-            if self.emit_layer > self.depth:
-                raise InputError(f"emit_layer must be between 1 and depth={self.depth}, got "
-                                 f"{self.emit_layer}")
+    @classmethod
+    def _check_param_rules(cls, params):
+        super()._check_param_rules(params)
+        emit, depth = params.get("emit_layer"), params.get("depth")
+        if emit is not None and depth is not None and emit > depth:
+            raise ParameterError("emit_layer", f"must be between 1 and depth={depth}, got "
+                                 f"{emit}")
 
     def transform(self, sequences):
         if self.emit_layer is None:
@@ -640,95 +662,22 @@ class RecursiveRankPooling(HierarchicalRankPooling):
 # featpipe encode --method ...
 
 
-class _BatchEncoder:
-    """The registry's ItemEncoder around a transformer; remembers the first item's dimension
-    so that a later item with other dimensions fails with a clear error."""
+def _method(name: str, summary: str, cls, batch_size: int = 16) -> EncodeMethod:
+    return EncodeMethod(name, summary, estimator_builder(cls),
+                        estimator_parameters(cls, exclude=("chunk_bytes", "batch_size")),
+                        batch_size)
 
-    def __init__(self, transformer, emit_sequences=False):
-        self.transformer = transformer
-        self.emit_sequences = emit_sequences
-
-    def encode_batch(self, arrays: Sequence[np.ndarray],
-                     extras: Sequence[Mapping[str, np.ndarray]]) -> list[np.ndarray]:
-        if not arrays:
-            return []
-        dim = getattr(self.transformer, "n_features_in_", None)
-        if dim is None:
-            self.transformer.fit([arrays[0]])
-        if self.emit_sequences:
-            return [s.astype(np.float32) for s in self.transformer.transform_sequences(arrays)]
-        return list(self.transformer.transform(arrays).astype(np.float32))
-
-
-_OPT = {
-    "C": click.Option(["--C", "C"], type=float, default=None,
-                      help="SVR cost (liblinear -c) [rankpool/hrp/recursive: 1]."),
-    "epsilon": click.Option(["--epsilon"], type=float, default=None,
-                            help="SVR insensitivity (liblinear -p) [0.1]."),
-    "psi": click.Option(["--psi"], type=click.Choice(PSI_MAPS), default=None,
-                        help="Map before the SVR [rankpool: ssr (VideoDarwin); "
-                             "hrp/recursive: ser]."),
-    "directions": click.Option(["--directions"], type=click.Choice(DIRECTIONS), default=None,
-                               help="Rank-pool forward, reversed or both [rankpool: both; "
-                                    "hrp/recursive final layer: fwd]."),
-    "solver": click.Option(["--solver"], type=click.Choice(SOLVERS), default=None,
-                           help="SVR solver: exact batched Newton, or per-window liblinear "
-                                "(reference) [newton]."),
-    "device": click.Option(["--device"], type=click.Choice(["cpu", "cuda"]), default=None,
-                           help="cpu, or cuda (CuPy or torch; fails clearly without a GPU) "
-                                "[cpu]."),
-    "window": click.Option(["--window"], type=int, default=None,
-                           help="hrp: window length M [20]."),
-    "stride": click.Option(["--stride"], type=int, default=None, help="hrp: stride S [1]."),
-    "depth": click.Option(["--depth"], type=int, default=None,
-                          help="hrp/recursive: number of layers L [2]."),
-    "emit_layer": click.Option(["--emit-layer", "emit_layer"], type=int, default=None,
-                               help="hrp/recursive: store the layer-L sequence X^(L) instead "
-                                    "of the final vector."),
-    "pool": click.Option(["--pool"], type=click.Choice(["avg", "max"]), default=None,
-                         help="tpyramid: pooling in each cell [avg]."),
-}
-
-
-def _opts(*names):
-    return tuple(_OPT[n] for n in names)
-
-
-def _builder(cls):
-    def build(params: Mapping, models: Mapping):
-        params = dict(params)
-        emit = params.get("emit_layer") is not None
-        return _BatchEncoder(cls(**params), emit_sequences=emit)
-
-    return build
-
-
-_RANK = {"C": 1.0, "epsilon": 0.1, "solver": "newton", "device": "cpu"}
 
 ENCODE_METHODS = [
-    EncodeMethod("avg", "average over time", _builder(AveragePooling), _opts("device"),
-                 {"device": "cpu"}),
-    EncodeMethod("max", "maximum over time", _builder(MaxPooling), _opts("device"),
-                 {"device": "cpu"}),
-    EncodeMethod("tpyramid", "temporal pyramid: whole + halves (--pool avg|max)",
-                 _builder(TemporalPyramid), _opts("pool", "device"),
-                 {"pool": "avg", "device": "cpu"}),
-    EncodeMethod("arp", "approximate rank pooling (dynamic image coefficients)",
-                 _builder(ApproximateRankPooling), _opts("device"), {"device": "cpu"}),
-    EncodeMethod("rankpool", "rank pooling, VideoDarwin (--directions both)",
-                 _builder(RankPooling),
-                 _opts("directions", "psi", "C", "epsilon", "solver", "device"),
-                 {**_RANK, "directions": "both", "psi": "ssr"}, batch_size=64),
-    EncodeMethod("hrp", "hierarchical rank pooling (--window 20 --stride 1 --depth 2 --psi ser)",
-                 _builder(HierarchicalRankPooling),
-                 _opts("window", "stride", "depth", "psi", "C", "epsilon", "directions",
-                       "solver", "device", "emit_layer"),
-                 {**_RANK, "window": 20, "stride": 1, "depth": 2, "psi": "ser",
-                  "directions": "fwd", "emit_layer": None}, batch_size=1),
-    EncodeMethod("recursive", "recursive rank pooling (--depth 2 --psi ser)",
-                 _builder(RecursiveRankPooling),
-                 _opts("depth", "psi", "C", "epsilon", "directions", "solver", "device",
-                       "emit_layer"),
-                 {**_RANK, "depth": 2, "psi": "ser", "directions": "fwd", "emit_layer": None},
-                 batch_size=1),
+    _method("avg", "average over time", AveragePooling),
+    _method("max", "maximum over time", MaxPooling),
+    _method("tpyramid", "temporal pyramid: whole + halves (--pool avg|max)", TemporalPyramid),
+    _method("arp", "approximate rank pooling (dynamic image coefficients)",
+            ApproximateRankPooling),
+    _method("rankpool", "rank pooling, VideoDarwin (--directions both)", RankPooling,
+            batch_size=64),
+    _method("hrp", "hierarchical rank pooling (--window --stride --depth --psi)",
+            HierarchicalRankPooling, batch_size=1),
+    _method("recursive", "recursive rank pooling (--depth --psi)", RecursiveRankPooling,
+            batch_size=1),
 ]

@@ -7,30 +7,44 @@ projects dense SIFT to 64 dimensions; Fisher-vector pipelines (Sánchez et al., 
 do the same before the GMM.
 
 The model is stored in a ``pca`` stage as ``models/pca.npz`` (``components``, ``mean``,
-``explained_variance``) with its metadata; :func:`load_pca` gives it back to any helper
-(extraction with ``--pca``, Fisher-vector encoders).
+``explained_variance``) with its metadata (the model contract of :mod:`featpipe.models`);
+:func:`load_pca` gives it back to any helper (extraction with ``--pca``, Fisher-vector
+encoders).  The descriptors it is fitted on come from
+:func:`featpipe.stages.fitting.sample_descriptors`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from numbers import Integral
 
 import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils._param_validation import Interval
 
 from featpipe.errors import FeatpipeError, InputError
+from featpipe.models import ArrayModel
+from featpipe.parameters import ValidatedEstimator
 from featpipe.store import Stage
 
 MODEL_NAME = "pca"
 
 
-class PCAProjection:
-    """Linear projection onto the top principal axes, scikit-learn style.
+class PCAProjection(ArrayModel, ValidatedEstimator, TransformerMixin, BaseEstimator):
+    """Linear projection onto the top principal axes (scikit-learn's PCA, full SVD).
 
     Parameters
     ----------
-    n_components : output dimension (64 in the deep Fisher kernel paper).
-    whiten : divide each projected coordinate by the square root of its variance.
+    n_components : int
+        Output dimension (64 in the deep Fisher kernel paper).
+    whiten : bool
+        Divide each projected coordinate by the square root of its variance.
     """
+
+    _model_name = MODEL_NAME
+    _fitted_arrays = ("components_", "mean_", "explained_variance_",
+                      "explained_variance_ratio_")
+    _parameter_constraints = {"n_components": [Interval(Integral, 1, None, closed="left")],
+                              "whiten": ["boolean"]}
 
     def __init__(self, n_components=64, whiten=False):
         self.n_components = n_components
@@ -39,6 +53,7 @@ class PCAProjection:
     def fit(self, X, y=None):
         from sklearn.decomposition import PCA
 
+        self._validate_params()
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2:
             raise InputError(f"PCA expects a 2-D array (descriptors x dims), got shape {X.shape}")
@@ -56,7 +71,16 @@ class PCAProjection:
         self.mean_ = engine.mean_.astype(np.float32)
         self.explained_variance_ = engine.explained_variance_.astype(np.float32)
         self.explained_variance_ratio_ = engine.explained_variance_ratio_.astype(np.float32)
+        self.n_features_in_ = X.shape[1]
         return self
+
+    def projection(self) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, matrix P) with y = (x − mean) Pᵀ, whitening folded into P (rows / √λ)."""
+        components = self.components_
+        if self.whiten:
+            components = components / np.sqrt(np.maximum(
+                self.explained_variance_, np.finfo(np.float32).tiny))[:, None]
+        return self.mean_, components
 
     def transform(self, X) -> np.ndarray:
         if not hasattr(self, "components_"):
@@ -70,50 +94,7 @@ class PCAProjection:
             Y /= np.sqrt(np.maximum(self.explained_variance_, np.finfo(np.float32).tiny))
         return Y.astype(np.float32, copy=False)
 
-    def fit_transform(self, X, y=None) -> np.ndarray:
-        return self.fit(X).transform(X)
-
-
-def sample_rows(stage: Stage, ids: Sequence[str], n_samples: int | None, seed: int
-                ) -> np.ndarray:
-    """A seeded sample of at most ``n_samples`` rows drawn uniformly from the items' arrays.
-
-    Every item contributes up to ⌈n / items⌉ rows chosen without replacement (so large items
-    do not dominate), then the pool is cut to ``n_samples`` at random.  ``None`` keeps all.
-    """
-    rng = np.random.default_rng(seed)
-    per_item = None if n_samples is None else -(-int(n_samples) // max(len(ids), 1))
-    parts = []
-    for item_id in ids:
-        rows = np.asarray(stage.read_item(item_id, mmap=True))
-        if rows.ndim != 2:
-            rows = rows.reshape(-1, rows.shape[-1])
-        if per_item is not None and len(rows) > per_item:
-            rows = rows[np.sort(rng.choice(len(rows), per_item, replace=False))]
-        parts.append(np.asarray(rows, dtype=np.float32))
-    if not parts:
-        raise FeatpipeError(f"stage {stage.name}: no items to sample descriptors from")
-    pool = np.concatenate(parts)
-    if n_samples is not None and len(pool) > n_samples:
-        pool = pool[np.sort(rng.choice(len(pool), int(n_samples), replace=False))]
-    return pool
-
-
-def save_pca(stage: Stage, pca: PCAProjection, meta: dict) -> None:
-    """Store a fitted projection as the stage's ``pca`` model."""
-    stage.save_model(MODEL_NAME, {"components": pca.components_, "mean": pca.mean_,
-                                  "explained_variance": pca.explained_variance_,
-                                  "explained_variance_ratio": pca.explained_variance_ratio_},
-                     {"n_components": int(pca.n_components), "whiten": bool(pca.whiten),
-                      **meta})
-
 
 def load_pca(stage: Stage) -> PCAProjection:
     """The fitted :class:`PCAProjection` of a ``pca`` stage (``transform(X)`` ready)."""
-    arrays, meta = stage.load_model(MODEL_NAME)
-    pca = PCAProjection(n_components=int(meta["n_components"]), whiten=bool(meta["whiten"]))
-    pca.components_ = arrays["components"]
-    pca.mean_ = arrays["mean"]
-    pca.explained_variance_ = arrays["explained_variance"]
-    pca.explained_variance_ratio_ = arrays["explained_variance_ratio"]
-    return pca
+    return stage.load_model(MODEL_NAME, PCAProjection)

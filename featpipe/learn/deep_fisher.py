@@ -38,12 +38,17 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 
 import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from featpipe.backend import device_namespace, namespace, to_numpy
 from featpipe.encode.fisher import POSTERIOR_THRESHOLD, PRIOR_THRESHOLD, check_gmm
 from featpipe.errors import InputError
+from featpipe.models import ArrayModel
+from featpipe.parameters import ValidatedEstimator, check_params
 
 log = logging.getLogger(__name__)
 
@@ -209,25 +214,42 @@ class _Task:
     history: list[dict] = field(default_factory=list)
 
 
-class DeepFisherKernel:
+class DeepFisherKernel(ArrayModel, ValidatedEstimator, BaseEstimator):
     """Learn the GMM of a Fisher-vector encoding together with linear SVMs (Algorithm 1).
+
+    ``fit(train, y_train, val, y_val, gmm)`` takes the validation part and the starting GMM
+    explicitly (not scikit-learn's ``fit(X, y)``), so ``GridSearchCV`` does not apply; ``clone``
+    and ``get_params`` do.
 
     Parameters
     ----------
-    C : float, default 1.0 -- SVM cost in 1/2||w||^2 + (C/n) sum loss (liblinear C = C/n).
-    mode : {"shared", "per-class"} -- one multi-task GMM, or one GMM per class.
-    max_iter : int, default 20 -- iteration budget.
-    patience : int, default 3 -- stop after this many iterations without a better validation
-        score.
-    posterior_cutoff : float, default 1e-5 -- the paper's gradient approximation (0 = exact).
-    subsample : float, default 0.1 -- fraction of each image's descriptors for the gradient.
-    max_step : float, default 0.5 -- first trial step: the largest change of a, mu/sigma or s.
-    line_search_steps : int, default 8 -- step halvings tried before stopping.
-    svm_tol : float, default 1e-4 -- liblinear ``-e``.
-    random_state : int, default 0
-    device : {"cpu", "cuda"} -- cuda runs the FV and gradient on CuPy (or torch) when present.
-    xp : array-API namespace or None -- overrides ``device`` (tests: array_api_strict, torch).
+    C : float
+        SVM cost C in 1/2||w||^2 + (C/n) sum sq. hinge (liblinear -c C/n).
+    mode : {"shared", "per-class"}
+        One multi-task GMM, or one GMM per class (one-vs-rest).
+    max_iter : int
+        Iteration budget.
+    patience : int
+        Stop after this many iterations without a better validation score.
+    posterior_cutoff : float
+        Leave pairs with posterior below this out of the gradient (the paper's
+        approximation; 0 = exact).
+    subsample : float
+        Fraction of each item's descriptors used for the gradient.
+    max_step : float
+        First trial step: the largest change of a, mu/sigma or s.
+    line_search_steps : int
+        Step halvings tried before stopping.
+    svm_tol : float
+        liblinear -e.
+    random_state : int
+        Seed of the descriptor subsampling.
+    device : {"cpu", "cuda"}
+        cuda runs the FVs and gradients on CuPy (or torch) when present.
+    xp : array-API namespace or None
+        Overrides device (tests: array_api_strict, torch).
     dtype : {"float64", "float32"}
+        Precision of the FVs and gradients during learning.
 
     Attributes
     ----------
@@ -235,6 +257,25 @@ class DeepFisherKernel:
     history_ (per task, per iteration: objective, validation score, step, accepted),
     best_iteration_, svm_weights_ (per class, for the kept GMM).
     """
+
+    _model_name = "deep-gmm"
+    _fitted_arrays = ("weights_", "means_", "variances_", "svm_weights_")
+    _fitted_meta = ("classes_", "history_", "best_iteration_")
+    _parameter_constraints = {
+        "C": [Interval(Real, 0, None, closed="neither")],
+        "mode": [StrOptions(set(MODES))],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "patience": [Interval(Integral, 1, None, closed="left")],
+        "posterior_cutoff": [Interval(Real, 0, 1, closed="left")],
+        "subsample": [Interval(Real, 0, 1, closed="right")],
+        "max_step": [Interval(Real, 0, None, closed="neither")],
+        "line_search_steps": [Interval(Integral, 1, None, closed="left")],
+        "svm_tol": [Interval(Real, 0, None, closed="neither")],
+        "random_state": [Interval(Integral, 0, None, closed="left")],
+        "device": [StrOptions({"cpu", "cuda"})],
+        "xp": "no_validation",
+        "dtype": [StrOptions({"float64", "float32"})],
+    }
 
     def __init__(self, C=1.0, mode="shared", max_iter=20, patience=3, posterior_cutoff=1e-5,
                  subsample=0.1, max_step=0.5, line_search_steps=8, svm_tol=1e-4,
@@ -309,14 +350,10 @@ class DeepFisherKernel:
 
     # -- fitting ----------------------------------------------------------------------------
     def _validate(self, train, y_train, val, y_val, gmm):
-        if self.mode not in MODES:
-            raise InputError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if not 0 < self.subsample <= 1:
-            raise InputError(f"subsample must be in (0, 1], got {self.subsample}")
-        if not 0 <= self.posterior_cutoff < 1:
-            raise InputError(f"posterior_cutoff must be in [0, 1), got {self.posterior_cutoff}")
-        if not self.C > 0:
-            raise InputError(f"C must be positive, got {self.C}")
+        if self.xp is None:
+            self._validate_params()
+        else:  # a namespace overrides the device; checking the device would need a GPU
+            check_params(self._parameter_constraints, self.get_params(deep=False))
         weights, means, variances = check_gmm(*gmm)
         for what, items, labels in (("train", train, y_train), ("validation", val, y_val)):
             if len(items) != len(labels):
@@ -422,5 +459,8 @@ class DeepFisherKernel:
                     break
         return best[1], best[2], history, best[3]
 
-    def to_arrays(self) -> dict[str, np.ndarray]:
-        return {"weights": self.weights_, "means": self.means_, "variances": self.variances_}
+    @classmethod
+    def from_arrays(cls, arrays, meta) -> DeepFisherKernel:
+        model = super().from_arrays(arrays, meta)
+        model.classes_ = np.asarray(model.classes_)
+        return model

@@ -21,7 +21,10 @@ pooling, or any per-frame sequence), in the paper's order (ψ before the smoothi
     ser:  [√(max(z, 0) + δ) − √δ,  √(max(−z, 0) + δ) − √δ]       (doubles D)
     tanh: tanh(z)
 
-Training minimises the mean negative log-likelihood plus
+The network (W, the argmin, the classifier) is the torch module
+:class:`featpipe.nn.dhrp.DiscriminativeRankPoolingNet`; the argmin's autograd function is
+:class:`featpipe.nn.rank_pool.RankPoolArgmin`.  Training minimises the mean negative
+log-likelihood plus
 λ/2 (‖W − I‖²_F + Σ_c ‖w_c‖²) by mini-batch SGD (momentum 0.9) or Adam with a cosine
 learning-rate schedule, stopping early on a validation fold of the train items; the w_c are
 initialised from a linear SVM (liblinear through scikit-learn's LinearSVC, no intercept) on
@@ -47,10 +50,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from numbers import Integral, Real
 
 import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils._param_validation import Interval, StrOptions
 
-from featpipe.errors import FeatpipeError, InputError
+from featpipe.encode.registry import EncodeMethod
+from featpipe.errors import FeatpipeError, InputError, ParameterError
+from featpipe.learn.splits import stratified_split
+from featpipe.models import ArrayModel
+from featpipe.parameters import ValidatedEstimator, estimator_parameters, model_parameter
 
 PSI_CHOICES = ("ssr", "ser", "tanh")
 HESSIAN_CHOICES = ("exact", "diagonal")
@@ -117,45 +127,6 @@ def argmin_input_gradient(V, U, active, grad_U, C: float, epsilon: float,
     return grad_V
 
 
-def _rank_pool_function():
-    torch = _torch()
-
-    class RankPoolArgmin(torch.autograd.Function):
-        """u*(V) forward by featpipe's SVR solver; backward by implicit differentiation."""
-
-        @staticmethod
-        def forward(ctx, V, C, epsilon, hessian, solve_dtype, lengths):
-            U, active = solve_rank_svr(V.detach(), C, epsilon, solve_dtype, lengths)
-            ctx.save_for_backward(V, U, active)
-            ctx.settings = (C, epsilon, hessian)
-            return U
-
-        @staticmethod
-        def backward(ctx, grad_U):
-            V, U, active = ctx.saved_tensors
-            C, epsilon, hessian = ctx.settings
-            grad_V = argmin_input_gradient(V, U, active, grad_U, C, epsilon, hessian)
-            return grad_V, None, None, None, None, None
-
-    return RankPoolArgmin
-
-
-_FUNCTION = None
-
-
-def rank_pool(V, C: float = 1.0, epsilon: float = 0.1, hessian: str = "exact",
-              solve_dtype=None, lengths=None):
-    """Differentiable rank pooling u*(V) for V (B, T, D) (torch); see the module doc.
-
-    ``lengths`` (B,) marks rows t ≥ lengths[b] as padding (no constraint, zero gradient)."""
-    global _FUNCTION
-    if hessian not in HESSIAN_CHOICES:
-        raise InputError(f"hessian must be one of {HESSIAN_CHOICES}, got {hessian!r}")
-    if _FUNCTION is None:
-        _FUNCTION = _rank_pool_function()
-    return _FUNCTION.apply(V, float(C), float(epsilon), hessian, solve_dtype, lengths)
-
-
 # -- the feature map before the argmin ---------------------------------------------------------
 
 def psi_map(Z, psi: str, delta: float):
@@ -196,36 +167,43 @@ def _pad(seqs: Sequence[np.ndarray], dtype, device):
 
 # -- the estimator -----------------------------------------------------------------------------
 
-class DiscriminativeRankPooling:
+class DiscriminativeRankPooling(ArrayModel, ValidatedEstimator, ClassifierMixin, BaseEstimator):
     """DHRP: learn ψ(W x) and a soft-max classifier through the rank-pooling argmin.
 
     Parameters
     ----------
-    psi : {"ssr", "ser", "tanh"}, default "ssr"
-    delta : float, default 1e-3
-        Smoothing of the square root in ssr/ser (see module doc).
-    C, epsilon : float, default 1.0, 0.1
-        Rank-pooling SVR parameters (liblinear's C, no bias).
-    hessian : {"exact", "diagonal"}, default "exact"
+    psi : {"ssr", "ser", "tanh"}
+        Learned non-linearity ψ(W x).
+    delta : float
+        Smoothing of the square root at 0 for ssr/ser: √(|z| + δ) − √δ.
+    C : float
+        Rank-pooling SVR C (liblinear's convention).
+    epsilon : float
+        Rank-pooling SVR ε.
+    hessian : {"exact", "diagonal"}
         Gradient through the argmin: exact implicit differentiation, or the paper's diagonal
         approximation of the Hessian.
-    optimizer : {"sgd", "adam"}, default "adam"
-    lr : float, default 0.01
-        Initial learning rate; a cosine schedule brings it to 0 over ``epochs``.
-    epochs : int, default 50
-    batch_size : int, default 16
-    weight_decay : float, default 1e-4
+    optimizer : {"sgd", "adam"}
+        sgd (momentum 0.9) or adam.
+    lr : float
+        Initial learning rate; a cosine schedule brings it to 0 over the epochs.
+    epochs : int
+        Training epochs.
+    batch_size : int
+        Sequences per SGD step.
+    weight_decay : float
         λ in λ/2 (‖W − I‖² + Σ_c ‖w_c‖²).
-    val_fraction : float, default 0.2
+    val_fraction : float
         Fraction of the training items held out (stratified) for early stopping; 0 disables.
-    patience : int, default 10
+    patience : int
         Epochs without a lower validation loss before stopping.
-    svm_C : float, default 1.0
+    svm_C : float
         C of the linear SVM that initialises the classifier.
-    seed : int, default 0
-    device : {"cpu", "cuda", None}, default None
+    random_state : int
+        Seed of the initialisation, the hold-out and the shuffling.
+    device : {"cpu", "cuda"} or None
         None: CUDA when torch sees a GPU, else CPU.
-    solve_dtype : {"float64", "float32"}, default "float64"
+    solve_dtype : {"float64", "float32"}
         Precision of the SVR forward solve (the model itself runs in float32).
 
     Attributes
@@ -236,9 +214,31 @@ class DiscriminativeRankPooling:
     best_epoch_ : int (0 = the initialisation); n_features_in_ : int.
     """
 
+    _model_name = MODEL_NAME
+    _fitted_arrays = ("W_", "coef_", "coef_init_", "classes_")
+    _fitted_meta = ("n_features_in_", "best_epoch_", "history_")
+    _parameter_constraints = {
+        "psi": [StrOptions(set(PSI_CHOICES))],
+        "delta": [Interval(Real, 0, None, closed="left")],
+        "C": [Interval(Real, 0, None, closed="neither")],
+        "epsilon": [Interval(Real, 0, None, closed="left")],
+        "hessian": [StrOptions(set(HESSIAN_CHOICES))],
+        "optimizer": [StrOptions(set(OPTIMIZER_CHOICES))],
+        "lr": [Interval(Real, 0, None, closed="neither")],
+        "epochs": [Interval(Integral, 1, None, closed="left")],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "weight_decay": [Interval(Real, 0, None, closed="left")],
+        "val_fraction": [Interval(Real, 0, 1, closed="left")],
+        "patience": [Interval(Integral, 1, None, closed="left")],
+        "svm_C": [Interval(Real, 0, None, closed="neither")],
+        "random_state": [Interval(Integral, 0, None, closed="left")],
+        "device": [StrOptions({"cpu", "cuda"}), None],
+        "solve_dtype": [StrOptions({"float64", "float32"})],
+    }
+
     def __init__(self, psi="ssr", delta=1e-3, C=1.0, epsilon=0.1, hessian="exact",
                  optimizer="adam", lr=0.01, epochs=50, batch_size=16, weight_decay=1e-4,
-                 val_fraction=0.2, patience=10, svm_C=1.0, seed=0, device=None,
+                 val_fraction=0.2, patience=10, svm_C=1.0, random_state=0, device=None,
                  solve_dtype="float64"):
         self.psi = psi
         self.delta = delta
@@ -253,35 +253,15 @@ class DiscriminativeRankPooling:
         self.val_fraction = val_fraction
         self.patience = patience
         self.svm_C = svm_C
-        self.seed = seed
+        self.random_state = random_state
         self.device = device
         self.solve_dtype = solve_dtype
 
-    # -- checks -----------------------------------------------------------------------------
-    def _check_params(self):
-        choices = {"psi": PSI_CHOICES, "hessian": HESSIAN_CHOICES,
-                   "optimizer": OPTIMIZER_CHOICES, "solve_dtype": ("float64", "float32")}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise InputError(f"{name} must be one of {allowed}, got "
-                                 f"{getattr(self, name)!r}")
-        positive = {"C": self.C, "lr": self.lr}
-        for name, value in positive.items():
-            if not value > 0:
-                raise InputError(f"{name} must be > 0, got {value}")
-        nonneg = {"epsilon": self.epsilon, "delta": self.delta,
-                  "weight_decay": self.weight_decay}
-        for name, value in nonneg.items():
-            if not value >= 0:
-                raise InputError(f"{name} must be >= 0, got {value}")
-        if self.psi in ("ssr", "ser") and self.delta == 0:
-            raise InputError("delta must be > 0 for psi ssr/ser: the square root has an "
-                             "infinite slope at 0 (try delta=1e-3)")
-        if not 0 <= self.val_fraction < 1:
-            raise InputError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-        for name in ("epochs", "batch_size"):
-            if int(getattr(self, name)) < 1:
-                raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
+    @classmethod
+    def _check_param_rules(cls, params):
+        if params.get("psi", "ssr") in ("ssr", "ser") and params.get("delta") == 0:
+            raise ParameterError("delta", "must be > 0 for psi ssr/ser: the square root has an "
+                                 "infinite slope at 0 (try 1e-3)")
 
     def _torch_device(self):
         torch = _torch()
@@ -315,29 +295,34 @@ class DiscriminativeRankPooling:
         return checked
 
     # -- model pieces ------------------------------------------------------------------------
-    def _encode(self, W, seqs, hessian=None):
+    def _network(self, n_features: int, n_classes: int, device):
+        from featpipe.nn.dhrp import DiscriminativeRankPoolingNet
+
         torch = _torch()
-        X, mask = _pad(seqs, W.dtype, W.device)
-        V = mapped_sequences(X, mask, W, self.psi, self.delta)
         solve_dtype = torch.float64 if self.solve_dtype == "float64" else torch.float32
-        return rank_pool(V, self.C, self.epsilon, hessian or self.hessian, solve_dtype,
-                         [len(s) for s in seqs])
+        return DiscriminativeRankPoolingNet(n_features, n_classes, self.psi, self.delta, self.C,
+                                            self.epsilon, self.hessian, solve_dtype).to(device)
+
+    def _encode(self, net, seqs, hessian=None):
+        X, mask = _pad(seqs, net.W.dtype, net.W.device)
+        return net.encode(X, mask, hessian)
 
     def _batches(self, seqs, fn):
         return [fn(seqs[i:i + self.batch_size]) for i in range(0, len(seqs), self.batch_size)]
 
-    def _params(self):
+    def _fitted_network(self):
         torch = _torch()
-        device = self._torch_device()
-        W = torch.as_tensor(self.W_, dtype=torch.float32, device=device)
-        coef = torch.as_tensor(self.coef_, dtype=torch.float32, device=device)
-        return W, coef
+        net = self._network(self.n_features_in_, len(self.classes_), self._torch_device())
+        with torch.no_grad():
+            net.W.copy_(torch.as_tensor(self.W_))
+            net.coef.copy_(torch.as_tensor(self.coef_))
+        return net
 
     # -- fit ---------------------------------------------------------------------------------
     def fit(self, seqs, labels, ids=None, log=None):
         """Learn W and the classifier on labelled sequences; returns self."""
         torch = _torch()
-        self._check_params()
+        self._validate_params()
         seqs = self._check_sequences(seqs, ids)
         labels = np.asarray([str(y) for y in labels])
         if len(labels) != len(seqs):
@@ -347,9 +332,9 @@ class DiscriminativeRankPooling:
             raise InputError(f"need at least 2 classes to train, got {list(self.classes_)}")
         y_all = np.searchsorted(self.classes_, labels)
         device = self._torch_device()
-        torch.manual_seed(self.seed)
-        rng = np.random.default_rng(self.seed)
-        fit_idx, val_idx = _validation_split(y_all, self.val_fraction, rng)
+        torch.manual_seed(self.random_state)
+        rng = np.random.default_rng(self.random_state)
+        fit_idx, val_idx = stratified_split(y_all, self.val_fraction, rng)
         fit_seqs = [seqs[i] for i in fit_idx]
         val_seqs = [seqs[i] for i in val_idx]
         y_fit = torch.as_tensor(y_all[fit_idx], device=device)
@@ -357,12 +342,14 @@ class DiscriminativeRankPooling:
 
         D = seqs[0].shape[1]
         self.n_features_in_ = D
-        W = torch.eye(D, dtype=torch.float32, device=device).requires_grad_(True)
+        net = self._network(D, len(self.classes_), device)
+        W, coef = net.W, net.coef
         with torch.no_grad():
-            U0 = torch.cat(self._batches(fit_seqs, lambda b: self._encode(W, b)))
+            U0 = torch.cat(self._batches(fit_seqs, lambda b: self._encode(net, b)))
         self.coef_init_ = _svm_init(U0.cpu().numpy(), y_all[fit_idx], len(self.classes_),
-                                    self.svm_C, self.seed).astype(np.float32)
-        coef = torch.tensor(self.coef_init_, device=device).requires_grad_(True)
+                                    self.svm_C, self.random_state).astype(np.float32)
+        with torch.no_grad():
+            coef.copy_(torch.as_tensor(self.coef_init_))
         eye = torch.eye(D, dtype=torch.float32, device=device)
 
         def objective(U, y, W, coef):
@@ -374,7 +361,7 @@ class DiscriminativeRankPooling:
             if not seq_list:
                 return float("nan"), float("nan")
             with torch.no_grad():
-                U = torch.cat(self._batches(seq_list, lambda b: self._encode(W, b)))
+                U = torch.cat(self._batches(seq_list, lambda b: self._encode(net, b)))
                 scores = U @ coef.T
                 nll = torch.nn.functional.cross_entropy(scores, y).item()
                 acc = (scores.argmax(1) == y).float().mean().item()
@@ -401,7 +388,7 @@ class DiscriminativeRankPooling:
             total = 0.0
             for i in range(0, len(order), self.batch_size):
                 chunk = order[i:i + self.batch_size]
-                U = self._encode(W, [fit_seqs[j] for j in chunk])
+                U = self._encode(net, [fit_seqs[j] for j in chunk])
                 nll, reg = objective(U, y_fit[chunk], W, coef)
                 loss = nll + reg
                 opt.zero_grad()
@@ -447,9 +434,9 @@ class DiscriminativeRankPooling:
         torch = _torch()
         self._check_fitted()
         seqs = self._check_sequences(seqs, ids, self.n_features_in_)
-        W, _ = self._params()
+        net = self._fitted_network()
         with torch.no_grad():
-            U = torch.cat(self._batches(seqs, lambda b: self._encode(W, b)))
+            U = torch.cat(self._batches(seqs, lambda b: self._encode(net, b)))
         return U.cpu().numpy().astype(np.float32)
 
     def decision_function(self, seqs, ids=None) -> np.ndarray:
@@ -465,54 +452,17 @@ class DiscriminativeRankPooling:
     def predict(self, seqs, ids=None) -> np.ndarray:
         return self.classes_[np.argmax(self.decision_function(seqs, ids), axis=1)]
 
-    # -- persistence (npz arrays + JSON metadata, no pickle) ----------------------------------
-    def to_arrays(self) -> tuple[dict[str, np.ndarray], dict]:
-        self._check_fitted()
-        arrays = {"W": self.W_, "coef": self.coef_, "coef_init": self.coef_init_,
-                  "classes": self.classes_.astype(str)}
-        meta = {"model": MODEL_NAME, "params": self.get_params(),
-                "n_features_in": self.n_features_in_, "best_epoch": self.best_epoch_,
-                "history": self.history_}
-        return arrays, meta
-
     @classmethod
     def from_arrays(cls, arrays, meta) -> DiscriminativeRankPooling:
-        if meta.get("model") != MODEL_NAME:
-            raise FeatpipeError(f"not a DHRP model (model = {meta.get('model')!r})")
-        model = cls(**dict(meta["params"], device=None))  # CUDA when present, else CPU
-        model.W_ = np.asarray(arrays["W"], dtype=np.float32)
-        model.coef_ = np.asarray(arrays["coef"], dtype=np.float32)
-        model.coef_init_ = np.asarray(arrays["coef_init"], dtype=np.float32)
-        model.classes_ = np.asarray(arrays["classes"]).astype(str)
-        model.n_features_in_ = int(meta["n_features_in"])
-        model.best_epoch_ = int(meta.get("best_epoch", 0))
-        model.history_ = list(meta.get("history", []))
+        """The model back (:mod:`featpipe.models`); it runs on CUDA when present, else CPU."""
+        meta = {**meta, "params": {**meta.get("params", {}), "device": None}}
+        model = super().from_arrays(arrays, meta)
+        model.classes_ = model.classes_.astype(str)
         return model
-
-    def get_params(self) -> dict:
-        names = ("psi", "delta", "C", "epsilon", "hessian", "optimizer", "lr", "epochs",
-                 "batch_size", "weight_decay", "val_fraction", "patience", "svm_C", "seed",
-                 "device", "solve_dtype")
-        return {name: getattr(self, name) for name in names}
 
 
 def _named_error(name: str, message: str) -> InputError:
     return InputError(f"{name}: {message}" if name else message)
-
-
-def _validation_split(y: np.ndarray, fraction: float, rng) -> tuple[np.ndarray, np.ndarray]:
-    """Stratified hold-out: about ``fraction`` of each class (at least one item of a class
-    with two or more items) goes to validation."""
-    if fraction == 0:
-        return np.arange(len(y)), np.arange(0)
-    val = []
-    for label in np.unique(y):
-        members = rng.permutation(np.flatnonzero(y == label))
-        if len(members) >= 2:
-            val.extend(members[:max(1, round(fraction * len(members)))])
-    val = np.sort(np.asarray(val, dtype=int))
-    fit = np.setdiff1d(np.arange(len(y)), val)
-    return fit, val
 
 
 def _svm_init(U: np.ndarray, y: np.ndarray, n_classes: int, C: float, seed: int) -> np.ndarray:
@@ -542,51 +492,39 @@ DHRP_OUTPUTS = ("encoding", "scores")
 
 def load_model(stage) -> DiscriminativeRankPooling:
     """The DHRP model saved by ``featpipe fit dhrp`` in ``stage``."""
-    arrays, meta = stage.load_model(MODEL_NAME)
-    return DiscriminativeRankPooling.from_arrays(arrays, meta)
+    return stage.load_model(MODEL_NAME, DiscriminativeRankPooling)
 
 
-class DHRPEncoder:
-    """Encodes items with a fitted model: u*(W) (``encoding``) or h = w_cᵀu* (``scores``)."""
+class DHRPEncoder(ValidatedEstimator):
+    """Encodes items with a fitted model: u*(W) (``encoding``) or h = w_cᵀu* (``scores``).
 
-    def __init__(self, model: DiscriminativeRankPooling, output: str):
+    Parameters
+    ----------
+    model : DiscriminativeRankPooling
+        The fitted model.
+    dhrp_output : {"encoding", "scores"}
+        The learned encoding u*(W), or the soft-max classifier's scores w_cᵀu*.
+    """
+
+    _parameter_constraints = {"model": [DiscriminativeRankPooling],
+                              "dhrp_output": [StrOptions(set(DHRP_OUTPUTS))]}
+
+    def __init__(self, model: DiscriminativeRankPooling, dhrp_output: str = "encoding"):
         self.model = model
-        self.output = output
+        self.dhrp_output = dhrp_output
 
     def encode_batch(self, arrays, extras):
-        if self.output == "scores":
-            out = self.model.decision_function(arrays)
-        else:
-            out = self.model.transform(arrays)
-        return list(out)
+        if self.dhrp_output == "scores":
+            return list(self.model.decision_function(arrays))
+        return list(self.model.transform(arrays))
 
 
-def _build_encoder(params, models) -> DHRPEncoder:
-    if params["dhrp_output"] not in DHRP_OUTPUTS:
-        raise InputError(f"--dhrp-output must be one of {DHRP_OUTPUTS}")
+def _build(params, models) -> DHRPEncoder:
     return DHRPEncoder(load_model(models["model"]), params["dhrp_output"])
 
 
-def _encode_methods():
-    import click
-
-    from featpipe.encode.registry import EncodeMethod
-
-    return [EncodeMethod(
-        name="dhrp",
-        summary="discriminative HRP: u*(W) of a model from `fit dhrp` (--model NAME)",
-        build=_build_encoder,
-        options=(
-            click.Option(["--model"], default=None,
-                         help="Name of a fitted model stage (`featpipe fit ... --name`)."),
-            click.Option(["--dhrp-output"], default=None, type=click.Choice(DHRP_OUTPUTS),
-                         help="dhrp: the learned encoding u*(W) (default) or the soft-max "
-                              "classifier scores w_cᵀu*."),
-        ),
-        defaults={"model": None, "dhrp_output": "encoding"},
-        model_options=("model",),
-        batch_size=32,
-    )]
-
-
-ENCODE_METHODS = _encode_methods()
+ENCODE_METHODS = [EncodeMethod(
+    "dhrp", "discriminative HRP: u*(W) of a model from `fit dhrp` (--model NAME)", _build,
+    (model_parameter("model", "Name of a fitted model stage.", ("fit dhrp",)),
+     *estimator_parameters(DHRPEncoder, include=("dhrp_output",))),
+    batch_size=32)]

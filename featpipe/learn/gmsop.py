@@ -24,17 +24,19 @@ Gaussian instead of equal weights (equal weights tie the top-K choice).
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping, Sequence
+from numbers import Integral, Real
 
-import click
 import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from featpipe.backend import to_numpy
-from featpipe.encode.bilinear import newton_schulz_sqrtm, triu_vectorise
 from featpipe.encode.registry import EncodeMethod
-from featpipe.errors import FeatpipeError, InputError
+from featpipe.errors import FeatpipeError, InputError, ParameterError
 from featpipe.items import PerFrameStream, encode_per_frame
+from featpipe.models import check_model_kind, json_params
+from featpipe.parameters import ValidatedEstimator, estimator_parameters, model_parameter
 
 log = logging.getLogger(__name__)
 
@@ -63,26 +65,57 @@ def top_k_softmax(logits, k: int):
     return torch.zeros_like(logits).scatter(-1, index, torch.softmax(top, dim=-1))
 
 
-class GatedMixtureSOP:
-    """GM-SOP encoder (NeurIPS'18) trained on precomputed conv maps.
+class GatedMixtureSOP(ValidatedEstimator, ClassifierMixin, BaseEstimator):
+    """GM-SOP encoder (NeurIPS'18) trained on precomputed conv maps; the network is
+    :class:`featpipe.nn.gmsop.GatedMixtureSOPNet`.
 
     Parameters
     ----------
-    n_components : M, number of parametric SOP components (16).
-    top_k : K, components mixed per image (8).
-    dim : d, channels after each component's projection; codes have d(d+1)/2 values (32).
-    ns_iters : Newton–Schulz iterations of each component (3, as the authors).
-    balance_weight : w of the balance loss (100).
-    epochs, lr, batch_size, weight_decay : Adam training on the given items.
-    seed : initialisation, shuffling and gate noise.
-    device : 'cpu' or 'cuda'.
+    n_components : int
+        M, number of parametric SOP components.
+    top_k : int
+        K, components mixed per image (at most n_components).
+    dim : int
+        d, channels after each component's projection; codes have d(d+1)/2 values.
+    ns_iters : int
+        Newton–Schulz iterations of each component (the authors use 3).
+    balance_weight : float
+        w of the balance loss w·CV(importance)².
+    epochs : int
+        Training epochs (Adam).
+    lr : float
+        Adam learning rate.
+    batch_size : int
+        Images per step.
+    weight_decay : float
+        Adam weight decay.
+    random_state : int
+        Seed of the initialisation, the shuffling and the gate noise.
+    device : {"cpu", "cuda"}
+        Where torch runs the model.
 
     Fitted attributes: ``projections_`` (M, D, d), ``gate_weight_`` (D, M),
-    ``noise_weight_`` (D, M), ``classes_``, ``loss_curve_`` and the classifier head.
+    ``noise_weight_`` (D, M), ``classes_``, ``loss_curve_`` and the classifier head
+    (``classifier_``, ``intercept_``, ``norm_``: the BatchNorm statistics and affine).
     """
 
+    _parameter_constraints = {
+        "n_components": [Interval(Integral, 1, None, closed="left")],
+        "top_k": [Interval(Integral, 1, None, closed="left")],
+        "dim": [Interval(Integral, 1, None, closed="left")],
+        "ns_iters": [Interval(Integral, 1, None, closed="left")],
+        "balance_weight": [Interval(Real, 0, None, closed="left")],
+        "epochs": [Interval(Integral, 1, None, closed="left")],
+        "lr": [Interval(Real, 0, None, closed="neither")],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "weight_decay": [Interval(Real, 0, None, closed="left")],
+        "random_state": [Interval(Integral, 0, None, closed="left")],
+        "device": [StrOptions({"cpu", "cuda"})],
+    }
+
     def __init__(self, n_components=16, top_k=8, dim=32, ns_iters=3, balance_weight=100.0,
-                 epochs=30, lr=0.01, batch_size=32, weight_decay=1e-4, seed=0, device="cpu"):
+                 epochs=30, lr=0.01, batch_size=32, weight_decay=1e-4, random_state=0,
+                 device="cpu"):
         self.n_components = n_components
         self.top_k = top_k
         self.dim = dim
@@ -92,31 +125,24 @@ class GatedMixtureSOP:
         self.lr = lr
         self.batch_size = batch_size
         self.weight_decay = weight_decay
-        self.seed = seed
+        self.random_state = random_state
         self.device = device
 
+    @classmethod
+    def _check_param_rules(cls, params):
+        k, m = params.get("top_k"), params.get("n_components", 16)
+        if k is not None and m is not None and k > m:
+            raise ParameterError("top_k", f"must lie in 1..n_components ({m}), got {k}")
+
     # -- the network ------------------------------------------------------------------------
-    def _codes(self, X, params, generator=None):
-        """(B, N, D) tensor -> codes (B, d(d+1)/2) and gate weights (B, M)."""
-        torch = _torch()
-        mean = X.mean(dim=1)
-        logits = mean @ params["gate_weight"]
-        if generator is not None:
-            gamma = torch.randn(X.shape[0], 1, generator=generator, dtype=X.dtype)
-            logits = logits + gamma.to(X.device) * torch.nn.functional.softplus(
-                mean @ params["noise_weight"])
-        gates = top_k_softmax(logits, int(self.top_k))
-        projected = torch.einsum("bnd,mde->bmne", X, params["projections"])
-        sigma = projected.transpose(-1, -2) @ projected / X.shape[1]
-        z = triu_vectorise(newton_schulz_sqrtm(sigma, int(self.ns_iters)))
-        return torch.einsum("bm,bmk->bk", gates, z), gates
+    def _network(self, n_features: int, n_classes: int, generator=None):
+        from featpipe.nn.gmsop import GatedMixtureSOPNet
+
+        return GatedMixtureSOPNet(n_features, n_classes, int(self.n_components),
+                                  int(self.top_k), int(self.dim), int(self.ns_iters), generator)
 
     def _validate(self, X):
-        if not 1 <= int(self.top_k) <= int(self.n_components):
-            raise InputError(f"--top-k must lie in 1..--components ({self.n_components}), "
-                             f"got {self.top_k}")
-        if int(self.dim) < 1 or int(self.ns_iters) < 1:
-            raise InputError("--dim and --ns-iters must be >= 1")
+        self._validate_params()
         if not X:
             raise InputError("no conv maps given")
         widths = {x.shape[-1] for x in X}
@@ -138,22 +164,12 @@ class GatedMixtureSOP:
         if len(self.classes_) < 2:
             raise InputError("GM-SOP training needs at least two classes")
         device = torch.device(self.device)
-        torch.manual_seed(int(self.seed))
-        generator = torch.Generator().manual_seed(int(self.seed))
-        D, M, d = X[0].shape[1], int(self.n_components), int(self.dim)
-        width = d * (d + 1) // 2
-        params = {
-            "projections": torch.randn(M, D, d, generator=generator) / math.sqrt(D),
-            "gate_weight": 0.01 * torch.randn(D, M, generator=generator),
-            "noise_weight": 0.01 * torch.randn(D, M, generator=generator),
-            "classifier": torch.zeros(len(self.classes_), width),
-            "intercept": torch.zeros(len(self.classes_)),
-        }
-        params = {k: v.to(device).requires_grad_() for k, v in params.items()}
-        norm = torch.nn.BatchNorm1d(width).to(device)
-        optimiser = torch.optim.Adam([*params.values(), *norm.parameters()], lr=self.lr,
+        torch.manual_seed(int(self.random_state))
+        generator = torch.Generator().manual_seed(int(self.random_state))
+        net = self._network(X[0].shape[1], len(self.classes_), generator).to(device)
+        optimiser = torch.optim.Adam(net.parameters(), lr=self.lr,
                                      weight_decay=self.weight_decay)
-        rng = np.random.default_rng(int(self.seed))
+        rng = np.random.default_rng(int(self.random_state))
         by_shape: dict[tuple, list[int]] = {}
         for i, x in enumerate(X):
             by_shape.setdefault(x.shape, []).append(i)
@@ -169,9 +185,7 @@ class GatedMixtureSOP:
                 index = batches[b]
                 xb = torch.from_numpy(np.stack([X[i] for i in index])).to(device)
                 yb = torch.from_numpy(targets[index]).to(device)
-                codes, gates = self._codes(xb, params, generator)
-                hidden = norm(codes) if len(index) > 1 else codes
-                scores = hidden @ params["classifier"].T + params["intercept"]
+                scores, gates = net(xb, generator)
                 loss = torch.nn.functional.cross_entropy(scores, yb)
                 if len(index) > 1:
                     loss = loss + balance_loss(gates, float(self.balance_weight))
@@ -182,45 +196,50 @@ class GatedMixtureSOP:
             self.loss_curve_.append(total / len(X))
             log.info("epoch %d/%d: loss %.6g", len(self.loss_curve_), int(self.epochs),
                      self.loss_curve_[-1])
-        norm.eval()
-        self._set_params({k: v.detach().cpu().numpy() for k, v in params.items()})
-        self.norm_ = {k: v.detach().cpu().numpy() for k, v in norm.state_dict().items()
-                      if k != "num_batches_tracked"}
+        net.eval()
+        self._set_state({k: v.detach().cpu().numpy() for k, v in net.state_dict().items()})
         return self
 
-    def _set_params(self, arrays):
-        self.projections_ = arrays["projections"]
-        self.gate_weight_ = arrays["gate_weight"]
-        self.noise_weight_ = arrays["noise_weight"]
-        self.classifier_ = arrays["classifier"]
-        self.intercept_ = arrays["intercept"]
+    def _set_state(self, state):
+        """Fitted attributes from the network's state dict."""
+        self.projections_ = state["projections"]
+        self.gate_weight_ = state["gate_weight"]
+        self.noise_weight_ = state["noise_weight"]
+        self.classifier_ = state["head.weight"]
+        self.intercept_ = state["head.bias"]
+        self.norm_ = {k[5:]: v for k, v in state.items()
+                      if k.startswith("norm.") and k != "norm.num_batches_tracked"}
 
-    def _fitted(self, device):
+    def _fitted_network(self, device):
         torch = _torch()
-        if not hasattr(self, "projections_"):
-            raise FeatpipeError("GatedMixtureSOP is not fitted yet: call fit first")
-        return {k: torch.from_numpy(np.asarray(getattr(self, k + "_"), dtype=np.float32)
-                                    ).to(device)
-                for k in ("projections", "gate_weight", "noise_weight")}
+        net = self._network(self.projections_.shape[1], len(self.classes_))
+        state = {"projections": self.projections_, "gate_weight": self.gate_weight_,
+                 "noise_weight": self.noise_weight_, "head.weight": self.classifier_,
+                 "head.bias": self.intercept_,
+                 **{f"norm.{k}": v for k, v in self.norm_.items()}}
+        net.load_state_dict({k: torch.as_tensor(np.asarray(v, dtype=np.float32))
+                             for k, v in state.items()}, strict=False)
+        return net.to(device).eval()
 
     def transform(self, X: Sequence[np.ndarray]) -> np.ndarray:
         """Codes z = Σ_j G_j triu(NS(Σ_j)) (no gate noise) of conv maps (N_i, D) -> (B, d')."""
         torch = _torch()
+        if not hasattr(self, "projections_"):
+            raise FeatpipeError("GatedMixtureSOP is not fitted yet: call fit first")
         X = [np.asarray(x, dtype=np.float32) for x in X]
         self._validate(X)
         if X[0].shape[1] != self.projections_.shape[1]:
             raise InputError(f"conv maps have D = {X[0].shape[1]} channels, the model was "
                              f"fitted on D = {self.projections_.shape[1]}")
-        device = torch.device(self.device)
-        params = self._fitted(device)
+        net = self._fitted_network(torch.device(self.device))
         out = np.empty((len(X), self.projections_.shape[2] * (self.projections_.shape[2] + 1)
                         // 2), dtype=np.float32)
         shapes = [x.shape for x in X]
         with torch.no_grad():
             for shape in dict.fromkeys(shapes):
                 members = [i for i, s in enumerate(shapes) if s == shape]
-                xb = torch.from_numpy(np.stack([X[i] for i in members])).to(device)
-                out[members] = to_numpy(self._codes(xb, params)[0])
+                xb = torch.from_numpy(np.stack([X[i] for i in members])).to(net.projections.device)
+                out[members] = to_numpy(net.codes(xb)[0])
         return out
 
     def decision_function(self, X) -> np.ndarray:
@@ -234,23 +253,27 @@ class GatedMixtureSOP:
     def predict(self, X) -> np.ndarray:
         return self.classes_[np.argmax(self.decision_function(X), axis=1)]
 
-    # -- persistence (npz arrays + json meta; no pickle) ------------------------------------
+    # -- persistence (npz arrays + json meta; no pickle: featpipe.models) ------------------
     def to_arrays(self) -> tuple[dict[str, np.ndarray], dict]:
+        if not hasattr(self, "projections_"):
+            raise FeatpipeError("GatedMixtureSOP is not fitted yet: call fit first")
         arrays = {k: getattr(self, k + "_") for k in
                   ("projections", "gate_weight", "noise_weight", "classifier", "intercept")}
         arrays.update({f"norm_{k}": v for k, v in self.norm_.items()})
-        meta = {"params": {k: getattr(self, k) for k in (
-                    "n_components", "top_k", "dim", "ns_iters", "balance_weight", "epochs",
-                    "lr", "batch_size", "weight_decay", "seed")},
+        meta = {"model": MODEL_NAME, "params": json_params(self.get_params(deep=False)),
                 "classes": [str(c) for c in self.classes_],
                 "loss_curve": [float(v) for v in self.loss_curve_]}
         return arrays, meta
 
     @classmethod
-    def from_arrays(cls, arrays: Mapping[str, np.ndarray], meta: Mapping, device="cpu"):
-        model = cls(**meta["params"], device=device)
-        model._set_params(arrays)
-        model.norm_ = {k[5:]: v for k, v in arrays.items() if k.startswith("norm_")}
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], meta: Mapping) -> GatedMixtureSOP:
+        check_model_kind(MODEL_NAME, meta)
+        model = cls(**meta["params"])
+        model._set_state({**{k: arrays[k] for k in ("projections", "gate_weight",
+                                                     "noise_weight")},
+                          "head.weight": arrays["classifier"], "head.bias": arrays["intercept"],
+                          **{f"norm.{k[5:]}": v for k, v in arrays.items()
+                             if k.startswith("norm_")}})
         model.classes_ = np.asarray(meta["classes"])
         model.loss_curve_ = list(meta["loss_curve"])
         return model
@@ -277,23 +300,14 @@ class GatedMixtureEncoder:
 
 
 def _build(params, models):
-    arrays, meta = models["model"].load_model(MODEL_NAME)
-    return GatedMixtureEncoder(GatedMixtureSOP.from_arrays(arrays, meta, params["device"]))
+    model = models["model"].load_model(MODEL_NAME, GatedMixtureSOP)
+    return GatedMixtureEncoder(model.set_params(device=params["device"]))
 
 
 ENCODE_METHODS = [
     EncodeMethod(
-        name="gmsop",
-        summary="gated mixture of second-order pooling (fit gmsop first; --model NAME)",
-        build=_build,
-        options=(
-            click.Option(["--model"], default=None,
-                         help="Name of a fitted model stage (featpipe fit gmsop / ...)."),
-            click.Option(["--device"], type=click.Choice(["cpu", "cuda"]), default=None,
-                         help="Where to run the model: cpu or cuda (torch) [cpu]."),
-        ),
-        defaults={"model": None, "device": "cpu"},
-        model_options=("model",),
-        batch_size=32,
-    ),
+        "gmsop", "gated mixture of second-order pooling (fit gmsop first; --model NAME)",
+        _build, (model_parameter("model", "Name of a fitted model stage.", ("fit gmsop",)),
+                 *estimator_parameters(GatedMixtureSOP, include=("device",))),
+        batch_size=32),
 ]

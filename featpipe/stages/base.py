@@ -5,6 +5,17 @@ stage in a :class:`~featpipe.store.Store`, computes what is missing and returns 
 :class:`~featpipe.store.Stage` (item stages return a :class:`StageRun` with the counts).  It
 tells what it does through a :class:`Reporter`: silent by default, so the functions are a
 library; the command line passes one that prints.
+
+Rules every stage function follows:
+
+- every parameter is checked before the stage exists (:func:`check_name`, the estimators'
+  constraints, :class:`RunOptions`): a bad value raises
+  :class:`~featpipe.errors.ParameterError`, and no stage folder or name is touched;
+- a name moves to a stage only when that stage is complete (:func:`name_stage`): an
+  incomplete run says which name it did not move and why, and a name that moves from one
+  stage to another says so.  Until then the run is recorded as the name's *running* stage
+  (``STORE/names/.running/NAME``), which ``featpipe status NAME`` follows
+  (:func:`latest_stage`); inputs, ``cache gc`` and ``cache ls`` see only real names.
 """
 
 from __future__ import annotations
@@ -13,9 +24,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from featpipe.errors import FeatpipeError
-from featpipe.parallel import Compute, RunSummary, parse_shard, plan, run_items
-from featpipe.store import Stage, Store
+from featpipe.errors import FeatpipeError, ParameterError
+from featpipe.fileio import atomic_write_bytes
+from featpipe.parallel import ON_ERROR, Compute, RunSummary, parse_shard, plan, run_items
+from featpipe.store import NAME_PATTERN, Stage, Store
+
+#: Sub-folder of ``STORE/names`` recording, per name, the stage a run is computing for it.
+RUNNING = ".running"
 
 log = logging.getLogger("featpipe")
 
@@ -56,7 +71,11 @@ class Reporter:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How an item stage runs: workers, executor, shard, failures, recompute, dry run."""
+    """How an item stage runs: workers, executor, shard, failures, recompute, dry run.
+
+    Checked when made: ``shard`` (or SLURM's task variables when it is ``None``) must be
+    ``I/N`` with 0 <= I < N, ``on_error`` ``fail`` or ``skip``.
+    """
 
     jobs: int = 1
     executor: str = "local"
@@ -65,6 +84,45 @@ class RunOptions:
     on_error: str = "fail"
     force: bool = False
     dry_run: bool = False
+
+    def __post_init__(self):
+        try:
+            parse_shard(self.shard)
+        except FeatpipeError:
+            given = "SLURM_ARRAY_TASK_ID/COUNT" if self.shard is None else repr(self.shard)
+            raise ParameterError("shard", f"must be I/N with 0 <= I < N (e.g. 0/4), got "
+                                 f"{given}") from None
+        if self.on_error not in ON_ERROR:
+            raise ParameterError("on_error", f"must be one of {', '.join(ON_ERROR)}, got "
+                                 f"{self.on_error!r}")
+
+
+def check_name(name: str | None) -> None:
+    """A stage name is letters, digits, ``.``, ``_`` and ``-`` (at most 128, no path)."""
+    if name is not None and not NAME_PATTERN.match(name):
+        raise ParameterError("name", f"must be letters, digits, '.', '_' or '-' (at most 128, "
+                             f"starting with a letter or digit), got {name!r}")
+
+
+def describe(stage: Stage) -> str:
+    """``encode-AAA (hrp)``: the folder and what it holds (an encode stage's method)."""
+    what = stage.params.get("method") if isinstance(stage.params, dict) else None
+    return f"{stage.name} ({what or stage.kind})"
+
+
+def name_stage(store: Store, name: str | None, stage: Stage, reporter: Reporter) -> None:
+    """Point ``name`` at ``stage`` (complete); say so when the name leaves another stage."""
+    if not name:
+        return
+    previous = store.names().get(name)
+    store.set_name(name, stage)
+    (store.names_dir / RUNNING / name).unlink(missing_ok=True)
+    if previous and previous != stage.name:
+        try:
+            before = describe(store.stage_by_folder(previous))
+        except FeatpipeError:
+            before = previous
+        reporter.warn(f"name {name} moved from {before} to {describe(stage)}")
 
 
 @dataclass
@@ -85,6 +143,32 @@ def announce(stage: Stage, name: str | None, reporter: Reporter) -> None:
     reporter.info(f"stage {stage.name}{label}")
 
 
+def _mark_running(store: Store, name: str | None, stage: Stage) -> None:
+    if name:
+        (store.names_dir / RUNNING).mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(store.names_dir / RUNNING / name, (stage.name + "\n").encode())
+
+
+def running_names(store: Store) -> dict[str, str]:
+    """Names whose last run has not completed yet, and the stage folder each run computes
+    (``cache gc`` keeps these stages: their items are computed work)."""
+    folder = store.names_dir / RUNNING
+    if not folder.is_dir():
+        return {}
+    return {p.name: p.read_text(encoding="utf-8").strip() for p in sorted(folder.iterdir())
+            if NAME_PATTERN.match(p.name) and p.is_file()}
+
+
+def latest_stage(store: Store, name: str) -> Stage:
+    """The stage the last run for ``name`` computed (complete or not), else the stage ``name``
+    points to: what ``featpipe status NAME`` reports on."""
+    folder = running_names(store).get(name)
+    if folder and NAME_PATTERN.match(folder) and \
+            (store.stages_dir / folder / "stage.json").exists():
+        return store.stage_by_folder(folder)
+    return store.resolve(name)
+
+
 def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Store,
               name: str | None = None, options: RunOptions | None = None,
               reporter: Reporter | None = None, batch_size: int = 1) -> StageRun:
@@ -95,6 +179,7 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
     """
     reporter = reporter or Reporter()
     options = options or RunOptions()
+    check_name(name)
     shard = parse_shard(options.shard)
     announce(stage, name, reporter)
     if options.dry_run:
@@ -103,19 +188,34 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
             reporter.info(f"would compute {item_id}")
         reporter.info(f"dry run: {len(todo)} to compute, {summary.skipped} already complete")
         return StageRun(stage, summary, todo)
-    if name:
-        store.set_name(name, stage)
+    _mark_running(store, name, stage)
     todo, _ = plan(stage, ids, force=options.force, shard=shard)
     label = f"{stage.kind} {name}" if name else stage.kind
-    with reporter.progress(len(todo), label) as progress:
-        summary = run_items(
-            stage, ids, compute, jobs=options.jobs, on_error=options.on_error,
-            force=options.force, shard=shard, batch_size=batch_size,
-            executor=options.executor, scheduler=options.scheduler, progress=progress.advance)
+    try:
+        with reporter.progress(len(todo), label) as progress:
+            summary = run_items(
+                stage, ids, compute, jobs=options.jobs, on_error=options.on_error,
+                force=options.force, shard=shard, batch_size=batch_size,
+                executor=options.executor, scheduler=options.scheduler,
+                progress=progress.advance)
+    except BaseException:
+        _name_left(stage, name, ids, reporter)
+        raise
     reporter.info(f"summary: {summary.line()}")
     for item_id, error in list(summary.failed.items())[:20]:
         reporter.error(f"failed: {item_id}: {error}")
+    if set(ids) <= stage.done_ids():
+        name_stage(store, name, stage, reporter)
+    else:
+        _name_left(stage, name, ids, reporter)
     return StageRun(stage, summary)
+
+
+def _name_left(stage: Stage, name: str | None, ids: Sequence[str], reporter: Reporter) -> None:
+    if name:
+        done = len(set(ids) & stage.done_ids())
+        reporter.warn(f"name {name} not moved: stage {stage.name} is incomplete ({done} of "
+                      f"{len(ids)} items done); re-run the same command to finish it")
 
 
 def train_item_ids(source: Stage, split: int = 1) -> list[str]:

@@ -29,7 +29,7 @@ from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import HOST, check_npy_header, writing
 from featpipe.io.importers import describe, signature
 from featpipe.progress import stage_progress
-from featpipe.stages.base import Reporter
+from featpipe.stages.base import Reporter, running_names
 from featpipe.store import Stage, Store
 
 _TMP = re.compile(r"\.tmp\.([^./]+)\.(\d+)$")
@@ -241,7 +241,7 @@ def _needed(store: Store) -> tuple[set[str], list[str]]:
     the others they need)."""
     keep: set[str] = set()
     unreadable: list[str] = []
-    todo = [folder for folder in store.names().values()]
+    todo = [*store.names().values(), *running_names(store).values()]
     while todo:
         folder = todo.pop()
         if folder in keep or not (store.stages_dir / folder / "stage.json").exists():

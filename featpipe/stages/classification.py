@@ -7,12 +7,39 @@ a summary over splits, and optionally a report (JSON, Markdown, plots) beside ``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 
-from featpipe.classify.experiment import Settings, run_split, summarise
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from featpipe.classify.experiment import (
+    METRICS,
+    SOLVERS,
+    Settings,
+    check_solver,
+    run_split,
+    summarise,
+)
+from featpipe.classify.fusion import FUSIONS, normalised_weights
+from featpipe.classify.kernels import PrecomputedKernel
+from featpipe.classify.metrics import AP_MODES
+from featpipe.classify.svm import OneVsRestSVC
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import check_output_path
+from featpipe.parameters import check_params
 from featpipe.stages.base import Reporter
 from featpipe.store import Store
+
+#: The experiment's own parameters; C, the kernels, gamma and order are checked by the SVM and
+#: kernel estimators that take them.
+CONSTRAINTS = {
+    "fusion": [StrOptions(set(FUSIONS))],
+    "cv": [Interval(Integral, 2, None, closed="left")],
+    "metric": [StrOptions(set(METRICS)), None],
+    "ap_mode": [StrOptions(set(AP_MODES))],
+    "solver": [StrOptions(set(SOLVERS))],
+    "normalize": [StrOptions({"none", "l2"})],
+    "jobs": [Integral],
+}
 
 
 def split_numbers(text: str, n_splits: int) -> list[int]:
@@ -40,9 +67,22 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
 
     ``kernels`` is one kernel for all inputs or one per input; several ``C`` are chosen among
     by ``cv``-fold cross-validation on the train split; ``split`` is a number or ``'all'``.
+    Every parameter is checked before any input is read (:class:`ParameterError`).
     ``command`` is the command line recorded in the report (None for a library call).
     """
     reporter = reporter or Reporter()
+    check_params(CONSTRAINTS, {"fusion": fusion, "cv": cv, "metric": metric,
+                               "ap_mode": ap_mode, "solver": solver, "normalize": normalize,
+                               "jobs": jobs})
+    if not C:
+        raise ParameterError("C", "needs at least one value")
+    for value in C:
+        OneVsRestSVC.check_param_values({"C": value})
+    for kernel in kernels:
+        PrecomputedKernel.check_param_values({"kernel": kernel, "gamma": gamma, "order": order})
+    check_solver(solver, kernels)
+    if weights:
+        normalised_weights(len(inputs), weights)
     if len(kernels) not in (1, len(inputs)):
         raise ParameterError("kernel", f"needs one value for all inputs or one per input, got "
                              f"{len(kernels)} kernels for {len(inputs)} inputs")

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from featpipe.encode.registry import EncodeMethod, load_methods, method_params
-from featpipe.errors import FeatpipeError, InputError, ItemError
+from featpipe.errors import FeatpipeError, ItemError, ParameterError
 from featpipe.parallel import ItemOutput
-from featpipe.stages.base import Reporter, RunOptions, StageRun, run_stage
+from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name, run_stage
 from featpipe.store import Stage, Store
 
 
@@ -64,21 +64,22 @@ class EncodeCompute:
         return results
 
 
-def method_models(store: Store, method: EncodeMethod, given: Mapping, flag: str = "--method"
+def method_models(store: Store, method: EncodeMethod, given: Mapping
                   ) -> tuple[dict, dict[str, Stage]]:
-    """The method's complete parameters, with each model option (``gmm``, ``model``...)
-    resolved to its fitted stage (the parameter then holds the stage's folder name, so the
-    stage key follows the model) and the model stages by option; a required model that is
-    missing is a one-line error (``flag`` names the method's flag)."""
+    """``method``'s complete parameters, checked (a ParameterError before any stage exists),
+    with each model parameter (``gmm``, ``model``...) resolved to its fitted stage (the
+    parameter then holds the stage's folder name, so the stage key follows the model), and
+    those stages by parameter.  ``encode`` and ``extract --encode`` both go through here."""
+    unknown = sorted(set(given) - set(method.defaults))
+    if unknown:
+        raise ParameterError(unknown[0], f"does not apply to method {method.name}")
     params = method_params(method, given)
+    method.validate(params)
     models = {}
     for option in method.model_options:
-        if params.get(option):
+        if params[option]:
             models[option] = store.resolve(params[option])
             params[option] = models[option].name
-        elif option in method.defaults and method.defaults[option] is None:
-            raise FeatpipeError(f"{flag} {method.name} needs --{option.replace('_', '-')} NAME "
-                                "of a fitted model stage")
     return params, models
 
 
@@ -88,12 +89,15 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
     """Encode every item of stage ``input`` with ``method``; returns the run.
 
     ``params`` holds the method's parameters (missing ones take the method's defaults); a
-    model parameter (``gmm``, ``model``, ``pca``...) names a fitted stage of ``store``.
+    model parameter (``gmm``, ``model``...) names a fitted stage of ``store``.  Every value is
+    checked before the stage exists (:class:`~featpipe.errors.ParameterError`).
     """
     methods = load_methods()
     if method not in methods:
-        raise InputError(f"unknown encode method {method!r}; choose from {sorted(methods)}")
+        raise ParameterError("method", f"must be one of {', '.join(sorted(methods))}, got "
+                             f"{method!r}")
     chosen = methods[method]
+    check_name(name)
     params, models = method_models(store, chosen, params or {})
     source = store.resolve(input)
     if not source.items.ids:

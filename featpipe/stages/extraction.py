@@ -56,7 +56,7 @@ from featpipe.interrupts import Interrupt, Interrupted, interruptible
 from featpipe.io.video import DecodePool, Sampling
 from featpipe.manifest import Manifest
 from featpipe.parallel import make_executor, parse_shard, plan, resolve_jobs
-from featpipe.stages.base import Reporter, RunOptions, StageRun, announce, run_stage
+from featpipe.stages.base import Reporter, RunOptions, StageRun, announce, check_name, run_stage
 from featpipe.store import Stage, Store
 
 FEATURES = ("vgg16-fc6", "vgg16-conv5_3", "dsift")
@@ -129,6 +129,12 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
     else:
         from featpipe.extract.vgg import weights_identity
 
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ParameterError("device", "is cuda but torch sees no CUDA device; use "
+                                     "--device cpu")
         if crop < 32 or resize < crop:
             raise ParameterError("crop", f"needs 32 <= crop <= resize, got crop {crop}, "
                                  f"resize {resize}")
@@ -181,7 +187,7 @@ def _encoder_plan(store, method, given, outputs, rows_per_frame, dim, itemsize):
     from featpipe.stages.encoding import method_models
 
     chosen = load_methods()[method]
-    params, models = method_models(store, chosen, given, flag="--encode")
+    params, models = method_models(store, chosen, given)
     encoder = chosen.build(dict(params), models)
     try:
         code_dim, per_frame = encoded_size(encoder, dim)
@@ -217,6 +223,7 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
     Raises :class:`~featpipe.interrupts.Interrupted` after SIGINT/SIGTERM (finished items
     kept).
     """
+    check_name(name)
     options = options or RunOptions()
     reporter = reporter or Reporter()
     sampling = (sampling or Sampling()).validate()

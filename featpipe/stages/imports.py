@@ -21,7 +21,7 @@ from featpipe.io.importers import (
     ts_manifest,
 )
 from featpipe.manifest import Manifest
-from featpipe.stages.base import Reporter, RunOptions, StageRun, run_stage
+from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name, run_stage
 from featpipe.store import Store
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     ``mat_variable`` names the variable of per-item ``.mat`` files that hold several.
     """
     reporter = reporter or Reporter()
+    check_name(name)
     specs = tuple((detect_format(path), str(Path(path).resolve())) for path in sources)
     if len(set(specs)) < len(specs):
         twice = next(path for path, spec in zip(sources, specs, strict=True)

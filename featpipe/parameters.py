@@ -1,0 +1,216 @@
+"""Parameters declared once: in an estimator's signature, constraints and docstring.
+
+An estimator (scikit-learn's contract, ``sklearn/base.py``) declares each parameter in three
+places that belong together:
+
+- its ``__init__`` signature: the name and the default;
+- ``_parameter_constraints``: what values are valid, in scikit-learn's vocabulary
+  (``Interval(Integral, 1, None, closed="left")``, ``StrOptions({"avg", "max"})``, ``"boolean"``,
+  ``None``...; ``sklearn/utils/_param_validation.py``);
+- the numpydoc ``Parameters`` section of its class docstring: the help text.
+
+From these :func:`estimator_parameters` builds :class:`Parameter` records, which the command
+line turns into options (:mod:`featpipe.cli.options`) and the stage functions validate before
+any stage exists (:func:`check_params`).  A bad value raises
+:class:`~featpipe.errors.ParameterError` naming the parameter as the library spells it
+(``window``); the command line shows the flag (``--window``) and exits with status 2.
+
+:class:`ValidatedEstimator` is the mixin every featpipe estimator puts before
+``BaseEstimator``: scikit-learn's ``_validate_params`` (called by ``_fit_context``) then
+raises a ParameterError, and ``_check_params`` adds the rules that tie two parameters together
+(``emit_layer <= depth``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from sklearn.utils._param_validation import StrOptions, make_constraint
+
+from featpipe.errors import FeatpipeError, ParameterError
+
+#: Command-line flags that are not ``--`` + the parameter name with ``-`` for ``_``.
+FLAG_NAMES = {"random_state": "--seed"}
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of parameter ``name``: ``emit_layer`` -> ``--emit-layer``."""
+    return FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+
+
+def describe(constraint) -> str:
+    """A constraint in words: ``an int in the range [1, inf)``, ``one of avg, max``."""
+    if isinstance(constraint, StrOptions):
+        return "one of " + ", ".join(sorted(constraint.options - constraint.deprecated))
+    return str(constraint)
+
+
+def check_value(name: str, value, constraints: Iterable) -> None:
+    """Raise :class:`ParameterError` unless ``value`` satisfies one of ``constraints``."""
+    if constraints == "no_validation":
+        return
+    made = [make_constraint(c) for c in constraints]
+    if any(c.is_satisfied_by(value) for c in made):
+        return
+    shown = [describe(c) for c in made if not c.hidden]
+    raise ParameterError(name, f"must be {' or '.join(shown)}, got {value!r}")
+
+
+def check_params(constraints: Mapping[str, Iterable], values: Mapping[str, object]) -> None:
+    """Check each value that has constraints (scikit-learn's vocabulary)."""
+    for name, value in values.items():
+        if name in constraints:
+            check_value(name, value, constraints[name])
+
+
+def check_device(device) -> None:
+    """``cuda`` only where CuPy or torch sees a GPU (:func:`featpipe.backend.device_namespace`)."""
+    if device == "cuda":
+        from featpipe.backend import device_namespace
+
+        try:
+            device_namespace("cuda")
+        except FeatpipeError:
+            raise ParameterError("device", "cuda: no GPU found (neither CuPy nor torch sees a "
+                                 "CUDA device); use cpu") from None
+
+
+class ValidatedEstimator:
+    """Mixin (left of ``BaseEstimator``): parameter errors name the parameter.
+
+    :meth:`check_param_values` checks values against ``_parameter_constraints``, then the
+    rules between parameters (:meth:`_check_param_rules`, none by default), then the device;
+    it needs no instance, so a stage checks its parameters before it builds anything.
+    scikit-learn's ``_validate_params`` (and ``_fit_context``) call it on the instance.
+    """
+
+    _parameter_constraints: dict = {}
+
+    @classmethod
+    def check_param_values(cls, params: Mapping[str, object]) -> None:
+        """Raise :class:`ParameterError` for the first invalid value in ``params``."""
+        check_params(cls._parameter_constraints, params)
+        cls._check_param_rules(params)
+        check_device(params.get("device"))
+
+    @classmethod
+    def _check_param_rules(cls, params: Mapping[str, object]) -> None:
+        """Rules that tie parameters together (``emit_layer <= depth``); raise ParameterError.
+        ``params`` may hold only some of the parameters."""
+
+    def _validate_params(self) -> None:
+        self.check_param_values(self.get_params(deep=False))
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One parameter of an estimator or of an encode method.
+
+    ``owner`` is the estimator class that declares it (its constraints and rules validate
+    it); ``model`` names the ``featpipe fit`` commands that make the fitted stage a model
+    parameter names (its value is a stage name); ``required`` is declared, never guessed from
+    a default.
+    """
+
+    name: str
+    default: object
+    constraints: tuple
+    help: str
+    owner: type | None = None
+    model: tuple[str, ...] = ()
+    required: bool = False
+
+    @property
+    def flag(self) -> str:
+        return flag_of(self.name)
+
+
+def model_parameter(name: str, help: str, fits: Iterable[str], required: bool = True
+                    ) -> Parameter:
+    """A parameter naming a fitted model stage made by one of ``fits`` (``featpipe fit gmm``);
+    required unless said otherwise."""
+    return Parameter(name, None, (str, None), help, model=tuple(fits), required=required)
+
+
+def check_parameter_values(parameters: Iterable[Parameter], values: Mapping[str, object],
+                           what: str, fixed: Mapping[str, object] | None = None) -> None:
+    """Validate ``values`` against ``parameters``: required model stages first, then each
+    owner's constraints and rules on its own parameters, with the ``fixed`` values an owner
+    also receives (``method="cov"``).  ``what`` names the user of a missing model in the
+    message (``--method fisher``)."""
+    owners: dict[type, dict] = {}
+    for param in parameters:
+        value = values.get(param.name)
+        if param.required and value in (None, ""):
+            fits = " or ".join(f"`featpipe {fit}`" for fit in param.model)
+            raise ParameterError(param.name, f"is required by {what}: the name of a model "
+                                 f"stage made by {fits}")
+        if param.owner is not None:
+            owners.setdefault(param.owner, {})[param.name] = value
+        else:
+            check_value(param.name, value, param.constraints)
+    for owner, subset in owners.items():
+        own = {k: v for k, v in (fixed or {}).items() if k in owner._parameter_constraints}
+        owner.check_param_values({**own, **subset})
+
+
+def parameter_docs(cls) -> dict[str, str]:
+    """Help text of each parameter from the numpydoc ``Parameters`` sections of ``cls`` and its
+    bases (a base documents the parameters its subclasses share; the subclass wins).
+
+    An entry is a line ``name : type`` (or ``a, b : type``) followed by indented description
+    lines; the section ends at the next underlined heading.
+    """
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if "__doc__" in vars(klass):
+            docs.update(_section_docs(klass.__doc__))
+    return docs
+
+
+def _section_docs(doc: str | None) -> dict[str, str]:
+    lines = inspect.cleandoc(doc or "").splitlines()
+    docs: dict[str, list[str]] = {}
+    try:
+        start = next(i for i in range(len(lines) - 1) if lines[i].strip() == "Parameters"
+                     and set(lines[i + 1].strip()) == {"-"}) + 2
+    except StopIteration:
+        return {}
+    current: list[str] = []
+    for i in range(start, len(lines)):
+        line = lines[i]
+        if i + 1 < len(lines) and line.strip() and set(lines[i + 1].strip()) == {"-"}:
+            break  # the next section
+        if line and not line[0].isspace():
+            current = [n.strip() for n in line.partition(" : ")[0].split(",")]
+            for name in current:
+                docs[name] = []
+        elif line.strip():
+            for name in current:
+                docs[name].append(line.strip())
+    return {name: " ".join(text) for name, text in docs.items()}
+
+
+def estimator_parameters(cls, include: Iterable[str] | None = None,
+                         exclude: Iterable[str] = ()) -> tuple[Parameter, ...]:
+    """The :class:`Parameter` of each ``__init__`` argument of ``cls``: all of them, or those in
+    ``include``, minus ``exclude``.
+
+    Every parameter must be documented and constrained: a missing declaration is a
+    programming error, reported when the registry loads (and by the test suite).
+    """
+    docs = parameter_docs(cls)
+    constraints = getattr(cls, "_parameter_constraints", {})
+    out = []
+    for name, arg in inspect.signature(cls.__init__).parameters.items():
+        if name == "self" or arg.kind in (arg.VAR_KEYWORD, arg.VAR_POSITIONAL) \
+                or name in exclude or (include is not None and name not in include):
+            continue
+        if name not in docs or name not in constraints:
+            raise TypeError(f"{cls.__name__}.{name} needs a docstring entry and a constraint "
+                            "(see featpipe.parameters)")
+        default = None if arg.default is inspect.Parameter.empty else arg.default
+        out.append(Parameter(name, default, tuple(constraints[name]), docs[name], owner=cls))
+    return tuple(out)
