@@ -152,7 +152,7 @@ def bench_stream(every: int, components: list[int]) -> None:
               f"{every}th frame -> PCA 64 -> FV per frame; one job each")
         timed_extract(store, manifest, sampling=sampling, dsift=dsift, sample=25_000,
                       name="sample")
-        fit_pca(store, "sample", dim=64, name="p64")
+        fit_pca(store, "sample", n_components=64, name="p64")
         t_raw, raw = timed_extract(store, manifest, sampling=sampling, dsift=dsift,
                                    name="raw")
         frames = frames_of(raw.stage)
@@ -163,7 +163,7 @@ def bench_stream(every: int, components: list[int]) -> None:
         print(f"  raw dense SIFT stage: {frames / t_raw:.2f} frames/s ({t_raw:.1f} s), "
               f"{raw_per_frame:,.0f} bytes of float32 descriptors per frame")
         for k in components:
-            fit_gmm(store, "sample", name=f"g{k}", components=k, pca="p64", sample=50_000,
+            fit_gmm(store, "sample", name=f"g{k}", n_components=k, pca="p64", sample=50_000,
                     max_iter=20)
             params = {"gmm": f"g{k}", "per_frame": True}
             t_fused, fused = timed_extract(store, manifest, sampling=sampling, dsift=dsift,
