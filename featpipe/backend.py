@@ -4,17 +4,68 @@ Numerical code takes its namespace from its inputs (``xp = namespace(x)``) and c
 array-API functions on it, so the same function runs on numpy, ``array_api_strict`` (tests),
 torch (CPU or CUDA) and CuPy (GPU).  ``device_namespace('cuda')`` picks CuPy, else torch,
 and says clearly when neither can reach a GPU.
+
+``worker_threads()`` is the number of threads a process uses for its own parallel loops
+(``FEATPIPE_THREADS``, else the cores it may run on); memory budgets are per process and split
+among these threads, so peak memory does not grow with the core count.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import array_api_compat
 
-from featpipe.errors import FeatpipeError
+from featpipe.errors import FeatpipeError, InputError
 
 DEVICES = ("cpu", "cuda")
+#: Environment variable that sets :func:`worker_threads`.
+THREADS_ENV = "FEATPIPE_THREADS"
+
+
+def worker_threads() -> int:
+    """Threads for a process's own parallel loops: ``FEATPIPE_THREADS`` when set (>= 1), else
+    the number of cores this process may run on (its CPU affinity, as SLURM sets it)."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if value:
+        try:
+            threads = int(value)
+        except ValueError:
+            threads = 0
+        if threads < 1:
+            raise FeatpipeError(f"{THREADS_ENV} must be an integer >= 1, got {value!r}")
+        return threads
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def solve_spd(A, b):
+    """Solve A x = b for a batch of symmetric positive definite A (..., n, n), b (..., n, 1).
+
+    torch: a Cholesky factorisation and ``cholesky_solve`` (half the work of LU, and torch's
+    CPU batched LU solve fails with more than one thread for n > 256 with MKL: "Pivots given
+    to lu_solve must all be greater or equal to 1"); other namespaces: ``linalg.solve``.
+    Differentiable under torch autograd (for symmetric perturbations).
+    """
+    if array_api_compat.is_torch_array(A):
+        import torch
+
+        return torch.cholesky_solve(b, torch.linalg.cholesky(A))
+    return namespace(A, b).linalg.solve(A, b)
+
+
+def refuse_grad(*arrays, what: str) -> None:
+    """Raise a clear error when a torch tensor among ``arrays`` requires grad: ``what`` is
+    computed with steps that autograd cannot follow (host-side scalars, iterative solvers), so
+    its gradient would be silently wrong."""
+    for array in arrays:
+        if getattr(array, "requires_grad", False):
+            raise InputError(f"{what} is not differentiable (it takes host-side steps that "
+                             "autograd cannot follow); pass tensors that do not require grad "
+                             "(.detach()), or use a differentiable alternative")
 
 
 def namespace(*arrays):

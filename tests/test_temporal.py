@@ -259,15 +259,19 @@ def test_long_sequences_use_the_primal_solver(monkeypatch):
     assert_close_vectors(long_rank[0], ref_rank_pool_directions(seqs[0], "both", "ser"))
 
 
-def test_hrp_long_sequence_peak_memory_is_a_small_multiple_of_the_input(monkeypatch):
+@pytest.mark.parametrize("threads", ["2", "16"])
+def test_hrp_long_sequence_peak_memory_is_a_small_multiple_of_the_input(monkeypatch, threads):
     import tracemalloc
 
     import featpipe.encode.temporal as temporal
 
+    # the budget is per process: 16 worker threads (a 16-core node) share it
+    monkeypatch.setenv("FEATPIPE_THREADS", threads)
     monkeypatch.setattr(temporal, "DENSE_MAX_LENGTH", 256)
     rng = np.random.default_rng(8)
     X = np.abs(np.cumsum(rng.standard_normal((1500, 256)), axis=0)).astype(np.float32)
     encoder = HierarchicalRankPooling(chunk_bytes=2 * X.nbytes)
+    encoder.transform([X[:300]])  # first-call imports and caches are not the encoder's memory
     tracemalloc.start()
     try:
         u = encoder.transform([X])

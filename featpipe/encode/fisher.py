@@ -19,9 +19,14 @@ laid out ``[u_1..u_K, v_1..v_K]`` (2KD values, no prior block).  Components with
 take no part in the posteriors.  *Improved* FV = signed square root, then division by
 ``max(||z||_2, 1e-12)``; an item without descriptors encodes to zeros.
 
-Speed: the Mahalanobis terms ||x - mu||^2 / sigma^2 of all pairs come from one GEMM on
-centred data (float64: a float32 GEMM loses ~1e-3 in the log posteriors of real PCA-SIFT);
-only the pairs with ``gamma >= 1e-6`` are accumulated, as a sparse product with [x, x^2].
+One body: :func:`fisher_vectors` (array API, batched, differentiable) defines the FV and is
+used by deep Fisher learning; :class:`FisherAccumulator` normalises its sums with the same
+:func:`fisher_from_sums`.  Its CPU fast path computes the Mahalanobis terms
+||x - mu||^2 / sigma^2 of all pairs by one float32 GEMM on centred data and a compiled pass
+(:mod:`featpipe.encode._fisher_loop`) that accumulates only the pairs with
+``gamma >= 1e-6``; descriptors whose float32 rounding bound exceeds half the candidate margin
+(far from every Gaussian) go through the float64 body with direct differences, so the
+posteriors never underflow to all zeros.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import logging
 import math
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
@@ -38,6 +44,7 @@ from sklearn.base import BaseEstimator, DensityMixin, TransformerMixin
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
+from featpipe.backend import namespace
 from featpipe.errors import InputError, ParameterError
 from featpipe.items import Frame, LocalFeatures, MemorySink, PerFrameStream, stream_item
 from featpipe.models import ArrayModel
@@ -71,11 +78,14 @@ def _check_descriptors(x, dim: int | None = None, what: str = "descriptors") -> 
     return x
 
 
-def _logsumexp_rows(a: np.ndarray) -> np.ndarray:
-    top = np.max(a, axis=1, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
-    with np.errstate(under="ignore"):
-        return (top + np.log(np.sum(np.exp(a - top), axis=1, keepdims=True)))[:, 0]
+def logsumexp(a, axis: int = -1):
+    """log Σ exp(a) along ``axis`` without overflow or underflow to -inf: the largest term is
+    factored out (a row of -inf gives -inf, never NaN).  Any array-API namespace."""
+    xp = namespace(a)
+    top = xp.max(a, axis=axis, keepdims=True)
+    top = xp.where(xp.isfinite(top), top, xp.zeros_like(top))
+    with np.errstate(under="ignore", divide="ignore"):
+        return xp.squeeze(top, axis=axis) + xp.log(xp.sum(xp.exp(a - top), axis=axis))
 
 
 def _mahalanobis(x, means, inv_var):
@@ -228,7 +238,7 @@ class GaussianMixtureModel(ArrayModel, ValidatedEstimator, DensityMixin, BaseEst
         for start in range(0, xc.shape[0], self.chunk_size):
             block = xc[start:start + self.chunk_size]
             log_joint = self._log_joint(block, weights, means, variances)
-            log_px = _logsumexp_rows(log_joint)
+            log_px = logsumexp(log_joint, axis=1)
             total += float(np.sum(log_px, dtype=np.float64))
             with np.errstate(under="ignore"):
                 resp = np.exp(log_joint - log_px[:, None])
@@ -274,8 +284,8 @@ class GaussianMixtureModel(ArrayModel, ValidatedEstimator, DensityMixin, BaseEst
         """Mean log-likelihood of descriptors ``x`` under the fitted model."""
         x = _check_descriptors(x, self.means_.shape[1]).astype(np.float64)
         center = self.means_.mean(axis=0)  # any centre: the log-likelihood does not depend on it
-        return float(np.mean(_logsumexp_rows(self._log_joint(
-            x - center, self.weights_, self.means_ - center, self.variances_))))
+        return float(np.mean(logsumexp(self._log_joint(
+            x - center, self.weights_, self.means_ - center, self.variances_), axis=1)))
 
 
 def check_gmm(weights, means, variances):
@@ -289,6 +299,158 @@ def check_gmm(weights, means, variances):
     if not (np.all(np.isfinite(means)) and np.all(variances > 0) and np.all(weights >= 0)):
         raise InputError("GMM needs finite means, positive variances and non-negative weights")
     return weights, means, variances
+
+
+# -- the Fisher-vector body (array API: numpy, torch, CuPy; batched; differentiable) --------
+#
+# One definition of the FV, shared by the encoder (FisherAccumulator normalises its sums with
+# fisher_from_sums, and sends descriptors its compiled float32 pass cannot resolve through
+# fisher_vectors) and by deep Fisher learning (learn/deep_fisher.py: forward = fisher_vectors,
+# reverse pass on its cache).
+
+#: log posteriors below this (relative to a descriptor's best component) are floored: they
+#: are irrelevant, and flooring keeps the backward pass in normal numbers (subnormals are
+#: 10-100x slower); float32 / float64.
+_LOG_FLOOR = {4: -60.0, 8: -600.0}
+
+
+def posteriors(log_joint, axis: int = -1):
+    """γ = softmax(log_joint) along ``axis``: exp(l − max l), normalised.  The best component
+    contributes exp(0) = 1, so the posteriors of a descriptor far from every Gaussian cannot
+    all underflow to zero (the log joints themselves may be -1e26)."""
+    xp = namespace(log_joint)
+    shifted = log_joint - xp.max(log_joint, axis=axis, keepdims=True)
+    e = xp.exp(xp.clip(shifted, min=_LOG_FLOOR[xp.finfo(log_joint.dtype).bits // 8]))
+    return e / xp.sum(e, axis=axis, keepdims=True)
+
+
+def signed_root(z):
+    """sign(z)·√|z|, with gradient 0 (not inf·0) at z = 0.  Any array-API namespace."""
+    xp = namespace(z)
+    nonzero = z != 0
+    root = xp.sqrt(xp.where(nonzero, xp.abs(z), xp.ones_like(z)))
+    return xp.where(nonzero, xp.sign(z) * root, xp.zeros_like(z))
+
+
+def _unit(psi):
+    """psi / max(‖psi‖₂, 1e-12) along the last axis, and the norms."""
+    xp = namespace(psi)
+    norm = xp.sqrt(xp.sum(psi * psi, axis=-1))
+    return psi / xp.maximum(norm, xp.full_like(norm, 1e-12))[..., None], norm
+
+
+def improve(z):
+    """VLFeat's IMPROVED normalisation along the last axis: signed square root, then division
+    by max(‖·‖₂, 1e-12) (an all-zero z stays zero).  Differentiable."""
+    return _unit(signed_root(z))[0]
+
+
+def fisher_from_sums(sd, sdd, s0, count, pi, valid, improved=True):
+    """FVs from per-component sums: u_k = Σγd / (N√π_k), v_k = (Σγd² − Σγ) / (N√(2π_k)).
+
+    sd, sdd (B, K, D), s0 (B, K, 1), count (B,) descriptors per item (0 counts as 1), pi and
+    valid (K,).  Returns ``(phi, (u, v, z, cu, norm))``: phi (B, 2KD), improved or raw z, in
+    VLFeat's layout [u_1..u_K, v_1..v_K], and what the reverse pass needs (norm = ‖SSR(z)‖).
+    """
+    xp = namespace(sd, pi)
+    count = xp.astype(count, sd.dtype)
+    count = xp.maximum(count, xp.ones_like(count))
+    safe_pi = xp.where(valid, pi, xp.ones_like(pi))
+    cu = xp.where(valid[None, :], 1.0 / (count[:, None] * xp.sqrt(safe_pi)[None, :]),
+                  xp.zeros((count.shape[0], pi.shape[0]), dtype=sd.dtype,
+                           device=getattr(sd, "device", None)))[:, :, None]
+    u = cu * sd
+    v = cu / math.sqrt(2.0) * (sdd - s0)
+    B, k, dim = sd.shape
+    z = xp.concat([xp.reshape(u, (B, k * dim)), xp.reshape(v, (B, k * dim))], axis=-1)
+    phi, norm = _unit(signed_root(z))
+    return (phi if improved else z), (u, v, z, cu, norm)
+
+
+@dataclass
+class FisherCache:
+    """Intermediate values of :func:`fisher_vectors`, reused by the reverse pass.
+
+    Shapes for B items padded to T descriptors, K components of dimension D: xc (B, T, D)
+    descriptors minus the centre of the means, lhs (B, T, 2D) = [xc², xc], mc (K, D),
+    inv_sigma/inv_var (K, D), pi (K,), gamma/mask (B, T, K) (zero on padding rows), s0
+    (B, K, 1), sd/sdd/u/v (B, K, D), cu/cv (B, K, 1), z/phi (B, 2KD), norm (B,).
+    """
+
+    xc: object
+    lhs: object
+    mc: object
+    inv_sigma: object
+    inv_var: object
+    pi: object
+    gamma: object
+    mask: object
+    s0: object
+    sd: object
+    sdd: object
+    cu: object
+    cv: object
+    u: object
+    v: object
+    z: object
+    phi: object
+    norm: object
+
+
+def fisher_vectors(X, a, mu, s, lengths=None, threshold=POSTERIOR_THRESHOLD, improved=True,
+                   direct=False):
+    """Fisher vectors of a batch of items X (B, T, D) (item b: its first ``lengths[b]`` rows;
+    None: all T) under θ = (a, μ, s): π = softmax(a), σ = exp(s).  Returns (phi (B, 2KD),
+    :class:`FisherCache`).
+
+    VLFeat's definition (module docstring): components with π < 1e-6 and pairs with
+    γ < ``threshold`` skipped.  The Mahalanobis terms of all pairs come from one GEMM on
+    centred data, [xc², xc] (B·T, 2D) @ [1/σ²; −2 mc/σ²] (2D, K) (``direct=True``: from the
+    differences (x − μ_k)/σ_k, exact for descriptors far from every Gaussian, (B, T, K, D)
+    memory); posteriors by :func:`posteriors`; the sums Σγ, Σγx, Σγx² of every item by one
+    batched product γᵀ[xc², xc] (segment sums over the items' descriptors).  Any array-API
+    namespace; differentiable under torch autograd.
+    """
+    xp = namespace(X, a, mu, s)
+    B, T, dim = X.shape
+    log_pi = a - logsumexp(a, axis=0)
+    pi = xp.exp(log_pi)
+    valid = pi >= PRIOR_THRESHOLD
+    center = xp.mean(mu, axis=0)
+    xc = X - center
+    mc = mu - center
+    inv_sigma = xp.exp(-s)
+    inv_var = inv_sigma * inv_sigma
+    lhs = xp.concat([xc * xc, xc], axis=-1)
+    if direct:
+        d = (xc[:, :, None, :] - mc) * inv_sigma
+        maha = xp.sum(d * d, axis=-1)
+    else:
+        rhs = xp.concat([inv_var, -2.0 * mc * inv_var], axis=1)
+        maha = xp.reshape(xp.reshape(lhs, (B * T, 2 * dim)) @ xp.permute_dims(rhs, (1, 0)),
+                          (B, T, mu.shape[0])) + xp.sum(mc * mc * inv_var, axis=1)
+    log_prior = xp.where(valid, log_pi, xp.full_like(log_pi, -math.inf)) - xp.sum(s, axis=1)
+    gamma = posteriors(log_prior - 0.5 * maha)
+    device = getattr(X, "device", None)
+    if lengths is None:
+        count = xp.full((B,), float(T), dtype=X.dtype, device=device)
+    else:
+        count = xp.asarray([float(n) for n in lengths], dtype=X.dtype, device=device)
+        rows = xp.astype(xp.arange(T, device=device)[None, :] < xp.astype(count, xp.int64)
+                         [:, None], X.dtype)
+        gamma = gamma * rows[:, :, None]
+    mask = gamma >= threshold
+    if lengths is not None:
+        mask = mask & (gamma > 0)
+    g = xp.where(mask, gamma, xp.zeros_like(gamma))
+    s0 = xp.sum(g, axis=1)[:, :, None]
+    moments = xp.permute_dims(g, (0, 2, 1)) @ lhs  # (B, K, 2D): [Σγx², Σγx]
+    s2, s1 = moments[..., :dim], moments[..., dim:]
+    sd = (s1 - mc * s0) * inv_sigma
+    sdd = (s2 - 2.0 * mc * s1 + mc * mc * s0) * inv_var
+    phi, (u, v, z, cu, norm) = fisher_from_sums(sd, sdd, s0, count, pi, valid, improved)
+    return phi, FisherCache(xc, lhs, mc, inv_sigma, inv_var, pi, gamma, mask, s0, sd, sdd, cu,
+                            cu / math.sqrt(2.0), u, v, z, phi, norm)
 
 
 def fisher_vector(x, weights, means, variances, improved=True,
@@ -335,15 +497,12 @@ class FisherAccumulator:
         return self
 
     def result(self) -> np.ndarray:
-        """The float32 FV of everything added (zeros when nothing was)."""
-        hit = self.mass > 0
-        u = np.zeros_like(self.first)
-        v = np.zeros_like(self.second)
-        scale = self.count * np.sqrt(self.weights[hit])[:, None]
-        u[hit] = self.first[hit] / scale
-        v[hit] = (self.second[hit] - self.mass[hit, None]) / (scale * math.sqrt(2.0))
-        z = np.concatenate([u.ravel(), v.ravel()])
-        return (improve(z) if self.improved else z).astype(np.float32)
+        """The float32 FV of everything added (zeros when nothing was), by
+        :func:`fisher_from_sums`."""
+        phi, _ = fisher_from_sums(self.first[None], self.second[None], self.mass[None, :, None],
+                                  np.asarray([self.count]), self.weights,
+                                  self.weights >= PRIOR_THRESHOLD, self.improved)
+        return phi[0].astype(np.float32)
 
 
 @functools.cache
@@ -351,12 +510,6 @@ def _blas_controller():
     from threadpoolctl import ThreadpoolController
 
     return ThreadpoolController()
-
-
-def improve(z: np.ndarray) -> np.ndarray:
-    """Signed square root, then division by ``max(||.||_2, 1e-12)`` (VLFeat's IMPROVED)."""
-    z = np.sign(z) * np.sqrt(np.abs(z))
-    return z / max(float(np.sqrt(np.dot(z, z))), 1e-12)
 
 
 def _accumulate(x, weights, means, variances, threshold, first, second, mass):
@@ -371,13 +524,22 @@ def _accumulate(x, weights, means, variances, threshold, first, second, mass):
        values and the approximate ones of the other pairs (each below ~1e-7 of the best, so
        their error does not matter).
     3. Kept pairs (gamma >= threshold) are accumulated per component in float64.
+
+    Step 2 is right when the approximate log joints are within ``_MARGIN / 2`` of the exact
+    ones.  A rounding bound of the float32 GEMM, ½(2D + 3)·2⁻²⁴·(|[xc², xc]|·max_k|rhs_k| +
+    max|bias| + max|log norm|), is checked per descriptor; descriptors beyond it (far from
+    every Gaussian, e.g. a value of 1e6 against a GMM of N(0, 1) data, where float32 loses
+    10⁵ nats and the posteriors underflowed to all zeros) go through the float64 body
+    :func:`fisher_vectors` with direct differences instead.
     """
     import numba
 
     from featpipe.encode import _fisher_loop
 
     center = means.mean(axis=0)
-    xc = (np.asarray(x, dtype=np.float64) - center).astype(np.float32)
+    x64 = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        xc = (x64 - center).astype(np.float32)
     mc = (means - center).astype(np.float32)
     inv_var = 1.0 / variances
     inv_sigma = np.sqrt(inv_var).astype(np.float32)
@@ -385,14 +547,49 @@ def _accumulate(x, weights, means, variances, threshold, first, second, mass):
     log_norm = np.where(valid, np.log(np.maximum(weights, 1e-300)), -np.inf) \
         - 0.5 * np.sum(np.log(variances), axis=1)
     # ‖(x − μ_k)/σ_k‖² − ‖(μ_k − c)/σ_k‖² for all pairs from one float32 GEMM, (N, K)
-    lhs = np.concatenate([xc * xc, xc], axis=1)
-    rhs = np.concatenate([inv_var, -2.0 * (means - center) * inv_var], axis=1)
-    raw = lhs @ rhs.astype(np.float32).T
-    bias = np.sum((means - center) ** 2 * inv_var, axis=1).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        lhs = np.concatenate([xc * xc, xc], axis=1)
+        rhs = np.concatenate([inv_var, -2.0 * (means - center) * inv_var], axis=1).astype(
+            np.float32)
+        raw = lhs @ rhs.T
+        bias = np.sum((means - center) ** 2 * inv_var, axis=1).astype(np.float32)
+        scale = np.abs(lhs) @ np.max(np.abs(rhs), axis=0) + np.max(bias) + \
+            np.max(np.abs(log_norm[valid]), initial=0.0)
+    unreliable = ~(0.5 * (2 * xc.shape[1] + 3) * 2.0**-24 * scale <= _MARGIN / 2)
+    if np.any(unreliable):
+        _accumulate_exact(x64[unreliable], weights, means, variances, threshold, first,
+                          second, mass)
+        raw, xc = raw[~unreliable], xc[~unreliable]
+    if not raw.shape[0]:
+        return
     limit = math.log(threshold) - _MARGIN if threshold > 0 else -math.inf
     blocks = max(1, min(numba.get_num_threads(), raw.shape[0]))
     _fisher_loop.accumulate(raw, bias, log_norm.astype(np.float32), xc, mc, inv_sigma, log_norm,
                             limit, threshold, first, second, mass, blocks)
+
+
+#: Working memory of the exact float64 path, (rows, K, D) differences per block.
+_EXACT_BYTES = 64 * 2**20
+
+
+def _accumulate_exact(x, weights, means, variances, threshold, first, second, mass):
+    """The sums of :func:`_accumulate` from the float64 body (:func:`fisher_vectors`,
+    direct differences), for descriptors the float32 pass cannot resolve."""
+    a = np.log(np.maximum(weights, 1e-300))
+    s = 0.5 * np.log(variances)
+    k, dim = means.shape
+    rows = max(1, _EXACT_BYTES // (8 * k * dim))
+    for start in range(0, x.shape[0], rows):
+        with np.errstate(over="ignore", invalid="ignore"):
+            _, cache = fisher_vectors(x[None, start:start + rows], a, means, s,
+                                      threshold=threshold, direct=True)
+        sums = (cache.sd[0], cache.sdd[0], cache.s0[0, :, 0])
+        if not all(np.all(np.isfinite(part)) for part in sums):
+            raise InputError(f"descriptors too large to encode: largest |value| "
+                             f"{np.max(np.abs(x)):.3g} overflows float64 (distance squared)")
+        first += sums[0]
+        second += sums[1]
+        mass += sums[2]
 
 
 def pyramid_regions(positions, image_size, pyramid: str) -> list[np.ndarray]:

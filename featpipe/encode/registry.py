@@ -66,7 +66,8 @@ class EncodeMethod:
     summary: str
     build: Callable[..., ItemEncoder]
     parameters: tuple[Parameter, ...] = ()
-    batch_size: int = 16
+    #: items per encode_batch call, or a function of the parameters (e.g. more on a GPU)
+    batch_size: int | Callable[[Mapping], int] = 16
     fixed: Mapping[str, object] = field(default_factory=dict)
 
     @property

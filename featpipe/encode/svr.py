@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from featpipe.backend import namespace
+from featpipe.backend import namespace, refuse_grad, solve_spd
 from featpipe.errors import InputError
 
 #: Newton iterations before giving up (the active set typically settles in 3–10).
@@ -84,11 +84,9 @@ def _matvec(G, a):
     return (G @ a[..., None])[..., 0]
 
 
-def _objective(xp, G, a, y, C, epsilon, valid):
-    """f(α) = ½ αᵀGα + C Σ max(0, |y − Gα| − ε)², per batch row; also returns Gα."""
-    Ga = _matvec(G, a)
-    excess = xp.clip(xp.abs(y - Ga) - epsilon, min=0.0) * valid
-    return 0.5 * xp.sum(a * Ga, axis=-1) + C * xp.sum(excess * excess, axis=-1), Ga
+def _soft_threshold(xp, r, epsilon):
+    """s = sign(r)·max(0, |r| − ε) = r − clip(r, −ε, ε): the scaled loss gradient."""
+    return r - xp.clip(r, -epsilon, epsilon)
 
 
 def rank_svr_dual(G, C: float = 1.0, epsilon: float = 0.1, lengths=None):
@@ -111,6 +109,12 @@ def rank_svr_dual(G, C: float = 1.0, epsilon: float = 0.1, lengths=None):
         Representer coefficients, u_b = Σ_t alpha[b, t] v_{b,t}; dtype of ``G``.
     active : bool array (B, T)
         The active constraints at the optimum, |t − u_bᵀv_{b,t}| > ε.
+
+    With s = sign(r)·max(0, |r| − ε) (r = y − Gα) the active rows are those with s ≠ 0 and
+    y_A − ε σ_A = (Gα + s)_A, so a Newton step costs one batched solve and two batched
+    matrix-vector products; the line search reuses Gα and G d.  Differentiable under torch
+    autograd: at the optimum the last (full) step is the solve of the final active set, whose
+    derivative is the implicit one.
     """
     C, epsilon = check_svr_params(C, epsilon)
     xp = namespace(G)
@@ -125,50 +129,57 @@ def rank_svr_dual(G, C: float = 1.0, epsilon: float = 0.1, lengths=None):
     G = xp.astype(G, dtype)
     y = xp.astype(xp.arange(1, T + 1, device=device), dtype)
     eye = xp.eye(T, dtype=dtype, device=device)
-    a = xp.zeros((B, T), dtype=dtype, device=device)
     if lengths is None:
-        valid_mask = xp.ones((B, T), dtype=xp.bool, device=device)
+        valid = None
     else:
         lengths = xp.asarray([int(n) for n in lengths], device=device)
         if lengths.shape != (B,):
             raise InputError(f"lengths must have {B} entries, got {lengths.shape[0]}")
-        valid_mask = xp.arange(T, device=device)[None, :] < lengths[:, None]
-    valid = xp.astype(valid_mask, dtype)
-    f, Ga = _objective(xp, G, a, y, C, epsilon, valid)
-    done = xp.zeros((B,), dtype=xp.bool, device=device)
+        valid = xp.astype(xp.arange(T, device=device)[None, :] < lengths[:, None], dtype)
+
+    def loss_gradient(Ga):
+        s = _soft_threshold(xp, y - Ga, epsilon)
+        return s if valid is None else s * valid
+
+    two_c = 2.0 * C
+    a = xp.zeros((B, T), dtype=dtype, device=device)
+    Ga = xp.zeros((B, T), dtype=dtype, device=device)
+    s = loss_gradient(Ga)
+    f = C * xp.sum(s * s, axis=-1)
     for _iteration in range(MAX_NEWTON_ITER):
-        r = y - Ga
-        active = (xp.abs(r) > epsilon) & valid_mask
-        sign = xp.sign(r)
+        active = s != 0.0
         m = xp.astype(active, dtype)
-        M = eye + (2.0 * C) * (m[:, :, None] * m[:, None, :]) * G
-        target = (2.0 * C) * m * (y - epsilon * sign)
-        a_newton = xp.linalg.solve(M, target[..., None])[..., 0]
+        M = eye + two_c * (m[:, :, None] * m[:, None, :]) * G
+        a_newton = solve_spd(M, (two_c * m * (Ga + s))[..., None])[..., 0]
         d = a_newton - a
-        # directional derivative of f along d: (α − 2C s)ᵀ G d, s = sign(r)·max(0, |r| − ε)
-        s = sign * xp.clip(xp.abs(r) - epsilon, min=0.0) * valid
-        slope = xp.sum((a - (2.0 * C) * s) * _matvec(G, d), axis=-1)
-        step = xp.ones((B,), dtype=dtype, device=device)
+        Gd = _matvec(G, d)
+        # directional derivative of f along d: (α − 2C s)ᵀ G d
+        slope = xp.sum((a - two_c * s) * Gd, axis=-1)
         slack = 1e-13 * xp.abs(f)
+        step = xp.ones_like(f)
         for _ in range(MAX_BACKTRACK):
-            f_try, _ = _objective(xp, G, a + step[:, None] * d, y, C, epsilon, valid)
+            a_try = a + step[:, None] * d
+            Ga_try = Ga + step[:, None] * Gd
+            s_try = loss_gradient(Ga_try)
+            f_try = 0.5 * xp.sum(a_try * Ga_try, axis=-1) + C * xp.sum(s_try * s_try, axis=-1)
             ok = f_try <= f + ARMIJO * step * slope + slack
             if bool(xp.all(ok)):
                 break
             step = xp.where(ok, step, 0.5 * step)
-        a = a + step[:, None] * d
-        f, Ga = _objective(xp, G, a, y, C, epsilon, valid)
-        r_new = y - Ga
-        same = xp.all(((xp.abs(r_new) > epsilon) & valid_mask) == active, axis=-1) & xp.all(
-            (xp.sign(r_new) == sign) | ~active, axis=-1)
-        done = (step == 1.0) & same
-        if bool(xp.all(done)):
+        a = a_try
+        Ga = _matvec(G, a)
+        s_new = loss_gradient(Ga)
+        f = 0.5 * xp.sum(a * Ga, axis=-1) + C * xp.sum(s_new * s_new, axis=-1)
+        same = (s_new != 0.0) == active
+        same = same & (((s_new > 0.0) == (s > 0.0)) | ~active)
+        s = s_new
+        settled = xp.all(same, axis=-1) & (step == 1.0)
+        if bool(xp.all(settled)):
             break
     else:
         raise RuntimeError(f"rank_svr_dual: active-set Newton did not settle in "
-                           f"{MAX_NEWTON_ITER} iterations for {int(xp.sum(~done))} windows")
-    active = (xp.abs(y - Ga) > epsilon) & valid_mask
-    return xp.astype(a, out_dtype), active
+                           f"{MAX_NEWTON_ITER} iterations for {int(xp.sum(~settled))} windows")
+    return xp.astype(a, out_dtype), s != 0.0
 
 
 def gram(V):
@@ -220,8 +231,7 @@ def rank_svr_unit_gram(G, C: float = 1.0, epsilon: float = 0.1, lengths=None):
     xp = namespace(G)
     dtype = _work_dtype(xp, G)
     G = xp.astype(G, dtype)
-    eye = xp.astype(xp.eye(G.shape[1], dtype=xp.bool, device=getattr(G, "device", None)), dtype)
-    norms = xp.sqrt(xp.sum(G * eye, axis=-1))
+    norms = xp.sqrt(xp.linalg.diagonal(G))
     inverse = xp.where(norms > 0, 1.0 / xp.where(norms > 0, norms, 1.0), 0.0)
     alpha, _ = rank_svr_dual(G * inverse[:, :, None] * inverse[:, None, :], C, epsilon, lengths)
     return alpha * inverse
@@ -245,6 +255,7 @@ def rank_svr_liblinear(V, C: float = 1.0, epsilon: float = 0.1, tol: float | Non
     from liblinear import liblinearutil
 
     C, epsilon = check_svr_params(C, epsilon)
+    refuse_grad(V, what="rank_svr_liblinear")
     V = np.asarray(V, dtype=np.float64)
     if V.ndim != 3:
         raise InputError(f"V must have shape (B, T, D), got {V.shape}")
@@ -287,10 +298,12 @@ def rank_svr_primal(chunks, C: float = 1.0, epsilon: float = 0.1, rtol: float = 
     when ‖∇f(u)‖ ≤ rtol·‖∇f(0)‖ (liblinear's criterion for ``-s 11``, with rtol in place of
     ``-e``) and the active set no longer changes.  Memory: V plus a few vectors of length T
     and D.  Used for windows too long for the T×T dual (the final layer of long sequences).
-    Returns u (D,) in V's dtype.
+    Returns u (D,) in V's dtype.  Not differentiable (host-side step sizes): torch tensors
+    that require grad are refused; :func:`rank_svr` is the differentiable solver.
     """
     C, epsilon = check_svr_params(C, epsilon)
     arrays = [getattr(c, "array", c) for c in chunks]
+    refuse_grad(*arrays, what="rank_svr_primal (the long-window SVR solver)")
     xp = namespace(*arrays)
     dtype = arrays[0].dtype
     device = getattr(arrays[0], "device", None)

@@ -26,7 +26,6 @@ not.
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from numbers import Integral, Real
 
@@ -34,11 +33,15 @@ import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from featpipe.backend import device_namespace, namespace, to_numpy
+from featpipe.backend import (
+    device_namespace,
+    namespace,
+    refuse_grad,
+    to_numpy,
+    worker_threads,
+)
 from featpipe.encode.maps import (
     PSI_MAPS,
-    apply_psi,
-    l2_normalize,
     normalized_map,
     psi_dim,
     running_sum,
@@ -50,7 +53,6 @@ from featpipe.encode.svr import (
     rank_svr_dual,
     rank_svr_liblinear,
     rank_svr_primal,
-    rank_svr_unit,
     rank_svr_unit_gram,
 )
 from featpipe.errors import InputError, ParameterError
@@ -58,8 +60,8 @@ from featpipe.parameters import ValidatedEstimator, estimator_parameters
 
 SOLVERS = ("newton", "liblinear")
 DIRECTIONS = ("fwd", "rev", "both")
-#: Working memory for one chunk of windows (their mapped vectors), in bytes.
-DEFAULT_CHUNK_BYTES = 64 * 2**20
+#: Working memory of a process for its chunks of windows, in bytes (split among its threads).
+DEFAULT_CHUNK_BYTES = 256 * 2**20
 #: Windows longer than this are solved in the primal (rank_svr_primal) instead of the T×T dual.
 DENSE_MAX_LENGTH = 2048
 
@@ -181,32 +183,66 @@ def rank_pool_sums(S, psi="ser", C=1.0, epsilon=0.1, solver="newton", lengths=No
     ``nonnegative`` says whether S ≥ 0 is known (None: check).
     """
     xp = namespace(S)
-    if psi == "ser" and solver == "newton":
-        if nonnegative is None:
-            nonnegative = bool(xp.all(S >= 0))
-        return _rank_pool_sums_ser(S, C, epsilon, lengths, nonnegative)
-    # SSR of non-negative sums is their square root (one pass instead of three)
-    V = xp.sqrt(S) if psi == "ssr" and nonnegative else apply_psi(S, psi)
-    if lengths is not None:
-        device = getattr(S, "device", None)
-        mask = xp.arange(S.shape[1], device=device)[None, :] < \
-            xp.asarray([int(n) for n in lengths], device=device)[:, None]
-        V = V * xp.astype(mask, V.dtype)[:, :, None]
+    if nonnegative is None:
+        nonnegative = bool(xp.all(S >= 0))
+    if solver != "newton":
+        refuse_grad(S, what="solver='liblinear'")
     if solver == "newton":
-        return rank_svr_unit(V, C, epsilon, lengths)
-    Vn = np.asarray(to_numpy(l2_normalize(V)), dtype=np.float64)
+        parts = psi_parts(S, psi, nonnegative)
+        beta = rank_svr_unit_gram(parts_gram(parts), C, epsilon, lengths)
+        return psi_pool(xp.astype(beta, S.dtype), parts, psi, nonnegative)
+    Vn = np.asarray(to_numpy(normalized_map(S, psi)), dtype=np.float64)
     U = np.zeros((Vn.shape[0], Vn.shape[2]))
     for b in range(Vn.shape[0]):
         T = Vn.shape[1] if lengths is None else int(lengths[b])
         U[b] = rank_svr_liblinear(Vn[b:b + 1, :T], C, epsilon)[0]
-    return xp.asarray(U.astype(to_numpy(V).dtype), device=getattr(S, "device", None))
+    return xp.asarray(U.astype(to_numpy(S).dtype), device=getattr(S, "device", None))
+
+
+def psi_parts(S, psi, nonnegative):
+    """Arrays whose Gram matrices add up to that of ψ(S), without forming SER's doubled rows.
+
+    With R = √|S| and Q = sign(S)·R, SER(S) = [(R+Q)/2, (R−Q)/2], whose Gram matrix is
+    (R Rᵀ + Q Qᵀ)/2: three passes over S instead of eight and a concat.  For non-negative S
+    (sums of ReLU features such as VGG fc6) Q = R and the negative half of SER is zero, so R
+    alone serves; SSR of non-negative sums is their square root.
+    """
+    xp = namespace(S)
+    if psi == "none":
+        return (S,)
+    if nonnegative:
+        return (xp.sqrt(S),)
+    R = xp.sqrt(xp.abs(S))
+    Q = xp.copysign(R, S)
+    return (R, Q) if psi == "ser" else (Q,)
+
+
+def parts_gram(parts):
+    """The Gram matrices of ψ(S) from :func:`psi_parts` (B, T, T)."""
+    if len(parts) == 1:
+        return gram(parts[0])
+    return 0.5 * (gram(parts[0]) + gram(parts[1]))
+
+
+def psi_pool(beta, parts, psi, nonnegative):
+    """u = Σ_t β_t ψ(s_t) from the coefficients β (B, T) and :func:`psi_parts` -> (B, D')."""
+    xp = namespace(beta, *parts)
+    pooled = [(beta[:, None, :] @ p)[:, 0, :] for p in parts]
+    if psi != "ser":
+        return pooled[0]
+    if nonnegative:
+        return xp.concat([pooled[0], xp.zeros_like(pooled[0])], axis=-1)
+    uR, uQ = pooled
+    return xp.concat([0.5 * (uR + uQ), 0.5 * (uR - uQ)], axis=-1)
 
 
 def rank_pool_long(X, psi="ser", C=1.0, epsilon=0.1, directions="fwd", solver="newton",
                    chunk_bytes=DEFAULT_CHUNK_BYTES):
     """Rank-pool one long sequence X (T, D) without its T×T Gram matrix: the vectors
     L2(ψ(TVM(X))) are built in row chunks (running sums carried across chunks) and the SVR is
-    solved in the primal by :func:`featpipe.encode.svr.rank_svr_primal`."""
+    solved in the primal by :func:`featpipe.encode.svr.rank_svr_primal`.  Not
+    differentiable: tensors that require grad are refused."""
+    refuse_grad(X, what="rank_pool_long (long sequences, solved in the primal)")
     xp = namespace(X)
     device = getattr(X, "device", None)
     T, D = X.shape
@@ -266,46 +302,39 @@ class SerRows:
         return xp.concat([0.5 * (a + b), 0.5 * (a - b)], axis=0)
 
 
-def _rank_pool_sums_ser(S, C, epsilon, lengths, nonnegative):
-    """SER without forming it: with R = √|S| and Q = sign(S)·R, SER(S) = [(R+Q)/2, (R−Q)/2],
-    whose Gram matrix is (R Rᵀ + Q Qᵀ)/2; three passes over S instead of eight and a concat.
-    For non-negative S (sums of ReLU features such as VGG fc6) Q = R and the negative half of
-    SER is zero, so one Gram product suffices.
-    Padded rows (beyond ``lengths``) never become active, so their coefficients are zero."""
-    xp = namespace(S)
-    if nonnegative:
-        R = xp.sqrt(S)
-        beta = rank_svr_unit_gram(gram(R), C, epsilon, lengths)
-        uR = (xp.astype(beta, S.dtype)[:, None, :] @ R)[:, 0, :]
-        return xp.concat([uR, xp.zeros_like(uR)], axis=-1)
-    R = xp.sqrt(xp.abs(S))
-    Q = xp.copysign(R, S)
-    beta = rank_svr_unit_gram(0.5 * (gram(R) + gram(Q)), C, epsilon, lengths)
-    beta = xp.astype(beta, S.dtype)[:, None, :]
-    uR, uQ = (beta @ R)[:, 0, :], (beta @ Q)[:, 0, :]
-    return xp.concat([0.5 * (uR + uQ), 0.5 * (uR - uQ)], axis=-1)
-
-
 def window_starts(T: int, window: int, stride: int) -> list[int]:
     """Starts of the windows of min(window, T) elements, stride apart (one if T < window)."""
     M = min(window, T)
     return list(range(0, T - M + 1, stride))
 
 
-def _chunk_size(M: int, dim: int, itemsize: int, chunk_bytes: int) -> int:
-    # the window copy, its TVM, ψ and L2 outputs: about 4 arrays of M × ψ-dim per window
-    return max(1, int(chunk_bytes // max(1, 4 * M * dim * itemsize)))
+def window_bytes(M: int, dim: int, itemsize: int) -> int:
+    """Working memory of one window of M rows of ``dim`` features: the gathered rows, their
+    running sums, ψ's parts (√|S|, sign·√|S|) and a temporary, five arrays of M × dim
+    (measured with tracemalloc: 4.8 for signed, 3.8 for non-negative features)."""
+    return 5 * M * dim * itemsize
+
+
+def _itemsize(xp, X) -> int:
+    return xp.finfo(X.dtype).bits // 8
 
 
 def hrp_layer(X, window=20, stride=1, psi="ser", C=1.0, epsilon=0.1, solver="newton",
-              chunk_bytes=DEFAULT_CHUNK_BYTES):
-    """One hierarchical layer: rank-pool each sliding window of X (T, D) -> (n_windows, D')."""
+              chunk_bytes=DEFAULT_CHUNK_BYTES, threads=None):
+    """One hierarchical layer: rank-pool each sliding window of X (T, D) -> (n_windows, D').
+
+    Windows are pooled in chunks; numpy runs ``threads`` chunks at a time (default
+    :func:`featpipe.backend.worker_threads`), each within ``chunk_bytes / threads``, so the
+    working memory stays within ``chunk_bytes`` whatever the core count (at least one window
+    per chunk).
+    """
     xp = namespace(X)
     device = getattr(X, "device", None)
     T, D = X.shape
     M = min(window, T)
     starts = window_starts(T, window, stride)
-    per_chunk = _chunk_size(M, psi_dim(psi, D), 4, chunk_bytes)
+    threads = (threads or worker_threads()) if array_is_numpy(X) else 1
+    per_chunk = max(1, int(chunk_bytes // threads // window_bytes(M, D, _itemsize(xp, X))))
     nonnegative = bool(xp.all(X >= 0))  # then every window sum is, too
 
     def pool_chunk(c):
@@ -318,13 +347,23 @@ def hrp_layer(X, window=20, stride=1, psi="ser", C=1.0, epsilon=0.1, solver="new
                               nonnegative=nonnegative)
 
     chunks = range(0, len(starts), per_chunk)
-    threads = min(len(chunks), os.cpu_count() or 1) if array_is_numpy(X) else 1
-    if threads > 1:  # numpy releases the GIL in its kernels: one chunk per core at a time
-        with ThreadPoolExecutor(threads) as pool:
-            out = list(pool.map(pool_chunk, chunks))
-    else:
+    threads = min(len(chunks), threads)
+    if not array_is_numpy(X):
         out = [pool_chunk(c) for c in chunks]
-    return out[0] if len(out) == 1 else xp.concat(out, axis=0)
+        return out[0] if len(out) == 1 else xp.concat(out, axis=0)
+    # chunks write into the output: no second copy of the layer when they are joined
+    layer = np.empty((len(starts), psi_dim(psi, D)), dtype=X.dtype)
+
+    def pool_into(c):
+        layer[c: c + per_chunk] = pool_chunk(c)
+
+    if threads > 1:  # numpy releases the GIL in its kernels: one chunk per thread at a time
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(pool_into, chunks))
+    else:
+        for c in chunks:
+            pool_into(c)
+    return layer
 
 
 def _work_float(xp, X):
@@ -347,6 +386,7 @@ def recursive_layer(X, psi="ser", C=1.0, epsilon=0.1, solver="newton",
     V = normalized_map(time_varying_mean(X), psi)
     ends = list(range(2, J + 1)) if J > 1 else [1]
     if solver == "liblinear":
+        refuse_grad(V, what="solver='liblinear'")
         Vn = np.asarray(to_numpy(V), dtype=np.float64)
         U = np.stack([rank_svr_liblinear(Vn[None, :t], C, epsilon)[0] for t in ends])
         return xp.asarray(U.astype(to_numpy(V).dtype), device=device)
@@ -360,6 +400,128 @@ def recursive_layer(X, psi="ser", C=1.0, epsilon=0.1, solver="newton",
         alpha, _ = rank_svr_dual(Gb, C, epsilon, lengths)
         out.append(alpha @ V[:n, :])
     return out[0] if len(out) == 1 else xp.concat(out, axis=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the batched path (torch, CuPy, array_api_strict): every window of a batch of items at once
+#
+# The items of a batch are concatenated into one (N, D) array; a window is a list of its row
+# numbers (host integers), so the windows of all items are gathered, summed, mapped and
+# Gram-multiplied by a few batched operations, and their SVRs are solved by one batched Newton.
+
+#: Bytes per window of the batched Newton solve, per T² (float64 G, the system, its LU, temps).
+_SOLVE_BYTES = 8 * 8
+#: A length group is cut when its longest window exceeds this multiple of its shortest (+ 8).
+_PADDING = 1.25
+
+
+def _length_groups(lengths, chunk_bytes):
+    """Cut windows sorted by length into groups padded to a common length: padding stays
+    within :data:`_PADDING` and a group's batched solve within ``chunk_bytes``."""
+    groups, start = [], 0
+    for i in range(1, len(lengths) + 1):
+        if i == len(lengths) or lengths[i] > _PADDING * lengths[start] + 8 or \
+                (i + 1 - start) * _SOLVE_BYTES * int(lengths[i]) ** 2 > chunk_bytes:
+            groups.append((start, i))
+            start = i
+    return groups
+
+
+def _window_sums(X, rows):
+    """Running sums of the windows X[rows[w]] (rows: host (n, T)) -> (n, T, D)."""
+    xp = namespace(X)
+    n, T = rows.shape
+    gathered = xp.take(X, xp.asarray(rows.reshape(-1), device=getattr(X, "device", None)),
+                       axis=0)
+    return xp.cumulative_sum(xp.reshape(gathered, (n, T, X.shape[1])), axis=1)
+
+
+def rank_pool_rows(X, rows, lengths, psi="ser", C=1.0, epsilon=0.1,
+                   chunk_bytes=DEFAULT_CHUNK_BYTES, nonnegative=None):
+    """Rank-pool the windows X[rows[w, :lengths[w]]] of one (N, D) array -> (W, D').
+
+    ``rows`` (W, T) and ``lengths`` (W,) are host (numpy) integers; entries beyond a window's
+    length must be valid row numbers and are ignored.  Windows are sorted by length and cut
+    into groups (:func:`_length_groups`); per group, pass 1 forms the Gram matrices of
+    ψ(running sums) chunk by chunk (``chunk_bytes`` each), one batched Newton
+    (:func:`featpipe.encode.svr.rank_svr_unit_gram`) solves every window, and pass 2 forms
+    u = Σ_t β_t ψ(s_t) chunk by chunk (a group that fits in one chunk keeps its ψ parts).  The
+    device work is a fixed number of batched operations per chunk and per group, whatever the
+    number of windows and items.  Differentiable under torch autograd.
+    """
+    xp = namespace(X)
+    if nonnegative is None:
+        nonnegative = bool(xp.all(X >= 0))
+    rows, lengths = np.asarray(rows), np.asarray(lengths)
+    order = np.argsort(lengths, kind="stable")
+    pooled = []
+    for start, stop in _length_groups(lengths[order], chunk_bytes):
+        group = order[start:stop]
+        T = int(lengths[group[-1]])
+        per_chunk = max(1, int(chunk_bytes // window_bytes(T, X.shape[1], _itemsize(xp, X))))
+        chunks = [group[c: c + per_chunk] for c in range(0, len(group), per_chunk)]
+        grams, kept = [], None
+        for chunk in chunks:
+            parts = psi_parts(_window_sums(X, rows[chunk, :T]), psi, nonnegative)
+            grams.append(parts_gram(parts))
+            kept = parts if len(chunks) == 1 else None
+        short = lengths[group]
+        beta = rank_svr_unit_gram(grams[0] if len(grams) == 1 else xp.concat(grams, axis=0),
+                                  C, epsilon, None if short[0] == T else short)
+        beta = xp.astype(beta, X.dtype)
+        for c, chunk in enumerate(chunks):
+            parts = kept or psi_parts(_window_sums(X, rows[chunk, :T]), psi, nonnegative)
+            first = c * per_chunk
+            pooled.append(psi_pool(beta[first: first + len(chunk), ...], parts, psi,
+                                   nonnegative))
+    U = pooled[0] if len(pooled) == 1 else xp.concat(pooled, axis=0)
+    if np.all(order[1:] > order[:-1]):
+        return U
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    return xp.take(U, xp.asarray(inverse, device=getattr(X, "device", None)), axis=0)
+
+
+def _offsets(lengths):
+    return np.cumsum(lengths) - lengths
+
+
+def layer_rows(lengths, window, stride):
+    """Rows of every sliding window of items of ``lengths`` concatenated: (rows (W, M),
+    window lengths (W,), windows per item (B,)); an item shorter than the window gives one
+    window covering it (rows past its length repeat its last row)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    M = np.minimum(window, lengths)
+    count = (lengths - M) // stride + 1
+    item = np.repeat(np.arange(len(lengths)), count)
+    step = np.arange(int(count.sum())) - np.repeat(_offsets(count), count)
+    first = _offsets(lengths)[item] + stride * step
+    t = np.arange(min(window, int(lengths.max())))
+    return first[:, None] + np.minimum(t[None, :], M[item][:, None] - 1), M[item], count
+
+
+def sequence_rows(lengths, offsets=None, reverse=False):
+    """Rows of whole items, forward or reversed: (B, max length); item b starts at row
+    ``offsets[b]`` (default: the items are concatenated in order)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    offsets = _offsets(lengths) if offsets is None else np.asarray(offsets, dtype=np.int64)
+    t = np.minimum(np.arange(int(lengths.max()))[None, :], lengths[:, None] - 1)
+    return offsets[:, None] + (lengths[:, None] - 1 - t if reverse else t)
+
+
+def rank_pool_batch(X, lengths, psi="ssr", C=1.0, epsilon=0.1, directions="both",
+                    chunk_bytes=DEFAULT_CHUNK_BYTES, offsets=None):
+    """Rank pooling of whole items of X (N, D) (``lengths``, ``offsets`` as in
+    :func:`sequence_rows`) -> (B, D'), [u_fwd; u_rev] for ``both``: both directions of every
+    item in one batched solve."""
+    xp = namespace(X)
+    names = ("fwd", "rev") if directions == "both" else (directions,)
+    rows = np.concatenate([sequence_rows(lengths, offsets, name == "rev") for name in names])
+    U = rank_pool_rows(X, rows, np.tile(lengths, len(names)), psi, C, epsilon, chunk_bytes)
+    B = len(lengths)
+    if len(names) == 1:
+        return U
+    return xp.concat([U[:B, ...], U[B:, ...]], axis=-1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -519,6 +681,8 @@ class RankPooling(_RankPoolingParams):
         self.batch_size = batch_size
 
     def _encode_all(self, seqs):
+        if not array_is_numpy(seqs[0]) and self.solver == "newton":
+            return self._encode_batched(seqs)
         out = [None] * len(seqs)
         for i, X in enumerate(seqs):
             if X.shape[0] > DENSE_MAX_LENGTH:
@@ -546,6 +710,24 @@ class RankPooling(_RankPoolingParams):
                 out[i] = U[k, ...]
         return out
 
+    def _encode_batched(self, seqs):
+        """Device path: every sequence of the call in one :func:`rank_pool_batch` (grouped by
+        length and memory there, not by ``batch_size``, which sizes the CPU path's batches)."""
+        xp = namespace(seqs[0])
+        lengths = np.asarray([X.shape[0] for X in seqs])
+        dense = np.flatnonzero(lengths <= DENSE_MAX_LENGTH)
+        out = [None] * len(seqs)
+        if dense.size:
+            X = xp.concat([seqs[i] for i in dense], axis=0) if dense.size > 1 else seqs[dense[0]]
+            U = to_numpy(rank_pool_batch(X, lengths[dense], self.psi, self.C, self.epsilon,
+                                         self.directions))
+            for k, i in enumerate(dense):
+                out[i] = U[k]
+        for i in np.flatnonzero(lengths > DENSE_MAX_LENGTH):
+            out[i] = rank_pool_long(seqs[i], self.psi, self.C, self.epsilon, self.directions,
+                                    self.solver)
+        return out
+
 
 class HierarchicalRankPooling(_RankPoolingParams):
     """Hierarchical rank pooling (Fernando et al. CVPR'16): depth−1 sliding-window layers,
@@ -563,7 +745,10 @@ class HierarchicalRankPooling(_RankPoolingParams):
         Return the sequence X^(ℓ) of layer ℓ (1 = the input, depth = the sequence the final
         layer pools) instead of the final vector.
     chunk_bytes : int
-        Working memory for one chunk of layer-1 windows, in bytes.
+        Working memory of the process for its chunks of windows, in bytes: split among the
+        worker threads of the numpy path (``FEATPIPE_THREADS``, default: the cores this
+        process may use), one chunk at a time on the device path; peak memory is about this
+        plus the layer outputs, whatever the core count.
     """
 
     _parameter_constraints = {**_RankPoolingParams._parameter_constraints,
@@ -603,11 +788,53 @@ class HierarchicalRankPooling(_RankPoolingParams):
     def transform_sequences(self, sequences):
         """The layer-``emit_layer`` sequence of each input (a list of numpy arrays)."""
         seqs = self._validated(sequences)
+        if self._batched(seqs):
+            return self._encode_batched(seqs)
         return [np.asarray(to_numpy(self._encode_one(X))) for X in seqs]
+
+    def _batched(self, seqs):
+        return not array_is_numpy(seqs[0]) and self.solver == "newton"
+
+    def _encode_all(self, seqs):
+        if self._batched(seqs):
+            return self._encode_batched(seqs)
+        return [self._encode_one(X) for X in seqs]
 
     def _layer(self, X):
         return hrp_layer(X, self.window, self.stride, self.psi, self.C, self.epsilon,
                          self.solver, self.chunk_bytes)
+
+    def _layer_batch(self, X, lengths):
+        """One layer on items concatenated in X with ``lengths`` -> (next X, next lengths)."""
+        rows, window_lengths, count = layer_rows(lengths, self.window, self.stride)
+        return rank_pool_rows(X, rows, window_lengths, self.psi, self.C, self.epsilon,
+                              self.chunk_bytes), count
+
+    def _encode_batched(self, seqs):
+        """Device path: the items concatenated, each layer's windows of all items pooled by
+        :func:`rank_pool_rows`, the final layer of all items by :func:`rank_pool_batch`;
+        returns host (numpy) results, one per item."""
+        xp = namespace(seqs[0])
+        lengths = np.asarray([X.shape[0] for X in seqs])
+        X = xp.concat(seqs, axis=0) if len(seqs) > 1 else seqs[0]
+        last = self.depth if self.emit_layer is None else self.emit_layer
+        for _ in range(last - 1):
+            X, lengths = self._layer_batch(X, lengths)
+        offsets = np.cumsum(lengths) - lengths
+        if self.emit_layer is not None:
+            return np.split(np.asarray(to_numpy(X)), offsets[1:])
+        out = [None] * len(lengths)
+        dense = np.flatnonzero(lengths <= DENSE_MAX_LENGTH)
+        if dense.size:
+            U = to_numpy(rank_pool_batch(X, lengths[dense], self.psi, self.C, self.epsilon,
+                                         self.directions, self.chunk_bytes, offsets[dense]))
+            for k, i in enumerate(dense):
+                out[i] = U[k]
+        for i in np.flatnonzero(lengths > DENSE_MAX_LENGTH):
+            part = X[int(offsets[i]): int(offsets[i] + lengths[i]), ...]
+            out[i] = to_numpy(rank_pool_long(part, self.psi, self.C, self.epsilon,
+                                             self.directions, self.solver, self.chunk_bytes))
+        return out
 
     def _encode_one(self, X):
         if not array_is_numpy(X):
@@ -657,12 +884,24 @@ class RecursiveRankPooling(HierarchicalRankPooling):
         return recursive_layer(X, self.psi, self.C, self.epsilon, self.solver,
                                self.chunk_bytes)
 
+    def _layer_batch(self, X, lengths):
+        offsets = np.cumsum(lengths) - lengths
+        out = [self._layer(X[int(o): int(o + n), ...]) for o, n in zip(offsets, lengths,
+                                                                     strict=True)]
+        return namespace(X).concat(out, axis=0), np.asarray([Y.shape[0] for Y in out])
+
 
 # ---------------------------------------------------------------------------------------------
 # featpipe encode --method ...
 
 
-def _method(name: str, summary: str, cls, batch_size: int = 16) -> EncodeMethod:
+def _items_per_call(cpu: int, cuda: int):
+    """Items per ``encode_batch`` call: the CPU path threads within an item, the device path
+    pools all windows of the call's items at once (memory bounded by the chunk budget)."""
+    return lambda params: cuda if params.get("device") == "cuda" else cpu
+
+
+def _method(name: str, summary: str, cls, batch_size=16) -> EncodeMethod:
     return EncodeMethod(name, summary, estimator_builder(cls),
                         estimator_parameters(cls, exclude=("chunk_bytes", "batch_size")),
                         batch_size)
@@ -675,9 +914,9 @@ ENCODE_METHODS = [
     _method("arp", "approximate rank pooling (dynamic image coefficients)",
             ApproximateRankPooling),
     _method("rankpool", "rank pooling, VideoDarwin (--directions both)", RankPooling,
-            batch_size=64),
+            batch_size=_items_per_call(64, 256)),
     _method("hrp", "hierarchical rank pooling (--window --stride --depth --psi)",
-            HierarchicalRankPooling, batch_size=1),
+            HierarchicalRankPooling, batch_size=_items_per_call(1, 32)),
     _method("recursive", "recursive rank pooling (--depth --psi)", RecursiveRankPooling,
-            batch_size=1),
+            batch_size=_items_per_call(1, 32)),
 ]

@@ -106,5 +106,6 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
                         inputs=[source, *models.values()], items=source.items,
                         create=not (options and options.dry_run))
     compute = EncodeCompute(source.path, method, params, {k: s.path for k, s in models.items()})
+    batch = chosen.batch_size(params) if callable(chosen.batch_size) else chosen.batch_size
     return run_stage(stage, source.items.ids, compute, store=store, name=name, options=options,
-                     reporter=reporter, batch_size=chosen.batch_size)
+                     reporter=reporter, batch_size=batch)
