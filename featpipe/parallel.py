@@ -59,8 +59,11 @@ class ItemOutput:
     extras: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-#: compute(batch of ids) -> one ItemOutput or Exception per id, in order.
-Compute = Callable[[Sequence[str]], Sequence["ItemOutput | BaseException"]]
+#: what a compute returns for an item it wrote and recorded itself (streamed to disk)
+WRITTEN = "written"
+
+#: compute(batch of ids) -> one ItemOutput, WRITTEN or Exception per id, in order.
+Compute = Callable[[Sequence[str]], Sequence["ItemOutput | str | BaseException"]]
 
 
 @dataclass
@@ -208,7 +211,7 @@ def process_batch(stage: Stage, compute: Compute, ids: Sequence[str]
         error = None
         if isinstance(result, BaseException):
             error = describe_error(result)
-        else:
+        elif result is not WRITTEN:
             try:
                 stage.write_item(item_id, result.array, result.extras, seconds=seconds)
             except WriteError:

@@ -69,3 +69,23 @@ def test_dask_failed_item_and_resume(scheduler, tmp_path):
                       scheduler=scheduler, batch_size=4)
     assert (again.done, again.skipped, again.failed) == (1, 11, {})
     assert set(done_lines(tmp_path / "s", stage.name).values()) == {1}
+
+
+def test_dask_extract_equals_local_run(scheduler, cli, tmp_path):
+    """Extraction on dask workers: each batch runs the pipeline there and writes its items."""
+    from tests.test_extract_cli import write_manifest
+    from tests.test_video import write_video
+
+    for k in range(4):
+        write_video(tmp_path / f"v{k}.mp4", n_frames=10 + k, size=(96, 80))
+    manifest = write_manifest(tmp_path, [(f"v{k}", f"v{k}.mp4", "a", "train")
+                                         for k in range(4)])
+    args = ["extract", "-m", manifest, "-f", "dsift", "--sizes", "8", "--step", "8",
+            "--every", "3", "--encode", "spatial-grid", "-n", "grid"]
+    assert cli(*args, "-s", tmp_path / "local").exit_code == 0
+    result = cli(*args, "-s", tmp_path / "dask", "--executor", "dask", "--scheduler",
+                 scheduler)
+    assert result.exit_code == 0, result.output
+    assert "summary: 4 done, 0 skipped (already complete), 0 failed" in result.output
+    assert_same_items(load_all(tmp_path / "dask", "grid"), load_all(tmp_path / "local", "grid"))
+    assert set(done_lines(tmp_path / "dask", "grid").values()) == {1}

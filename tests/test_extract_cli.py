@@ -140,8 +140,9 @@ def test_vgg_fc6_items_match_the_library(small_set, tmp_path, cli):
 
 
 def test_vgg_conv5_3_items_carry_positions_and_frames(tmp_path):
-    """conv5_3 through the extraction compute (the network built once, with seeded weights)."""
+    """conv5_3 through the extraction pipeline (the network built once, with seeded weights)."""
     torch = pytest.importorskip("torch")
+    from featpipe.extract.pipeline import CropProgram, Extraction, Outputs
     from featpipe.extract.vgg import (
         VGG16Features,
         VGGPreprocess,
@@ -149,31 +150,32 @@ def test_vgg_conv5_3_items_carry_positions_and_frames(tmp_path):
         load_vgg16,
         normalise_batch,
     )
-    from featpipe.io.video import DecodeWorker
-    from featpipe.stages.extraction import ExtractCompute
+    from featpipe.io.video import DecodePool
+    from featpipe.manifest import Manifest, ManifestItem
 
     path = write_video(tmp_path / "a.mp4", n_frames=12, size=(96, 80))
     prep = VGGPreprocess(72, 64)
     model = load_vgg16("random:5")
     layer = VGG16Features("conv5_3", "random:5", batch_size=2)
     layer.model_ = model
-    compute = ExtractCompute("vgg16-conv5_3", {"a": str(path)}, Sampling(every=5),
-                             {"weights": "random:5", "resize": 72, "crop": 64}, None, "opencv",
-                             60.0, 2, "cpu")
-    compute._state = {"worker": DecodeWorker(), "pca": None, "vgg": layer, "preprocess": prep}
-    try:
-        (out,) = compute(["a"])
-    finally:
-        compute.close()
-    assert out.array.shape == (3 * 16, 512)  # 3 frames of 4x4 cells
-    np.testing.assert_allclose(out.extras["timestamps"], [0.0, 0.5, 1.0], atol=1e-6)
-    np.testing.assert_array_equal(out.extras["frame_index"], np.repeat([0, 1, 2], 16))
-    np.testing.assert_allclose(out.extras["positions"],
+    stage = Store(tmp_path / "store").stage("extract", {"test": "conv5_3"}, items=Manifest(
+        [ManifestItem("a", str(path), ("x",), ("train",))], root=tmp_path))
+    with DecodePool(1, program=CropProgram(prep)) as pool:
+        extraction = Extraction(stage, pool, Sampling(every=5), model=layer,
+                                outputs=Outputs(str(stage.path)), features="vgg16-conv5_3",
+                                preprocess=prep, batch_size=2)
+        assert list(extraction.run([("a", str(path))])) == [("a", None)]
+    array, extras = stage.read_item("a"), stage.extras_of("a")
+    assert array.shape == (3 * 16, 512)  # 3 frames of 4x4 cells
+    np.testing.assert_allclose(extras["timestamps"], [0.0, 0.5, 1.0], atol=1e-6)
+    np.testing.assert_array_equal(extras["frame_index"], np.repeat([0, 1, 2], 16))
+    np.testing.assert_allclose(extras["positions"],
                                np.tile(conv5_3_positions(64, prep, (80, 96)), (3, 1)))
+    np.testing.assert_array_equal(extras["image_size"], [80, 96])
     crops = [prep(f) for _, f in iter_frames(path, Sampling(every=5))]
     with torch.no_grad():
         maps = model.conv5_3(normalise_batch(crops)).flatten(2).transpose(1, 2)
-    np.testing.assert_allclose(out.array, maps.reshape(-1, 512).numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(array, maps.reshape(-1, 512).numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_pca_at_extraction_and_float16(small_set, tmp_path, cli):

@@ -12,7 +12,7 @@ import pytest
 from featpipe.errors import InputError, ItemError
 from featpipe.io import video
 from featpipe.io.images import read_image
-from featpipe.io.video import DecodeWorker, Sampling, evenly_spaced, iter_frames, prefetch
+from featpipe.io.video import DecodePool, Sampling, evenly_spaced, iter_frames
 
 
 def write_video(path, n_frames=12, size=(64, 48), fps=10.0):
@@ -107,19 +107,35 @@ def corrupt_inputs(tmp_path):
     }
 
 
+def decode_all(pool, items, sampling):
+    """Every message of decoding ``items`` with ``pool``, in arrival order."""
+    pool.submit(items, sampling)
+    events = []
+    while pool.busy:
+        events += pool.poll(5.0)
+    return events
+
+
+def frame_counts(events):
+    counts = {}
+    for event in events:
+        if event[0] == "frames":
+            counts[event[1]] = counts.get(event[1], 0) + len(event[3])
+    return counts
+
+
 def test_corrupt_inputs_fail_with_their_cause(tmp_path):
-    worker = DecodeWorker(timeout=60)
-    try:
+    with DecodePool(1, timeout=60) as pool:
         for item_id, (path, cause) in corrupt_inputs(tmp_path).items():
+            (event,) = decode_all(pool, [(item_id, path)], Sampling(every=2))
+            assert event[0] == "error" and event[1] == item_id
             with pytest.raises(ItemError, match=cause) as info:
-                list(worker.stream(item_id, path, Sampling(every=2)))
+                raise event[2]
             assert str(info.value).startswith(f"{item_id}: {path}")
             assert "\n" not in str(info.value)
         # the same worker still decodes a good video afterwards
-        chunks = list(worker.stream("good", tmp_path / "good.mp4", Sampling(every=2)))
-        assert sum(len(f) for f, _ in chunks) == 15
-    finally:
-        worker.close()
+        events = decode_all(pool, [("good", tmp_path / "good.mp4")], Sampling(every=2))
+        assert frame_counts(events) == {"good": 15} and events[-1][:2] == ("end", "good")
 
 
 class HangingDecoder:
@@ -142,33 +158,25 @@ def test_hanging_and_crashing_decoders_cost_one_item(tmp_path):
     path = write_video(tmp_path / "v.mp4", n_frames=4)
     for decoder, cause in ((f"{__name__}:HangingDecoder", "3 s time limit"),
                            (f"{__name__}:CrashingDecoder", r"decoder crashed \(exit code 139\)")):
-        worker = DecodeWorker(decoder=decoder, timeout=3)
-        try:
+        with DecodePool(1, decoder=decoder, timeout=3) as pool:
             started = time.monotonic()
+            (event,) = decode_all(pool, [("x", path)], Sampling())
             with pytest.raises(ItemError, match=cause):
-                list(worker.stream("x", path, Sampling()))
+                raise event[2]
             assert time.monotonic() - started < 30
             # the dead or killed worker is replaced: the next item decodes normally
-            worker.decoder = "opencv"
-            chunks = list(worker.stream("y", path, Sampling()))
-            assert sum(len(f) for f, _ in chunks) == 4
-        finally:
-            worker.close()
+            pool.workers[0].decoder = "opencv"
+            assert frame_counts(decode_all(pool, [("y", path)], Sampling())) == {"y": 4}
 
 
-def test_prefetch_overlaps_and_reports_failures(tmp_path):
+def test_pool_reports_failures_per_item(tmp_path):
     good = write_video(tmp_path / "good.mp4", n_frames=20)
-    worker = DecodeWorker(timeout=60)
-    try:
-        items = [("a", good), ("gone", tmp_path / "gone.mp4"), ("b", good)]
-        out = list(prefetch(worker, items, Sampling(every=1), depth=2))
-    finally:
-        worker.close()
-    errors = [x for x in out if isinstance(x, ItemError)]
-    chunks = [x for x in out if not isinstance(x, ItemError)]
-    assert [e.item for e in errors] == ["gone"]
-    assert sum(len(c.frames) for c in chunks if c.item_id == "a") == 20
-    assert [c.item_id for c in chunks if c.last] == ["a", "b"]
+    items = [("a", good), ("gone", tmp_path / "gone.mp4"), ("b", good)]
+    with DecodePool(2, timeout=60) as pool:
+        events = decode_all(pool, items, Sampling(every=1))
+    assert [e[1] for e in events if e[0] == "error"] == ["gone"]
+    assert frame_counts(events) == {"a": 20, "b": 20}
+    assert sorted(e[1] for e in events if e[0] == "end") == ["a", "b"]
 
 
 def test_read_image_errors(tmp_path):
@@ -200,14 +208,27 @@ def test_frames_sampling_does_not_trust_the_container_count(tmp_path, monkeypatc
 
 def test_worker_streams_early_and_restarts_on_a_wrong_count(tmp_path):
     path = write_video(tmp_path / "v.mp4", n_frames=20, fps=10.0)
-    worker = DecodeWorker(decoder=f"{__name__}:WrongCountDecoder", timeout=60)
-    try:
-        out = list(prefetch(worker, [("v", path)], Sampling(frames=4)))
-    finally:
-        worker.close()
-    restarts = [i for i, c in enumerate(out) if c.restart]
+    with DecodePool(1, decoder=f"{__name__}:WrongCountDecoder", timeout=60) as pool:
+        out = decode_all(pool, [("v", path)], Sampling(frames=4))
+    restarts = [i for i, e in enumerate(out) if e[0] == "restart"]
     assert len(restarts) == 1
     # frames chosen from the stated 1000 frames came first (only frame 0 exists of those)
-    after = [t for c in out[restarts[0] + 1:] for t in c.timestamps]
+    after = [t for e in out[restarts[0] + 1:] if e[0] == "frames" for t in e[3]]
     assert after == pytest.approx([0.0, 0.6, 1.3, 1.9], abs=1e-6)
-    assert out[-1].last
+    assert out[-1][0] == "end"
+
+
+class UnloadableProgram:
+    """A worker program that cannot be rebuilt in the worker (its unpickling raises)."""
+
+    def __reduce__(self):
+        return (int, ("not a number",))
+
+
+def test_a_worker_that_cannot_load_its_program_fails_the_item_with_the_cause(tmp_path):
+    path = write_video(tmp_path / "v.mp4", n_frames=4)
+    with DecodePool(1, timeout=60, program=UnloadableProgram()) as pool:
+        (event,) = decode_all(pool, [("v", path)], Sampling())
+    assert event[0] == "error"
+    assert str(event[2]).startswith(f"v: {path}: decoding worker failed: ValueError: invalid "
+                                    "literal for int()")

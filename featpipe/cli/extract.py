@@ -1,6 +1,10 @@
-"""``featpipe extract``: per-frame (VGG-16 fc6) or local (conv5_3, dense SIFT) features.
+"""``featpipe extract``: per-frame (VGG-16 fc6) or local (conv5_3, dense SIFT) features, their
+encoding while they are computed (``--encode``), or a sample of them (``--sample-descriptors``).
 
 The work is :func:`featpipe.stages.extraction.extract`; its docstring says what an item holds.
+The ``--encode`` method and its options are those of ``featpipe encode``: one registry, the
+same generated options (:func:`featpipe.cli.options.click_options`), the same checks
+(:func:`featpipe.stages.encoding.method_models`).
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ from featpipe.cli.common import (
     run_options,
     store_option,
 )
+from featpipe.cli.options import click_options
+from featpipe.encode.registry import load_methods
+from featpipe.interrupts import Interrupted
 from featpipe.io.video import Sampling
 from featpipe.manifest import Manifest
-from featpipe.stages.extraction import FEATURES
+from featpipe.stages.extraction import DSIFT_FPS, FEATURES, LOCAL_ENCODERS
 from featpipe.stages.extraction import extract as extract_stage
 
 
@@ -32,7 +39,19 @@ def _parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-@click.command("extract")
+def _encode_methods() -> dict:
+    methods = load_methods()
+    return {name: methods[name] for name in LOCAL_ENCODERS}
+
+
+@click.command("extract", epilog=(
+    "Disk: raw local features are large (dense SIFT of one 320x240 frame at step 2 is about "
+    "30 MB). --dry-run prints each item's frames, rows and bytes at rest; a stage whose "
+    "estimate exceeds the free space of the store's disk is refused before it starts. "
+    "--encode METHOD writes only the encoding (the options of `featpipe encode --method "
+    "METHOD` apply, e.g. --encode fisher --gmm G --per-frame); --sample-descriptors N keeps "
+    "N rows per item for `fit pca` / `fit gmm`. Ctrl-C or SIGTERM stops cleanly (exit "
+    "130/143): finished items are kept; re-run the same command to finish."))
 @click.option("--manifest", "-m", "manifest_path", required=True,
               type=click.Path(dir_okay=False), help="Manifest CSV (id,path,label,split1...).")
 @store_option
@@ -41,13 +60,16 @@ def _parse_sizes(text: str) -> list[int]:
 @click.option("--name", "-n", default=None, help="Name to give the stage.")
 @click.option("--weights", default=None,
               help="VGG-16: torchvision's vgg16-397923af.pth, or random:SEED (tests/demos).")
-@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
-@click.option("--fps", type=float, default=None, help="Sample F frames per second.")
-@click.option("--every", type=int, default=None, help="Keep every N-th frame.")
+@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
+              help="Where VGG-16 (and an --encode method with a device) runs.")
+@click.option("--fps", type=float, default=None,
+              help=f"Sample F frames per second [dsift on video: {DSIFT_FPS:g}, since "
+                   "neighbouring frames give nearly the same descriptors; others: all frames].")
+@click.option("--every", type=int, default=None, help="Keep every N-th frame (1: all).")
 @click.option("--frames", "n_frames", type=int, default=None,
               help="Keep N frames evenly spaced over the video.")
 @click.option("--batch-size", default=16, show_default=True, type=int,
-              help="Frames per VGG-16 forward pass.")
+              help="Frames per VGG-16 forward pass (frames of several items share one).")
 @click.option("--dtype", default="float32", show_default=True,
               type=click.Choice(["float32", "float16"]), help="Stored array type.")
 @click.option("--resize", default=256, show_default=True, type=int,
@@ -71,19 +93,42 @@ def _parse_sizes(text: str) -> list[int]:
 @click.option("--engine", default="featpipe", show_default=True,
               type=click.Choice(["featpipe", "opencv"]), help="dsift engine.")
 @click.option("--positions/--no-positions", default=True, show_default=True,
-              help="dsift: save x, y, size of each descriptor.")
+              help="Store x, y, scale of each local feature.")
 @click.option("--pca", "pca_name", default=None,
               help="Project the features with this fitted pca stage (featpipe fit pca).")
+@click.option("--encode", "encode_method", default=None, type=click.Choice(LOCAL_ENCODERS),
+              help="Store only this encoding of the local features (as featpipe encode "
+                   "--method; its options below).")
+@click.option("--sample-descriptors", "sample", default=None, type=int, metavar="N",
+              help="Store only N rows per item, drawn uniformly (for fit pca / fit gmm).")
+@click.option("--sample-seed", default=0, show_default=True, type=int,
+              help="Seed of --sample-descriptors (with the item id).")
+@click.option("--allow-partial", is_flag=True,
+              help="Keep truncated or damaged videos' decodable frames (warned per item) "
+                   "instead of failing them.")
+@click.option("--disk-check/--no-disk-check", default=True, show_default=True,
+              help="Refuse a stage whose estimated size exceeds the store's free disk.")
 @click.option("--decoder", default="opencv", show_default=True, help="Video decoder.")
 @click.option("--decode-timeout", default=600.0, show_default=True, type=float,
-              help="Seconds one item may spend decoding before its decoder is killed.")
+              help="Seconds a decoding worker may go without a frame before it is killed.")
 @item_parallel_options
-def extract(manifest_path, store_path, features, name, weights, device, fps, every, n_frames,
-            batch_size, dtype, resize, crop, sizes, step, magnif, window_size,
+@click.pass_context
+def extract(ctx, manifest_path, store_path, features, name, weights, device, fps, every,
+            n_frames, batch_size, dtype, resize, crop, sizes, step, magnif, window_size,
             contrast_threshold, low_contrast, root_sift, max_pixels, engine, positions,
-            pca_name, decoder, decode_timeout, **kwargs):
-    """Decode each manifest item and store its features."""
+            pca_name, encode_method, sample, sample_seed, allow_partial, disk_check, decoder,
+            decode_timeout, **kwargs):
+    """Decode each manifest item and store its features (or their encoding)."""
     options = run_options(kwargs)
+    given = {k: v for k, v in kwargs.items() if v not in (None, ())}
+    encode_params = None
+    if encode_method is not None:  # checked as `featpipe encode` checks them
+        encode_params = given
+        if "device" in _encode_methods()[encode_method].defaults:
+            encode_params["device"] = device
+    elif given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise click.UsageError(f"{flags} applies to --encode only")
     dsift = {"sizes": _parse_sizes(sizes), "step": step, "magnif": magnif,
              "window_size": window_size, "contrast_threshold": contrast_threshold,
              "low_contrast": low_contrast, "root_sift": root_sift, "max_pixels": max_pixels,
@@ -93,9 +138,19 @@ def extract(manifest_path, store_path, features, name, weights, device, fps, eve
     elif weights is not None:
         raise click.UsageError("--weights applies to vgg16-* features only")
     manifest = Manifest.read(manifest_path)
-    finish(extract_stage(
-        open_store(store_path), manifest, features, name=name,
-        sampling=Sampling(fps=fps, every=every, frames=n_frames), weights=weights,
-        device=device, batch_size=batch_size, dtype=dtype, resize=resize, crop=crop,
-        dsift=dsift, positions=positions, pca=pca_name, decoder=decoder,
-        decode_timeout=decode_timeout, options=options, reporter=ClickReporter()))
+    try:
+        run = extract_stage(
+            open_store(store_path), manifest, features, name=name,
+            sampling=Sampling(fps=fps, every=every, frames=n_frames), weights=weights,
+            device=device, batch_size=batch_size, dtype=dtype, resize=resize, crop=crop,
+            dsift=dsift, positions=positions, pca=pca_name, encode=encode_method,
+            encode_params=encode_params, sample=sample, sample_seed=sample_seed,
+            allow_partial=allow_partial, disk_check=disk_check, decoder=decoder,
+            decode_timeout=decode_timeout, options=options, reporter=ClickReporter())
+    except Interrupted as err:
+        click.echo(str(err), err=True)
+        ctx.exit(err.exit_code)
+    finish(run)
+
+
+extract.params.extend(o for o in click_options(_encode_methods()) if o.name != "device")

@@ -244,7 +244,7 @@ def motion(run: Runner, per_class: int, frames: int, vgg: bool, weights: str) ->
             "moves over a crop of the other; left/right and towards/away are the same frames "
             "in reverse order, so order-blind encoders are at chance (0.5 within each pair).")
     run.echo("    dense SIFT per frame, pooled on a 4x4 grid")
-    run.extract(manifest_path, "dsift", "motion-dsift", sizes=[8], step=8)
+    run.extract(manifest_path, "dsift", "motion-dsift", sizes=[8], step=8, every=1)
     run.encode("motion-dsift", "spatial-grid", "motion-dsift-grid", grid="4x4")
     task = Task("Rendered motion, dense SIFT 4x4 grid", note)
     task.stages["motion-dsift"] = run.stage_of("motion-dsift")

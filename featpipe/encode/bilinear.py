@@ -49,7 +49,7 @@ from featpipe.backend import device_namespace, namespace, to_numpy
 from featpipe.encode.maps import l2_normalize, signed_square_root
 from featpipe.encode.registry import EncodeMethod
 from featpipe.errors import InputError, ParameterError
-from featpipe.parallel import ItemOutput
+from featpipe.items import Frame, ItemSink, PerFrameStream, encode_per_frame
 from featpipe.parameters import ValidatedEstimator, estimator_parameters
 
 POOLINGS = ("bilinear", "cov", "cbp-ts", "cbp-rm")
@@ -446,52 +446,12 @@ class SecondOrderPooling(ValidatedEstimator, TransformerMixin, BaseEstimator):
 
 
 # -- featpipe encode --method bilinear|cov|cbp-ts|cbp-rm ------------------------------------
-def local_feature_sets(array: np.ndarray, extras: Mapping[str, np.ndarray]):
-    """Split one stored item into its local-feature sets.
-
-    (N, D) -> one image; (N, D) with a ``frame_index`` sidecar (N,) of frame indices -> one set per
-    distinct frame, in increasing frame order; (H, W, D) conv map -> one image of H·W
-    positions; (T, H, W, D) per-frame conv maps -> one set per frame.  Returns the sets and,
-    for videos, the frame index of each set (else None).
-    """
-    array = np.asarray(array)
-    if array.dtype.kind not in "fiu":
-        raise InputError(f"local features must be numeric, got dtype {array.dtype}")
-    if array.ndim == 2 and "frame_index" in extras:
-        frame = np.asarray(extras["frame_index"]).reshape(-1)
-        if frame.shape[0] != array.shape[0]:
-            raise InputError(f"'frame' sidecar has {frame.shape[0]} entries for "
-                             f"{array.shape[0]} local features")
-        frames = np.unique(frame)
-        return [array[frame == f] for f in frames], frames
-    if array.ndim == 2:
-        return [array], None
-    if array.ndim == 3:
-        return [array.reshape(-1, array.shape[-1])], None
-    if array.ndim == 4:
-        return [a.reshape(-1, a.shape[-1]) for a in array], np.arange(array.shape[0])
-    raise InputError(f"expected local features (N, D), a conv map (H, W, D) or per-frame maps "
-                     f"(T, H, W, D), got shape {array.shape}")
-
-
-def _frame_timestamps(extras, frames, n_rows):
-    """Timestamps of the encoded frames, when the input carries them per row or per frame."""
-    stamps = extras.get("timestamps")
-    if stamps is None or frames is None:
-        return None
-    stamps = np.asarray(stamps).reshape(-1)
-    if "frame_index" in extras and stamps.shape[0] == n_rows:
-        frame = np.asarray(extras["frame_index"]).reshape(-1)
-        return np.array([stamps[np.argmax(frame == f)] for f in frames])
-    if stamps.shape[0] > int(frames.max()):
-        return stamps[frames]
-    return None
-
-
 class LocalFeatureEncoder(ValidatedEstimator):
-    """``encode_batch`` for the CLI: stacks equal-shaped sets from a batch and pools them at
-    once on the chosen device; per-frame items become (T, d) sequences with a ``frame_index``
-    sidecar (and ``timestamps`` when the input has them), ready for any temporal encoder.
+    """``encode_batch`` for the CLI: items are read as :class:`~featpipe.items.LocalFeatures`;
+    equal-shaped sets of a batch are stacked and pooled at once on the chosen device; an item
+    with frames becomes a (T, d) sequence with ``frame_index`` (and ``timestamps`` when the
+    input has them) sidecars, ready for any temporal encoder (frames without features are
+    left out).  ``stream(sink)`` codes the frames of one item as extraction produces them.
 
     Parameters
     ----------
@@ -508,31 +468,26 @@ class LocalFeatureEncoder(ValidatedEstimator):
         self.pooling = pooling.fit()
         self.xp, self.device = device_namespace(device)
 
-    def encode_batch(self, arrays: Sequence[np.ndarray],
-                     extras: Sequence[Mapping[str, np.ndarray]]) -> list:
-        split = [local_feature_sets(a, e) for a, e in zip(arrays, extras, strict=True)]
-        flat = [s for sets, _ in split for s in sets]
-        for s in flat:
+    def encode_sets(self, sets: Sequence[np.ndarray]) -> np.ndarray:
+        """(len(sets), d) codes of local-feature sets (N_i, D)."""
+        for s in sets:
             if s.shape[0] < 1:
                 raise InputError("an image or frame has no local features")
             if not np.all(np.isfinite(s)):
                 raise InputError("local features contain NaN or Inf")
-        dtype = np.float64 if any(s.dtype == np.float64 for s in flat) else np.float32
-        xs = [self.xp.asarray(s.astype(dtype, copy=False), device=self.device) for s in flat]
-        codes = to_numpy(self.pooling.transform(xs))
-        outputs, start = [], 0
-        for (sets, frames), array, extra in zip(split, arrays, extras, strict=True):
-            block = codes[start:start + len(sets)]
-            start += len(sets)
-            if frames is None:
-                outputs.append(block[0])
-                continue
-            sidecars = {"frame_index": frames.astype(np.int64)}
-            stamps = _frame_timestamps(extra, frames, np.asarray(array).shape[0])
-            if stamps is not None:
-                sidecars["timestamps"] = stamps
-            outputs.append(ItemOutput(block, sidecars))
-        return outputs
+        dtype = np.float64 if any(s.dtype == np.float64 for s in sets) else np.float32
+        xs = [self.xp.asarray(s.astype(dtype, copy=False), device=self.device) for s in sets]
+        return to_numpy(self.pooling.transform(xs))
+
+    def _encode(self, frames: Sequence[Frame]) -> np.ndarray:
+        return self.encode_sets([f.descriptors for f in frames])
+
+    def stream(self, sink: ItemSink) -> PerFrameStream:
+        return PerFrameStream(self._encode, sink)
+
+    def encode_batch(self, arrays: Sequence[np.ndarray],
+                     extras: Sequence[Mapping[str, np.ndarray]]) -> list:
+        return encode_per_frame(self._encode, arrays, extras)
 
 
 def _method(name: str, summary: str) -> EncodeMethod:

@@ -46,7 +46,9 @@ from sklearn.utils.validation import validate_data
 
 from featpipe.backend import namespace
 from featpipe.errors import InputError, ParameterError
+from featpipe.items import Frame, LocalFeatures, MemorySink, PerFrameStream, stream_item
 from featpipe.models import ArrayModel
+from featpipe.parallel import ItemOutput
 from featpipe.parameters import ValidatedEstimator, estimator_parameters, model_parameter
 
 #: VLFeat's skip thresholds (``vl/fisher.c``): tiny priors and tiny posteriors.
@@ -754,7 +756,11 @@ class FisherItemEncoder(ValidatedEstimator):
       width) fixes the extent (else the descriptors' bounding box);
     * per frame (``per_frame``): ``(N, D)`` with a ``frame_index`` sidecar (N,) of 0-based frame
       indices, giving ``(F, 2KD)`` with F = length of the ``timestamps`` sidecar when present,
-      else ``max(frame) + 1`` (frames without descriptors encode to zeros); or ``(F, n, D)``.
+      else ``max(frame) + 1`` (frames without descriptors encode to zeros); or ``(F, n, D)``;
+      ``frame_index`` and ``timestamps`` sidecars go with the frames.
+
+    Items are read as :class:`~featpipe.items.LocalFeatures`; ``stream(sink)`` encodes the
+    frames of one item as extraction produces them (the same accumulation as the whole item).
 
     A GMM with a class axis (per-class deep Fisher models) encodes the concatenation of the
     per-class FVs, in the model's class order.
@@ -806,38 +812,70 @@ class FisherItemEncoder(ValidatedEstimator):
         return np.concatenate([fisher_vector(x, w, m, v, self.improved, self.threshold)
                                for w, m, v in self.gmms])
 
-    def encode_one(self, array, extra: Mapping[str, np.ndarray]) -> np.ndarray:
+    def _encode(self, frames):
+        return np.stack([self._fv(self._project(f.descriptors)) for f in frames])
+
+    def stream(self, sink):
+        """Encode one item frame by frame (:class:`~featpipe.items.FrameStream`): per-frame
+        FVs as they come, or the item's FV accumulated over its frames."""
+        if self.per_frame:
+            return PerFrameStream(self._encode, sink, skip_empty=False)
+        return _FisherItemStream(self, sink)
+
+    def _encode_record(self, array, extra):
         array = np.asarray(array)
         if self.per_frame:
-            if array.ndim == 3:
-                return np.stack([self._fv(self._project(f)) for f in array])
-            frames = extra.get("frame_index")
-            if frames is None:
+            record = LocalFeatures.from_item(array, extra, stacked="frames")
+            if record.frame_index is None:
                 raise InputError("--per-frame needs (F, n, D) items or a 'frame_index' sidecar "
                                  "(one frame index per descriptor)")
-            frames = np.asarray(frames).astype(np.int64).ravel()
-            if frames.shape[0] != array.shape[0] or (frames.size and frames.min() < 0):
-                raise InputError(f"'frame_index' sidecar must hold {array.shape[0]} non-negative "
-                                 f"indices, got shape {frames.shape}")
-            stamps = extra.get("timestamps")
-            count = len(stamps) if stamps is not None else int(frames.max(initial=-1)) + 1
-            if frames.size and frames.max() >= count:
-                raise InputError(f"'frame_index' {frames.max()} beyond the {count} timestamps")
-            x = self._project(array)
-            return np.stack([self._fv(x[frames == f]) for f in range(count)]) if count else \
-                np.zeros((0, 2 * sum(m.size for _, m, _ in self.gmms)), np.float32)
-        x = self._project(array)
-        if self.pyramid == "none":
-            return self._fv(x)
-        positions = extra.get("positions")
-        if positions is None or len(positions) != len(x) or np.ndim(positions) != 2:
-            raise InputError("--pyramid needs a 'positions' sidecar (N, >=2: x, y) with one row "
-                             "per descriptor")
-        masks = pyramid_regions(positions, extra.get("image_size"), self.pyramid)
-        return np.concatenate([self._fv(x[mask]) for mask in masks])
+            return stream_item(self, record, 2 * sum(m.size for _, m, _ in self.gmms))
+        # the whole item is one part of the accumulation: the bounding box of all its
+        # descriptors places the pyramid when the item has no image_size
+        image_size = extra.get("image_size")
+        frame = Frame(array, 0, None, extra.get("positions"),
+                      None if image_size is None else tuple(np.ravel(image_size)[:2]))
+        sink = MemorySink()
+        stream = self.stream(sink)
+        stream.add(frame)
+        stream.finish()
+        return sink.output()
+
+    def encode_one(self, array, extra: Mapping[str, np.ndarray]) -> np.ndarray:
+        out = self._encode_record(array, extra)
+        return out.array if isinstance(out, ItemOutput) else out
 
     def encode_batch(self, arrays, extras):
-        return [self.encode_one(a, e) for a, e in zip(arrays, extras, strict=True)]
+        return [self._encode_record(a, e) for a, e in zip(arrays, extras, strict=True)]
+
+
+class _FisherItemStream:
+    """The FV of one item accumulated frame by frame: an accumulator per pyramid cell and per
+    GMM, each frame's descriptors projected and added to the cells it covers."""
+
+    def __init__(self, encoder: FisherItemEncoder, sink):
+        self.encoder = encoder
+        self.sink = sink
+        cells = sum(cols * rows for cols, rows in PYRAMIDS[encoder.pyramid])
+        self.parts = [[FisherAccumulator(w, m, v, encoder.improved, encoder.threshold)
+                       for w, m, v in encoder.gmms] for _ in range(cells)]
+
+    def add(self, frame) -> None:
+        x = self.encoder._project(np.asarray(frame.descriptors))
+        if self.encoder.pyramid == "none":
+            masks = [slice(None)]
+        else:
+            positions = frame.positions
+            if positions is None or len(positions) != len(x) or np.ndim(positions) != 2:
+                raise InputError("--pyramid needs a 'positions' sidecar (N, >=2: x, y) with "
+                                 "one row per descriptor")
+            masks = pyramid_regions(positions, frame.image_size, self.encoder.pyramid)
+        for mask, accumulators in zip(masks, self.parts, strict=True):
+            for accumulator in accumulators:
+                accumulator.add(x[mask])
+
+    def finish(self) -> None:
+        self.sink.write(np.concatenate([a.result() for cell in self.parts for a in cell]))
 
 
 def _build(params, models):

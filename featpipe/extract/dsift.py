@@ -278,21 +278,36 @@ class DenseSIFT:
             return 0.0
         return 0.005 if threshold is None else float(threshold)
 
+    def working_size(self, height: int, width: int) -> tuple[int, int, float]:
+        """(height, width, scale) of an image of that size after the ``max_pixels`` rescale."""
+        if self.max_pixels is None or height * width <= self.max_pixels:
+            return height, width, 1.0
+        scale = math.sqrt(self.max_pixels / (height * width))
+        new_w, new_h = max(1, int(width * scale)), max(1, int(height * scale))
+        while new_w * new_h > self.max_pixels:
+            new_w, new_h = new_w - 1, new_h - 1
+        return new_h, new_w, scale
+
+    def count(self, height: int, width: int) -> int:
+        """Descriptors of an image of that size (with ``low_contrast='drop'``: at most)."""
+        self._check()
+        height, width, _ = self.working_size(height, width)
+        sizes = [int(s) for s in self.sizes]
+        total = 0
+        for size in sizes:
+            offset = int(self.start) + int(math.floor(1.5 * (max(sizes) - size)))
+            total += (_grid(offset, width - 1, size, int(self.step))
+                      * _grid(offset, height - 1, size, int(self.step)))
+        return total
+
     def compute(self, image: np.ndarray) -> DenseSIFTResult:
         """Descriptors of one image (uint8 or [0, 1] float, grey or RGB)."""
         threshold = self._check()
         grey = to_grey(image)
-        scale = 1.0
-        if self.max_pixels is not None and grey.size > self.max_pixels:
-            scale = math.sqrt(self.max_pixels / grey.size)
-            new_w = max(1, int(grey.shape[1] * scale))
-            new_h = max(1, int(grey.shape[0] * scale))
-            while new_w * new_h > self.max_pixels:
-                new_w, new_h = new_w - 1, new_h - 1
-            scale_x, scale_y = new_w / grey.shape[1], new_h / grey.shape[0]
+        new_h, new_w, scale = self.working_size(*grey.shape)
+        scale_x, scale_y = new_w / grey.shape[1], new_h / grey.shape[0]
+        if scale != 1.0:
             grey = cv2.resize(grey, (new_w, new_h), interpolation=cv2.INTER_AREA)
-        else:
-            scale_x = scale_y = scale
         sizes = [int(s) for s in self.sizes]
         step = int(self.step)
         height, width = grey.shape

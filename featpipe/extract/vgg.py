@@ -191,24 +191,32 @@ class VGGPreprocess:
         import torch
         import torch.nn.functional as F
 
-        torch.set_num_threads(1)
         height, width = frame.shape[:2]
         new_h, new_w, _, top, left = self.geometry(height, width)
         if min(new_h, new_w) < self.crop:
             raise ValueError(f"resize {self.resize} is smaller than the crop {self.crop}")
-        tensor = torch.from_numpy(np.array(frame, copy=True)).permute(2, 0, 1)[None].float()
+        # torch's uint8 antialiased bilinear path (torchvision v2's): PIL's recipe, rounded
+        # once, about 10x faster than resizing in float32 and rounding after
+        tensor = torch.from_numpy(np.array(frame, dtype=np.uint8)).permute(2, 0, 1)[None]
         resized = F.interpolate(tensor, size=(new_h, new_w), mode="bilinear",
                                 align_corners=False, antialias=True)
         cropped = resized[0, :, top:top + self.crop, left:left + self.crop]
-        return cropped.round_().clamp_(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
+        return np.ascontiguousarray(cropped.permute(1, 2, 0).numpy())
 
 
 def normalise_batch(frames, device: str = "cpu"):
     """(N, H, W, 3) uint8 crops -> (N, 3, H, W) float32 tensor, ImageNet mean/std."""
     import torch
 
-    batch = torch.from_numpy(np.ascontiguousarray(np.stack(frames))).to(device)
-    batch = batch.permute(0, 3, 1, 2).float().div_(255.0)
+    return normalise_crops(torch.from_numpy(np.ascontiguousarray(np.stack(frames))), device)
+
+
+def normalise_crops(crops, device: str = "cpu"):
+    """A (N, H, W, 3) uint8 host tensor (pinned: copied asynchronously) -> (N, 3, H, W)
+    float32 on ``device``, ImageNet mean/std."""
+    import torch
+
+    batch = crops.to(device, non_blocking=True).permute(0, 3, 1, 2).float().div_(255.0)
     mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1)
     return (batch - mean) / std
@@ -274,6 +282,11 @@ class VGG16Features:
             shape = (0, 4096) if self.layer == "fc6" else (0, 0, 512)
             return np.zeros(shape, np.float32)
         return np.concatenate(outputs)
+
+    def forward_crops(self, crops) -> np.ndarray:
+        """A (N, H, W, 3) uint8 host tensor of crops through the network (the pipeline's
+        model interface)."""
+        return self.forward(normalise_crops(crops, self.device))
 
     def forward(self, batch) -> np.ndarray:
         """One normalised (N, 3, H, W) tensor through the network, to numpy float32."""

@@ -17,33 +17,52 @@ Sampling (:class:`Sampling`, one of):
   until the pass ends;
 * nothing: every frame.
 
-Timestamps (seconds) are the decoder's position of each kept frame.  Still images (jpg, png,
-...) are one-frame items with timestamp 0.
+Timestamps (seconds) are the frame's own time: the decoder's position of each frame
+(``CAP_PROP_POS_MSEC``) measured from the first decoded frame, which is therefore at 0 (some
+files report the first frame one frame period late, 0.0417 s at 24 fps, or after a front
+cut); a position that does not increase (OpenCV reports 0 for frames without a time stamp)
+is replaced by the previous one plus one frame period.  Still images (jpg, png, ...) are
+one-frame items with timestamp 0.
 
-:class:`DecodeWorker` runs the decoder in a separate process and streams frames back in
-chunks; a decoder that hangs past the time limit is killed, and one that crashes costs only
-its item: both raise :class:`~featpipe.errors.ItemError` naming the file.
+Truncated and corrupt videos: the decoder counts the frames that decode against the number
+the container declares, and the worker process collects FFmpeg's messages (which never reach
+the terminal); decode errors, or fewer frames than declared, fail the item with one line
+naming them, unless the caller accepts partial items (``allow_partial``), which then carry
+a warning saying how many frames were lost.
+
+:class:`DecodePool` runs N decoding processes (:func:`_worker_main`) and multiplexes their
+messages: every worker decodes one item at a time and runs a :class:`WorkerProgram` on each
+frame (crop and resize for a network, dense SIFT and its encoding...) so that only small
+results travel back; a decoder that hangs past the time limit is killed and one that crashes
+costs only its item, both reported as an :class:`~featpipe.errors.ItemError` naming the file.
+Workers ignore SIGINT and SIGTERM: the parent decides what an interrupt means and kills them;
+they exit by themselves when the parent goes away.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import queue
+import re
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from featpipe.errors import InputError, ItemError
+from featpipe.errors import FeatpipeError, InputError, ItemError
 from featpipe.io.images import is_image, read_image
 
 #: decoder name -> "module:attribute" of a class implementing :class:`Decoder`.
@@ -51,6 +70,10 @@ DECODERS = {"opencv": "featpipe.io.video:OpenCVDecoder"}
 
 #: frames per message from the worker process
 CHUNK_FRAMES = 4
+#: frame period assumed when the container states no frame rate (25 fps)
+DEFAULT_PERIOD = 0.04
+#: a declared frame count above this is garbage (seen in front-cut MPEG program streams)
+MAX_DECLARED_FRAMES = 10**8
 
 
 @dataclass(frozen=True)
@@ -78,6 +101,16 @@ class Sampling:
         """The sampling as stage parameters (part of the stage key)."""
         return {"fps": self.fps, "every": self.every, "frames": self.frames}
 
+    def expected(self, total: int, fps: float) -> int:
+        """Frames kept from a video of ``total`` frames at ``fps`` (0: unknown rate)."""
+        if self.frames is not None:
+            return len(evenly_spaced(total, self.frames))
+        if self.every is not None:
+            return -(-total // self.every)
+        if self.fps is not None and fps > 0:
+            return min(total, math.ceil(total / fps * self.fps - 1e-9))
+        return total
+
 
 def evenly_spaced(n_total: int, n_wanted: int) -> np.ndarray:
     """Indices of ``n_wanted`` frames evenly spaced over ``n_total``: round(linspace(0, T−1))."""
@@ -96,11 +129,29 @@ class Decoder(Protocol):
     def frames(self, path: str, want: Callable[[int, float], bool]
                ) -> Iterator[tuple[int, float, np.ndarray | None]]: ...
 
-    # optional: ``frame_count(path) -> int``, the container's frame count (a guess)
+    # optional: ``frame_count(path) -> int``, the container's frame count (a guess);
+    # ``counts``: (frames decoded, frames the container declares or None) after ``frames``
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What the container says about a video (or an image): frame count (None when it does
+    not say), frame rate (0 when unknown) and frame size."""
+
+    frames: int | None
+    fps: float
+    height: int
+    width: int
+
+
+def _declared(count: float) -> int | None:
+    return int(count) if 0 < count <= MAX_DECLARED_FRAMES else None
 
 
 class OpenCVDecoder:
     """``cv2.VideoCapture``: ``grab`` every frame, ``retrieve`` only the wanted ones."""
+
+    counts: tuple[int, int | None] | None = None
 
     def frame_count(self, path) -> int:
         """The container's frame count (a guess: it can be wrong or 0)."""
@@ -112,6 +163,22 @@ class OpenCVDecoder:
         finally:
             capture.release()
 
+    def info(self, path) -> VideoInfo:
+        """The container's frame count, rate and size, without decoding."""
+        import cv2
+
+        capture = cv2.VideoCapture(str(path))
+        try:
+            if not capture.isOpened():
+                raise RuntimeError("OpenCV cannot open it as a video (not a video, unsupported "
+                                   "codec or corrupt header)")
+            return VideoInfo(_declared(capture.get(cv2.CAP_PROP_FRAME_COUNT)),
+                             max(float(capture.get(cv2.CAP_PROP_FPS)), 0.0),
+                             int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+                             int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)))
+        finally:
+            capture.release()
+
     def frames(self, path, want):
         import cv2
 
@@ -119,10 +186,19 @@ class OpenCVDecoder:
         if not capture.isOpened():
             raise RuntimeError("OpenCV cannot open it as a video (not a video, unsupported "
                                "codec or corrupt header)")
+        declared = _declared(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+        fps = capture.get(cv2.CAP_PROP_FPS)
+        period = 1.0 / fps if fps > 0 else DEFAULT_PERIOD
+        self.counts = (0, declared)
         try:
-            index = 0
+            index, first, previous = 0, None, None
             while capture.grab():
-                seconds = capture.get(cv2.CAP_PROP_POS_MSEC) / 1000.0
+                reported = capture.get(cv2.CAP_PROP_POS_MSEC) / 1000.0
+                first = reported if first is None else first
+                seconds = reported - first
+                if previous is not None and not seconds > previous:
+                    seconds = previous + period
+                previous = seconds
                 frame = None
                 if want(index, seconds):
                     ok, bgr = capture.retrieve()
@@ -131,6 +207,7 @@ class OpenCVDecoder:
                     frame = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
                 yield index, seconds, frame
                 index += 1
+                self.counts = (index, declared)
         finally:
             capture.release()
 
@@ -179,7 +256,7 @@ def _evenly_spaced_frames(dec, path, n_wanted: int, early: bool):
 
 
 def iter_frames(path: str | os.PathLike, sampling: Sampling = Sampling(),
-                decoder: str = "opencv", early: bool = False
+                decoder: str | Decoder = "opencv", early: bool = False
                 ) -> Iterator[tuple[float, np.ndarray]]:
     """(timestamp in seconds, RGB uint8 frame) of the sampled frames of a video or image.
 
@@ -187,7 +264,8 @@ def iter_frames(path: str | os.PathLike, sampling: Sampling = Sampling(),
     decodable frame is an error.  With ``early`` and ``frames=N`` sampling, frames chosen from
     the container's frame count are yielded as they decode, and :data:`RESTART` is yielded
     if that count proves wrong (the right frames follow); without it they are held back until
-    the count is confirmed.
+    the count is confirmed.  ``decoder`` is a name or a :class:`Decoder` (whose ``counts``
+    the caller can read afterwards).
     """
     sampling = sampling.validate()
     path = Path(path)
@@ -198,7 +276,7 @@ def iter_frames(path: str | os.PathLike, sampling: Sampling = Sampling(),
     if is_image(path):
         yield 0.0, read_image(path)
         return
-    dec = get_decoder(decoder)
+    dec = get_decoder(decoder) if isinstance(decoder, str) else decoder
     if sampling.frames is not None:
         yield from _evenly_spaced_frames(dec, path, sampling.frames, early)
         return
@@ -230,84 +308,255 @@ def iter_frames(path: str | os.PathLike, sampling: Sampling = Sampling(),
 
 # -- the worker process ----------------------------------------------------------------------
 
+class ItemJob(Protocol):
+    """One item inside a worker: ``add`` each decoded frame (the return value, unless None,
+    is sent to the parent), ``restart`` forgets the frames so far (a second decoding pass
+    follows), ``finish`` returns what is sent with the item's end, ``abort`` cleans up."""
+
+    def add(self, frame: np.ndarray, seconds: float): ...
+
+    def restart(self) -> None: ...
+
+    def finish(self): ...
+
+    def abort(self) -> None: ...
+
+
+class WorkerProgram(Protocol):
+    """What a decoding worker does with each item's frames; picklable, sent once to every
+    worker process, where ``start(item_id)`` opens an :class:`ItemJob` per item."""
+
+    def start(self, item_id: str) -> ItemJob: ...
+
+
+class SendFrames:
+    """The default program: every decoded RGB frame goes to the parent as it is."""
+
+    def start(self, item_id: str) -> SendFrames:
+        return self
+
+    def add(self, frame, seconds):
+        return frame
+
+    def restart(self) -> None:
+        pass
+
+    def finish(self):
+        return None
+
+    def abort(self) -> None:
+        pass
+
+
+def read_ahead(iterable: Iterable, depth: int = 2) -> Iterator:
+    """Iterate ``iterable`` in a background thread, ``depth`` values ahead of the consumer;
+    its exceptions are raised here, and stopping early stops (and closes) it."""
+    buffer: queue.Queue = queue.Queue(maxsize=max(1, depth))
+    stop = threading.Event()
+    done = object()
+
+    def put(value) -> bool:
+        while not stop.is_set():
+            try:
+                buffer.put(value, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        iterator = iter(iterable)
+        try:
+            for value in iterator:
+                if not put((True, value)):
+                    return
+            put((True, done))
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer
+            put((False, err))
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="featpipe-decode", daemon=True)
+    thread.start()
+    try:
+        while True:
+            ok, value = buffer.get()
+            if not ok:
+                raise value
+            if value is done:
+                return
+            yield value
+    finally:
+        stop.set()
+        thread.join()
+
+
+_FFMPEG_LINE = re.compile(r"^\[[^\]]* @ (?:0x)?[0-9a-fA-F]+\] *(.+?)\s*$")
+
+
+class _StderrLog:
+    """The worker's fd 2 redirected to a temporary file: FFmpeg writes its decode errors
+    there (never to the terminal), and they are read back per item."""
+
+    def __init__(self):
+        self.file = tempfile.TemporaryFile()
+        os.dup2(self.file.fileno(), 2)
+
+    def reset(self) -> None:
+        os.ftruncate(2, 0)
+        os.lseek(2, 0, os.SEEK_SET)
+
+    def ffmpeg_messages(self) -> list[str]:
+        text = os.pread(2, os.fstat(2).st_size, 0).decode("utf-8", "replace")
+        found = (_FFMPEG_LINE.match(line) for line in text.splitlines())
+        return [m.group(1) for m in found if m]
+
+
+def lost_frames(counts: tuple[int, int | None] | None, messages: list[str]) -> str | None:
+    """Why frames are missing or damaged (decode errors, fewer frames than the container
+    declares; one frame short is tolerated: containers round), or None."""
+    decoded, declared = counts if counts else (None, None)
+    of = (f"decoded {decoded} of the {declared} frames the container declares"
+          if declared is not None and decoded is not None else "")
+    if messages:
+        return f"decode errors (FFmpeg: {messages[0]})" + (f"; {of}" if of else "")
+    if of and declared - decoded > 1:
+        return f"short read: {of} (truncated file?)"
+    return None
+
+
+def _first_line(err: BaseException) -> str:
+    if isinstance(err, FileNotFoundError):
+        return "file does not exist"
+    if isinstance(err, FeatpipeError):
+        return err.cause
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if type(err) is RuntimeError and text:  # the decoders' own one-line causes
+        return text
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _decode_item(conn, request, decoder: str, program: WorkerProgram, log: _StderrLog) -> None:
+    """Decode one item in the worker, run the program on its frames, report to the parent."""
+    _, item_id, path, sampling, allow_partial = request
+    log.reset()
+    job = None
+    try:
+        dec = get_decoder(decoder)
+        job = program.start(item_id)
+        payloads, stamps = [], []
+        for got in read_ahead(iter_frames(path, sampling, dec, early=True)):
+            if got is RESTART:
+                payloads, stamps = [], []
+                job.restart()
+                conn.send(("restart", item_id))
+                continue
+            seconds, frame = got
+            payload = job.add(frame, seconds)
+            stamps.append(seconds)
+            if payload is not None:
+                payloads.append(payload)
+            if payload is None or len(stamps) == CHUNK_FRAMES:  # None: a progress report
+                conn.send(("frames", item_id, payloads, stamps))
+                payloads, stamps = [], []
+        if stamps:
+            conn.send(("frames", item_id, payloads, stamps))
+        problem = lost_frames(getattr(dec, "counts", None), log.ffmpeg_messages())
+        if problem and not allow_partial:
+            raise RuntimeError(f"{problem}; --allow-partial keeps the frames that decode")
+        conn.send(("end", item_id, job.finish(), problem and f"frames lost: {problem}"))
+    except (BrokenPipeError, ConnectionError):
+        raise
+    except Exception as err:  # the parent turns it into an ItemError naming the file
+        if job is not None:
+            job.abort()
+        text = _first_line(err)
+        messages = log.ffmpeg_messages()
+        if messages and "FFmpeg" not in text:
+            text += f" (FFmpeg: {messages[0]})"
+        conn.send(("error", item_id, text))
+
+
+def _probe(path: str, decoder: str, log: _StderrLog) -> VideoInfo | str:
+    """The container's :class:`VideoInfo` of a video or image, or the reason it has none."""
+    log.reset()
+    try:
+        file = Path(path)
+        if not file.exists():
+            return "file does not exist"
+        if file.stat().st_size == 0:
+            return "empty file (0 bytes)"
+        if is_image(file):
+            height, width = read_image(file).shape[:2]
+            return VideoInfo(1, 0.0, height, width)
+        info = getattr(get_decoder(decoder), "info", None)
+        return info(file) if info is not None else VideoInfo(None, 0.0, 0, 0)
+    except Exception as err:
+        return _first_line(err)
+
+
 def _worker_main(conn, decoder: str) -> None:  # pragma: no cover - runs in the child process
-    """Child loop: receive (path, sampling, transform); send chunks, then ('end'|'error')."""
+    """Child loop: ``("program", p)`` sets the program, ``("probe", path)`` answers a
+    :class:`VideoInfo`, ``("item", id, path, sampling, allow_partial)`` decodes an item;
+    ``None`` or a closed connection (the parent is gone) ends it."""
     import cv2
 
     cv2.setNumThreads(1)
-    while True:
-        try:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles interrupts, kills us
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    log = _StderrLog()
+    program: WorkerProgram = SendFrames()
+    try:
+        while True:
             request = conn.recv()
-        except EOFError:
-            return
-        if request is None:
-            return
-        path, sampling, transform = request
-        frames, stamps = [], []
-        try:
-            for got in iter_frames(path, sampling, decoder, early=True):
-                if got is RESTART:
-                    frames, stamps = [], []
-                    conn.send(("restart", None, None))
-                    continue
-                seconds, frame = got
-                frames.append(transform(frame) if transform is not None else frame)
-                stamps.append(seconds)
-                if len(frames) == CHUNK_FRAMES:
-                    conn.send(("frames", frames, stamps))
-                    frames, stamps = [], []
-            if frames:
-                conn.send(("frames", frames, stamps))
-            conn.send(("end", None, None))
-        except Exception as err:  # the parent turns it into an ItemError naming the file
-            text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            if isinstance(err, FileNotFoundError):
-                text = "file does not exist"
-            conn.send(("error", text, None))
-
-
-class _Child:
-    """The few ``multiprocessing.Process`` methods the worker needs, for a ``Popen``."""
-
-    def __init__(self, popen: subprocess.Popen):
-        self.popen = popen
-
-    def is_alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def join(self, timeout: float | None = None) -> None:
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-
-    @property
-    def exitcode(self) -> int | None:
-        """The exit status, ``-N`` for a process killed by signal N; ``None`` while running."""
-        return self.popen.poll()
+            if request is None:
+                return
+            if request[0] == "program":
+                program = request[1]
+            elif request[0] == "probe":
+                conn.send(("probe", request[1], _probe(request[1], decoder, log)))
+            else:
+                _decode_item(conn, request, decoder, program, log)
+    except (EOFError, OSError):
+        return
+    except Exception as err:  # e.g. a program that cannot be unpickled: say why, then die
+        conn.send(("crashed", _first_line(err)))
+        raise
 
 
 class DecodeWorker:
-    """A decoding process reused across items; killed and restarted when it hangs or dies.
-
-    ``timeout`` is the time limit in seconds for one item (from request to its last frame).
-    """
+    """One decoding process (a fresh interpreter running :func:`_worker_main`), restarted
+    when it dies or is killed; ``item`` is the item it decodes (None when idle)."""
 
     def __init__(self, decoder: str = "opencv", timeout: float = 600.0):
         self.decoder = decoder
         self.timeout = timeout
-        self._process = None
-        self._conn = None
+        self.process: subprocess.Popen | None = None
+        self.conn: Connection | None = None
+        self.item: tuple[str, str] | None = None  # (id, path) in flight
+        self.deadline = 0.0
+        self.program = None  # the program the process has
 
-    def __getstate__(self):
-        return {"decoder": self.decoder, "timeout": self.timeout, "_process": None,
-                "_conn": None}
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
 
-    def _start(self):
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self, program: WorkerProgram | None = None) -> None:
+        """Start the process if needed; hand it ``program`` unless it has it."""
+        if self.alive():
+            if program is not None and program is not self.program:
+                try:
+                    self.conn.send(("program", program))
+                except (OSError, ValueError):  # it died: the next poll reports it
+                    return
+                self.program = program
+            return
+        self.kill()
         # A fresh interpreter (not fork: torch and BLAS threads do not survive it; not
         # multiprocessing's spawn: it re-imports the caller's __main__ script) on one end of a
         # socket pair, with the caller's sys.path so plugin decoders import as they do here.
@@ -316,199 +565,194 @@ class DecodeWorker:
                 "from featpipe.io.video import _worker_main; "
                 f"_worker_main(Connection({child.fileno()}), sys.argv[1])")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        # one decoding thread: the worker runs beside the model, which wants the cores
+        # one decoding thread: the workers run beside the model, which wants the cores
         env.setdefault("OPENCV_FFMPEG_CAPTURE_OPTIONS", "threads;1")
-        process = subprocess.Popen([sys.executable, "-c", code, self.decoder],
-                                   pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
+        self.process = subprocess.Popen([sys.executable, "-c", code, self.decoder],
+                                        pass_fds=[child.fileno()], env=env,
+                                        stdin=subprocess.DEVNULL)
         child.close()
-        self._process, self._conn = _Child(process), Connection(parent.detach())
+        self.conn = Connection(parent.detach())
+        self.program = None
+        if program is not None:
+            self.conn.send(("program", program))
+            self.program = program
+
+    def send(self, request) -> None:
+        self.conn.send(request)
+        self.deadline = time.monotonic() + self.timeout
 
     def close(self) -> None:
-        """Stop the worker process (politely, then by force)."""
-        if self._process is None:
+        """Stop the process politely (it finishes nothing), then by force."""
+        if self.process is None:
             return
         try:
-            self._conn.send(None)
+            self.conn.send(None)
         except (OSError, ValueError):
             pass
-        self._process.join(timeout=2)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
-        self._conn.close()
-        self._process = self._conn = None
-
-    def _kill(self) -> None:
-        if self._process is not None:
-            self._process.kill()
-            self._process.join()
-            self._conn.close()
-        self._process = self._conn = None
-
-    def stream(self, item_id: str, path: str | os.PathLike, sampling: Sampling,
-               transform: Callable | None = None
-               ) -> Iterator[tuple[list, list[float]]]:
-        """Chunks ``(frames, timestamps)`` of one item, decoded in the worker process; ``None``
-        means: forget the chunks so far, the right frames follow (see :data:`RESTART`).
-
-        Raises :class:`ItemError` naming the item and file when the file is missing, cannot be
-        decoded, has no decodable frame, when the decoder crashes, or when it exceeds the
-        time limit (the worker is then killed; the next item gets a fresh one).
-        """
-        if self._process is None or not self._process.is_alive():
-            self._start()
-        where = f"{path}"
         try:
-            self._conn.send((str(path), sampling, transform))
-        except (OSError, ValueError):
-            self._kill()
-            raise ItemError(item_id, f"{where}: decoder process is not running") from None
-        deadline = time.monotonic() + self.timeout
-        finished = False
-        try:
-            yield from self._receive(item_id, where, deadline)
-            finished = True
-        except ItemError as err:
-            finished = getattr(err, "worker_ready", False)
-            raise
-        finally:
-            if not finished:  # the consumer stopped early or the item failed mid-stream
-                self._kill()
+            self.process.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
 
-    def _receive(self, item_id, where, deadline):
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._conn.poll(remaining):
-                if self._process.is_alive():
-                    self._kill()
-                    raise ItemError(item_id, f"{where}: decoding took longer than the "
-                                             f"{self.timeout:g} s time limit (killed)")
-            try:
-                kind, payload, stamps = self._conn.recv()
-            except (EOFError, OSError):
-                self._process.join(timeout=5)
-                code = self._process.exitcode
-                self._kill()
-                raise ItemError(item_id, f"{where}: decoder crashed (exit code {code})") \
-                    from None
-            if kind == "frames":
-                yield payload, stamps
-            elif kind == "restart":
-                yield None
-            elif kind == "end":
-                return
-            else:  # the worker reported the error and is ready for the next item
-                error = ItemError(item_id, f"{where}: {payload}")
-                error.worker_ready = True
-                raise error
+    def kill(self) -> None:
+        """Kill the process now (an item in flight is abandoned)."""
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.kill()
+            self.process.wait()
+        if self.conn is not None:
+            self.conn.close()
+        self.process = self.conn = self.item = self.program = None
 
 
-@dataclass
-class FrameChunk:
-    """Frames of one item in decoding order; ``last`` marks the item's final chunk, ``restart``
-    an empty chunk that voids the item's earlier chunks (a second decoding pass follows)."""
+class DecodePool:
+    """N decoding worker processes fed from one queue of items, their messages multiplexed.
 
-    item_id: str
-    frames: list
-    timestamps: list[float]
-    last: bool
-    restart: bool = False
+    ``submit`` queues items; ``poll(timeout)`` hands queued items to idle workers and returns
+    the messages that arrived, as tuples::
 
+        ("frames", id, payloads, timestamps)   # the program's payloads, frames' timestamps
+        ("restart", id)                        # forget the item's frames so far
+        ("end", id, result, warning)           # the program's result; warning: frames lost
+        ("error", id, ItemError, pid)          # the item failed in worker ``pid``
 
-class prefetch:  # noqa: N801 - used like a generator function
-    """Decode ``items`` ((id, path) pairs) in a background thread, ``depth`` chunks ahead.
-
-    Iterating yields :class:`FrameChunk` objects, or an :class:`ItemError` in place of the
-    remaining chunks of an item that failed, so the consumer (the model) overlaps with
-    decoding.  ``ready()`` says whether a chunk is waiting (a consumer with a partial batch can
-    compute it now rather than wait); ``close()`` stops the thread.
+    ``timeout`` is the time limit in seconds a worker may go without a message while it has
+    an item: past it the worker is killed and its item fails (the next one gets a fresh
+    process).  A worker that crashes fails its item the same way.
     """
 
-    _done = object()
+    def __init__(self, workers: int = 1, decoder: str = "opencv", timeout: float = 600.0,
+                 program: WorkerProgram | None = None):
+        self.workers = [DecodeWorker(decoder, timeout) for _ in range(max(1, int(workers)))]
+        self.program = program
+        self.queue: deque = deque()
 
-    def __init__(self, worker: DecodeWorker, items: list[tuple[str, str | os.PathLike]],
-                 sampling: Sampling, transform: Callable | None = None, depth: int = 4):
-        self.worker = worker
-        self.items = list(items)
-        self.sampling = sampling
-        self.transform = transform
-        self.buffer: queue.Queue = queue.Queue(maxsize=max(1, depth))
-        self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
-        self.finished = False
-
-    def _put(self, value) -> bool:
-        while not self.stop.is_set():
-            try:
-                self.buffer.put(value, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _produce(self) -> None:
-        put = self._put
-        try:
-            for item_id, path in self.items:
-                pending = None
-                try:
-                    for got in self.worker.stream(item_id, path, self.sampling, self.transform):
-                        if got is None:
-                            pending = None
-                            if not put(FrameChunk(item_id, [], [], False, restart=True)):
-                                return
-                            continue
-                        if pending is not None and not put(pending):
-                            return
-                        pending = FrameChunk(item_id, *got, False)
-                    if pending is None:
-                        raise ItemError(item_id, f"{path}: no decodable frames")
-                    pending.last = True
-                    if not put(pending):
-                        return
-                except ItemError as err:
-                    if not put(err):
-                        return
-        except BaseException as err:  # noqa: BLE001 - handed to the consumer, not swallowed
-            put(err)
-        finally:
-            put(self._done)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> FrameChunk | ItemError:
-        if self.finished:
-            raise StopIteration
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._produce, name="featpipe-decode",
-                                           daemon=True)
-            self.thread.start()
-        value = self.buffer.get()
-        if value is self._done:
-            self.close()
-            raise StopIteration
-        if isinstance(value, BaseException) and not isinstance(value, ItemError):
-            self.close()
-            raise value
-        return value
-
-    def ready(self) -> bool:
-        """True when the next chunk (or the end) is already decoded."""
-        return not self.buffer.empty()
-
-    def close(self) -> None:
-        """Stop decoding; a decoder blocked mid-item is ended rather than waited for."""
-        self.finished = True
-        self.stop.set()
-        if self.thread is not None:
-            self.thread.join(timeout=1.0)
-            if self.thread.is_alive():
-                self.worker._kill()
-                self.thread.join()
-
-    def __enter__(self):
+    def __enter__(self) -> DecodePool:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def submit(self, items: Iterable[tuple[str, str | os.PathLike]], sampling: Sampling,
+               allow_partial: bool = False) -> None:
+        """Queue ``(id, path)`` items for decoding with ``sampling``."""
+        for item_id, path in items:
+            self.queue.append(("item", item_id, str(path), sampling, allow_partial))
+
+    @property
+    def busy(self) -> bool:
+        """Items are queued or in flight."""
+        return bool(self.queue) or any(w.item is not None for w in self.workers)
+
+    def in_flight(self) -> dict[str, int]:
+        """Item id -> pid of the worker decoding it."""
+        return {w.item[0]: w.pid for w in self.workers if w.item is not None}
+
+    def _dispatch(self) -> None:
+        for worker in self.workers:
+            if worker.item is None and self.queue:
+                request = self.queue.popleft()
+                worker.start(self.program)  # (kill() of a dead process clears ``item``)
+                worker.item = (request[1], request[2])
+                try:
+                    worker.send(request)
+                except (OSError, ValueError):  # it died at start: the poll reports it
+                    worker.deadline = 0.0
+
+    def _failure(self, worker: DecodeWorker, cause: str) -> tuple:
+        item_id, path = worker.item
+        pid = worker.pid
+        worker.kill()
+        return ("error", item_id, ItemError(item_id, f"{path}: {cause}"), pid)
+
+    def poll(self, timeout: float | None = None, wake: Sequence = ()) -> list[tuple]:
+        """Messages that arrived within ``timeout`` seconds (None: wait for one); the wait
+        also ends when one of ``wake`` (file descriptors, connections) becomes readable."""
+        self._dispatch()
+        active = [w for w in self.workers if w.item is not None]
+        if not active and not wake:
+            return []
+        if active:
+            limit = max(0.0, min(w.deadline for w in active) - time.monotonic())
+            timeout = limit if timeout is None else min(timeout, limit)
+        ready = set(wait([w.conn for w in active] + list(wake), timeout))
+        events = []
+        for worker in active:
+            if worker.conn in ready:
+                events += self._receive(worker)
+            elif time.monotonic() >= worker.deadline:
+                events.append(self._failure(worker, f"no frame within the {worker.timeout:g} "
+                                                    "s time limit (decoder killed)"))
+        self._dispatch()
+        return events
+
+    def _receive(self, worker: DecodeWorker) -> list[tuple]:
+        events = []
+        while worker.item is not None and worker.conn.poll(0):
+            try:
+                message = worker.conn.recv()
+            except (EOFError, OSError):
+                worker.process.wait()
+                code = worker.process.returncode
+                events.append(self._failure(worker, f"decoder crashed (exit code {code})"))
+                break
+            worker.deadline = time.monotonic() + worker.timeout
+            if message[0] == "crashed":
+                events.append(self._failure(worker, f"decoding worker failed: {message[1]}"))
+                break
+            if message[0] == "error":
+                item_id, path = worker.item
+                events.append(("error", item_id, ItemError(item_id, f"{path}: {message[2]}"),
+                               worker.pid))
+                worker.item = None
+            else:
+                if message[0] == "end":
+                    worker.item = None
+                events.append(message)
+        return events
+
+    def probe(self, paths: Iterable[str]) -> dict[str, VideoInfo | str]:
+        """The :class:`VideoInfo` (or the reason it is missing) of each path, the workers
+        probing in parallel; call it while no item is queued or in flight."""
+        todo, found = deque(dict.fromkeys(str(p) for p in paths)), {}
+        asked: dict[DecodeWorker, str] = {}
+        while todo or asked:
+            for worker in self.workers:
+                if worker not in asked and todo:
+                    worker.start()
+                    asked[worker] = todo.popleft()
+                    worker.send(("probe", asked[worker]))
+            limit = max(0.0, min(w.deadline for w in asked) - time.monotonic())
+            ready = wait([w.conn for w in asked], limit)
+            for worker in list(asked):
+                if worker.conn in ready:
+                    try:
+                        _, path, info = worker.conn.recv()
+                    except (EOFError, OSError):
+                        path, info = asked[worker], "decoder crashed while probing"
+                        worker.kill()
+                elif time.monotonic() >= worker.deadline:
+                    path = asked[worker]
+                    info = f"no answer within the {worker.timeout:g} s time limit (killed)"
+                    worker.kill()
+                else:
+                    continue
+                found[path] = info
+                del asked[worker]
+        return found
+
+    def kill(self) -> None:
+        """Kill every worker now."""
+        for worker in self.workers:
+            worker.kill()
+        self.queue.clear()
+
+    def close(self) -> None:
+        """Stop every worker (politely when idle)."""
+        for worker in self.workers:
+            if worker.item is None:
+                worker.close()
+            else:
+                worker.kill()
+        self.queue.clear()

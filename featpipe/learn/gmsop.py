@@ -32,11 +32,10 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from featpipe.backend import to_numpy
-from featpipe.encode.bilinear import local_feature_sets
 from featpipe.encode.registry import EncodeMethod
 from featpipe.errors import FeatpipeError, InputError, ParameterError
+from featpipe.items import PerFrameStream, encode_per_frame
 from featpipe.models import check_model_kind, json_params
-from featpipe.parallel import ItemOutput
 from featpipe.parameters import ValidatedEstimator, estimator_parameters, model_parameter
 
 log = logging.getLogger(__name__)
@@ -283,21 +282,21 @@ class GatedMixtureSOP(ValidatedEstimator, ClassifierMixin, BaseEstimator):
 # -- featpipe encode --method gmsop --model NAME ----------------------------------------------
 class GatedMixtureEncoder:
     """``encode_batch`` for the CLI: conv maps (N, D) or (H, W, D) per image, or per frame
-    ((T, H, W, D), or (N, D) with a ``frame_index`` sidecar) -> codes; frames become (T, d')."""
+    ((T, H, W, D), or (N, D) with a ``frame_index`` sidecar), read as
+    :class:`~featpipe.items.LocalFeatures` -> codes; frames become (T, d') with ``frame_index``
+    (and ``timestamps``) sidecars.  ``stream(sink)`` codes frames as extraction produces them."""
 
     def __init__(self, model: GatedMixtureSOP):
         self.model = model
 
+    def _encode(self, frames):
+        return self.model.transform([f.descriptors for f in frames])
+
+    def stream(self, sink):
+        return PerFrameStream(self._encode, sink)
+
     def encode_batch(self, arrays, extras):
-        split = [local_feature_sets(a, e) for a, e in zip(arrays, extras, strict=True)]
-        codes = self.model.transform([s for sets, _ in split for s in sets])
-        outputs, start = [], 0
-        for sets, frames in split:
-            block = codes[start:start + len(sets)]
-            start += len(sets)
-            outputs.append(block[0] if frames is None
-                           else ItemOutput(block, {"frame_index": frames.astype(np.int64)}))
-        return outputs
+        return encode_per_frame(self._encode, arrays, extras)
 
 
 def _build(params, models):

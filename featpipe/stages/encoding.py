@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from featpipe.encode.registry import load_methods, method_params
+from featpipe.encode.registry import EncodeMethod, load_methods, method_params
 from featpipe.errors import FeatpipeError, ItemError, ParameterError
 from featpipe.parallel import ItemOutput
 from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name, run_stage
@@ -64,6 +64,25 @@ class EncodeCompute:
         return results
 
 
+def method_models(store: Store, method: EncodeMethod, given: Mapping
+                  ) -> tuple[dict, dict[str, Stage]]:
+    """``method``'s complete parameters, checked (a ParameterError before any stage exists),
+    with each model parameter (``gmm``, ``model``...) resolved to its fitted stage (the
+    parameter then holds the stage's folder name, so the stage key follows the model), and
+    those stages by parameter.  ``encode`` and ``extract --encode`` both go through here."""
+    unknown = sorted(set(given) - set(method.defaults))
+    if unknown:
+        raise ParameterError(unknown[0], f"does not apply to method {method.name}")
+    params = method_params(method, given)
+    method.validate(params)
+    models = {}
+    for option in method.model_options:
+        if params[option]:
+            models[option] = store.resolve(params[option])
+            params[option] = models[option].name
+    return params, models
+
+
 def encode(store: Store, input: str, method: str, params: Mapping | None = None, *,
            name: str | None = None, options: RunOptions | None = None,
            reporter: Reporter | None = None) -> StageRun:
@@ -78,18 +97,9 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
         raise ParameterError("method", f"must be one of {', '.join(sorted(methods))}, got "
                              f"{method!r}")
     chosen = methods[method]
-    unknown = sorted(set(params or {}) - set(chosen.defaults))
-    if unknown:
-        raise ParameterError(unknown[0], f"does not apply to method {method}")
     check_name(name)
-    params = method_params(chosen, params or {})
-    chosen.validate(params)
+    params, models = method_models(store, chosen, params or {})
     source = store.resolve(input)
-    models = {}
-    for option in chosen.model_options:
-        if params[option]:
-            models[option] = store.resolve(params[option])
-            params[option] = models[option].name
     if not source.items.ids:
         raise FeatpipeError(f"input stage {source.name} has no items")
     stage = store.stage("encode", {"method": method, **params},

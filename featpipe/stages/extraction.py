@@ -1,38 +1,76 @@
-"""The ``extract`` stage: decode each manifest item and store its per-frame or local features.
+"""The ``extract`` stage: decode each manifest item and store its features, their encoding
+or a sample of them.
 
-What one item holds (``stage.read_item`` and its sidecars):
+What one item holds (``stage.read_item`` and its sidecars, :mod:`featpipe.items`):
 
 * ``vgg16-fc6``: (T, 4096) for T sampled frames; ``timestamps`` (T,) seconds;
 * ``vgg16-conv5_3``: (T·H·W, 512) local features; ``timestamps`` (T,), ``frame_index``
-  (rows,) int32, ``positions`` (rows, 3) ``x, y, scale`` in frame pixels;
-* ``dsift``: (N, 128) descriptors over all frames; ``timestamps``, ``frame_index`` and (unless
-  ``positions=False``) ``positions`` ``x, y, bin size``.
+  (rows,) int32, ``positions`` (rows, 3) ``x, y, scale`` in frame pixels, ``image_size``;
+* ``dsift``: (N, 128) descriptors over all frames; ``timestamps``, ``frame_index``,
+  ``image_size`` and (unless ``positions=False``) ``positions`` ``x, y, bin size``;
+* with ``encode=METHOD`` (local features only): what ``featpipe encode --method METHOD``
+  gives for that item (the same encoder, fed frame by frame; raw features are never
+  written), e.g. a Fisher vector, or per frame with ``frame_index``/``timestamps``;
+* with ``sample=N``: at most N rows per item drawn uniformly (seeded by ``sample_seed`` and
+  the item id), the training set of ``fit pca`` and ``fit gmm``.
 
-With ``pca=NAME`` the main array is projected by that fitted ``pca`` stage first.  Decoding
-runs in a separate process with a time limit and is overlapped with the feature computation
-(a producer thread keeps a few chunks of frames ready), and VGG-16 batches frames across items.
+With ``pca=NAME`` the features are projected by that fitted ``pca`` stage first.
+
+Video dense SIFT samples one frame per second unless told otherwise (:data:`DSIFT_FPS`).
+Before anything runs the items are probed (frame count, rate, size) and the stage's size at
+rest is estimated; a stage that would not fit on the store's disk is refused
+(``disk_check=False`` overrides), and a dry run prints the estimate and creates nothing.
+Decoding runs in ``jobs`` worker processes (see :mod:`featpipe.extract.pipeline`); SIGINT
+and SIGTERM stop the stage cleanly (:mod:`featpipe.interrupts`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from featpipe.errors import FeatpipeError, ItemError, ParameterError
-from featpipe.extract.dsift import DenseSIFT, to_grey
-from featpipe.io.video import DecodeWorker, FrameChunk, Sampling, prefetch
+from featpipe.extract.dsift import DESCRIPTOR_SIZE, DenseSIFT
+from featpipe.extract.estimate import (
+    Layout,
+    Totals,
+    describe,
+    encoded_size,
+    estimate_item,
+    free_bytes,
+    human_bytes,
+    probe_infos,
+    sample_ids,
+)
+from featpipe.extract.pipeline import (
+    CropProgram,
+    Extraction,
+    LocalFeatureProgram,
+    Outputs,
+)
+from featpipe.interrupts import Interrupt, Interrupted, interruptible
+from featpipe.io.video import DecodePool, Sampling
 from featpipe.manifest import Manifest
-from featpipe.parallel import ItemOutput, parse_shard, plan
-from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name, run_stage
+from featpipe.parallel import make_executor, parse_shard, plan, resolve_jobs
+from featpipe.stages.base import Reporter, RunOptions, StageRun, announce, check_name, run_stage
 from featpipe.store import Stage, Store
 
 FEATURES = ("vgg16-fc6", "vgg16-conv5_3", "dsift")
-#: items per compute call: VGG-16 batches frames across them
-ITEMS_PER_CALL = {"vgg16-fc6": 8, "vgg16-conv5_3": 4, "dsift": 4}
+#: the encode methods that take local features, offered by ``extract --encode``
+LOCAL_ENCODERS = ("fisher", "bilinear", "cov", "cbp-ts", "cbp-rm", "spatial-grid", "gmsop")
+#: video dense SIFT's default sampling: one frame per second.  Neighbouring frames at 25-30
+#: fps give nearly the same descriptors, and every frame costs about 30 MB of raw
+#: descriptors (320x240, step 2) and 0.15 s of one core; 1 fps cuts both 25-30x and still
+#: gives a 7 s UCF101 clip 7 frames (ask for more with --fps, --every or --frames).
+DSIFT_FPS = 1.0
+#: items probed to estimate a real run's size (a dry run probes every item)
+ESTIMATE_SAMPLE = 64
+#: feature dimension of each kind of feature
+FEATURE_DIM = {"dsift": DESCRIPTOR_SIZE, "vgg16-conv5_3": 512, "vgg16-fc6": 4096}
 
 
 def manifest_digest(manifest: Manifest) -> str:
@@ -42,325 +80,313 @@ def manifest_digest(manifest: Manifest) -> str:
     return hashlib.sha256(json.dumps(rows, ensure_ascii=True).encode()).hexdigest()[:16]
 
 
-class ShapeAndCrop:
-    """Frame transform for VGG-16 in the decode worker: (crop, original (height, width))."""
+@dataclasses.dataclass
+class _Plan:
+    """Everything decided before a stage exists: parameters, inputs, outputs, programs."""
 
-    def __init__(self, preprocess):
-        self.preprocess = preprocess
-
-    def __call__(self, frame):
-        return self.preprocess(frame), frame.shape[:2]
-
-
-def _closing(chunks):
-    with chunks:
-        yield from chunks
+    params: dict
+    inputs: list
+    outputs: Outputs
+    layout: Layout
+    feature_params: dict
+    encoder_models: dict
 
 
-class _Pipeline:
-    """One prefetching decoder over all planned items, consumed a batch of items at a time."""
-
-    def __init__(self, chunks, order: Sequence[str]):
-        self.chunks = chunks
-        self.expected = list(order)
-        self.position = 0
-
-    def upcoming(self, n: int) -> list[str]:
-        return self.expected[self.position:self.position + n]
-
-    def take(self, ids: Sequence[str]):
-        """Chunks (or ItemErrors) of exactly ``ids``, which must be the upcoming items."""
-        for item_id in ids:
-            while True:
-                chunk = next(self.chunks)
-                got = chunk.item if isinstance(chunk, ItemError) else chunk.item_id
-                if got != item_id:
-                    raise RuntimeError(f"decoding pipeline out of step: expected {item_id!r}, "
-                                       f"got {got!r}")
-                yield chunk
-                if isinstance(chunk, ItemError) or chunk.last:
-                    break
-            self.position += 1
-
-    def close(self) -> None:
-        self.chunks.close()
-
-
-class ExtractCompute:
-    """Picklable compute for the executor: decodes items and computes their features."""
-
-    def __init__(self, features: str, paths: dict[str, str], sampling: Sampling,
-                 feature_params: dict, pca_path: str | None, decoder: str,
-                 decode_timeout: float, batch_size: int, device: str):
-        self.features = features
-        self.paths = paths
-        self.sampling = sampling
-        self.feature_params = feature_params
-        self.pca_path = pca_path
-        self.decoder = decoder
-        self.decode_timeout = decode_timeout
-        self.batch_size = batch_size
-        self.device = device
-        #: the planned order of the items; consecutive calls in this order share one decoding
-        #: pipeline, so the next batch of items decodes while the current one computes
-        self.order: list[str] | None = None
-        #: seconds the feature computation spent waiting for decoded frames (diagnostics)
-        self.wait_seconds = 0.0
-        self._state = None
-
-    def __getstate__(self):
-        return {**self.__dict__, "_state": None}
-
-    def _setup(self):
-        if self._state is None:
-            state = {"worker": DecodeWorker(self.decoder, self.decode_timeout), "pca": None}
-            if self.pca_path is not None:
-                from featpipe.extract.pca import load_pca
-
-                state["pca"] = load_pca(Stage(self.pca_path))
-            if self.features == "dsift":
-                state["sift"] = DenseSIFT(**self.feature_params["dsift"])
-            else:
-                from featpipe.extract.vgg import VGG16Features, VGGPreprocess
-
-                layer = self.features.split("-", 1)[1]
-                state["vgg"] = VGG16Features(layer, self.feature_params["weights"],
-                                             self.device, self.batch_size).fit()
-                state["preprocess"] = VGGPreprocess(self.feature_params["resize"],
-                                                    self.feature_params["crop"])
-            self._state = state
-        return self._state
-
-    def close(self) -> None:
-        if self._state is not None:
-            pipeline = self._state.pop("pipeline", None)
-            if pipeline is not None:
-                pipeline.close()
-            self._state["worker"].close()
-
-    def _timed(self, chunks):
-        """The chunks, adding the time spent waiting for each to :attr:`wait_seconds`."""
-        chunks = iter(chunks)
-        while True:
-            started = time.perf_counter()
-            try:
-                chunk = next(chunks)
-            except StopIteration:
-                return
-            finally:
-                self.wait_seconds += time.perf_counter() - started
-            yield chunk
-
-    def _transform(self, state):
-        return to_grey if self.features == "dsift" else ShapeAndCrop(state["preprocess"])
-
-    def _chunks(self, state, items):
-        """``(chunks, ready)``: the frame chunks of ``items`` (from the shared pipeline when
-        they are the next ones in the planned order, else from a pipeline of their own) and a
-        function saying whether the next chunk is already decoded."""
-        ids = [item_id for item_id, _ in items]
-        pipeline = state.get("pipeline")
-        if pipeline is None and self.order is not None and self.order[:len(ids)] == ids:
-            pipeline = state["pipeline"] = _Pipeline(
-                prefetch(state["worker"], [(i, self.paths[i]) for i in self.order],
-                         self.sampling, self._transform(state)), self.order)
-        if pipeline is not None and pipeline.upcoming(len(ids)) == ids:
-            return pipeline.take(ids), pipeline.chunks.ready
-        if pipeline is not None:  # called out of order: drop the shared pipeline
-            state.pop("pipeline").close()
-        own = prefetch(state["worker"], items, self.sampling, self._transform(state))
-        return _closing(own), own.ready
-
-    def __call__(self, ids: Sequence[str]) -> list:
-        state = self._setup()
-        items = [(item_id, self.paths[item_id]) for item_id in ids]
-        if self.features == "dsift":
-            results = self._dsift(state, items)
-        else:
-            results = self._vgg(state, items)
-        return [results.get(item_id, ItemError(item_id, "no frames were produced"))
-                for item_id in ids]
-
-    def _finish(self, state, array, extras) -> ItemOutput:
-        if state["pca"] is not None:
-            array = state["pca"].transform(array)
-        return ItemOutput(np.ascontiguousarray(array, dtype=np.float32), extras)
-
-    def _dsift(self, state, items):
-        results: dict = {}
-        parts: dict[str, list] = {}
-        sift = state["sift"]
-        keep_positions = self.feature_params["positions"]
-        chunks, _ = self._chunks(state, items)
-        for chunk in self._timed(chunks):
-            if isinstance(chunk, ItemError):
-                results[chunk.item] = chunk
-                parts.pop(chunk.item, None)
-                continue
-            if chunk.item_id in results:  # failed on an earlier chunk
-                continue
-            if chunk.restart:
-                parts.pop(chunk.item_id, None)
-                continue
-            acc = parts.setdefault(chunk.item_id, [])
-            try:
-                for frame, seconds in zip(chunk.frames, chunk.timestamps, strict=True):
-                    acc.append((sift.compute(frame), seconds))
-            except Exception as err:  # one bad frame fails its item, not the batch
-                results[chunk.item_id] = ItemError(chunk.item_id, f"dense SIFT failed: {err}")
-                parts.pop(chunk.item_id, None)
-                continue
-            if chunk.last:
-                done = parts.pop(chunk.item_id)
-                descriptors = np.concatenate([r.descriptors for r, _ in done])
-                extras = {
-                    "timestamps": np.asarray([s for _, s in done], dtype=np.float64),
-                    "frame_index": np.concatenate([np.full(len(r.descriptors), k, np.int32)
-                                                   for k, (r, _) in enumerate(done)]),
-                }
-                if keep_positions:
-                    extras["positions"] = np.concatenate([r.positions for r, _ in done])
-                results[chunk.item_id] = self._guard(chunk.item_id, state, descriptors, extras)
-        return results
-
-    def _guard(self, item_id, state, array, extras):
-        try:
-            return self._finish(state, array, extras)
-        except Exception as err:
-            return ItemError(item_id, f"{type(err).__name__}: {err}")
-
-    def _vgg(self, state, items):
-        from featpipe.extract.vgg import conv5_3_positions, normalise_batch
-
-        vgg, preprocess = state["vgg"], state["preprocess"]
-        results: dict = {}
-        outputs: dict[str, list] = {}  # item -> feature rows per frame, in order
-        meta: dict[str, list] = {}  # item -> (timestamp, frame shape) per frame
-        complete: set[str] = set()
-        pending: list[tuple[str, np.ndarray]] = []  # frames waiting for a model batch
-
-        def run_batch(frames):
-            features = vgg.forward(normalise_batch([f for _, f in frames], self.device))
-            for (item_id, _), row in zip(frames, features, strict=True):
-                if item_id in outputs:
-                    outputs[item_id].append(row)
-
-        def flush_complete():
-            for item_id in sorted(complete):
-                if any(p[0] == item_id for p in pending):
-                    continue
-                complete.discard(item_id)
-                rows, frame_meta = outputs.pop(item_id), meta.pop(item_id)
-                stamps = np.asarray([t for t, _ in frame_meta], dtype=np.float64)
-                if vgg.layer == "fc6":
-                    results[item_id] = self._guard(item_id, state, np.stack(rows),
-                                                   {"timestamps": stamps})
-                    continue
-                cells = rows[0].shape[0]
-                positions = np.concatenate([conv5_3_positions(preprocess.crop, preprocess, shape)
-                                            for _, shape in frame_meta])
-                extras = {"timestamps": stamps, "positions": positions,
-                          "frame_index": np.repeat(np.arange(len(rows), dtype=np.int32), cells)}
-                results[item_id] = self._guard(item_id, state, np.concatenate(rows), extras)
-
-        chunks, ready = self._chunks(state, items)
-        for chunk in self._timed(chunks):
-            if isinstance(chunk, ItemError):
-                results[chunk.item] = chunk
-                outputs.pop(chunk.item, None)
-                meta.pop(chunk.item, None)
-                pending = [p for p in pending if p[0] != chunk.item]
-                continue
-            assert isinstance(chunk, FrameChunk)
-            if chunk.restart:
-                outputs[chunk.item_id], meta[chunk.item_id] = [], []
-                pending = [p for p in pending if p[0] != chunk.item_id]
-                continue
-            outputs.setdefault(chunk.item_id, [])
-            frame_meta = meta.setdefault(chunk.item_id, [])
-            for (crop, shape), seconds in zip(chunk.frames, chunk.timestamps, strict=True):
-                pending.append((chunk.item_id, crop))
-                frame_meta.append((seconds, tuple(shape)))
-            if chunk.last:
-                complete.add(chunk.item_id)
-            while len(pending) >= self.batch_size:
-                run_batch(pending[:self.batch_size])
-                pending = pending[self.batch_size:]
-            if pending and not ready():  # the model never waits: compute what is there
-                run_batch(pending)
-                pending = []
-            flush_complete()
-        while pending:
-            run_batch(pending[:self.batch_size])
-            pending = pending[self.batch_size:]
-        flush_complete()
-        return results
-
-
-def extract(store: Store, manifest: Manifest, features: str, *, name: str | None = None,
-            sampling: Sampling | None = None, weights: str | None = None, device: str = "cpu",
-            batch_size: int = 16, dtype: str = "float32", resize: int = 256, crop: int = 224,
-            dsift: Mapping | None = None, positions: bool = True, pca: str | None = None,
-            decoder: str = "opencv", decode_timeout: float = 600.0,
-            options: RunOptions | None = None, reporter: Reporter | None = None) -> StageRun:
-    """Decode every item of ``manifest`` and store its ``features``; returns the run.
-
-    ``sampling`` picks the frames; ``weights``, ``device``, ``batch_size``, ``resize`` and
-    ``crop`` configure VGG-16; ``dsift`` holds :class:`~featpipe.extract.dsift.DenseSIFT`'s
-    parameters and ``positions`` whether its descriptor positions are kept; ``pca`` names a
-    fitted ``pca`` stage that projects the features before they are stored.
-    """
+def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *,
+          weights, device, batch_size, dtype, resize, crop, dsift, positions, pca, encode,
+          encode_params, sample, sample_seed, decoder, decode_timeout) -> _Plan:
+    """Validate every parameter (a bad one is a ParameterError: no stage, no decoding) and
+    work out the stage's key and what its items hold."""
     if features not in FEATURES:
         raise ParameterError("features", f"must be one of {FEATURES}, got {features!r}")
-    check_name(name)
-    options = options or RunOptions()
-    sampling = (sampling or Sampling()).validate()
     if batch_size < 1:
         raise ParameterError("batch_size", f"must be >= 1, got {batch_size}")
-    if decode_timeout <= 0:
+    if not decode_timeout > 0:
         raise ParameterError("decode_timeout", f"must be > 0, got {decode_timeout}")
+    if encode is not None and sample is not None:
+        raise ParameterError("sample_descriptors", "cannot be combined with --encode")
+    if sample is not None and sample < 1:
+        raise ParameterError("sample_descriptors", f"must be >= 1, got {sample}")
+    if encode is not None and encode not in LOCAL_ENCODERS:
+        raise ParameterError("encode", f"must be one of {LOCAL_ENCODERS} (encoders of local "
+                             f"features), got {encode!r}")
+    if encode is not None and features == "vgg16-fc6":
+        raise ParameterError("encode", "applies to local features (dsift, vgg16-conv5_3); "
+                             "encode fc6 sequences with `featpipe encode`")
     if not manifest.ids:
         raise FeatpipeError("the manifest has no items")
     params: dict = {"features": features, "manifest": manifest_digest(manifest),
                     "sampling": sampling.params(), "decoder": decoder}
-    feature_params: dict = {}
     if features == "dsift":
         if weights is not None:
             raise ParameterError("weights", "applies to vgg16-* features only")
         dsift_params = dict(dsift or {})
         DenseSIFT(**dsift_params)._check()  # a bad parameter fails before any decoding
-        feature_params = {"dsift": dsift_params, "positions": positions}
-        params.update(feature_params)
+        feature_params = {"dsift": dsift_params}
+        params["dsift"] = dsift_params
+        sift = DenseSIFT(**dsift_params)
+        rows_per_frame = sift.count
     else:
         from featpipe.extract.vgg import weights_identity
 
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ParameterError("device", "is cuda but torch sees no CUDA device; use "
+                                     "--device cpu")
         if crop < 32 or resize < crop:
             raise ParameterError("crop", f"needs 32 <= crop <= resize, got crop {crop}, "
                                  f"resize {resize}")
         feature_params = {"weights": weights, "resize": resize, "crop": crop}
         params.update({"weights": weights_identity(weights), "resize": resize, "crop": crop,
                        "precision": "fp16-autocast" if device == "cuda" else "fp32"})
-    inputs = []
+        cells = (crop // 16) ** 2 if features == "vgg16-conv5_3" else 1
+        rows_per_frame = lambda height, width: cells  # noqa: E731
+    inputs: list[Stage] = []
+    dim = FEATURE_DIM[features]
     pca_path = None
     if pca is not None:
+        from featpipe.extract.pca import load_pca
+
         pca_stage = store.resolve(pca)
         if pca_stage.kind != "pca":
             raise FeatpipeError(f"--pca {pca} is a {pca_stage.kind} stage, not a pca stage")
+        projection = load_pca(pca_stage)
+        if projection.mean_.shape[0] != dim:
+            raise FeatpipeError(f"--pca {pca} projects {projection.mean_.shape[0]}-dim rows; "
+                                f"{features} gives {dim}")
+        dim = int(projection.components_.shape[0])
         inputs.append(pca_stage)
         pca_path = str(pca_stage.path)
-    stage = store.stage("extract", params, inputs=inputs, items=manifest, dtype=dtype,
-                        create=not options.dry_run)
-    paths = {it.id: str(manifest.resolve_path(it)) for it in manifest}
-    compute = ExtractCompute(features, paths, sampling, feature_params, pca_path, decoder,
-                             decode_timeout, batch_size, device)
-    in_process = options.jobs == 1 and options.executor in ("local", "slurm")
-    if in_process:  # one process computes the items in their planned order
-        compute.order = plan(stage, manifest.ids, force=options.force,
-                             shard=parse_shard(options.shard))[0]
+    itemsize = np.dtype(dtype).itemsize
+    local = features != "vgg16-fc6"
+    outputs = Outputs("", local=local, positions=positions, pca_path=pca_path)
+    models: dict = {}
+    if encode is not None:
+        outputs, layout, models, encoded = _encoder_plan(store, encode, encode_params or {},
+                                                         outputs, rows_per_frame, dim, itemsize)
+        params["encode"] = encoded
+        inputs += list(models.values())
+    elif sample is not None:
+        outputs = dataclasses.replace(outputs, kind="sample", sample=int(sample),
+                                      seed=int(sample_seed))
+        params["sample"] = {"rows": int(sample), "seed": int(sample_seed)}
+        layout = Layout(rows_per_frame, dim, 4, kind="sample", sample=int(sample))
+    else:
+        if local:
+            params["positions"] = positions
+        layout = Layout(rows_per_frame, dim, itemsize, local=local, positions=positions)
+    return _Plan(params, inputs, outputs, layout, feature_params, models)
+
+
+def _encoder_plan(store, method, given, outputs, rows_per_frame, dim, itemsize):
+    """The encoder of ``extract --encode``: ``featpipe encode``'s method, parameters and
+    model stages (so its stage key says the same), checked on a synthetic frame."""
+    from featpipe.encode.registry import load_methods
+    from featpipe.stages.encoding import method_models
+
+    chosen = load_methods()[method]
+    params, models = method_models(store, chosen, given)
+    encoder = chosen.build(dict(params), models)
     try:
-        if in_process and compute.order and not options.dry_run:
-            compute._setup()  # a bad checkpoint is one error, not one per item
-        return run_stage(stage, manifest.ids, compute, store=store, name=name, options=options,
-                         reporter=reporter, batch_size=ITEMS_PER_CALL[features])
+        code_dim, per_frame = encoded_size(encoder, dim)
+    except FeatpipeError as err:  # e.g. a GMM fitted on other descriptors
+        raise FeatpipeError(f"--encode {method} cannot encode these features: {err}") from None
+    outputs = dataclasses.replace(
+        outputs, kind="encode", method=method, params=params,
+        model_paths={k: str(s.path) for k, s in models.items()})
+    layout = Layout(rows_per_frame, dim, itemsize, kind="encode", code_dim=code_dim,
+                    per_frame=per_frame)
+    return outputs, layout, models, {"method": method, **params}
+
+
+def extract(store: Store, manifest: Manifest, features: str, *, name: str | None = None,
+            sampling: Sampling | None = None, weights: str | None = None, device: str = "cpu",
+            batch_size: int = 16, dtype: str = "float32", resize: int = 256, crop: int = 224,
+            dsift: Mapping | None = None, positions: bool = True, pca: str | None = None,
+            encode: str | None = None, encode_params: Mapping | None = None,
+            sample: int | None = None, sample_seed: int = 0, allow_partial: bool = False,
+            disk_check: bool = True, decoder: str = "opencv", decode_timeout: float = 600.0,
+            options: RunOptions | None = None, reporter: Reporter | None = None) -> StageRun:
+    """Decode every item of ``manifest`` and store its ``features`` (or their encoding, or
+    a sample of them); returns the run.
+
+    ``sampling`` picks the frames (video dense SIFT: one per second by default);
+    ``weights``, ``device``, ``batch_size``, ``resize`` and ``crop`` configure VGG-16;
+    ``dsift`` holds :class:`~featpipe.extract.dsift.DenseSIFT`'s parameters and
+    ``positions`` whether descriptor positions are stored; ``pca`` names a fitted ``pca``
+    stage that projects the features first; ``encode`` and ``encode_params`` name an encode
+    method for local features and its parameters (as ``featpipe encode``); ``sample`` keeps
+    at most that many rows per item; ``allow_partial`` accepts truncated videos (with a
+    warning); ``disk_check`` refuses a stage whose estimate exceeds the free disk.
+    Raises :class:`~featpipe.interrupts.Interrupted` after SIGINT/SIGTERM (finished items
+    kept).
+    """
+    check_name(name)
+    options = options or RunOptions()
+    reporter = reporter or Reporter()
+    sampling = (sampling or Sampling()).validate()
+    if features == "dsift" and sampling == Sampling():
+        sampling = Sampling(fps=DSIFT_FPS)
+    plan_ = _plan(store, manifest, features, sampling, weights=weights, device=device,
+                  batch_size=batch_size, dtype=dtype, resize=resize, crop=crop, dsift=dsift,
+                  positions=positions, pca=pca, encode=encode, encode_params=encode_params,
+                  sample=sample, sample_seed=sample_seed, decoder=decoder,
+                  decode_timeout=decode_timeout)
+    shard = parse_shard(options.shard)
+    if options.executor != "dask":
+        make_executor(options.executor).check_shard(shard)
+    paths = {it.id: str(manifest.resolve_path(it)) for it in manifest}
+    # the stage as planned (nothing on disk yet): a dry run and the disk check come first
+    stage = store.stage("extract", plan_.params, inputs=plan_.inputs, items=manifest,
+                        dtype=dtype, create=False)
+    todo, summary = plan(stage, manifest.ids, force=options.force, shard=shard)
+    with interruptible():
+        pool = DecodePool(resolve_jobs(options.jobs), decoder, decode_timeout)
+        try:
+            if options.dry_run:
+                return _dry_run(store, stage, name, todo, summary, pool, paths,
+                                sampling, plan_.layout, reporter)
+            total = _check_disk(store, todo, pool, paths, sampling, plan_.layout, disk_check,
+                                reporter)
+            stage = store.stage("extract", plan_.params, inputs=plan_.inputs, items=manifest,
+                                dtype=dtype)
+            outputs = dataclasses.replace(plan_.outputs, stage_path=str(stage.path))
+            if options.executor == "dask":
+                pool.close()
+                compute = ExtractCompute(str(stage.path), paths, sampling, features,
+                                         plan_.feature_params, outputs, batch_size, device,
+                                         decoder, decode_timeout, allow_partial)
+                return run_stage(stage, manifest.ids, compute, store=store, name=name,
+                                 options=options, reporter=reporter, batch_size=4)
+            announce(stage, name, reporter)
+            extraction = _extraction(stage, pool, sampling, features, plan_.feature_params,
+                                     outputs, batch_size, device, allow_partial)
+            run = _run(stage, extraction, todo, summary, paths, total, options, reporter, name)
+            if name and run.ok:  # a name moves to a stage whose run went through
+                store.set_name(name, stage)
+            return run
+        except Interrupt as signal_:  # before any item ran (probing, loading the model)
+            raise Interrupted(signal_.signum, summary.done, len(todo) - summary.done) from None
+        finally:
+            pool.close()
+
+
+def _dry_run(store, stage, name, todo, summary, pool, paths, sampling, layout,
+             reporter) -> StageRun:
+    """List the work with its estimate; create nothing."""
+    label = f" as {name!r}" if name else ""
+    created = (stage.path / "stage.json").exists()
+    reporter.info(f"stage {stage.name}{label}" + ("" if created else
+                                                   " (not created: dry run)"))
+    infos = probe_infos(pool, paths, todo)
+    estimates = [estimate_item(i, infos[i], sampling, layout) for i in todo]
+    for estimate in estimates:
+        reporter.info(f"would compute {estimate.item_id}: {describe(estimate)}")
+    totals = Totals.of(estimates)
+    reporter.info(f"dry run: {len(todo)} to compute, {summary.skipped} already complete; "
+                  f"about {totals.frames:,} frames, {totals.rows:,} rows, "
+                  f"{human_bytes(totals.bytes)} at rest (free on the store's disk: "
+                  f"{human_bytes(free_bytes(store.root))})")
+    return StageRun(stage, summary, todo)
+
+
+def _check_disk(store, todo, pool, paths, sampling, layout, disk_check, reporter) -> Totals:
+    """Estimate the stage from a sample of items; refuse it if the disk is too small."""
+    if not todo:
+        return Totals(0, 0, 0, 0, 0)
+    probed = sample_ids(todo, ESTIMATE_SAMPLE)
+    infos = probe_infos(pool, paths, probed)
+    totals = Totals.of([estimate_item(i, infos[i], sampling, layout) for i in probed],
+                       len(todo))
+    free = free_bytes(store.root)
+    if disk_check and totals.bytes > free:
+        raise FeatpipeError(
+            f"this stage needs about {human_bytes(totals.bytes)} for {len(todo)} items "
+            f"({totals.frames:,} frames) but the store's disk has {human_bytes(free)} free: "
+            "sample fewer frames (--fps/--every/--frames), shrink them (--max-pixels, "
+            "--step), encode while extracting (--encode), or pass --no-disk-check")
+    return totals
+
+
+def _extraction(stage, pool, sampling, features, feature_params, outputs, batch_size, device,
+                allow_partial, **kwargs) -> Extraction:
+    """The pipeline for ``features``: dense SIFT in the workers, or VGG-16 in this process."""
+    if features == "dsift":
+        pool.program = LocalFeatureProgram(feature_params["dsift"], outputs)
+        return Extraction(stage, pool, sampling, outputs=outputs, allow_partial=allow_partial,
+                          **kwargs)
+    from featpipe.extract.vgg import VGG16Features, VGGPreprocess
+
+    preprocess = VGGPreprocess(feature_params["resize"], feature_params["crop"])
+    pool.program = CropProgram(preprocess)
+    model = VGG16Features(features.split("-", 1)[1], feature_params["weights"], device,
+                          batch_size).fit()
+    return Extraction(stage, pool, sampling, model=model, outputs=outputs, features=features,
+                      preprocess=preprocess, batch_size=batch_size, allow_partial=allow_partial,
+                      **kwargs)
+
+
+def _run(stage, extraction: Extraction, todo, summary, paths, total: Totals,
+         options: RunOptions, reporter: Reporter, name: str | None) -> StageRun:
+    """Run the items in this process's pipeline: progress in frames, one summary line,
+    the first failure ends the run with ``on_error='fail'``; a signal ends it cleanly."""
+    extraction.on_warning = lambda item_id, text: reporter.warn(f"warning: {item_id}: {text}")
+    runs = extraction.run([(i, paths[i]) for i in todo])
+    try:
+        label = f"{stage.kind} {name}" if name else stage.kind
+        with reporter.progress(total.frames if todo else 0, label,
+                               unit="frames") as progress:
+            extraction.on_frames = progress.advance
+            for item_id, error in runs:
+                if error is None:
+                    summary.done += 1
+                    continue
+                summary.failed[item_id] = error
+                if options.on_error == "fail":
+                    raise FeatpipeError(f"{error} (stage {stage.name}; {summary.line()}; "
+                                        "re-run to resume, or use --on-error skip)",
+                                        item=item_id)
+    except Interrupt as signal_:
+        runs.close()
+        left = len(todo) - summary.done
+        raise Interrupted(signal_.signum, summary.done, left) from None
     finally:
-        compute.close()
+        runs.close()
+    reporter.info(f"summary: {summary.line()}")
+    for item_id, error in list(summary.failed.items())[:20]:
+        reporter.error(f"failed: {item_id}: {error}")
+    return StageRun(stage, summary)
+
+
+class ExtractCompute:
+    """Picklable compute for executors that send batches of items elsewhere (dask): each
+    call runs the pipeline with one decoding worker over its items, which it writes itself."""
+
+    def __init__(self, stage_path, paths, sampling, features, feature_params, outputs,
+                 batch_size, device, decoder, decode_timeout, allow_partial):
+        self.stage_path = stage_path
+        self.paths = paths
+        self.sampling = sampling
+        self.features = features
+        self.feature_params = feature_params
+        self.outputs = outputs
+        self.batch_size = batch_size
+        self.device = device
+        self.decoder = decoder
+        self.decode_timeout = decode_timeout
+        self.allow_partial = allow_partial
+
+    def __call__(self, ids: Sequence[str]) -> list:
+        from featpipe.parallel import WRITTEN
+
+        stage = Stage(self.stage_path)
+        with DecodePool(1, self.decoder, self.decode_timeout) as pool:
+            extraction = _extraction(stage, pool, self.sampling, self.features,
+                                     self.feature_params, self.outputs, self.batch_size,
+                                     self.device, self.allow_partial, record_failures=False)
+            outcome = dict(extraction.run([(i, self.paths[i]) for i in ids]))
+        return [WRITTEN if outcome.get(i, "not run") is None
+                else ItemError(i, outcome.get(i, "not run")) for i in ids]
+

@@ -370,7 +370,7 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
               **params) -> Stage:
     """Fit GM-SOP (:class:`~featpipe.learn.gmsop.GatedMixtureSOP`, ``params``) on one conv
     map per train image of ``split``."""
-    from featpipe.encode.bilinear import local_feature_sets
+    from featpipe.items import LocalFeatures
     from featpipe.learn.gmsop import MODEL_NAME, GatedMixtureSOP
 
     reporter = reporter or Reporter()
@@ -389,12 +389,13 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
     maps, labels = [], []
     for item_id in train:
         try:
-            sets, frames = local_feature_sets(source.read_item(item_id), source.extras_of(item_id))
+            record = LocalFeatures.from_item(source.read_item(item_id),
+                                             source.extras_of(item_id))
         except FeatpipeError as err:
             raise ItemError(item_id, err.cause) from None
-        if frames is not None:
+        if record.n_frames != 1:
             raise ItemError(item_id, "fit gmsop takes one conv map per image, got frames")
-        maps.append(sets[0])
+        maps.append(record.descriptors)
         labels.append(source.items[item_id].label)
     model.fit(maps, labels)
     stage.save_model(MODEL_NAME, model, {"train_items": len(maps)})

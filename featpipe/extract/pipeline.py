@@ -1,0 +1,606 @@
+"""The extraction pipeline: N decoding processes, one model, and each item's frames written
+or encoded as they come.
+
+Where the work runs:
+
+* **dense SIFT**: each decoding worker (:class:`~featpipe.io.video.DecodePool`) runs the
+  whole chain on its item (:class:`LocalFeatureProgram`): decode (a thread), dense SIFT,
+  then, on a second thread, PCA and the item's output (rows appended to disk, an encoder's
+  stream, or a sample); only a small result travels back.  ``--jobs N`` = N workers.
+* **VGG-16**: the workers decode, resize and crop (:class:`CropProgram`); the parent packs
+  crops of all items into batches (pinned host memory when CUDA is present) and runs the
+  model on a thread of its own (its own CUDA stream) while the next batch is packed
+  (:class:`ModelThread`); every frame's features then go to its item's output.  ``--jobs N``
+  = N decoding workers sharing one model.
+
+An item's output (:class:`Outputs`) is one of: the features themselves, stored row by row
+(:class:`~featpipe.items.ItemFiles`); their encoding by a local-feature encoder of
+``featpipe encode`` fed frame by frame (``encoder.stream``), so raw descriptors never reach
+the disk; or a seeded sample of at most N rows for fitting PCA and GMMs.  Memory per item is a
+few frames, whatever the video's length.  Items are committed (files renamed into place, then
+the ledger line) in the parent as each finishes.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from featpipe.errors import FeatpipeError, ItemError
+from featpipe.fileio import HOST, id_digest, safe_stem
+from featpipe.interrupts import critical
+from featpipe.io.video import SendFrames
+from featpipe.items import Frame, ItemFiles, PendingItem
+from featpipe.parallel import describe_error
+from featpipe.store import Stage
+
+#: frames queued between dense SIFT and the item's output inside a worker
+OUTPUT_DEPTH = 2
+
+
+# -- what happens to each frame's features ---------------------------------------------------
+
+@dataclass
+class Outputs:
+    """An item's output (picklable; built where it runs).
+
+    ``kind``: ``"store"`` (features as rows; ``local`` features also get ``frame_index``,
+    ``positions`` when ``positions`` is set, ``timestamps`` and ``image_size`` sidecars;
+    per-frame vectors get ``timestamps``), ``"encode"`` (``method`` with ``params``, model
+    stages at ``model_paths``), ``"sample"`` (at most ``sample`` rows per item, seeded by
+    ``seed`` and the item id).  ``pca_path`` projects the features first.
+    """
+
+    stage_path: str
+    kind: str = "store"
+    local: bool = True
+    positions: bool = True
+    pca_path: str | None = None
+    method: str | None = None
+    params: Mapping = field(default_factory=dict)
+    model_paths: Mapping[str, str] = field(default_factory=dict)
+    sample: int = 0
+    seed: int = 0
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    def _built(self):
+        if not hasattr(self, "_stage"):
+            self._stage = Stage(self.stage_path)
+            self._pca = None
+            if self.pca_path is not None:
+                from featpipe.extract.pca import load_pca
+
+                self._pca = load_pca(Stage(self.pca_path))
+            self._encoder = None
+            if self.kind == "encode":
+                from featpipe.encode.registry import load_methods
+
+                models = {k: Stage(p) for k, p in self.model_paths.items()}
+                self._encoder = load_methods()[self.method].build(dict(self.params), models)
+        return self._stage, self._pca, self._encoder
+
+    def open(self, item_id: str) -> ItemOutput:
+        """The output of one item."""
+        stage, pca, encoder = self._built()
+        if self.kind == "sample":
+            return SampledRows(stage, item_id, pca, self.sample, self.seed)
+        if self.kind == "encode":
+            return EncodedFrames(stage, item_id, pca, encoder)
+        return StoredFrames(stage, item_id, pca, self.local, self.positions)
+
+
+class ItemOutput:
+    """One item's output: ``add`` each frame, then ``finish`` gives the item to commit."""
+
+    def __init__(self, stage: Stage, item_id: str, pca):
+        self.stage = stage
+        self.item_id = item_id
+        self.pca = pca
+        self.files = ItemFiles(stage, item_id)
+
+    def _projected(self, frame: Frame) -> Frame:
+        if self.pca is None:
+            return frame
+        return Frame(self.pca.transform(frame.descriptors), frame.index, frame.seconds,
+                     frame.positions, frame.image_size)
+
+    def add(self, frame: Frame) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> PendingItem:
+        return self.files.close()
+
+    def abort(self) -> None:
+        self.files.abort()
+
+
+class StoredFrames(ItemOutput):
+    """The features themselves, appended to the item's files as each frame comes."""
+
+    def __init__(self, stage, item_id, pca, local: bool, positions: bool):
+        super().__init__(stage, item_id, pca)
+        self.local = local
+        self.keep_positions = positions
+        self.timestamps: list[float] = []
+        self.image_size = None
+
+    def add(self, frame: Frame) -> None:
+        frame = self._projected(frame)
+        rows = frame.descriptors
+        sidecars = {}
+        if self.local:
+            sidecars["frame_index"] = np.full(len(rows), frame.index, np.int32)
+            if self.keep_positions and frame.positions is not None:
+                sidecars["positions"] = np.asarray(frame.positions, np.float32)
+        self.files.append(rows, **sidecars)
+        self.timestamps.append(frame.seconds)
+        self.image_size = frame.image_size
+
+    def finish(self) -> PendingItem:
+        sidecars = {"timestamps": np.asarray(self.timestamps, dtype=np.float64)}
+        if self.local and self.image_size is not None:
+            sidecars["image_size"] = np.asarray(self.image_size, dtype=np.int64)
+        self.files.set(**sidecars)
+        return self.files.close()
+
+
+class EncodedFrames(ItemOutput):
+    """The features fed to a local-feature encoder's stream; only its output is written."""
+
+    def __init__(self, stage, item_id, pca, encoder):
+        super().__init__(stage, item_id, pca)
+        self.stream = encoder.stream(self.files)
+
+    def add(self, frame: Frame) -> None:
+        self.stream.add(self._projected(frame))
+
+    def finish(self) -> PendingItem:
+        self.stream.finish()
+        return self.files.close()
+
+
+class SampledRows(ItemOutput):
+    """At most ``n`` rows drawn uniformly without replacement from all of the item's rows,
+    frame by frame: every row gets a uniform key from a generator seeded by (seed, item id),
+    and the rows of the ``n`` smallest keys are kept (a reservoir sample), in their order."""
+
+    def __init__(self, stage, item_id, pca, n: int, seed: int):
+        super().__init__(stage, item_id, pca)
+        self.n = int(n)
+        self.rng = np.random.default_rng([int(seed), int(id_digest(item_id)[:15], 16)])
+        self.keys = np.zeros(0)
+        self.order = np.zeros(0, np.int64)
+        self.rows: np.ndarray | None = None
+        self.seen = 0
+
+    def add(self, frame: Frame) -> None:
+        rows = self._projected(frame).descriptors
+        keys = self.rng.random(len(rows))
+        order = self.seen + np.arange(len(rows))
+        self.seen += len(rows)
+        pool = rows if self.rows is None else np.concatenate([self.rows, rows])
+        keys, order = np.concatenate([self.keys, keys]), np.concatenate([self.order, order])
+        if len(keys) > self.n:
+            keep = np.sort(np.argpartition(keys, self.n - 1)[:self.n])
+            pool, keys, order = pool[keep], keys[keep], order[keep]
+        self.rows, self.keys, self.order = pool, keys, order
+
+    def finish(self) -> PendingItem:
+        if self.rows is None:
+            raise ItemError(self.item_id, "no frames were produced")
+        self.files.write(self.rows)
+        return self.files.close()
+
+
+def remove_partial_files(stage: Stage, item_id: str, pid: int | None) -> None:
+    """Remove what process ``pid`` left of ``item_id`` (temporary files of an item it was
+    writing when it died or was killed)."""
+    if pid is None:
+        return
+    folder = stage.item_path(item_id).parent
+    for path in glob.glob(glob.escape(str(folder / safe_stem(item_id))) + "*.tmp."
+                          + glob.escape(f"{HOST}.{pid}")):
+        Path(path).unlink(missing_ok=True)
+
+
+# -- the worker programs ---------------------------------------------------------------------
+
+class _Background:
+    """Runs ``func(value)`` for each ``put`` value on a thread, ``depth`` values ahead; the
+    first exception is raised by the next ``put`` or by ``close``."""
+
+    def __init__(self, func: Callable, depth: int = OUTPUT_DEPTH):
+        self.func = func
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="featpipe-output", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            value = self.queue.get()
+            if value is None:
+                return
+            if self.error is None:
+                try:
+                    self.func(value)
+                except BaseException as err:  # noqa: BLE001 - raised in the caller
+                    self.error = err
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def put(self, value) -> None:
+        self._raise()
+        self.queue.put(value)
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        self._raise()
+
+
+class LocalFeatureProgram:
+    """Dense SIFT in the decoding worker: each frame's descriptors (with positions and the
+    frame's size) go to the item's :class:`Outputs` on a second thread."""
+
+    def __init__(self, dsift: Mapping, outputs: Outputs):
+        self.dsift = dict(dsift)
+        self.outputs = outputs
+        self._sift = None
+
+    def __getstate__(self):
+        return {"dsift": self.dsift, "outputs": self.outputs, "_sift": None}
+
+    def start(self, item_id: str) -> _LocalFeatureJob:
+        from featpipe.extract.dsift import DenseSIFT
+
+        if self._sift is None:
+            self._sift = DenseSIFT(**self.dsift)
+        return _LocalFeatureJob(self, item_id)
+
+
+class _LocalFeatureJob:
+    def __init__(self, program: LocalFeatureProgram, item_id: str):
+        self.program = program
+        self.item_id = item_id
+        self._open()
+
+    def _open(self) -> None:
+        self.output = self.program.outputs.open(self.item_id)
+        self.worker = _Background(self.output.add)
+        self.frames = 0
+
+    def add(self, frame: np.ndarray, seconds: float):
+        from featpipe.extract.dsift import to_grey
+
+        try:
+            result = self.program._sift.compute(to_grey(frame))
+        except Exception as err:
+            raise RuntimeError(f"dense SIFT failed on frame {self.frames}: {err}") from None
+        self.worker.put(Frame(result.descriptors, self.frames, seconds, result.positions,
+                              tuple(frame.shape[:2])))
+        self.frames += 1
+
+    def restart(self) -> None:
+        self.abort()
+        self._open()
+
+    def finish(self) -> PendingItem:
+        self.worker.close()
+        return self.output.finish()
+
+    def abort(self) -> None:
+        try:
+            self.worker.close()
+        except BaseException:  # noqa: BLE001 - the item is abandoned anyway
+            pass
+        self.output.abort()
+
+
+class CropProgram(SendFrames):
+    """VGG-16 preprocessing in the decoding worker: (crop, original (height, width))."""
+
+    def __init__(self, preprocess):
+        self.preprocess = preprocess
+
+    def start(self, item_id: str) -> CropProgram:
+        import torch
+
+        torch.set_num_threads(1)  # one core per decoding worker; the model wants the rest
+        return self
+
+    def add(self, frame: np.ndarray, seconds: float):
+        return self.preprocess(frame), frame.shape[:2]
+
+
+# -- the model in the parent -----------------------------------------------------------------
+
+class ModelThread:
+    """The model on a thread of its own: ``submit`` a batch of crops (a host buffer of
+    (B, H, W, 3) uint8, pinned when CUDA is present) and collect ``(features, tag)`` with
+    ``results``; at most one batch waits while one computes, so the caller packs the next
+    batch meanwhile, and ``wake`` (a pipe) becomes readable when a batch is done;
+    ``last_seconds`` is the last batch's duration.
+    ``model.forward_crops(uint8 tensor) -> numpy`` runs on one CUDA stream (when on CUDA); a
+    failure of the model ends the run (it is no item's fault)."""
+
+    def __init__(self, model, batch_size: int, crop: int, device: str = "cpu", buffers: int = 3):
+        import torch
+
+        self.model = model
+        pin = device == "cuda" and torch.cuda.is_available()
+        self.free: queue.Queue = queue.Queue()
+        for _ in range(buffers):
+            self.free.put(torch.empty((batch_size, crop, crop, 3), dtype=torch.uint8,
+                                      pin_memory=pin))
+        self.todo: queue.Queue = queue.Queue(maxsize=1)
+        self.done: queue.Queue = queue.Queue()
+        self.busy = 0
+        #: seconds the last batch took; when the model last became idle
+        self.last_seconds = 0.0
+        self.idle_since = 0.0
+        self.wake, self._signal = os.pipe()
+        os.set_blocking(self.wake, False)
+        self.stream = torch.cuda.Stream() if pin else None
+        self.thread = threading.Thread(target=self._run, name="featpipe-model", daemon=True)
+        self.thread.start()
+
+    def buffer(self):
+        """A free host buffer to pack a batch into (waits for one)."""
+        return self.free.get()
+
+    def submit(self, buffer, n: int, tag) -> None:
+        self.busy += 1
+        self.todo.put((buffer, n, tag))
+
+    def _run(self) -> None:
+        import contextlib
+
+        import torch
+
+        context = torch.cuda.stream(self.stream) if self.stream is not None \
+            else contextlib.nullcontext()
+        with context:
+            while True:
+                job = self.todo.get()
+                if job is None:
+                    return
+                buffer, n, tag = job
+                started = time.monotonic()
+                try:
+                    out = (self.model.forward_crops(buffer[:n]), tag)
+                except BaseException as err:  # noqa: BLE001 - raised in the caller
+                    out = (err, tag)
+                self.last_seconds = time.monotonic() - started
+                self.free.put(buffer)
+                self.done.put(out)
+                os.write(self._signal, b"x")
+
+    def results(self) -> list:
+        """The batches computed so far: (features, tag) each."""
+        try:
+            os.read(self.wake, 1 << 16)
+        except BlockingIOError:
+            pass
+        found = []
+        try:
+            while True:
+                found.append(self.done.get_nowait())
+        except queue.Empty:
+            pass
+        self.busy -= len(found)
+        if found and not self.busy:
+            self.idle_since = time.monotonic()
+        for out, _ in found:
+            if isinstance(out, BaseException):
+                raise FeatpipeError(f"the model failed: {type(out).__name__}: {out}")
+        return found
+
+    def close(self) -> None:
+        self.todo.put(None)
+        self.thread.join()
+        os.close(self.wake)
+        os.close(self._signal)
+
+
+# -- the coordinator -------------------------------------------------------------------------
+
+@dataclass
+class _Item:
+    """An item in flight in the parent: its output (VGG) and its frames in the model."""
+
+    output: ItemOutput | None
+    started: float
+    generation: int = 0
+    frames: int = 0
+    pending: int = 0
+    decoded: bool = False
+    warning: str | None = None
+
+
+class Extraction:
+    """Runs items through a :class:`~featpipe.io.video.DecodePool` (and for VGG-16 one
+    model); commits each item as it finishes.
+
+    ``run(items)`` yields ``(id, error or None)`` per item as it is done or failed (failures
+    recorded in the ledger unless ``record_failures`` is off); ``on_frames(n)`` counts
+    decoded frames, ``on_warning(id, text)`` reports items accepted with lost frames.
+    Closing the generator early (an interrupt, a failure with ``--on-error fail``) kills the
+    workers and removes the unfinished items' files: nothing half-written stays.
+    """
+
+    def __init__(self, stage: Stage, pool, sampling, *, model=None, outputs: Outputs | None
+                 = None, features: str = "dsift", preprocess=None, batch_size: int = 16,
+                 allow_partial: bool = False, on_frames: Callable[[int], None] | None = None,
+                 on_warning: Callable[[str, str], None] | None = None,
+                 record_failures: bool = True):
+        self.stage = stage
+        self.pool = pool
+        self.sampling = sampling
+        self.model = model
+        self.outputs = outputs
+        self.features = features
+        self.preprocess = preprocess
+        self.batch_size = batch_size
+        self.allow_partial = allow_partial
+        self.on_frames = on_frames or (lambda n: None)
+        self.on_warning = on_warning or (lambda item_id, text: None)
+        self.record_failures = record_failures
+        self.items: dict[str, _Item] = {}
+
+    def run(self, items: Sequence[tuple[str, str]]) -> Iterator[tuple[str, str | None]]:
+        self.pool.submit(items, self.sampling, self.allow_partial)
+        finished = False
+        try:
+            if self.model is None:
+                yield from self._run_workers()
+            else:
+                yield from self._run_model()
+            finished = True
+        finally:
+            if finished:
+                self.pool.close()
+            else:
+                self._abandon()
+
+    def _commit(self, item_id: str, pending: PendingItem, warning: str | None):
+        item = self.items.pop(item_id)
+        try:
+            with critical():  # an interrupt waits until the item is in place
+                pending.commit(self.stage, seconds=time.perf_counter() - item.started)
+        except Exception as err:
+            pending.discard()
+            return self._fail(item_id, describe_error(err))
+        if warning:
+            self.on_warning(item_id, warning)
+        return item_id, None
+
+    def _fail(self, item_id: str, error: str, pid: int | None = None):
+        item = self.items.pop(item_id, None)
+        if item is not None and item.output is not None:
+            item.output.abort()
+        remove_partial_files(self.stage, item_id, pid)
+        if self.record_failures:
+            with critical():
+                self.stage.record(item_id, "failed", error=error)
+        return item_id, error
+
+    def _abandon(self) -> None:
+        """Kill the workers; remove every unfinished item's temporary files."""
+        in_flight = self.pool.in_flight()
+        self.pool.kill()
+        for item_id, pid in in_flight.items():
+            remove_partial_files(self.stage, item_id, pid)
+        for item in self.items.values():
+            if item.output is not None:
+                item.output.abort()
+        self.items.clear()
+
+    def _item(self, item_id: str) -> _Item:
+        if item_id not in self.items:
+            output = self.outputs.open(item_id) if self.model is not None else None
+            self.items[item_id] = _Item(output, time.perf_counter())
+        return self.items[item_id]
+
+    def _run_workers(self):
+        """Dense SIFT: the workers do everything; commit what they finish."""
+        while self.pool.busy:
+            for event in self.pool.poll(None):
+                kind, item_id = event[0], event[1]
+                if kind == "frames":
+                    self._item(item_id)
+                    self.on_frames(len(event[3]))
+                elif kind == "end":
+                    self._item(item_id)
+                    yield self._commit(item_id, event[2], event[3])
+                elif kind == "error":
+                    yield self._fail(item_id, event[2].cause, event[3])
+
+    def _run_model(self):
+        """VGG-16: pack crops across items into batches; the model thread computes one
+        batch while the next is packed; frames go to their item's output in order."""
+        from featpipe.extract.vgg import conv5_3_positions
+
+        model = ModelThread(self.model, self.batch_size, self.preprocess.crop,
+                            getattr(self.model, "device", "cpu"))
+        buffer, tags, packed_since = None, [], 0.0
+        try:
+            while self.pool.busy or tags or model.busy:
+                # A partial batch goes to an idle model once it has waited as long as the
+                # last batch took (the model would have been idle that long anyway), or at
+                # the end; until then, wait for a worker, the model, or that moment.
+                due = None
+                if tags and model.busy == 0:
+                    since = max(packed_since, model.idle_since)
+                    due = 0.0 if not self.pool.busy else max(
+                        0.0, since + model.last_seconds - time.monotonic())
+                events = self.pool.poll(due, wake=[model.wake])
+                for event in events:
+                    kind, item_id = event[0], event[1]
+                    if kind == "error":
+                        yield self._fail(item_id, event[2].cause, event[3])
+                        continue
+                    item = self._item(item_id)
+                    if kind == "restart":  # the frames so far are void
+                        item.output.abort()
+                        item.output = self.outputs.open(item_id)
+                        item.generation += 1
+                    elif kind == "end":
+                        item.decoded, item.warning = True, event[3]
+                    else:
+                        for (crop, shape), seconds in zip(event[2], event[3], strict=True):
+                            if buffer is None:
+                                buffer, packed_since = model.buffer(), time.monotonic()
+                            buffer[len(tags)].numpy()[...] = crop
+                            tags.append((item_id, item.generation, item.frames, seconds,
+                                         tuple(shape)))
+                            item.frames += 1
+                            item.pending += 1
+                            if len(tags) == self.batch_size:
+                                model.submit(buffer, len(tags), tags)
+                                buffer, tags = None, []
+                        self.on_frames(len(event[3]))
+                if tags and model.busy == 0 and (not self.pool.busy or time.monotonic() >= max(
+                        packed_since, model.idle_since) + model.last_seconds):
+                    model.submit(buffer, len(tags), tags)
+                    buffer, tags = None, []
+                for features, batch_tags in model.results():
+                    for row, (item_id, generation, index, seconds, shape) in zip(
+                            features, batch_tags, strict=True):
+                        item = self.items.get(item_id)
+                        if item is None or item.generation != generation:
+                            continue  # failed or restarted meanwhile
+                        item.pending -= 1
+                        if self.features == "vgg16-fc6":
+                            frame = Frame(row[None], index, seconds)
+                        else:
+                            frame = Frame(row, index, seconds, conv5_3_positions(
+                                self.preprocess.crop, self.preprocess, shape), shape)
+                        try:
+                            item.output.add(frame)
+                        except Exception as err:
+                            yield self._fail(item_id, describe_error(err))
+                for item_id in [i for i, it in self.items.items()
+                                if it.decoded and it.pending == 0]:
+                    item = self.items[item_id]
+                    try:
+                        pending = item.output.finish()
+                    except Exception as err:
+                        yield self._fail(item_id, describe_error(err))
+                        continue
+                    item.output = None
+                    yield self._commit(item_id, pending, item.warning)
+        finally:
+            model.close()
