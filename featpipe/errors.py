@@ -50,3 +50,12 @@ class ParameterError(InputError):
 
     def __str__(self) -> str:
         return f"{self.param} {self.cause}"
+
+
+#: Command-line flags that are not ``--`` + the parameter name with ``-`` for ``_``.
+FLAG_NAMES = {"random_state": "--seed"}
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of parameter ``name``: ``emit_layer`` -> ``--emit-layer``."""
+    return FLAG_NAMES.get(name, "--" + name.replace("_", "-"))

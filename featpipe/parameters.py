@@ -29,15 +29,7 @@ from dataclasses import dataclass
 
 from sklearn.utils._param_validation import StrOptions, make_constraint
 
-from featpipe.errors import FeatpipeError, ParameterError
-
-#: Command-line flags that are not ``--`` + the parameter name with ``-`` for ``_``.
-FLAG_NAMES = {"random_state": "--seed"}
-
-
-def flag_of(name: str) -> str:
-    """The command-line flag of parameter ``name``: ``emit_layer`` -> ``--emit-layer``."""
-    return FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+from featpipe.errors import FeatpipeError, ParameterError, flag_of
 
 
 def describe(constraint) -> str:

@@ -24,8 +24,7 @@ import warnings
 import click
 
 from featpipe import __version__
-from featpipe.errors import FeatpipeError, ParameterError
-from featpipe.parameters import flag_of
+from featpipe.errors import FeatpipeError, ParameterError, flag_of
 
 #: command name -> "module:attribute"; one module per command keeps each command obvious.
 COMMANDS = {
@@ -68,7 +67,7 @@ class LazyGroup(click.Group):
 
 def flag_for(command: click.Command | None, param: str) -> str:
     """The flag of ``command``'s option for library parameter ``param`` (``n_components`` is
-    ``--dim`` in ``fit pca``); by default the rule of :func:`featpipe.parameters.flag_of`."""
+    ``--dim`` in ``fit pca``); by default the rule of :func:`featpipe.errors.flag_of`."""
     for option in getattr(command, "params", ()):
         if isinstance(option, click.Option) and option.name == param:
             return max((o for o in option.opts if o.startswith("--")), key=len,

@@ -26,7 +26,8 @@ from sklearn.utils._param_validation import (
     make_constraint,
 )
 
-from featpipe.parameters import Parameter, flag_of
+from featpipe.errors import flag_of
+from featpipe.parameters import Parameter
 
 #: ``--x/--no-x`` is the rule for a boolean; these have a better name for "off".
 OFF_FLAGS = {"per_frame": "--per-item"}

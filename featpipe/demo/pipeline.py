@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from featpipe import stages
-from featpipe.errors import FeatpipeError
-from featpipe.parameters import flag_of
+from featpipe.errors import FeatpipeError, flag_of
 from featpipe.stages.base import Reporter, StageRun
 from featpipe.store import Store
 
