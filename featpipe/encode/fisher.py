@@ -31,7 +31,6 @@ posteriors never underflow to all zeros.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import warnings
@@ -44,7 +43,7 @@ from sklearn.base import BaseEstimator, DensityMixin, TransformerMixin
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
-from featpipe.backend import namespace
+from featpipe.backend import namespace, single_threaded_blas
 from featpipe.errors import InputError, ParameterError
 from featpipe.items import Frame, LocalFeatures, MemorySink, PerFrameStream, stream_item
 from featpipe.models import ArrayModel
@@ -487,9 +486,8 @@ class FisherAccumulator:
     def add(self, x) -> FisherAccumulator:
         """Accumulate descriptors ``x`` (n, D); returns ``self``."""
         x = _check_descriptors(x, self.means.shape[1])
-        # BLAS single-threaded: the compiled pass runs one thread per core, and idle OpenBLAS
-        # threads spinning after the GEMM would take those cores (measured: 2x slower)
-        with _blas_controller().limit(limits=1, user_api="blas"):
+        # the compiled pass runs one thread per core
+        with single_threaded_blas():
             for start in range(0, x.shape[0], _CHUNK):  # bounded memory: (chunk, K) float32
                 _accumulate(x[start:start + _CHUNK], self.weights, self.means, self.variances,
                             self.threshold, self.first, self.second, self.mass)
@@ -503,13 +501,6 @@ class FisherAccumulator:
                                   np.asarray([self.count]), self.weights,
                                   self.weights >= PRIOR_THRESHOLD, self.improved)
         return phi[0].astype(np.float32)
-
-
-@functools.cache
-def _blas_controller():
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController()
 
 
 def _accumulate(x, weights, means, variances, threshold, first, second, mass):
