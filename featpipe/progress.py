@@ -112,15 +112,15 @@ class StageProgress:
 
 
 def format_duration(seconds: float) -> str:
-    """``42 s``, ``5 min 3 s``, ``2 h 10 min``; under a second is ``less than 1 s``."""
+    """``42 s``, ``5 min 03 s``, ``2 h 10 min``; under a second is ``less than 1 s``."""
     if seconds < 1:
         return "less than 1 s"
     seconds = round(seconds)
     if seconds < 60:
         return f"{seconds} s"
     if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 def stage_progress(stage: Stage) -> StageProgress:

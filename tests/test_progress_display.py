@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
-from featpipe.cli.display import StatusBoard, format_clock, format_duration
+from featpipe.cli.display import StatusBoard, format_clock
+from featpipe.progress import format_duration
 
 
 class FakeClock:
@@ -33,6 +34,7 @@ def test_durations_and_clock_format():
     assert format_duration(45.4) == "45 s"
     assert format_duration(82) == "1 min 22 s"
     assert format_duration(7380) == "2 h 03 min"
+    assert format_duration(0.4) == "less than 1 s"
     assert format_clock(12) == "0:12" and format_clock(3723) == "1:02:03"
 
 

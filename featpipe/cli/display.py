@@ -34,22 +34,13 @@ from collections.abc import Callable
 
 import click
 
+from featpipe.progress import format_duration
 from featpipe.stages.base import Progress
 
 #: Seconds between plain progress lines off a terminal (``-v``).
 DEFAULT_INTERVAL = 10.0
 #: Seconds between redraws of the terminal line.
 REDRAW_INTERVAL = 0.1
-
-
-def format_duration(seconds: float) -> str:
-    """``45 s``, ``1 min 22 s``, ``2 h 03 min``."""
-    seconds = max(0, round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 def format_clock(seconds: float) -> str:
