@@ -6,8 +6,9 @@ torch (CPU or CUDA) and CuPy (GPU).  ``device_namespace('cuda')`` picks CuPy, el
 and says clearly when neither can reach a GPU.
 
 ``worker_threads()`` is the number of threads a process uses for its own parallel loops
-(``FEATPIPE_THREADS``, else the cores it may run on); memory budgets are per process and split
-among these threads, so peak memory does not grow with the core count.  Code that runs its
+(``FEATPIPE_THREADS``, else the cores it may run on); ``memory_budget()`` is a process's
+working memory for chunked encoders (``FEATPIPE_MEMORY``, else 256 MiB), split among these
+threads, so peak memory follows a setting and does not grow with the core count.  Code that runs its
 own threads calls BLAS inside ``single_threaded_blas()``.
 """
 
@@ -24,6 +25,11 @@ from featpipe.errors import FeatpipeError, InputError
 DEVICES = ("cpu", "cuda")
 #: Environment variable that sets :func:`worker_threads`.
 THREADS_ENV = "FEATPIPE_THREADS"
+#: Environment variable that sets :func:`memory_budget`.
+MEMORY_ENV = "FEATPIPE_MEMORY"
+#: Working memory of a process for chunked encoders when ``FEATPIPE_MEMORY`` is not set.
+DEFAULT_MEMORY_BYTES = 256 * 2**20
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def single_threaded_blas():
@@ -39,6 +45,27 @@ def _threadpools():
     from threadpoolctl import ThreadpoolController
 
     return ThreadpoolController()
+
+
+def memory_budget(chunk_bytes: int | None = None) -> int:
+    """Working memory of this process for its chunks of work, in bytes: ``chunk_bytes`` when
+    given, else ``FEATPIPE_MEMORY`` (bytes, or a number with K, M, G or T: ``512M``, ``4G``;
+    binary units), else :data:`DEFAULT_MEMORY_BYTES`.  Split among :func:`worker_threads`."""
+    if chunk_bytes is not None:
+        return chunk_bytes
+    value = os.environ.get(MEMORY_ENV, "").strip()
+    if not value:
+        return DEFAULT_MEMORY_BYTES
+    text = value.upper().removesuffix("IB").removesuffix("B")
+    unit = text[-1:] if text[-1:] in _UNITS else ""
+    try:
+        size = float(text[:len(text) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        size = 0
+    if not size >= 1:
+        raise FeatpipeError(f"{MEMORY_ENV} must be a size such as 268435456, 512M or 4G, "
+                            f"got {value!r}")
+    return int(size)
 
 
 def worker_threads() -> int:

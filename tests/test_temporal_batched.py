@@ -239,9 +239,40 @@ def test_hrp_memory_budget_is_split_among_threads(monkeypatch):
     monkeypatch.setattr(module, "rank_pool_sums", recording_pool)
     out = module.hrp_layer(X, chunk_bytes=budget)
     assert started == [16] and max(sizes) == 8 and sum(sizes) == out.shape[0] == 181
+    # the same budget from the environment (what a job script sets), via the estimator
+    sizes.clear()
+    monkeypatch.setenv("FEATPIPE_MEMORY", str(budget))
+    layer = module.HierarchicalRankPooling(emit_layer=2).transform_sequences([X])[0]
+    assert max(sizes) == 8 and sum(sizes) == 181
+    np.testing.assert_array_equal(layer, out)
+    monkeypatch.setenv("FEATPIPE_MEMORY", "2G")
+    sizes.clear()
+    module.hrp_layer(X)
+    assert max(sizes) == 181  # one chunk per thread at most; 2 GiB holds every window
     monkeypatch.setenv("FEATPIPE_THREADS", "0")
     with pytest.raises(Exception, match="FEATPIPE_THREADS"):
         module.hrp_layer(X)
+
+
+@pytest.mark.parametrize("value, expected", [("268435456", 2**28), ("512M", 2**29),
+                                             ("512MiB", 2**29), ("1.5g", 3 * 2**29),
+                                             ("64k", 2**16), (" 4G ", 2**32)])
+def test_memory_budget_reads_sizes_with_binary_units(monkeypatch, value, expected):
+    from featpipe.backend import memory_budget
+
+    monkeypatch.setenv("FEATPIPE_MEMORY", value)
+    assert memory_budget() == expected
+    assert memory_budget(1000) == 1000  # an explicit chunk_bytes wins
+
+
+@pytest.mark.parametrize("value", ["0", "lots", "-1G", "0.5", "G"])
+def test_a_bad_memory_budget_names_the_variable(monkeypatch, value):
+    from featpipe.backend import memory_budget
+    from featpipe.errors import FeatpipeError
+
+    monkeypatch.setenv("FEATPIPE_MEMORY", value)
+    with pytest.raises(FeatpipeError, match=f"FEATPIPE_MEMORY must be a size .*got {value!r}"):
+        memory_budget()
 
 
 def test_encode_batches_items_on_the_device():

@@ -35,6 +35,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from featpipe.backend import (
     device_namespace,
+    memory_budget,
     namespace,
     refuse_grad,
     single_threaded_blas,
@@ -61,8 +62,6 @@ from featpipe.parameters import ValidatedEstimator, estimator_parameters
 
 SOLVERS = ("newton", "liblinear")
 DIRECTIONS = ("fwd", "rev", "both")
-#: Working memory of a process for its chunks of windows, in bytes (split among its threads).
-DEFAULT_CHUNK_BYTES = 256 * 2**20
 #: Windows longer than this are solved in the primal (rank_svr_primal) instead of the T×T dual.
 DENSE_MAX_LENGTH = 2048
 
@@ -238,12 +237,13 @@ def psi_pool(beta, parts, psi, nonnegative):
 
 
 def rank_pool_long(X, psi="ser", C=1.0, epsilon=0.1, directions="fwd", solver="newton",
-                   chunk_bytes=DEFAULT_CHUNK_BYTES):
+                   chunk_bytes=None):
     """Rank-pool one long sequence X (T, D) without its T×T Gram matrix: the vectors
     L2(ψ(TVM(X))) are built in row chunks (running sums carried across chunks) and the SVR is
     solved in the primal by :func:`featpipe.encode.svr.rank_svr_primal`.  Not
     differentiable: tensors that require grad are refused."""
     refuse_grad(X, what="rank_pool_long (long sequences, solved in the primal)")
+    chunk_bytes = memory_budget(chunk_bytes)
     xp = namespace(X)
     device = getattr(X, "device", None)
     T, D = X.shape
@@ -321,7 +321,7 @@ def _itemsize(xp, X) -> int:
 
 
 def hrp_layer(X, window=20, stride=1, psi="ser", C=1.0, epsilon=0.1, solver="newton",
-              chunk_bytes=DEFAULT_CHUNK_BYTES, threads=None):
+              chunk_bytes=None, threads=None):
     """One hierarchical layer: rank-pool each sliding window of X (T, D) -> (n_windows, D').
 
     Windows are pooled in chunks; numpy runs ``threads`` chunks at a time (default
@@ -329,6 +329,7 @@ def hrp_layer(X, window=20, stride=1, psi="ser", C=1.0, epsilon=0.1, solver="new
     working memory stays within ``chunk_bytes`` whatever the core count (at least one window
     per chunk).
     """
+    chunk_bytes = memory_budget(chunk_bytes)
     xp = namespace(X)
     device = getattr(X, "device", None)
     T, D = X.shape
@@ -377,11 +378,12 @@ def _work_float(xp, X):
 
 
 def recursive_layer(X, psi="ser", C=1.0, epsilon=0.1, solver="newton",
-                    chunk_bytes=DEFAULT_CHUNK_BYTES):
+                    chunk_bytes=None):
     """x_t' = φ(⟨x_1..x_t⟩), t = 2..J (t = 1 when J = 1): (J, D) -> (max(J−1, 1), D').
 
     All prefixes share V = L2(ψ(TVM(X))) and its Gram matrix; prefix t uses G[:t, :t].
     """
+    chunk_bytes = memory_budget(chunk_bytes)
     xp = namespace(X)
     device = getattr(X, "device", None)
     J = X.shape[0]
@@ -439,7 +441,7 @@ def _window_sums(X, rows):
 
 
 def rank_pool_rows(X, rows, lengths, psi="ser", C=1.0, epsilon=0.1,
-                   chunk_bytes=DEFAULT_CHUNK_BYTES, nonnegative=None):
+                   chunk_bytes=None, nonnegative=None):
     """Rank-pool the windows X[rows[w, :lengths[w]]] of one (N, D) array -> (W, D').
 
     ``rows`` (W, T) and ``lengths`` (W,) are host (numpy) integers; entries beyond a window's
@@ -451,6 +453,7 @@ def rank_pool_rows(X, rows, lengths, psi="ser", C=1.0, epsilon=0.1,
     device work is a fixed number of batched operations per chunk and per group, whatever the
     number of windows and items.  Differentiable under torch autograd.
     """
+    chunk_bytes = memory_budget(chunk_bytes)
     xp = namespace(X)
     if nonnegative is None:
         nonnegative = bool(xp.all(X >= 0))
@@ -512,7 +515,7 @@ def sequence_rows(lengths, offsets=None, reverse=False):
 
 
 def rank_pool_batch(X, lengths, psi="ssr", C=1.0, epsilon=0.1, directions="both",
-                    chunk_bytes=DEFAULT_CHUNK_BYTES, offsets=None):
+                    chunk_bytes=None, offsets=None):
     """Rank pooling of whole items of X (N, D) (``lengths``, ``offsets`` as in
     :func:`sequence_rows`) -> (B, D'), [u_fwd; u_rev] for ``both``: both directions of every
     item in one batched solve."""
@@ -746,21 +749,22 @@ class HierarchicalRankPooling(_RankPoolingParams):
     emit_layer : int or None
         Return the sequence X^(ℓ) of layer ℓ (1 = the input, depth = the sequence the final
         layer pools) instead of the final vector.
-    chunk_bytes : int
-        Working memory of the process for its chunks of windows, in bytes: split among the
-        worker threads of the numpy path (``FEATPIPE_THREADS``, default: the cores this
-        process may use), one chunk at a time on the device path; peak memory is about this
-        plus the layer outputs, whatever the core count.
+    chunk_bytes : int or None
+        Working memory of the process for its chunks of windows, in bytes (None:
+        ``FEATPIPE_MEMORY``, default 256 MiB; :func:`featpipe.backend.memory_budget`): split
+        among the worker threads of the numpy path (``FEATPIPE_THREADS``, default: the cores
+        this process may use), one chunk at a time on the device path; peak memory is about
+        this plus the layer outputs, whatever the core count.
     """
 
     _parameter_constraints = {**_RankPoolingParams._parameter_constraints,
                               "window": _POSITIVE_INT, "stride": _POSITIVE_INT,
                               "depth": _POSITIVE_INT, "emit_layer": [*_POSITIVE_INT, None],
-                              "chunk_bytes": _POSITIVE_INT}
+                              "chunk_bytes": [*_POSITIVE_INT, None]}
 
     def __init__(self, window=20, stride=1, depth=2, psi="ser", C=1.0, epsilon=0.1,
                  directions="fwd", solver="newton", device="cpu", emit_layer=None,
-                 chunk_bytes=DEFAULT_CHUNK_BYTES):
+                 chunk_bytes=None):
         self.window = window
         self.stride = stride
         self.depth = depth
@@ -866,7 +870,7 @@ class RecursiveRankPooling(HierarchicalRankPooling):
 
     def __init__(self, depth=2, psi="ser", C=1.0, epsilon=0.1, directions="fwd",
                  solver="newton", device="cpu", emit_layer=None,
-                 chunk_bytes=DEFAULT_CHUNK_BYTES):
+                 chunk_bytes=None):
         self.depth = depth
         self.psi = psi
         self.C = C
