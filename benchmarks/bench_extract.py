@@ -20,7 +20,7 @@
   GPU node would see (target there >= 0.5) without one.
 
 Usage: python benchmarks/bench_extract.py [--dsift] [--stream] [--jobs] [--vgg] [--feed]
-(none: all) [--step 4] [--fps 1] [--batch-size 8]
+(none: all) [--step 4] [--fps 5] [--batch-size 8] [--torch-threads N] [--jobs-copies K]
 """
 
 from __future__ import annotations
@@ -188,7 +188,13 @@ def bench_stream(every: int, components: list[int]) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def bench_jobs(every: int, step: int) -> None:
+def bench_jobs(every: int, step: int, copies: int) -> None:
+    """``copies`` > 1 repeats the clips (a dataset has many items: with 4 unequal ones the
+    longest item's worker finishes last whatever the number of jobs).  Prints the cores the
+    workers kept busy (their CPU time over the wall time): one job decodes on a thread beside
+    SIFT, so it uses more than one core and N jobs on N cores cannot reach N x."""
+    import resource
+
     from featpipe.stages.base import RunOptions
     from featpipe.store import Store
 
@@ -197,16 +203,19 @@ def bench_jobs(every: int, step: int) -> None:
     try:
         paths = dict(clips())
         paths["bikes2"] = paths["bikes"]
+        paths = {f"{name}-{k}" if copies > 1 else name: path
+                 for k in range(copies) for name, path in paths.items()}
         manifest = manifest_of(folder, paths)
         variants = [("sampled (all descriptors computed, 1,000 per item stored)",
                      every, {"sample": 1000}),
                     ("raw descriptors stored (disk-heavy)", 3 * every, {})]
         for label, sampled_every, extra in variants:
             print(f"dense SIFT stage (76,800 pixels, step {step}, every {sampled_every}th "
-                  f"frame, 4 items), {label}, --jobs 1..{cores}")
+                  f"frame, {len(paths)} items), {label}, --jobs 1..{cores}")
             rates = {}
             for jobs in range(1, cores + 1):
                 store = Store(os.path.join(folder, f"s{jobs}"))
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 seconds, run = timed_extract(store, manifest,
                                              sampling=Sampling(every=sampled_every),
                                              dsift={"max_pixels": 76_800, "step": step},
@@ -214,9 +223,13 @@ def bench_jobs(every: int, step: int) -> None:
                 frames = sum(len(list(iter_frames(p, Sampling(every=sampled_every))))
                              for p in paths.values()) if extra else frames_of(run.stage)
                 rates[jobs] = frames / seconds
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                busy = (after.ru_utime - before.ru_utime + after.ru_stime
+                        - before.ru_stime) / seconds
                 shutil.rmtree(store.root)
                 print(f"  --jobs {jobs}: {rates[jobs]:.2f} frames/s, "
-                      f"{rates[jobs] / rates[1]:.2f}x one job (target >= {0.7 * jobs:.1f})")
+                      f"{rates[jobs] / rates[1]:.2f}x one job (target >= {0.7 * jobs:.1f}); "
+                      f"workers kept {busy:.2f} cores busy")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -288,9 +301,13 @@ def bench_feed(batch_size: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def bench_vgg(fps: float, batch_size: int, repeats: int) -> None:
+def bench_vgg(fps: float, batch_size: int, repeats: int, torch_threads: int | None) -> None:
+    """``torch_threads`` below the core count leaves cores to decoding, as on a CPU node whose
+    model does not use every core."""
     import torch
 
+    if torch_threads:
+        torch.set_num_threads(torch_threads)
     from featpipe.extract.vgg import VGG16Features, VGGPreprocess, normalise_crops
 
     paths = clips()
@@ -331,8 +348,14 @@ def main() -> None:
     parser.add_argument("--components", default="256,64", help="stream: GMM sizes K")
     parser.add_argument("--jobs-every", type=int, default=2,
                         help="jobs: frames sampled (enough work to dwarf process start-up)")
-    parser.add_argument("--fps", type=float, default=1.0, help="VGG: frames sampled per second")
+    parser.add_argument("--jobs-copies", type=int, default=1,
+                        help="jobs: repeat the 4 clips this many times (more, balanced items)")
+    parser.add_argument("--fps", type=float, default=5.0,
+                        help="VGG: frames sampled per second (5: 97 frames, so that the first "
+                             "batch's wait and the last partial batch do not dominate)")
     parser.add_argument("--batch-size", type=int, default=8, help="VGG batch")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="VGG: torch threads (default: torch's, one per core)")
     parser.add_argument("--feed-batch", type=int, default=64, help="stand-in model batch")
     args = parser.parse_args()
     everything = not any(getattr(args, p) for p in ("dsift", "stream", "jobs", "vgg", "feed"))
@@ -343,9 +366,9 @@ def main() -> None:
     if everything or args.stream:
         bench_stream(args.every, [int(k) for k in args.components.split(",")])
     if everything or args.jobs:
-        bench_jobs(args.jobs_every, args.step)
+        bench_jobs(args.jobs_every, args.step, args.jobs_copies)
     if everything or args.vgg:
-        bench_vgg(args.fps, args.batch_size, max(1, args.repeats - 1))
+        bench_vgg(args.fps, args.batch_size, max(1, args.repeats - 1), args.torch_threads)
     if everything or args.feed:
         bench_feed(args.feed_batch)
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
