@@ -298,3 +298,45 @@ def test_ser_rows_represent_the_normalised_ser_vectors():
     assert rows.shape == V.shape
     np.testing.assert_allclose(rows.matvec(u), V @ u, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(rows.rmatvec(s), V.T @ s, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("cls, params", [
+    (HierarchicalRankPooling, {"window": 6, "depth": 2, "psi": "ser"}),
+    (HierarchicalRankPooling, {"window": 4, "depth": 3, "psi": "ser", "directions": "both"}),
+    (HierarchicalRankPooling, {"window": 5, "depth": 2, "psi": "ssr"}),
+    (RecursiveRankPooling, {"depth": 2, "psi": "ser", "directions": "both"}),
+])
+def test_zero_columns_left_out_of_later_layers_change_only_rounding(monkeypatch, cls, params):
+    """Non-negative input (ReLU-like, with dead units): the numpy path drops each layer's
+    all-zero columns (the zero half of SER) from the next; the array-API path keeps them."""
+    import featpipe.encode.temporal as module
+
+    rng = np.random.default_rng(21)
+    X = np.maximum(np.cumsum(rng.standard_normal((40, 12)), axis=0), 0).astype(np.float32)
+    X[:, [2, 7]] = 0.0  # dead units
+    widths = []
+    final = module.HierarchicalRankPooling._final
+
+    def recording(self, Y):
+        widths.append(Y.shape[1])
+        return final(self, Y)
+
+    monkeypatch.setattr(module.HierarchicalRankPooling, "_final", recording)
+    compact = cls(**params).transform([X])[0]
+    full = np.asarray(cls(**params).transform([array_api_strict.asarray(X)])[0])
+    assert compact.shape == full.shape
+    # float32 rounding of a different summation order, relative to the vector's scale
+    np.testing.assert_allclose(compact, full, rtol=1e-5, atol=1e-6 * np.abs(full).max())
+    assert np.all(compact[full == 0] == 0)
+    # the numpy run gave its final layer fewer columns than the full width (the array-API
+    # run is batched and never calls _final)
+    layer_width = 12 * (2 ** (params["depth"] - 1) if params["psi"] == "ser" else 1)
+    assert len(widths) == 1 and widths[0] < layer_width
+
+
+def test_an_all_zero_sequence_still_encodes_to_the_full_width():
+    X = np.zeros((30, 8), np.float32)
+    u = HierarchicalRankPooling(window=5).transform([X])[0]
+    v = HierarchicalRankPooling(window=5).transform([array_api_strict.asarray(X)])[0]
+    assert u.shape == (32,) and np.all(np.isfinite(u))
+    np.testing.assert_array_equal(u, np.asarray(v))
