@@ -340,3 +340,21 @@ def test_an_all_zero_sequence_still_encodes_to_the_full_width():
     v = HierarchicalRankPooling(window=5).transform([array_api_strict.asarray(X)])[0]
     assert u.shape == (32,) and np.all(np.isfinite(u))
     np.testing.assert_array_equal(u, np.asarray(v))
+
+
+def test_a_long_final_layer_keeps_its_zero_columns(monkeypatch):
+    """The primal solver of a long final layer gets the layer as it is (its float32 run time
+    depends on rounding); the result equals the array-API path."""
+    import featpipe.encode.temporal as module
+
+    monkeypatch.setattr(module, "DENSE_MAX_LENGTH", 16)
+    rng = np.random.default_rng(22)
+    X = np.maximum(np.cumsum(rng.standard_normal((40, 6)), axis=0), 0).astype(np.float32)
+    widths = []
+    final = module.HierarchicalRankPooling._final
+    monkeypatch.setattr(module.HierarchicalRankPooling, "_final",
+                        lambda self, Y: widths.append(Y.shape[1]) or final(self, Y))
+    u = HierarchicalRankPooling(window=5).transform([X])[0]
+    v = np.asarray(HierarchicalRankPooling(window=5).transform([array_api_strict.asarray(X)])[0])
+    assert widths == [12]
+    assert_close_vectors(u, v)
