@@ -31,6 +31,20 @@ def run_cli(*args, check=True, env=None, cwd=None, timeout=600):
     return proc
 
 
+def object_npy_bytes() -> bytes:
+    """A ``.npy`` file that declares an object array (dtype ``|O``), written without the
+    pickle module: a real header, then the bytes of a pickled ``None`` (a reader that
+    unpickled would succeed), for the readers that must refuse it."""
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buffer, {"descr": "|O", "fortran_order": False, "shape": (1,)})
+    return buffer.getvalue() + b"\x80\x04N."
+
+
 def one_line_error(proc, code=1) -> str:
     """The single ``error:`` line of a failed ``run_cli`` (exit ``code``, no traceback)."""
     assert proc.returncode == code, (proc.stdout, proc.stderr)

@@ -7,6 +7,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from conftest import object_npy_bytes
 
 from featpipe.io.export import load_export
 from featpipe.manifest import Manifest, from_rows
@@ -204,10 +205,7 @@ def test_unreadable_and_missing_sources(tmp_path, store_dir, cli):
     np.save(folder / "a.npy", np.ones((2, 3)))
     good = (folder / "a.npy").read_bytes()
     (folder / "b.npy").write_bytes(good[:-5])                  # truncated
-    with open(folder / "c.npy", "wb") as handle:  # an object array: header only, no pickle
-        np.lib.format.write_array_header_1_0(
-            handle, {"descr": "|O", "fortran_order": False, "shape": (1,)})
-        handle.write(b"\x80\x04N.")
+    (folder / "c.npy").write_bytes(object_npy_bytes())        # an object array
     result = cli("import", "--manifest", manifest, "--from", folder, "--store", store_dir,
                  "--name", "feat", "--on-error", "skip")
     assert result.exit_code == 1

@@ -68,7 +68,8 @@ def test_13_5_ls_json_and_show_of_item_and_fit_stages(tmp_path):
     assert re.search(r"^item 'v\d\d': \(4,\) float32$", shown, re.M), shown
     assert re.search(r"^timings: .* of compute in 1 process\(es\), ", shown, re.M), shown
     info = json.loads(run_cli("cache", "show", "--store", store.root, "avg", "--json").stdout)
-    assert info["timings"]["processes"] == 1 and info["timings"]["compute_seconds"] >= 0
+    assert info["timings"]["processes"] == 1
+    assert isinstance(info["timings"]["compute_seconds"], float)  # recorded, as a number
     assert [node["stage"] for node in info["input_chain"]] == [seq["stage"]]
 
 

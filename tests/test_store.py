@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import object_npy_bytes
 
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.fileio import load_npy, safe_stem
@@ -128,6 +129,6 @@ def test_load_npy_equals_np_load_and_refuses_object_arrays(tmp_path, array):
     assert loaded.flags.f_contiguous == reference.flags.f_contiguous and loaded.flags.writeable
     np.testing.assert_array_equal(loaded, reference)
     np.testing.assert_array_equal(load_npy(path, mmap=True), reference)
-    np.save(path, np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    path.write_bytes(object_npy_bytes())
     with pytest.raises(ValueError, match="Object arrays"):
         load_npy(path)
