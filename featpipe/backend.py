@@ -34,8 +34,9 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 def single_threaded_blas():
     """A context in which BLAS runs on one thread: for loops that run one chunk per core, where
-    idle BLAS threads spinning after each product would take those cores (measured: 2x slower
-    Fisher vectors on 2 cores)."""
+    idle BLAS threads spinning after each product would take those cores (measured on 2 cores:
+    Fisher vectors of 60,000 descriptors, K = 256, D = 64, 266 ms, against 375 ms with
+    OpenBLAS's own threads)."""
     return _threadpools().limit(limits=1, user_api="blas")
 
 
