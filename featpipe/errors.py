@@ -59,3 +59,11 @@ FLAG_NAMES = {"random_state": "--seed"}
 def flag_of(name: str) -> str:
     """The command-line flag of parameter ``name``: ``emit_layer`` -> ``--emit-layer``."""
     return FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+
+
+def describe_error(err: BaseException) -> str:
+    """One line for the ledger and the terminal: featpipe's own message, or type and text."""
+    if isinstance(err, FeatpipeError):
+        return err.cause
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__

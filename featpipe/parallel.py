@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from featpipe.errors import FeatpipeError, ParameterError, WriteError
+from featpipe.errors import FeatpipeError, ParameterError, WriteError, describe_error
 from featpipe.fileio import first_line, shard_of
 from featpipe.store import Stage
 
@@ -171,14 +171,6 @@ def plan(stage: Stage, ids: Iterable[str], force: bool = False,
         else:
             todo.append(item_id)
     return todo, summary
-
-
-def describe_error(err: BaseException) -> str:
-    """One line for the ledger and the terminal: featpipe's own message, or type and text."""
-    if isinstance(err, FeatpipeError):
-        return err.cause
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def compute_each(compute: Compute, ids: Sequence[str]) -> list:

@@ -34,12 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-from featpipe.errors import FeatpipeError, ItemError
+from featpipe.errors import FeatpipeError, ItemError, describe_error
 from featpipe.fileio import HOST, id_digest, safe_stem
 from featpipe.interrupts import critical
 from featpipe.io.video import SendFrames
 from featpipe.items import Frame, ItemFiles, PendingItem
-from featpipe.parallel import describe_error
 from featpipe.store import Stage
 
 #: frames queued between dense SIFT and the item's output inside a worker

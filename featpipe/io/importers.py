@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.errors import FeatpipeError, ItemError
-from featpipe.fileio import check_h5_dataset, check_npy_header, load_npy
+from featpipe.fileio import check_h5_dataset, check_npy_header, first_line, load_npy
 from featpipe.io import matlab
 from featpipe.manifest import Manifest, ManifestItem, from_rows
 from featpipe.parallel import ItemOutput
@@ -155,7 +155,7 @@ class NpyDirSource:
         except FeatpipeError as err:
             raise ItemError(item.id, err.cause) from None
         except (OSError, ValueError, EOFError) as err:
-            raise ItemError(item.id, f"cannot read {path}: {_reason(err)}") from None
+            raise ItemError(item.id, f"cannot read {path}: {first_line(err)}") from None
 
     def describe_missing(self, item: ManifestItem) -> str:
         paths = self._candidates(item)
@@ -183,7 +183,7 @@ class NpzSource:
         try:
             self._zip = zipfile.ZipFile(self.path)
         except (OSError, zipfile.BadZipFile) as err:
-            raise FeatpipeError(f"--from {self.path}: not a readable .npz ({_reason(err)})") \
+            raise FeatpipeError(f"--from {self.path}: not a readable .npz ({first_line(err)})") \
                 from None
         self._members = {n[:-4]: n for n in self._zip.namelist() if n.endswith(".npy")}
 
@@ -204,7 +204,7 @@ class NpzSource:
                 return np.lib.format.read_array(handle, allow_pickle=False)
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
             raise ItemError(item.id, f"cannot read key {item.id!r} of {self.path}: "
-                                     f"{_reason(err)}") from None
+                                     f"{first_line(err)}") from None
 
     def describe_missing(self, item: ManifestItem) -> str:
         return f"no key {item.id!r} in {self.path}"
@@ -223,7 +223,7 @@ class H5Source:
             self._file = h5py.File(self.path, "r")
         except OSError as err:
             raise FeatpipeError(f"--from {self.path}: not a readable HDF5 file "
-                                f"({_reason(err)})") from None
+                                f"({first_line(err)})") from None
 
     def locate(self, item: ManifestItem):
         import h5py
@@ -251,7 +251,7 @@ class H5Source:
             return np.asarray(node[()])
         except (OSError, ValueError, TypeError) as err:
             raise ItemError(item.id, f"cannot read dataset {item.id!r} of {self.path}: "
-                                     f"{_reason(err)}") from None
+                                     f"{first_line(err)}") from None
 
     def describe_missing(self, item: ManifestItem) -> str:
         return f"no dataset {item.id!r} in {self.path}"
@@ -302,7 +302,7 @@ class TsSource:
         try:
             X, y = load_from_ts_file(str(self.path))
         except (OSError, ValueError) as err:
-            raise FeatpipeError(f"--from {self.path}: cannot parse .ts file ({_reason(err)})") \
+            raise FeatpipeError(f"--from {self.path}: cannot parse .ts file ({first_line(err)})") \
                 from None
         self.arrays = [np.asarray(case).T for case in X]
         if not self.arrays:
@@ -334,11 +334,6 @@ class TsSource:
             return "test"
         raise FeatpipeError(f"{self.path}: cannot tell train from test (the file name must "
                             "contain TRAIN or TEST); pass --manifest instead")
-
-
-def _reason(err: BaseException) -> str:
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    return text or type(err).__name__
 
 
 def open_source(fmt: str, path: str | Path, manifest: Manifest | None,
@@ -524,7 +519,7 @@ class ImportCompute:
             except ItemError as err:
                 results.append(err)
             except Exception as err:
-                results.append(ItemError(item_id, f"{type(err).__name__}: {_reason(err)}"))
+                results.append(ItemError(item_id, f"{type(err).__name__}: {first_line(err)}"))
         return results
 
     def read(self, item: ManifestItem, sources: Sequence) -> np.ndarray:

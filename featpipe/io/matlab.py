@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.errors import FeatpipeError
-from featpipe.fileio import check_h5_dataset
+from featpipe.fileio import check_h5_dataset, first_line
 
 #: MATLAB numeric classes and the numpy dtypes they read as.
 NUMERIC_CLASSES = {"double": "float64", "single": "float32", "int8": "int8", "uint8": "uint8",
@@ -56,7 +56,7 @@ def variables(path: str | os.PathLike) -> dict[str, tuple[tuple[int, ...], str]]
 
         return {name: (tuple(int(n) for n in shape), cls) for name, shape, cls in whosmat(path)}
     except (OSError, ValueError, TypeError, NotImplementedError) as err:
-        raise FeatpipeError(f"{path}: not a readable MATLAB file ({_first_line(err)})") from None
+        raise FeatpipeError(f"{path}: not a readable MATLAB file ({first_line(err)})") from None
 
 
 def _h5_header(node) -> tuple[tuple[int, ...], str]:
@@ -100,7 +100,7 @@ def read_variable(path: str | os.PathLike, name: str) -> np.ndarray:
 
             array = loadmat(path, variable_names=[name])[name]
     except (OSError, ValueError, TypeError, NotImplementedError) as err:
-        raise FeatpipeError(f"cannot read variable {name!r} of {path}: {_first_line(err)}") \
+        raise FeatpipeError(f"cannot read variable {name!r} of {path}: {first_line(err)}") \
             from None
     if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
         raise FeatpipeError(f"variable {name!r} of {path} is not a real numeric array "
@@ -132,7 +132,7 @@ def save(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
     try:
         savemat(path, variables_out, do_compression=True, oned_as="column")
     except (ValueError, OverflowError) as err:
-        raise FeatpipeError(f"cannot write {path} as a MATLAB v5 file ({_first_line(err)}); "
+        raise FeatpipeError(f"cannot write {path} as a MATLAB v5 file ({first_line(err)}); "
                             "a variable over 2 GiB needs -o FILE.h5") from None
 
 
@@ -156,8 +156,3 @@ def load(path: str | os.PathLike) -> dict[str, np.ndarray]:
 def _cell_text(cell) -> str:
     cell = np.asarray(cell)
     return str(cell.ravel()[0]) if cell.size else ""
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

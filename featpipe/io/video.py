@@ -62,7 +62,7 @@ from typing import Protocol
 
 import numpy as np
 
-from featpipe.errors import FeatpipeError, InputError, ItemError
+from featpipe.errors import InputError, ItemError, describe_error
 from featpipe.io.images import is_image, read_image
 
 #: decoder name -> "module:attribute" of a class implementing :class:`Decoder`.
@@ -428,14 +428,14 @@ def lost_frames(counts: tuple[int, int | None] | None, messages: list[str]) -> s
 
 
 def _first_line(err: BaseException) -> str:
+    """:func:`featpipe.errors.describe_error`, but a missing file and the decoders' own
+    one-line causes (bare RuntimeErrors) read without a type name."""
     if isinstance(err, FileNotFoundError):
         return "file does not exist"
-    if isinstance(err, FeatpipeError):
-        return err.cause
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    if type(err) is RuntimeError and text:  # the decoders' own one-line causes
-        return text
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+    text = str(err).strip()
+    if type(err) is RuntimeError and text:
+        return text.splitlines()[0]
+    return describe_error(err)
 
 
 def _decode_item(conn, request, decoder: str, program: WorkerProgram, log: _StderrLog) -> None:
