@@ -42,7 +42,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from featpipe.errors import FeatpipeError, ParameterError, WriteError, describe_error
+from featpipe.errors import (
+    FeatpipeError,
+    ParameterError,
+    WriteError,
+    describe_error,
+    flag_of,
+)
 from featpipe.fileio import first_line, shard_of
 from featpipe.store import Stage
 
@@ -120,8 +126,8 @@ def resolve_jobs(jobs: int, option: str = "jobs") -> int:
         raise ParameterError(option, f"must be a positive number of processes or -1 (one per "
                                      f"core), got {jobs}")
     if jobs > cores:
-        log.warning("--%s %d is more than the %d core(s) available to this process; using %d",
-                    option.replace("_", "-"), jobs, cores, cores)
+        log.warning("%s %d is more than the %d core(s) available to this process; using %d",
+                    flag_of(option), jobs, cores, cores)
         return cores
     return jobs
 

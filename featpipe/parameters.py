@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from sklearn.utils._param_validation import StrOptions, make_constraint
 
-from featpipe.errors import FeatpipeError, ParameterError, flag_of
+from featpipe.errors import FeatpipeError, ParameterError
 
 
 def describe(constraint) -> str:
@@ -113,10 +113,6 @@ class Parameter:
     owner: type | None = None
     model: tuple[str, ...] = ()
     required: bool = False
-
-    @property
-    def flag(self) -> str:
-        return flag_of(self.name)
 
 
 def model_parameter(name: str, help: str, fits: Iterable[str], required: bool = True

@@ -251,7 +251,7 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
         try:
             result = getattr(stages, step.function)(store, reporter=step_reporter, **arguments)
         except ParameterError as err:
-            raise PipelineError(f"{step.describe()}: parameter {err.param} {err}",
+            raise PipelineError(f"{step.describe()}: {err}",
                                 usage=True) from None
         except FeatpipeError as err:
             raise PipelineError(f"{step.describe()}: {err}") from None

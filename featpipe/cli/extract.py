@@ -21,6 +21,7 @@ from featpipe.cli.common import (
 )
 from featpipe.cli.options import click_options
 from featpipe.encode.registry import load_methods
+from featpipe.errors import flag_of
 from featpipe.interrupts import Interrupted
 from featpipe.io.video import Sampling
 from featpipe.manifest import Manifest
@@ -127,7 +128,7 @@ def extract(ctx, manifest_path, store_path, features, name, weights, device, fps
         if "device" in _encode_methods()[encode_method].defaults:
             encode_params["device"] = device
     elif given:
-        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        flags = ", ".join(flag_of(k) for k in given)
         raise click.UsageError(f"{flags} applies to --encode only")
     dsift = {"sizes": _parse_sizes(sizes), "step": step, "magnif": magnif,
              "window_size": window_size, "contrast_threshold": contrast_threshold,

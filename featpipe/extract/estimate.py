@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from featpipe.io.video import Sampling, VideoInfo
+from featpipe.io.video import Sampling, VideoInfo, evenly_spaced
 from featpipe.items import NPY_HEADER_BYTES, Frame, MemorySink
 
 
@@ -109,7 +109,6 @@ class Totals:
     frames: int
     rows: int
     bytes: int
-    unknown: int
 
     @classmethod
     def of(cls, estimates: Sequence[ItemEstimate], total_items: int | None = None) -> Totals:
@@ -118,7 +117,7 @@ class Totals:
         scale = total_items / len(known) if known else 0.0
         return cls(total_items, round(scale * sum(e.frames for e in known)),
                    round(scale * sum(e.rows for e in known)),
-                   round(scale * sum(e.bytes for e in known)), len(estimates) - len(known))
+                   round(scale * sum(e.bytes for e in known)))
 
 
 def human_bytes(n: float) -> str:
@@ -142,8 +141,7 @@ def sample_ids(ids: Sequence[str], n: int) -> list[str]:
     """At most ``n`` ids evenly spread over ``ids`` (deterministic)."""
     if len(ids) <= n:
         return list(ids)
-    picks = np.unique(np.linspace(0, len(ids) - 1, n).round().astype(int))
-    return [ids[i] for i in picks]
+    return [ids[i] for i in evenly_spaced(len(ids), n)]
 
 
 def describe(estimate: ItemEstimate) -> str:

@@ -89,7 +89,6 @@ class _Plan:
     outputs: Outputs
     layout: Layout
     feature_params: dict
-    encoder_models: dict
 
 
 def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *,
@@ -177,7 +176,7 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
         if local:
             params["positions"] = positions
         layout = Layout(rows_per_frame, dim, itemsize, local=local, positions=positions)
-    return _Plan(params, inputs, outputs, layout, feature_params, models)
+    return _Plan(params, inputs, outputs, layout, feature_params)
 
 
 def _encoder_plan(store, method, given, outputs, rows_per_frame, dim, itemsize):
@@ -295,7 +294,7 @@ def _dry_run(store, stage, name, todo, summary, pool, paths, sampling, layout,
 def _check_disk(store, todo, pool, paths, sampling, layout, disk_check, reporter) -> Totals:
     """Estimate the stage from a sample of items; refuse it if the disk is too small."""
     if not todo:
-        return Totals(0, 0, 0, 0, 0)
+        return Totals(0, 0, 0, 0)
     probed = sample_ids(todo, ESTIMATE_SAMPLE)
     infos = probe_infos(pool, paths, probed)
     totals = Totals.of([estimate_item(i, infos[i], sampling, layout) for i in probed],
