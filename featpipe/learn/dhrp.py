@@ -56,6 +56,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from featpipe.backend import solve_spd
 from featpipe.encode.registry import EncodeMethod
 from featpipe.errors import FeatpipeError, InputError, ParameterError
 from featpipe.learn.splits import stratified_split
@@ -114,7 +115,7 @@ def argmin_input_gradient(V, U, active, grad_U, C: float, epsilon: float,
         system = mask.unsqueeze(2) * gram * mask.unsqueeze(1)
         system = system + torch.eye(T, dtype=V.dtype, device=V.device) / c
         rhs = mask * (V @ grad_U.unsqueeze(-1)).squeeze(-1)
-        y = torch.linalg.solve(system, rhs.unsqueeze(-1)).squeeze(-1)
+        y = solve_spd(system, rhs.unsqueeze(-1)).squeeze(-1)  # SPD: mask·G·mask + I/c
         q = grad_U - ((mask * y).unsqueeze(1) @ V).squeeze(1)
     elif hessian == "diagonal":
         diag = 1.0 + c * (mask.unsqueeze(-1) * V * V).sum(dim=1)
