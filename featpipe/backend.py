@@ -81,9 +81,14 @@ def worker_threads() -> int:
         if threads < 1:
             raise FeatpipeError(f"{THREADS_ENV} must be an integer >= 1, got {value!r}")
         return threads
+    return available_cores()
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity: a SLURM task or ``taskset`` limit)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
+    except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from featpipe.backend import available_cores
 from featpipe.errors import (
     FeatpipeError,
     ParameterError,
@@ -104,14 +105,6 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     if total < 1 or not 0 <= index < total:
         raise FeatpipeError(f"--shard {text}: need 0 <= I < N")
     return index, total
-
-
-def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity: a SLURM task or ``taskset`` limit)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def resolve_jobs(jobs: int, option: str = "jobs") -> int:

@@ -1,10 +1,11 @@
 """The compiled per-descriptor pass of the Fisher-vector encoder (numba).
 
 Kept apart from :mod:`featpipe.encode.fisher` so that numba is imported only when a Fisher
-vector is computed.  The expensive distance part (all K components) comes from one float32
-GEMM done by the caller; this pass fuses everything after it into one sweep over the
-descriptors: approximate log joints, candidate selection, exact log joints of the candidates,
-posteriors and the u/v sums.  See :func:`featpipe.encode.fisher._accumulate` for the maths.
+vector is computed.  The expensive distance part (all K components) comes from one GEMM
+done by the caller (float64, stored as float32); this pass fuses everything after it into one
+sweep over the descriptors: approximate log joints, candidate selection, exact log joints of
+the candidates, posteriors and the u/v sums.  See :func:`featpipe.encode.fisher._accumulate`
+for the maths.
 """
 
 from __future__ import annotations

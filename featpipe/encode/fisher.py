@@ -22,9 +22,9 @@ take no part in the posteriors.  *Improved* FV = signed square root, then divisi
 One body: :func:`fisher_vectors` (array API, batched, differentiable) defines the FV and is
 used by deep Fisher learning; :class:`FisherAccumulator` normalises its sums with the same
 :func:`fisher_from_sums`.  Its CPU fast path computes the Mahalanobis terms
-||x - mu||^2 / sigma^2 of all pairs by one float32 GEMM on centred data and a compiled pass
-(:mod:`featpipe.encode._fisher_loop`) that accumulates only the pairs with
-``gamma >= 1e-6``; descriptors whose float32 rounding bound exceeds half the candidate margin
+||x - mu||^2 / sigma^2 of all pairs by one float64 GEMM on centred data (stored as float32)
+and a compiled pass (:mod:`featpipe.encode._fisher_loop`) that accumulates only the pairs with
+``gamma >= 1e-6``; descriptors whose rounding bound exceeds half the candidate margin
 (far from every Gaussian) go through the float64 body with direct differences, so the
 posteriors never underflow to all zeros.
 """
@@ -370,13 +370,12 @@ def fisher_from_sums(sd, sdd, s0, count, pi, valid, improved=True):
 class FisherCache:
     """Intermediate values of :func:`fisher_vectors`, reused by the reverse pass.
 
-    Shapes for B items padded to T descriptors, K components of dimension D: xc (B, T, D)
-    descriptors minus the centre of the means, lhs (B, T, 2D) = [xc², xc], mc (K, D),
+    Shapes for B items padded to T descriptors, K components of dimension D: lhs (B, T, 2D)
+    = [xc², xc] with xc the descriptors minus the centre of the means, mc (K, D),
     inv_sigma/inv_var (K, D), pi (K,), gamma/mask (B, T, K) (zero on padding rows), s0
     (B, K, 1), sd/sdd/u/v (B, K, D), cu/cv (B, K, 1), z/phi (B, 2KD), norm (B,).
     """
 
-    xc: object
     lhs: object
     mc: object
     inv_sigma: object
@@ -448,7 +447,7 @@ def fisher_vectors(X, a, mu, s, lengths=None, threshold=POSTERIOR_THRESHOLD, imp
     sd = (s1 - mc * s0) * inv_sigma
     sdd = (s2 - 2.0 * mc * s1 + mc * mc * s0) * inv_var
     phi, (u, v, z, cu, norm) = fisher_from_sums(sd, sdd, s0, count, pi, valid, improved)
-    return phi, FisherCache(xc, lhs, mc, inv_sigma, inv_var, pi, gamma, mask, s0, sd, sdd, cu,
+    return phi, FisherCache(lhs, mc, inv_sigma, inv_var, pi, gamma, mask, s0, sd, sdd, cu,
                             cu / math.sqrt(2.0), u, v, z, phi, norm)
 
 
@@ -532,8 +531,9 @@ def _accumulate(x, weights, means, variances, threshold, first, second, mass):
 
     center = means.mean(axis=0)
     x64 = np.asarray(x, dtype=np.float64)
-    with np.errstate(over="ignore"):
-        xc = (x64 - center).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        xc64 = x64 - center
+        xc = xc64.astype(np.float32)
     mc = (means - center).astype(np.float32)
     inv_var = 1.0 / variances
     inv_sigma = np.sqrt(inv_var).astype(np.float32)
@@ -542,7 +542,6 @@ def _accumulate(x, weights, means, variances, threshold, first, second, mass):
         - 0.5 * np.sum(np.log(variances), axis=1)
     # ‖(x − μ_k)/σ_k‖² − ‖(μ_k − c)/σ_k‖² for all pairs from one float64 GEMM, (N, K)
     with np.errstate(over="ignore", invalid="ignore"):
-        xc64 = x64 - center
         lhs = np.concatenate([xc64 * xc64, xc64], axis=1)
         rhs = np.concatenate([inv_var, -2.0 * (means - center) * inv_var], axis=1)
         raw64 = lhs @ rhs.T

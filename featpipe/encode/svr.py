@@ -323,8 +323,8 @@ def rank_svr_primal(chunks, C: float = 1.0, epsilon: float = 0.1, rtol: float = 
     resolution = 8.0 * float(xp.finfo(dtype).eps)
     for _ in range(MAX_NEWTON_ITER):
         r = y - p
-        active = xp.abs(r) > epsilon
-        s = xp.sign(r) * xp.clip(xp.abs(r) - epsilon, min=0.0)
+        s = _soft_threshold(xp, r, epsilon)
+        active = s != 0.0
         g = u - (2.0 * C) * _chunks_rmatvec(xp, chunks, s)
         gnorm = float(xp.linalg.vector_norm(g))
         g0 = gnorm if g0 is None else g0

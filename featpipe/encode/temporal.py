@@ -826,7 +826,7 @@ class HierarchicalRankPooling(_RankPoolingParams):
         last = self.depth if self.emit_layer is None else self.emit_layer
         for _ in range(last - 1):
             X, lengths = self._layer_batch(X, lengths)
-        offsets = np.cumsum(lengths) - lengths
+        offsets = _offsets(lengths)
         if self.emit_layer is not None:
             return np.split(np.asarray(to_numpy(X)), offsets[1:])
         out = [None] * len(lengths)
@@ -932,7 +932,7 @@ class RecursiveRankPooling(HierarchicalRankPooling):
                                self.chunk_bytes)
 
     def _layer_batch(self, X, lengths):
-        offsets = np.cumsum(lengths) - lengths
+        offsets = _offsets(lengths)
         out = [self._layer(X[int(o): int(o + n), ...]) for o, n in zip(offsets, lengths,
                                                                      strict=True)]
         return namespace(X).concat(out, axis=0), np.asarray([Y.shape[0] for Y in out])
