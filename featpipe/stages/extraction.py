@@ -310,21 +310,29 @@ def _check_disk(store, todo, pool, paths, sampling, layout, disk_check, reporter
 
 
 def _extraction(stage, pool, sampling, features, feature_params, outputs, batch_size, device,
-                allow_partial, **kwargs) -> Extraction:
-    """The pipeline for ``features``: dense SIFT in the workers, or VGG-16 in this process."""
+                allow_partial, model=None, **kwargs) -> Extraction:
+    """The pipeline for ``features``: dense SIFT in the workers, or VGG-16 in this process
+    (``model``: one already loaded by :func:`_vgg_model`)."""
     if features == "dsift":
         pool.program = LocalFeatureProgram(feature_params["dsift"], outputs)
         return Extraction(stage, pool, sampling, outputs=outputs, allow_partial=allow_partial,
                           **kwargs)
-    from featpipe.extract.vgg import VGG16Features, VGGPreprocess
+    from featpipe.extract.vgg import VGGPreprocess
 
     preprocess = VGGPreprocess(feature_params["resize"], feature_params["crop"])
     pool.program = CropProgram(preprocess)
-    model = VGG16Features(features.split("-", 1)[1], feature_params["weights"], device,
-                          batch_size).fit()
+    model = model or _vgg_model(features, feature_params, device, batch_size)
     return Extraction(stage, pool, sampling, model=model, outputs=outputs, features=features,
                       preprocess=preprocess, batch_size=batch_size, allow_partial=allow_partial,
                       **kwargs)
+
+
+def _vgg_model(features, feature_params, device, batch_size):
+    """The VGG-16 feature model of ``features`` (``vgg16-fc6`` or ``vgg16-conv5_3``), loaded."""
+    from featpipe.extract.vgg import VGG16Features
+
+    return VGG16Features(features.split("-", 1)[1], feature_params["weights"], device,
+                         batch_size).fit()
 
 
 def _run(stage, extraction: Extraction, todo, summary, paths, total: Totals,
@@ -361,7 +369,9 @@ def _run(stage, extraction: Extraction, todo, summary, paths, total: Totals,
 
 class ExtractCompute:
     """Picklable compute for executors that send batches of items elsewhere (dask): each
-    call runs the pipeline with one decoding worker over its items, which it writes itself."""
+    call runs the pipeline with one decoding worker over its items, which it writes itself.
+    The decoding worker and the VGG model are made by the first call on a machine and kept
+    for the next batches there (they are not pickled)."""
 
     def __init__(self, stage_path, paths, sampling, features, feature_params, outputs,
                  batch_size, device, decoder, decode_timeout, allow_partial):
@@ -376,16 +386,25 @@ class ExtractCompute:
         self.decoder = decoder
         self.decode_timeout = decode_timeout
         self.allow_partial = allow_partial
+        self._pool = self._model = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_pool": None, "_model": None}
 
     def __call__(self, ids: Sequence[str]) -> list:
         from featpipe.parallel import WRITTEN
 
         stage = Stage(self.stage_path)
-        with DecodePool(1, self.decoder, self.decode_timeout) as pool:
-            extraction = _extraction(stage, pool, self.sampling, self.features,
-                                     self.feature_params, self.outputs, self.batch_size,
-                                     self.device, self.allow_partial, record_failures=False)
-            outcome = dict(extraction.run([(i, self.paths[i]) for i in ids]))
+        if self._pool is None:
+            self._pool = DecodePool(1, self.decoder, self.decode_timeout)
+        if self.features != "dsift" and self._model is None:
+            self._model = _vgg_model(self.features, self.feature_params, self.device,
+                                     self.batch_size)
+        extraction = _extraction(stage, self._pool, self.sampling, self.features,
+                                 self.feature_params, self.outputs, self.batch_size,
+                                 self.device, self.allow_partial, model=self._model,
+                                 record_failures=False)
+        outcome = dict(extraction.run([(i, self.paths[i]) for i in ids]))
         return [WRITTEN if outcome.get(i, "not run") is None
                 else ItemError(i, outcome.get(i, "not run")) for i in ids]
 
