@@ -282,10 +282,8 @@ class _LocalFeatureJob:
         self.frames = 0
 
     def add(self, frame: np.ndarray, seconds: float):
-        from featpipe.extract.dsift import to_grey
-
         try:
-            result = self.program._sift.compute(to_grey(frame))
+            result = self.program._sift.compute(frame)  # greys the frame itself
         except Exception as err:
             raise RuntimeError(f"dense SIFT failed on frame {self.frames}: {err}") from None
         self.worker.put(Frame(result.descriptors, self.frames, seconds, result.positions,
