@@ -204,16 +204,19 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
     reporter.info(f"summary: {summary.line()}")
     for item_id, error in list(summary.failed.items())[:20]:
         reporter.error(f"failed: {item_id}: {error}")
-    if set(ids) <= stage.done_ids():
-        name_stage(store, name, stage, reporter)
-    else:
-        _name_left(stage, name, ids, reporter)
+    if name:  # the ledgers are read again only when a name may move
+        done = stage.done_ids()
+        if set(ids) <= done:
+            name_stage(store, name, stage, reporter)
+        else:
+            _name_left(stage, name, ids, reporter, done)
     return StageRun(stage, summary)
 
 
-def _name_left(stage: Stage, name: str | None, ids: Sequence[str], reporter: Reporter) -> None:
+def _name_left(stage: Stage, name: str | None, ids: Sequence[str], reporter: Reporter,
+               done_ids: set[str] | None = None) -> None:
     if name:
-        done = len(set(ids) & stage.done_ids())
+        done = len(set(ids) & (stage.done_ids() if done_ids is None else done_ids))
         reporter.warn(f"name {name} not moved: stage {stage.name} is incomplete ({done} of "
                       f"{len(ids)} items done); re-run the same command to finish it")
 
