@@ -26,11 +26,8 @@ from sklearn.utils._param_validation import (
     make_constraint,
 )
 
-from featpipe.errors import flag_of
+from featpipe.errors import flag_of, off_flag_of
 from featpipe.parameters import Parameter
-
-#: ``--x/--no-x`` is the rule for a boolean; these have a better name for "off".
-OFF_FLAGS = {"per_frame": "--per-item"}
 
 
 def _kind(param: Parameter) -> tuple[str, object]:
@@ -57,7 +54,7 @@ def _option(name: str, params: list[Parameter], default, help_text: str, flag: s
     names = {k for k, _ in kinds}
     kwargs: dict = {"default": default, "help": help_text, "show_default": show_default}
     if "flag" in names:
-        decls = [f"{flag}/{OFF_FLAGS.get(name, '--no-' + flag[2:])}", name]
+        decls = [f"{flag}/{off_flag_of(name, flag)}", name]
     else:
         decls = [flag, name]
         if "choice" in names:

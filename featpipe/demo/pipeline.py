@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from featpipe import stages
-from featpipe.errors import FeatpipeError, flag_of
+from featpipe.errors import FeatpipeError, flag_of, off_flag_of
 from featpipe.stages.base import Reporter, StageRun
 from featpipe.store import Store
 
@@ -92,7 +92,7 @@ def _flags(params: dict) -> list[str]:
     out = []
     for name, value in params.items():
         if isinstance(value, bool):
-            out.append(flag_of(name) if value else "--no-" + flag_of(name)[2:])
+            out.append(flag_of(name) if value else off_flag_of(name))
         else:
             out += [flag_of(name), str(value)]
     return out
