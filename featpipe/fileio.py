@@ -30,7 +30,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from featpipe.errors import ParameterError, WriteError
+from featpipe.errors import ItemError, ParameterError, WriteError
 
 HOST = socket.gethostname().split(".")[0] or "host"
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -247,3 +247,30 @@ def check_h5_dataset(node, name: str) -> None:
         raise ValueError(f"dataset {name!r} declares shape {node.shape} {node.dtype} "
                          f"({human_bytes(declared)}) but only {human_bytes(stored)} are stored "
                          "(truncated or never written)")
+
+
+#: Names of an item's sidecar files (``timestamps``, ``positions``...).
+SIDECAR_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def check_sidecar_name(name: str) -> None:
+    if not SIDECAR_NAME.fullmatch(name):
+        raise ValueError(f"sidecar name {name!r} must match [a-z][a-z0-9_]*")
+
+
+def checked_result(item_id: str, array, dtype) -> np.ndarray:
+    """An item's result as the stage stores it: numeric, floats cast to ``dtype``; a NaN or
+    Inf, or a value that overflows ``dtype``, is refused (a silently wrong number must never
+    reach the disk)."""
+    array = np.asarray(array)
+    if array.dtype.kind not in "biuf":
+        raise ItemError(item_id, f"result has non-numeric dtype {array.dtype}")
+    if array.dtype.kind == "f":
+        if not np.all(np.isfinite(array)):
+            raise ItemError(item_id, "result contains NaN or Inf; nothing was written")
+        if array.dtype != dtype:  # only a cast can overflow
+            with np.errstate(over="ignore"):
+                array = array.astype(dtype)
+            if not np.all(np.isfinite(array)):
+                raise ItemError(item_id, f"result overflows {dtype}; nothing was written")
+    return array

@@ -28,7 +28,6 @@ ledger line: the same commit point as :meth:`featpipe.store.Stage.write_item`.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +36,13 @@ from typing import Protocol
 import numpy as np
 
 from featpipe.errors import InputError, ItemError
-from featpipe.fileio import atomic_save_npy, tmp_path
+from featpipe.fileio import (
+    atomic_save_npy,
+    check_sidecar_name,
+    checked_result,
+    make_dirs,
+    tmp_path,
+)
 
 #: bytes reserved for the header of an incrementally written .npy (magic, version, length,
 #: the header dict padded with spaces); a multiple of 64 as numpy aligns its own headers
@@ -302,9 +307,6 @@ class RowFile:
         self.path.unlink(missing_ok=True)
 
 
-_SIDECAR_NAME = re.compile(r"[a-z][a-z0-9_]*")
-
-
 @dataclass
 class PendingItem:
     """An item whose files are written but not yet in place: :meth:`commit` makes it done.
@@ -325,7 +327,7 @@ class PendingItem:
             stage.write_item(self.item_id, self.array, self.sidecars, seconds=seconds)
             return
         target = stage.item_path(self.item_id)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(target.parent)
         for name, values in self.sidecars.items():
             atomic_save_npy(stage.item_path(self.item_id, name), np.asarray(values))
         for name, path in self.files.items():
@@ -357,31 +359,17 @@ class ItemFiles:
         """Every temporary file this item may leave behind (for cleanup by another process)."""
         return [str(f.path) for f in self.files.values()]
 
-    def _checked(self, array) -> np.ndarray:
-        array = np.asarray(array)
-        if array.dtype.kind not in "biuf":
-            raise ItemError(self.item_id, f"result has non-numeric dtype {array.dtype}")
-        if array.dtype.kind == "f":
-            if not np.all(np.isfinite(array)):
-                raise ItemError(self.item_id, "result contains NaN or Inf; nothing was written")
-            with np.errstate(over="ignore"):
-                array = array.astype(self.dtype, copy=False)
-            if not np.all(np.isfinite(array)):
-                raise ItemError(self.item_id, f"result overflows {self.dtype}; nothing was "
-                                "written")
-        return array
-
     def _file(self, name: str, dtype) -> RowFile:
         if name not in self.files:
-            if name and not _SIDECAR_NAME.fullmatch(name):
-                raise ValueError(f"sidecar name {name!r} must match [a-z][a-z0-9_]*")
+            if name:
+                check_sidecar_name(name)
             target = self.stage.item_path(self.item_id, name or None)
-            target.parent.mkdir(parents=True, exist_ok=True)
+            make_dirs(target.parent)
             self.files[name] = RowFile(tmp_path(target), dtype)
         return self.files[name]
 
     def append(self, rows, **row_sidecars) -> None:
-        rows = self._checked(rows)
+        rows = checked_result(self.item_id, rows, self.dtype)
         self._file("", rows.dtype).append(rows)
         for name, values in row_sidecars.items():
             values = np.asarray(values)
@@ -391,7 +379,7 @@ class ItemFiles:
             self._file(name, values.dtype).append(values)
 
     def write(self, array, **sidecars) -> None:
-        self.array = self._checked(array)
+        self.array = checked_result(self.item_id, array, self.dtype)
         self.sidecars.update(sidecars)
 
     def set(self, **sidecars) -> None:

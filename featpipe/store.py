@@ -47,6 +47,8 @@ from featpipe.fileio import (
     atomic_save_npy,
     atomic_save_npz,
     atomic_write_bytes,
+    check_sidecar_name,
+    checked_result,
     first_line,
     human_bytes,
     id_digest,
@@ -260,21 +262,11 @@ class Stage:
         so the main file is the commit point.
         """
         self._check_on_disk()
-        array = np.asarray(array)
-        if array.dtype.kind not in "biuf":
-            raise ItemError(item_id, f"result has non-numeric dtype {array.dtype}")
-        if array.dtype.kind == "f":
-            if not np.all(np.isfinite(array)):
-                raise ItemError(item_id, "result contains NaN or Inf; nothing was written")
-            with np.errstate(over="ignore"):
-                array = array.astype(self.dtype, copy=False)
-            if not np.all(np.isfinite(array)):
-                raise ItemError(item_id, f"result overflows {self.dtype}; nothing was written")
+        array = checked_result(item_id, array, self.dtype)
         target = self.item_path(item_id)
         make_dirs(target.parent)
         for extra, values in (extras or {}).items():
-            if not re.fullmatch(r"[a-z][a-z0-9_]*", extra):
-                raise ValueError(f"sidecar name {extra!r} must match [a-z][a-z0-9_]*")
+            check_sidecar_name(extra)
             atomic_save_npy(self.item_path(item_id, extra), np.asarray(values))
         atomic_save_npy(target, array)
         self.record(item_id, "done", seconds=seconds)
