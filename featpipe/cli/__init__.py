@@ -3,7 +3,7 @@
 Exit codes: 0 success; 1 failure (some items failed, or a stage could not run); 2 usage error.
 A :class:`featpipe.errors.FeatpipeError` is printed as one ``error:`` line, without traceback.
 
-Verbosity, the same for every command (README "Command line"):
+Verbosity, the same for every command (docs/command-line.md):
 
 - default: results on stdout (stage and name, summary line, scores); warnings and errors on
   stderr; a progress line on stderr when it is a terminal.
@@ -40,6 +40,7 @@ COMMANDS = {
     "submit": "featpipe.cli.submit:submit",
     "run": "featpipe.cli.run:run",
     "demo": "featpipe.cli.demo:demo",
+    "example": "featpipe.cli.example:example",
 }
 
 
