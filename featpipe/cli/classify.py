@@ -65,8 +65,10 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
               help="Fusion weights, one per input (default: equal).")
 @click.option("--C", "C_values", multiple=True, default=("1000",), show_default=True,
               metavar="C[,C...]", help="SVM C; several values are chosen among by --cv.")
-@click.option("--cv", default=5, show_default=True, type=int,
-              help="Folds of cross-validation on the train split (used with several --C).")
+@click.option("--cv", default=None, type=int,
+              help="Folds of cross-validation on the train split (used with several --C) "
+                   "[default: 5, or the smallest class's train count when fewer, with a "
+                   "note].")
 @click.option("--split", "split", default="1", show_default=True, metavar="K|all",
               help="Which split of the manifest; 'all' reports mean and std over splits.")
 @click.option("--metric", default=None, type=click.Choice(CHOICES["metric"]),
