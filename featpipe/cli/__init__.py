@@ -3,7 +3,7 @@
 Exit codes: 0 success; 1 failure (some items failed, or a stage could not run); 2 usage error.
 A :class:`featpipe.errors.FeatpipeError` is printed as one ``error:`` line, without traceback.
 
-Verbosity, the same for every command (README "Command line"); ``-q``/``-v`` are accepted
+Verbosity, the same for every command (docs/command-line.md); ``-q``/``-v`` are accepted
 before or after the command name (``featpipe -q encode`` = ``featpipe encode -q``; counts add
 up: ``featpipe -v encode -v`` is ``-vv``):
 
@@ -42,6 +42,7 @@ COMMANDS = {
     "submit": "featpipe.cli.submit:submit",
     "run": "featpipe.cli.run:run",
     "demo": "featpipe.cli.demo:demo",
+    "example": "featpipe.cli.example:example",
 }
 
 
