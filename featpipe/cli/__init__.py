@@ -46,12 +46,44 @@ COMMANDS = {
 }
 
 
-class LazyGroup(click.Group):
-    """A group whose subcommands are imported only when used (``--help`` stays fast)."""
+def short_helps(commands: dict[str, str]) -> dict[str, str]:
+    """Each lazy command's short help, in full (click shortens it to the terminal)."""
+    found = {}
+    for name, target in commands.items():
+        module_name, attr = target.split(":")
+        command = getattr(importlib.import_module(module_name), attr)
+        found[name] = command.get_short_help_str(limit=10**6)
+    return found
 
-    def __init__(self, *args, lazy_commands: dict[str, str] | None = None, **kwargs):
+
+def table_source() -> dict[str, str]:
+    """The short help of each command (``featpipe --help``; ``options.json``)."""
+    return short_helps(COMMANDS)
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported only when used: its ``--help`` lists them with
+    the short helps of the precomputed table (:func:`featpipe.cli.options.table_entry`
+    ``table_key``), so that it imports none of them."""
+
+    def __init__(self, *args, lazy_commands: dict[str, str] | None = None,
+                 table_key: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.lazy_commands = dict(lazy_commands or {})
+        self.table_key = table_key
+
+    def format_commands(self, ctx, formatter):
+        if self.table_key is None:
+            return super().format_commands(ctx, formatter)
+        from featpipe.cli.options import table_entry
+
+        helps = table_entry(self.table_key)
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = [(name, click.Command(name, help=helps[name]).get_short_help_str(limit))
+                for name in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy_commands))
@@ -134,7 +166,7 @@ def apply_verbosity(obj: dict) -> None:
     configure_logging(-1 if quiet else min(verbose, 2))
 
 
-@click.group(cls=FeatpipeGroup, lazy_commands=COMMANDS,
+@click.group(cls=FeatpipeGroup, lazy_commands=COMMANDS, table_key="commands",
              context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="featpipe")
 @click.option("-v", "--verbose", count=True,
