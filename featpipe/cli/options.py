@@ -26,7 +26,7 @@ from sklearn.utils._param_validation import (
     make_constraint,
 )
 
-from featpipe.errors import flag_of, off_flag_of
+from featpipe.errors import FLAG_ALIASES, flag_of, off_flag_of
 from featpipe.parameters import Parameter
 
 
@@ -47,16 +47,16 @@ def _kind(param: Parameter) -> tuple[str, object]:
     return "text", None
 
 
-def _option(name: str, params: list[Parameter], default, help_text: str, flag: str | None = None,
-            show_default: bool = False) -> click.Option:
+def _option(name: str, params: list[Parameter], default, help_text: str,
+            aliases: tuple[str, ...] = (), show_default: bool = False) -> click.Option:
     kinds = [_kind(p) for p in params]
-    flag = flag or flag_of(name)
+    flag = flag_of(name)
     names = {k for k, _ in kinds}
     kwargs: dict = {"default": default, "help": help_text, "show_default": show_default}
     if "flag" in names:
         decls = [f"{flag}/{off_flag_of(name, flag)}", name]
     else:
-        decls = [flag, name]
+        decls = [flag, *FLAG_ALIASES.get(name, ()), *aliases, name]
         if "choice" in names:
             kwargs["type"] = click.Choice(sorted({o for _, opts in kinds if opts for o in opts}))
         elif names <= {"int", "float"}:
@@ -118,16 +118,18 @@ def click_options(methods: Mapping[str, object]) -> tuple[click.Option, ...]:
                  for name, uses in by_name.items())
 
 
-def parameter_options(parameters: Iterable[Parameter], flags: Mapping[str, str] | None = None):
+def parameter_options(parameters: Iterable[Parameter], aliases: Mapping[str, str] | None = None):
     """Decorator: one click option per parameter, with its own default (shown in the help);
-    ``flags`` renames a parameter's flag (``{"n_components": "--dim"}``)."""
-    flags = dict(flags or {})
+    ``aliases`` adds a short spelling to a parameter's flag (``{"n_components": "--dim"}``:
+    ``--n-components`` or ``--dim``)."""
+    aliases = dict(aliases or {})
     parameters = list(parameters)
 
     def decorate(func):
         for param in reversed(parameters):
-            option = _option(param.name, [param], param.default, _help(param),
-                             flag=flags.get(param.name), show_default=param.default is not None)
+            alias = (aliases[param.name],) if param.name in aliases else ()
+            option = _option(param.name, [param], param.default, _help(param), alias,
+                             show_default=param.default is not None)
             func = _attach(func, option)
         return func
 
