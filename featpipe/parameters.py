@@ -25,6 +25,9 @@ int parameter is ``20``), so equal values written differently give one key.  A b
 ``BaseEstimator``: scikit-learn's ``_validate_params`` (called by ``_fit_context``) then
 raises a ParameterError, and ``_check_params`` adds the rules that tie two parameters together
 (``emit_layer <= depth``).
+
+scikit-learn is imported only when a value is checked or typed, so that the command line can read
+:class:`Parameter` records (``featpipe --help``) without it.
 """
 
 from __future__ import annotations
@@ -35,20 +38,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
 
-import numpy as np
-from sklearn.utils._param_validation import (
-    Interval,
-    StrOptions,
-    _InstancesOf,
-    _RandomStates,
-    make_constraint,
-)
-
 from featpipe.errors import FeatpipeError, ParameterError
 
 
 def describe(constraint) -> str:
     """A constraint in words: ``an int in the range [1, inf)``, ``one of avg, max``."""
+    from sklearn.utils._param_validation import StrOptions
+
     if isinstance(constraint, StrOptions):
         return "one of " + ", ".join(sorted(constraint.options - constraint.deprecated))
     return str(constraint)
@@ -58,6 +54,8 @@ def check_value(name: str, value, constraints: Iterable) -> None:
     """Raise :class:`ParameterError` unless ``value`` satisfies one of ``constraints``."""
     if constraints == "no_validation":
         return
+    from sklearn.utils._param_validation import make_constraint
+
     made = [make_constraint(c) for c in constraints]
     if any(c.is_satisfied_by(value) for c in made):
         return
@@ -221,6 +219,13 @@ def estimator_parameters(cls, include: Iterable[str] | None = None,
 
 def _number_types(constraints) -> set[type]:
     """The number types a declaration accepts: ``{int}``, ``{float}``, both or none."""
+    from sklearn.utils._param_validation import (
+        Interval,
+        _InstancesOf,
+        _RandomStates,
+        make_constraint,
+    )
+
     types: set[type] = set()
     for constraint in constraints if constraints != "no_validation" else ():
         made = make_constraint(constraint)
@@ -248,8 +253,8 @@ def typed_value(value, constraints=(), default=None):
     default's type decides.  Lists and tuples become lists, typed item by item (by the
     default's first item); NumPy scalars become Python scalars; booleans, strings and a
     parameter taking both ints and floats (an int count or a float fraction) keep theirs."""
-    if isinstance(value, np.generic):
-        value = value.item()
+    if hasattr(value, "item") and hasattr(value, "dtype") and not hasattr(value, "__len__"):
+        value = value.item()  # a NumPy scalar
     if isinstance(value, list | tuple):
         first = default[0] if isinstance(default, list | tuple) and default else None
         return [typed_value(v, (), first) for v in value]

@@ -101,3 +101,20 @@ def test_verbose_and_quiet_flags(tmp_path):
     assert "INFO featpipe.stages.imports: 3 items; reference feature shape: arrays of shape " \
         "(N, 2)" in loud.stderr
     assert quiet.stderr == ""
+
+
+def test_verbose_and_quiet_after_the_command_name(tmp_path):
+    """Issue 23: ``featpipe import -v`` = ``featpipe -v import``; ``-v`` counts add up."""
+    args = import_args(tmp_path, n=3)
+    loud = run_cli(*args, "-v")
+    assert "INFO featpipe.stages.imports: 3 items" in loud.stderr
+    assert "DEBUG" not in loud.stderr
+    quiet = run_cli(*args, "--force", "-q")
+    assert quiet.stderr == "" and "3 done" in quiet.stdout
+    both = run_cli("-v", *args, "-q", check=False)
+    assert both.returncode == 2 and "-q and -v exclude each other" in both.stderr
+    grouped = run_cli("cache", "ls", "--store", tmp_path / "s", "-q")
+    assert grouped.returncode == 0 and "feat" in grouped.stdout
+    louder = run_cli("-v", *args, "-v", "--force")  # -vv: a progress line at every update
+    assert "progress: import feat 3/3 items (100%)" in louder.stderr
+    assert "progress: import feat 3/3 items (100%)" not in run_cli(*args, "-v", "--force").stderr

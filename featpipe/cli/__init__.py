@@ -3,7 +3,9 @@
 Exit codes: 0 success; 1 failure (some items failed, or a stage could not run); 2 usage error.
 A :class:`featpipe.errors.FeatpipeError` is printed as one ``error:`` line, without traceback.
 
-Verbosity, the same for every command (README "Command line"):
+Verbosity, the same for every command (docs/command-line.md); ``-q``/``-v`` are accepted
+before or after the command name (``featpipe -q encode`` = ``featpipe encode -q``; counts add
+up: ``featpipe -v encode -v`` is ``-vv``):
 
 - default: results on stdout (stage and name, summary line, scores); warnings and errors on
   stderr; a progress line on stderr when it is a terminal.
@@ -40,15 +42,48 @@ COMMANDS = {
     "submit": "featpipe.cli.submit:submit",
     "run": "featpipe.cli.run:run",
     "demo": "featpipe.cli.demo:demo",
+    "example": "featpipe.cli.example:example",
 }
 
 
-class LazyGroup(click.Group):
-    """A group whose subcommands are imported only when used (``--help`` stays fast)."""
+def short_helps(commands: dict[str, str]) -> dict[str, str]:
+    """Each lazy command's short help, in full (click shortens it to the terminal)."""
+    found = {}
+    for name, target in commands.items():
+        module_name, attr = target.split(":")
+        command = getattr(importlib.import_module(module_name), attr)
+        found[name] = command.get_short_help_str(limit=10**6)
+    return found
 
-    def __init__(self, *args, lazy_commands: dict[str, str] | None = None, **kwargs):
+
+def table_source() -> dict[str, str]:
+    """The short help of each command (``featpipe --help``; ``options.json``)."""
+    return short_helps(COMMANDS)
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported only when used: its ``--help`` lists them with
+    the short helps of the precomputed table (:func:`featpipe.cli.options.table_entry`
+    ``table_key``), so that it imports none of them."""
+
+    def __init__(self, *args, lazy_commands: dict[str, str] | None = None,
+                 table_key: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.lazy_commands = dict(lazy_commands or {})
+        self.table_key = table_key
+
+    def format_commands(self, ctx, formatter):
+        if self.table_key is None:
+            return super().format_commands(ctx, formatter)
+        from featpipe.cli.options import table_entry
+
+        helps = table_entry(self.table_key)
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = [(name, click.Command(name, help=helps[name]).get_short_help_str(limit))
+                for name in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy_commands))
@@ -56,8 +91,10 @@ class LazyGroup(click.Group):
     def get_command(self, ctx, cmd_name):
         if cmd_name in self.lazy_commands:
             module_name, attr = self.lazy_commands[cmd_name].split(":")
-            return getattr(importlib.import_module(module_name), attr)
-        return super().get_command(ctx, cmd_name)
+            command = getattr(importlib.import_module(module_name), attr)
+        else:
+            command = super().get_command(ctx, cmd_name)
+        return with_verbosity_options(command)
 
     def resolve_command(self, ctx, args):
         name, command, rest = super().resolve_command(ctx, args)
@@ -92,7 +129,45 @@ class FeatpipeGroup(LazyGroup):
             ctx.exit(1)
 
 
-@click.group(cls=FeatpipeGroup, lazy_commands=COMMANDS,
+def _set_verbosity(ctx, param, value) -> None:
+    """Callback of a subcommand's ``-v``/``-q``: add to the root's count, reconfigure logging."""
+    if not value:
+        return
+    obj = ctx.find_root().ensure_object(dict)
+    if param.name == "quiet":
+        obj["quiet"] = True
+    else:
+        obj["verbose"] = int(obj.get("verbose") or 0) + value
+    apply_verbosity(obj)
+
+
+VERBOSITY_OPTIONS = (
+    ("verbose", lambda: click.Option(
+        ["-v", "--verbose"], count=True, expose_value=False, callback=_set_verbosity,
+        help="Same as featpipe -v (may also come before the command).")),
+    ("quiet", lambda: click.Option(
+        ["-q", "--quiet"], is_flag=True, expose_value=False, callback=_set_verbosity,
+        help="Same as featpipe -q (may also come before the command).")),
+)
+
+
+def with_verbosity_options(command: click.Command | None) -> click.Command | None:
+    """``command`` with ``-v``/``-q`` options (once), so they work after the command name."""
+    if command is not None:
+        present = {p.name for p in command.params}
+        command.params.extend(make() for name, make in VERBOSITY_OPTIONS if name not in present)
+    return command
+
+
+def apply_verbosity(obj: dict) -> None:
+    """Configure logging for ``obj``'s ``verbose`` count and ``quiet`` flag."""
+    verbose, quiet = int(obj.get("verbose") or 0), bool(obj.get("quiet"))
+    if quiet and verbose:
+        raise click.UsageError("-q and -v exclude each other")
+    configure_logging(-1 if quiet else min(verbose, 2))
+
+
+@click.group(cls=FeatpipeGroup, lazy_commands=COMMANDS, table_key="commands",
              context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="featpipe")
 @click.option("-v", "--verbose", count=True,
@@ -104,12 +179,10 @@ class FeatpipeGroup(LazyGroup):
 @click.pass_context
 def cli(ctx, verbose, quiet):
     """featpipe: extract per-frame features, encode videos and images, train kernel SVMs."""
-    if quiet and verbose:
-        raise click.UsageError("-q and -v exclude each other")
-    configure_logging(-1 if quiet else min(verbose, 2))
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose
     ctx.obj["quiet"] = quiet
+    apply_verbosity(ctx.obj)
 
 
 class _StatusAwareHandler(logging.Handler):

@@ -13,13 +13,14 @@ from featpipe.fileio import human_bytes
 from featpipe.progress import format_duration
 from featpipe.stages import cache as upkeep
 
-CACHE_COMMANDS = {"pack": "featpipe.cli.cache_pack:pack"}
+CACHE_COMMANDS = {"pack": "featpipe.cli.cache_pack:pack",
+                  "refs": "featpipe.cli.cache_refs:refs", "rm": "featpipe.cli.cache_refs:rm"}
 PARAMS_WIDTH = 60
 
 
 @click.group(cls=LazyGroup, lazy_commands=CACHE_COMMANDS)
 def cache():
-    """Inspect (ls, show), check (verify) and clean (gc, pack) a store."""
+    """Inspect (ls, show, refs), check (verify) and clean (gc, rm, pack) a store."""
 
 
 def _compact_bytes(n: int) -> str:

@@ -38,7 +38,7 @@ def item_parallel_options(func):
                      callback=check_jobs, help=JOBS_HELP),
         click.option("--executor", default="local", show_default=True,
                      type=click.Choice(["local", "dask", "slurm"]),
-                     help="Where items run (see README 'Running on a cluster')."),
+                     help="Where items run (see docs/cluster.md)."),
         click.option("--scheduler", default=None,
                      help="Address of a dask.distributed scheduler (with --executor dask)."),
         click.option("--shard", default=None, metavar="I/N",
@@ -69,7 +69,7 @@ def open_store(store_path: str) -> Store:
 
 
 def verbosity() -> int:
-    """-1 with ``-q``, 0 by default, 1 with ``-v``, 2 with ``-vv`` (README "Command line")."""
+    """-1 with ``-q``, 0 by default, 1 with ``-v``, 2 with ``-vv`` (docs/command-line.md)."""
     ctx = click.get_current_context(silent=True)
     obj = ctx.find_root().obj if ctx else None
     if not obj:

@@ -10,7 +10,6 @@ from featpipe.cli.common import (
     open_store,
     store_option,
 )
-from featpipe.stages.fitting import fit_standardize as fit_standardize_stage
 
 
 @click.command("standardize")
@@ -23,5 +22,7 @@ from featpipe.stages.fitting import fit_standardize as fit_standardize_stage
 def fit_standardize(store_path, input_name, name, split, dry_run):
     """Fit per-channel standardisation on the input's train frames (then `encode --method
     standardize --model NAME`)."""
+    from featpipe.stages.fitting import fit_standardize as fit_standardize_stage
+
     fit_standardize_stage(open_store(store_path), input_name, name=name, split=split,
                           dry_run=dry_run, reporter=ClickReporter())

@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
@@ -258,15 +258,6 @@ class _Items:
 
 
 # -- the learner -----------------------------------------------------------------------------
-
-@dataclass
-class _Task:
-    """One GMM being learned and the columns (classes) of the label matrix it serves."""
-
-    columns: list[int]
-    theta: tuple
-    history: list[dict] = field(default_factory=list)
-
 
 class DeepFisherKernel(ArrayModel, ValidatedEstimator, BaseEstimator):
     """Learn the GMM of a Fisher-vector encoding together with linear SVMs (Algorithm 1).

@@ -235,7 +235,7 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
     (:func:`featpipe.learn.splits.stratified_split`).
     """
     from featpipe.encode.fisher import gmm_stage_arrays
-    from featpipe.extract.pca import MODEL_NAME, PCAProjection
+    from featpipe.extract.pca import MODEL_NAME, PCAProjection, project
     from featpipe.learn.deep_fisher import DeepFisherKernel
     from featpipe.learn.splits import stratified_split
 
@@ -267,7 +267,7 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
     for item_id in ids:
         x = _as_descriptors(np.asarray(source.read_item(item_id), dtype=np.float64), item_id)
         if "pca_mean" in init:
-            x = (x - init["pca_mean"]) @ init["pca_components"].T
+            x = project(x, init["pca_mean"], init["pca_components"])
         descs.append(x)
     learn, val = stratified_split(labels, val_fraction, model.random_state)
     start = time.perf_counter()
