@@ -13,6 +13,7 @@ import pytest
 from featpipe.fileio import HOST
 from featpipe.manifest import from_rows
 from featpipe.store import Store
+from tests.conftest import run_cli
 
 
 @pytest.fixture
@@ -203,3 +204,31 @@ def test_rm_refuses_a_name_whose_run_is_computing(filled, cli):
     assert result.exit_code == 1
     assert f"a run for 'enc' is computing stage {orphan.name} now" in result.output
     assert marker.exists() and "enc" in store.names()
+
+
+def test_ls_fits_the_terminal_width_and_wide_shows_all(filled):
+    """Issue 23: the table fits $COLUMNS (the terminal's width): PARAMS shortened, then
+    columns dropped with a note on stderr; --wide shows every column; a pipe gets all."""
+    store, base, child, orphan = filled
+    args = ("cache", "ls", "--store", store.root)
+    full = run_cli(*args, env={"COLUMNS": ""}).stdout.splitlines()
+    assert full[0].split()[-1] == "PARAMS" and max(map(len, full)) > 100
+    for columns in (100, 80, 60, 40):
+        proc = run_cli(*args, env={"COLUMNS": str(columns)})
+        lines = proc.stdout.splitlines()
+        assert max(map(len, lines)) <= columns, (columns, lines)
+        header = lines[0].split()
+        assert header[:2] == ["NAMES", "STAGE"] and len(lines) == 4
+        left_out = [c for c in full[0].split() if c not in header]
+        if left_out:
+            note = re.fullmatch(r"note: (.+) left out to fit (\d+) columns; --wide shows "
+                                r"every column\n", proc.stderr)
+            assert note and note.group(2) == str(columns)
+            assert sorted(note.group(1).split(", ")) == sorted(left_out)
+        else:
+            assert proc.stderr == ""
+    narrow = run_cli(*args, env={"COLUMNS": "60"}).stdout.splitlines()
+    assert narrow[0].split() == ["NAMES", "STAGE", "KIND", "DONE", "FAILED", "TOTAL"]
+    assert narrow[1:] == [line[:len(narrow[1])].rstrip() for line in narrow[1:]]
+    wide = run_cli(*args, "--wide", env={"COLUMNS": "40"})
+    assert wide.stdout.splitlines() == full and wide.stderr == ""
