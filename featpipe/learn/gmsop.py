@@ -91,8 +91,9 @@ class GatedMixtureSOP(ValidatedEstimator, ClassifierMixin, BaseEstimator):
         Where torch runs the model.
 
     Fitted attributes: ``projections_`` (M, D, d), ``gate_weight_`` and ``noise_weight_``
-    (F, M), ``gate_projection_`` (D, g; None for the average gate), ``classes_``, ``loss_curve_`` and the classifier head
-    (``classifier_``, ``intercept_``, ``norm_``: the BatchNorm statistics and affine).
+    (F, M), ``gate_projection_`` (D, g; None for the average gate), ``classes_``,
+    ``loss_curve_`` and the classifier head (``classifier_``, ``intercept_``, ``norm_``: the
+    BatchNorm statistics and affine).
     """
 
     _parameter_constraints = {
