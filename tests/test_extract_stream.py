@@ -256,3 +256,36 @@ def test_every_failure_belongs_to_its_own_item(tmp_path):
     assert failed["boom"].endswith("boom.mp4: MemoryError: cannot allocate 16.8 GiB")
     assert "empty file" in failed["empty"] and "cannot open it as a video" in failed["text"]
     assert Store(tmp_path / "s").all_stages()[0].done_ids() == {"ok"}
+
+
+def test_frames_smaller_than_one_sift_descriptor_fail_their_item_with_one_line(tmp_path):
+    """A 1x1 image, a 7x6 image and a 1x1 video give no dense SIFT descriptor at any size:
+    each fails with one line naming its size and the smallest that works (raw features and
+    `--encode spatial-grid` alike), and the 64x64 image beside them is done."""
+    cv2.imwrite(str(tmp_path / "one.png"), np.full((1, 1, 3), 100, np.uint8))
+    cv2.imwrite(str(tmp_path / "small.png"), np.full((6, 7, 3), 100, np.uint8))
+    rng = np.random.default_rng(0)
+    cv2.imwrite(str(tmp_path / "ok.png"), rng.integers(0, 256, (64, 64, 3), np.uint8))
+    writer = cv2.VideoWriter(str(tmp_path / "one.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 10,
+                             (1, 1))
+    for _ in range(3):
+        writer.write(np.full((1, 1, 3), 50, np.uint8))
+    writer.release()
+    manifest = write_manifest(tmp_path, [("one", "one.png", "a", "train"),
+                                         ("small", "small.png", "a", "train"),
+                                         ("onevid", "one.avi", "a", "train"),
+                                         ("ok", "ok.png", "b", "train")])
+    for extra in ((), ("--encode", "spatial-grid")):
+        result = run_cli("extract", "-m", manifest, "-s", tmp_path / "s", "-f", "dsift",
+                         "--on-error", "skip", *extra, check=False)
+        assert result.returncode == 1
+        failed = sorted(x.replace(f"{tmp_path}/", "") for x in result.stderr.splitlines()
+                        if x.startswith("failed:"))
+        assert failed == [
+            "failed: one: one.png: frame 0 is 1x1 pixels, smaller than one dense SIFT "
+            "descriptor (at least 22x22 with sizes 4,6,8,10): no descriptors",
+            "failed: onevid: one.avi: frame 0 is 1x1 pixels, smaller than one dense SIFT "
+            "descriptor (at least 22x22 with sizes 4,6,8,10): no descriptors",
+            "failed: small: small.png: frame 0 is 7x6 pixels, smaller than one dense SIFT "
+            "descriptor (at least 22x22 with sizes 4,6,8,10): no descriptors"]
+        assert "1 done" in result.stdout and "Error" not in result.stderr
