@@ -289,3 +289,33 @@ def test_frames_smaller_than_one_sift_descriptor_fail_their_item_with_one_line(t
             "failed: small: small.png: frame 0 is 7x6 pixels, smaller than one dense SIFT "
             "descriptor (at least 22x22 with sizes 4,6,8,10): no descriptors"]
         assert "1 done" in result.stdout and "Error" not in result.stderr
+
+
+def test_the_projection_chain_is_checked_before_any_work(recipe):
+    """g8 carries its own PCA (fit gmm --pca p16): --pca p16 as well would project twice, a
+    usage error naming both steps; a GMM fitted on p16-projected rows needs --pca p16."""
+    folder, manifest, store = recipe
+    stages = set(Store(store).all_stages())
+    doubled = invoke("extract", "-m", manifest, *DSIFT, "-s", store, "--pca", "p16",
+                     "--encode", "fisher", "--gmm", "g8")
+    assert doubled.exit_code == 2
+    assert ("error: --pca p16 projects the dsift descriptors 128 -> 16, and the gmm stage g8 "
+            "of --encode fisher projects them again with its own PCA (128 -> 16, stored by "
+            "`fit gmm --pca/--pca-dim`): the projection is doubled; drop --pca (the model "
+            "projects)") in doubled.output
+    assert set(Store(store).all_stages()) == stages  # nothing was created
+    for step in [("extract", "-m", manifest, *DSIFT, "--pca", "p16", "--sample-descriptors",
+                  500, "-n", "sample16"),
+                 ("fit", "gmm", "-i", "sample16", "--components", 2, "-n", "g16")]:
+        assert invoke(*step, "-s", store).exit_code == 0
+    stages = set(Store(store).all_stages())
+    missing = invoke("extract", "-m", manifest, *DSIFT, "-s", store, "--encode", "fisher",
+                     "--gmm", "g16")
+    assert missing.exit_code == 1
+    assert ("error: --encode fisher (gmm g16) takes 16-dim descriptors but dsift gives 128; "
+            "was it fitted on descriptors projected by a pca stage? add --pca NAME"
+            ) in missing.output
+    assert set(Store(store).all_stages()) == stages  # nothing was created
+    chained = invoke("extract", "-m", manifest, *DSIFT, "-s", store, "--pca", "p16",
+                     "--encode", "fisher", "--gmm", "g16", "--dry-run")
+    assert chained.exit_code == 0, chained.output
