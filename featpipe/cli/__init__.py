@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import importlib
 import logging
+import shlex
+import sys
 import warnings
 
 import click
 
 from featpipe import __version__
+from featpipe.cli import logfile
 from featpipe.errors import FeatpipeError, ParameterError, flag_of
 
 #: command name -> "module:attribute"; one module per command keeps each command obvious.
@@ -117,15 +120,39 @@ class FeatpipeGroup(LazyGroup):
     parameter value, a usage error)."""
 
     def invoke(self, ctx):
+        code = 1
+        try:
+            result = self._invoke(ctx)
+            code = 0
+            return result
+        except click.exceptions.Exit as stop:
+            code = stop.exit_code
+            raise
+        except click.ClickException as err:
+            code = err.exit_code
+            logfile.record(f"error: {err.format_message()}", logging.ERROR)
+            raise
+        except BaseException:
+            logfile.record_crash()
+            raise
+        finally:
+            logfile.close_log(code)
+
+    def _invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except ParameterError as err:
             flag = flag_for(ctx.meta.get("featpipe.command"), err.param)
-            click.echo(f"error: {flag} {err.cause}", err=True)
+            _error(f"error: {flag} {err.cause}")
             ctx.exit(2)
         except FeatpipeError as err:
-            click.echo(f"error: {err}", err=True)
+            _error(f"error: {err}")
             ctx.exit(1)
+
+
+def _error(text: str) -> None:
+    click.echo(text, err=True)
+    logfile.record(text, logging.ERROR)
 
 
 def _set_verbosity(ctx, param, value) -> None:
@@ -140,6 +167,16 @@ def _set_verbosity(ctx, param, value) -> None:
     apply_verbosity(obj)
 
 
+def _set_log_file(ctx, param, value) -> None:
+    """Callback of ``--log-file``: start the record of this run (module :mod:`logfile`)."""
+    if value:
+        logfile.open_log(value, shlex.join(["featpipe", *sys.argv[1:]]))
+        apply_verbosity(ctx.find_root().ensure_object(dict))
+
+
+LOG_FILE_HELP = ("Append the full record of the run (every log level, the reported lines, "
+                 "progress, the exit status) to PATH.")
+
 VERBOSITY_OPTIONS = (
     ("verbose", lambda: click.Option(
         ["-v", "--verbose"], count=True, expose_value=False, callback=_set_verbosity,
@@ -147,11 +184,14 @@ VERBOSITY_OPTIONS = (
     ("quiet", lambda: click.Option(
         ["-q", "--quiet"], is_flag=True, expose_value=False, callback=_set_verbosity,
         help="Same as featpipe -q (may also come before the command).")),
+    ("log_file", lambda: click.Option(
+        ["--log-file"], type=click.Path(dir_okay=False), metavar="PATH", expose_value=False,
+        callback=_set_log_file, help=LOG_FILE_HELP)),
 )
 
 
 def with_verbosity_options(command: click.Command | None) -> click.Command | None:
-    """``command`` with ``-v``/``-q`` options (once), so they work after the command name."""
+    """``command`` with ``-v``/``-q``/``--log-file`` (once): they work after its name too."""
     if command is not None:
         present = {p.name for p in command.params}
         command.params.extend(make() for name, make in VERBOSITY_OPTIONS if name not in present)
@@ -175,6 +215,9 @@ def apply_verbosity(obj: dict) -> None:
 @click.option("-q", "--quiet", is_flag=True,
               help="stderr shows errors only (no progress, warnings or log lines); stdout "
                    "keeps the results.")
+@click.option("--log-file", type=click.Path(dir_okay=False), metavar="PATH",
+              envvar="FEATPIPE_LOG_FILE", expose_value=False, callback=_set_log_file,
+              help=LOG_FILE_HELP + " Or $FEATPIPE_LOG_FILE.")
 @click.pass_context
 def cli(ctx, verbose, quiet):
     """featpipe: extract per-frame features, encode videos and images, train kernel SVMs."""
@@ -190,6 +233,8 @@ class _StatusAwareHandler(logging.Handler):
     def emit(self, record):
         from featpipe.cli.display import print_above
 
+        if record.name.startswith(logfile.OUTPUT):  # for the log file only
+            return
         try:
             print_above(self.format(record))
         except Exception:  # logging must never break a run
@@ -197,18 +242,21 @@ class _StatusAwareHandler(logging.Handler):
 
 
 def configure_logging(level: int) -> None:
-    """featpipe's loggers at ERROR (-q, level -1), WARNING (0), INFO (1) or DEBUG (2); other
-    libraries' loggers at WARNING (ERROR with -q); with -q Python warnings are ignored."""
+    """featpipe's loggers on stderr at ERROR (-q, level -1), WARNING (0), INFO (1) or DEBUG
+    (2), and at every level into a ``--log-file``; other libraries' loggers at WARNING
+    (ERROR with -q); with -q Python warnings are ignored."""
     root = logging.getLogger()
     for handler in [h for h in root.handlers if isinstance(h, _StatusAwareHandler)]:
         root.removeHandler(handler)
     handler = _StatusAwareHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
                                            "%H:%M:%S"))
+    featpipe_level = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO,
+                      2: logging.DEBUG}[level]
+    handler.setLevel(featpipe_level)
     root.addHandler(handler)
     root.setLevel(logging.ERROR if level < 0 else logging.WARNING)
-    logging.getLogger("featpipe").setLevel(
-        {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}[level])
+    logging.getLogger("featpipe").setLevel(logging.DEBUG if logfile.active() else featpipe_level)
     if level < 0:
         warnings.simplefilter("ignore")
 

@@ -64,7 +64,10 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
 @click.option("--weights", default=None, metavar="W,W,...",
               help="Fusion weights, one per input (default: equal).")
 @click.option("--C", "C_values", multiple=True, default=("1000",), show_default=True,
-              metavar="C[,C...]", help="SVM C; several values are chosen among by --cv.")
+              metavar="C[,C...]", help="SVM C (libsvm's: the weight of the summed hinge loss "
+                                        "against ½‖w‖²; `fit deep-gmm --C` means the same, "
+                                        "with the squared hinge); several values are chosen "
+                                        "among by --cv.")
 @click.option("--cv", default=None, type=int,
               help="Folds of cross-validation on the train split (used with several --C) "
                    "[default: 5, or the smallest class's train count when fewer, with a "
