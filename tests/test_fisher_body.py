@@ -114,7 +114,7 @@ def test_accumulator_parts_and_raw_fv_use_the_same_normalisation(normal_gmm):
     for chunk in np.array_split(x, 4):
         parts.add(chunk)
     raw, _ = fisher_vectors(x[None], *_theta(gmm), improved=False)
-    np.testing.assert_allclose(parts.result(), raw[0], rtol=2e-4, atol=1e-6)
+    np.testing.assert_allclose(parts.result(), raw[0], rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(improve(raw[0]), fisher_vector(x, gmm.weights_, gmm.means_,
                                                               gmm.variances_), atol=2e-6)
 
