@@ -19,6 +19,9 @@ any stage exists (:func:`check_params`).  A bad value raises
 ``BaseEstimator``: scikit-learn's ``_validate_params`` (called by ``_fit_context``) then
 raises a ParameterError, and ``_check_params`` adds the rules that tie two parameters together
 (``emit_layer <= depth``).
+
+scikit-learn is imported only when a value is checked, so that the command line can read
+:class:`Parameter` records (``featpipe --help``) without it.
 """
 
 from __future__ import annotations
@@ -27,13 +30,13 @@ import inspect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sklearn.utils._param_validation import StrOptions, make_constraint
-
 from featpipe.errors import FeatpipeError, ParameterError
 
 
 def describe(constraint) -> str:
     """A constraint in words: ``an int in the range [1, inf)``, ``one of avg, max``."""
+    from sklearn.utils._param_validation import StrOptions
+
     if isinstance(constraint, StrOptions):
         return "one of " + ", ".join(sorted(constraint.options - constraint.deprecated))
     return str(constraint)
@@ -43,6 +46,8 @@ def check_value(name: str, value, constraints: Iterable) -> None:
     """Raise :class:`ParameterError` unless ``value`` satisfies one of ``constraints``."""
     if constraints == "no_validation":
         return
+    from sklearn.utils._param_validation import make_constraint
+
     made = [make_constraint(c) for c in constraints]
     if any(c.is_satisfied_by(value) for c in made):
         return

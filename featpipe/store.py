@@ -58,6 +58,7 @@ from featpipe.fileio import (
     writing,
 )
 from featpipe.manifest import Manifest
+from featpipe.packed import PackedItems
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: A stage folder name, ``<kind>-<16 hex digits of its key>``: one path component, no dots.
@@ -348,9 +349,7 @@ class Stage:
         }
 
     def packed(self):
-        """The :class:`featpipe.pack.PackedItems` of this stage, or ``None`` if not packed."""
-        from featpipe.pack import PackedItems
-
+        """The :class:`featpipe.packed.PackedItems` of this stage, or ``None`` if not packed."""
         return PackedItems.open(self.path)
 
     def failed(self) -> dict[str, str]:

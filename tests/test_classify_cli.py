@@ -236,3 +236,65 @@ def test_multilabel_map_and_all_splits(tmp_path, cli):
     result = cli("classify", "--store", store.root, "--input", "enc", "--metric", "accuracy")
     assert result.exit_code == 2 and "error: --metric accuracy is undefined for multi-label" \
         in result.output
+
+
+def test_per_class_accuracy_and_ap_on_stdout(tmp_path):
+    """Issue 23: the per-class numbers are printed, not only written to the report."""
+    rows = [("a", "", ["x"], ["train"]), ("b", "", ["y"], ["train"]),
+            ("c", "", ["x"], ["test"]), ("d", "", ["y"], ["test"]), ("e", "", ["y"], ["test"])]
+    vectors = {"a": [1.0, 0.0], "b": [0.0, 1.0], "c": [0.9, 0.1], "d": [0.2, 0.8],
+               "e": [0.8, 0.3]}  # e (a y) looks like an x
+    store = _store_with(tmp_path, rows, {k: np.array(v) for k, v in vectors.items()})
+    proc = run_cli("classify", "--store", store.root, "--input", "enc", "--C", "10")
+    lines = proc.stdout.splitlines()
+    start = lines.index("per class (split 1):")
+    assert lines[start + 1].split() == ["class", "accuracy", "AP"]
+    # x: c correct (1/1); its scores rank c (0.9) above e (0.8): AP 1. y: d right, e wrong
+    # (1/2); y's scores rank d first, then e, then c: AP 1.
+    assert lines[start + 2].split() == ["x", "1.0000", "(1/1)", "1.0000"]
+    assert lines[start + 3].split() == ["y", "0.5000", "(1/2)", "1.0000"]
+
+
+def _few_per_class(tmp_path, per_class):
+    """Train items: per_class[c] of class c; two test items per class."""
+    rng = np.random.default_rng(3)
+    rows, vectors = [], {}
+    for c, n in enumerate(per_class):
+        for j in range(n + 2):
+            item_id = f"c{c}_{j}"
+            rows.append((item_id, "", [f"k{c}"], ["train" if j < n else "test"]))
+            vectors[item_id] = rng.random(4) + np.eye(4)[c]
+    return _store_with(tmp_path, rows, vectors)
+
+
+def test_default_cv_uses_the_folds_the_smallest_class_allows(tmp_path, cli):
+    """Issue 23: the default --cv 5 with a class of 3 train items uses 3 folds and says so;
+    an explicit --cv 5 is refused before training, naming the class and its count."""
+    store = _few_per_class(tmp_path, [6, 3, 5])
+    report = tmp_path / "r.json"
+    proc = run_cli("classify", "--store", store.root, "--input", "enc", "--C", "1,10",
+                   "--report", report)
+    assert "note: split 1: class 'k1' has 3 train items, so C is chosen by 3-fold " \
+           "cross-validation instead of 5" in proc.stderr
+    assert "by 3-fold cv" in proc.stdout
+    data = json.loads(report.read_text())
+    assert data["config"]["cv"] == 3 and data["splits"][0]["cv_folds"] == 3
+    # the chosen C has the best mean fold accuracy among the recorded cv_scores
+    scores = data["splits"][0]["cv_scores"]
+    assert data["splits"][0]["C"] == max((float(c) for c in scores), key=lambda c:
+                                         scores[repr(c)])
+    explicit = run_cli("classify", "--store", store.root, "--input", "enc", "--C", "1,10",
+                       "--cv", "5", check=False)
+    assert explicit.returncode == 2
+    assert "error: --cv is 5, but class 'k1' has only 3 train items in split 1; use 3 or " \
+           "fewer" in explicit.stderr
+    assert cli("classify", "--store", store.root, "--input", "enc", "--C", "1,10", "--cv",
+               "3").exit_code == 0
+    lonely = _few_per_class(tmp_path / "one", [4, 1])
+    result = run_cli("classify", "--store", lonely.root, "--input", "enc", "--C", "1,10",
+                     check=False)
+    assert result.returncode == 1
+    assert "error: split 1: class 'k1' has 1 train item, too few to cross-validate" \
+        in result.stderr
+    # one C needs no cross-validation: the same store classifies
+    assert run_cli("classify", "--store", lonely.root, "--input", "enc").returncode == 0

@@ -13,11 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from featpipe.learn.gmsop import (  # noqa: E402
-    GatedMixtureSOP,
-    balance_loss,
-    top_k_softmax,
-)
+from featpipe.learn.gmsop import GatedMixtureSOP  # noqa: E402
+from featpipe.nn.functional import balance_loss, top_k_softmax  # noqa: E402
 from tests.test_bilinear import fill_store, ns_transcription  # noqa: E402
 
 

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from featpipe.cli.cache_pack import pack
 from featpipe.errors import FeatpipeError
 from featpipe.fileio import safe_stem, shard_of
-from featpipe.pack import PackedItems, pack_stage
+from featpipe.pack import pack_stage
+from featpipe.packed import PackedItems
 from featpipe.parallel import run_items
 from featpipe.store import Store
 from tests._computes import SleepyCompute, expected_array, sleepy_stage

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from sklearn.decomposition import PCA
@@ -97,3 +103,41 @@ def test_save_load_round_trip(tmp_path):
     stage.save_model("pca", pca, {"input": "x"})
     back = load_pca(stage)
     np.testing.assert_array_equal(back.transform(X), pca.transform(X))
+
+
+_KERNEL_PROBE = """
+import sys
+import numpy as np
+from featpipe.extract.pca import project
+rng = np.random.default_rng(0)
+x = (rng.gamma(0.6, 40.0, (3000, 128))).astype(np.float32)  # SIFT-like: non-negative, skewed
+mean = x.mean(axis=0)
+matrix = np.linalg.qr(rng.standard_normal((128, 64)))[0].T.astype(np.float32)
+whole = project(x, mean, matrix)
+frames = np.concatenate([project(x[i:i + 137], mean, matrix) for i in range(0, 3000, 137)])
+np.save(sys.argv[1], np.stack([whole, frames]))
+"""
+
+
+def _has_avx2() -> bool:
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpuinfo.exists() and " avx2" in cpuinfo.read_text()
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or not _has_avx2(),
+                    reason="OpenBLAS's Haswell and Zen kernels need an x86-64 CPU with AVX2")
+def test_projection_rows_do_not_depend_on_the_batch_nor_the_blas_kernel(tmp_path):
+    """The fused extract --encode path projects frame by frame, the two-stage path whole
+    items; OpenBLAS's Haswell and Zen float32 kernels give those rows different last bits,
+    which the FV's posterior cut-off magnified to 6e-5.  The same bits under every kernel."""
+    results = {}
+    for kernel in ("", "Haswell", "Zen"):  # "" = the kernel OpenBLAS picks for this CPU
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+        if kernel:
+            env["OPENBLAS_CORETYPE"] = kernel
+        out = tmp_path / f"{kernel or 'default'}.npy"
+        subprocess.run([sys.executable, "-c", _KERNEL_PROBE, str(out)], env=env, check=True)
+        results[kernel] = np.load(out)
+    for kernel, (whole, frames) in results.items():
+        np.testing.assert_array_equal(whole, frames, err_msg=kernel)
+        np.testing.assert_array_equal(whole, results[""][0], err_msg=kernel)

@@ -21,6 +21,7 @@ import pytest
 from conftest import REPO
 
 TEMPLATE = "featpipe/templates/featpipe-array.sbatch"
+PIPELINE = "featpipe/templates/pipeline.toml"
 
 
 def _run(args, cwd, env=None, check=True):
@@ -51,7 +52,7 @@ def installed(tmp_path_factory):
           "--no-index", "-w", root / "dist", source], cwd=root)
     wheel = next((root / "dist").glob("featpipe-*.whl"))
     with zipfile.ZipFile(wheel) as archive:
-        assert TEMPLATE in archive.namelist()
+        assert TEMPLATE in archive.namelist() and PIPELINE in archive.namelist()
     venv = root / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=root)
     python = venv / "bin" / "python"
@@ -82,6 +83,12 @@ def test_submit_dry_run_renders_the_shipped_template(installed):
     assert f"exec {bin_dir / 'python'} -m featpipe encode" in proc.stdout
     template = _run([bin_dir / "featpipe", "submit", "--print-template"], work).stdout
     assert "{{COMMAND}} --executor slurm --shard" in template
+
+
+def test_example_pipeline_ships_with_the_wheel(installed):
+    bin_dir, work = installed
+    proc = _run([bin_dir / "featpipe", "example", "pipeline"], work)
+    assert proc.stdout == (REPO / PIPELINE).read_text(encoding="utf-8")
 
 
 def test_shell_completion(installed):

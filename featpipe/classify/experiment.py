@@ -26,6 +26,8 @@ from featpipe.store import Stage
 
 METRICS = ("accuracy", "map")
 SOLVERS = ("libsvm", "liblinear")
+#: Folds of cross-validation when none are asked for (fewer when a class has fewer items).
+DEFAULT_CV = 5
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class Settings:
     """Everything an experiment needs besides its inputs (defaults = the CLI's)."""
 
     Cs: tuple[float, ...] = (1000.0,)
-    cv: int = 5
+    cv: int = DEFAULT_CV
     metric: str = "accuracy"
     ap_mode: str = "standard"
     solver: str = "libsvm"
@@ -129,6 +131,35 @@ def _score(metric: str, ap_mode: str, Y_true: np.ndarray, scores: np.ndarray) ->
     if metric == "accuracy":
         return metrics.accuracy(Y_true.argmax(axis=1), scores.argmax(axis=1))
     return metrics.mean_average_precision(Y_true, scores, ap_mode)
+
+
+def fold_count(manifest: Manifest, k: int, cv: int | None) -> tuple[int, str | None]:
+    """Stratified folds for choosing C on the train items of split ``k``, and a note when
+    fewer than :data:`DEFAULT_CV` are used.
+
+    ``cv=None``: :data:`DEFAULT_CV`, or the smallest class's train count when that is fewer
+    (each fold needs one item of every class). An explicit ``cv`` larger than that count is
+    a :class:`ParameterError`; a class with a single train item is a :class:`FeatpipeError`
+    (no stratified split exists).  Multi-label items use plain k-fold: ``cv`` or the default.
+    """
+    _, _, classes, Y_train, Y_test = split_targets(manifest, k)
+    folds = DEFAULT_CV if cv is None else cv
+    if Y_train.sum(axis=1).max() > 1 or Y_test.sum(axis=1).max() > 1:
+        return folds, None
+    counts = Y_train.sum(axis=0)
+    smallest = int(counts.argmin())
+    name, count = classes[smallest], int(counts[smallest])
+    if count >= folds:
+        return folds, None
+    if count < 2:
+        raise FeatpipeError(f"split {k}: class {name!r} has {count} train item, too few to "
+                            "cross-validate several --C (each fold needs one of every "
+                            "class); give one --C or more train items")
+    if cv is not None:
+        raise ParameterError("cv", f"is {cv}, but class {name!r} has only {count} train items "
+                                   f"in split {k}; use {count} or fewer (or leave --cv out)")
+    return count, (f"note: split {k}: class {name!r} has {count} train items, so C is chosen "
+                   f"by {count}-fold cross-validation instead of {DEFAULT_CV}")
 
 
 def _folds(Y: np.ndarray, n_folds: int, multilabel: bool):
@@ -236,6 +267,7 @@ def run_split(stages: Sequence[Stage], kernels: Sequence[str], manifest: Manifes
         "multilabel": multilabel,
         "C": float(C),
         "cv_scores": cv_scores,
+        "cv_folds": settings.cv if len(settings.Cs) > 1 else None,
         "gammas": data.gammas,
         "per_class_ap": [None if np.isnan(v) else float(v) for v in ap],
         "map": float(np.nanmean(ap)) if not np.all(np.isnan(ap)) else None,

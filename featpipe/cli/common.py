@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import shlex
 import sys
 
 import click
 
+from featpipe.cli import logfile
 from featpipe.cli.display import board, print_above
 from featpipe.parallel import resolve_jobs
 from featpipe.stages.base import Progress, Reporter, RunOptions, StageRun
@@ -34,7 +36,7 @@ def item_parallel_options(func):
                      callback=check_jobs, help=JOBS_HELP),
         click.option("--executor", default="local", show_default=True,
                      type=click.Choice(["local", "dask", "slurm"]),
-                     help="Where items run (see README 'Running on a cluster')."),
+                     help="Where items run (see docs/cluster.md)."),
         click.option("--scheduler", default=None,
                      help="Address of a dask.distributed scheduler (with --executor dask)."),
         click.option("--shard", default=None, metavar="I/N",
@@ -65,7 +67,7 @@ def open_store(store_path: str) -> Store:
 
 
 def verbosity() -> int:
-    """-1 with ``-q``, 0 by default, 1 with ``-v``, 2 with ``-vv`` (README "Command line")."""
+    """-1 with ``-q``, 0 by default, 1 with ``-v``, 2 with ``-vv`` (docs/command-line.md)."""
     ctx = click.get_current_context(silent=True)
     obj = ctx.find_root().obj if ctx else None
     if not obj:
@@ -74,28 +76,32 @@ def verbosity() -> int:
 
 
 def warn(text: str) -> None:
-    """A warning on stderr (not with ``-q``), above any progress line."""
+    """A warning on stderr (not with ``-q``), above any progress line; in the log file."""
+    logfile.record(text, logging.WARNING)
     if verbosity() >= 0:
         print_above(text)
 
 
 class ClickReporter(Reporter):
     """Result lines on stdout; warnings on stderr unless ``-q``; errors on stderr always;
-    progress as :mod:`featpipe.cli.display` describes (nothing with ``-q``)."""
+    progress as :mod:`featpipe.cli.display` describes (nothing with ``-q``); all of them in
+    the ``--log-file`` (:mod:`featpipe.cli.logfile`)."""
 
     def info(self, text: str) -> None:
         click.echo(text)
+        logfile.record(text)
 
     def warn(self, text: str) -> None:
         warn(text)
 
     def error(self, text: str) -> None:
         print_above(text)
+        logfile.record(text, logging.ERROR)
 
     def progress(self, total: int | None, label: str, unit: str = "items") -> Progress:
         level = verbosity()
-        if level < 0 or total == 0:  # -q, or nothing to count (everything already complete)
-            return Progress()
+        if total == 0 or (level < 0 and not logfile.active()):
+            return Progress()  # nothing to count (all complete), or -q without a log file
         return board(level).open(total, label, unit)
 
 

@@ -18,6 +18,7 @@ Behind :meth:`featpipe.stages.base.Reporter.progress` on the command line (``Cli
 
   with ``-vv`` a line at every update.
 - ``-q``: nothing (the reporter hands out the silent base ``Progress``).
+- ``--log-file``: the plain lines every interval and the last line, at any verbosity.
 
 The rate is the average since the display started (count / elapsed seconds), the ETA the
 remaining count at that rate; both appear once something has been counted.
@@ -34,6 +35,7 @@ from collections.abc import Callable
 
 import click
 
+from featpipe.cli import logfile
 from featpipe.progress import format_duration
 from featpipe.stages.base import Progress
 
@@ -92,12 +94,17 @@ class StatusBoard:
                                          and now - display.last_line >= self.interval):
                 display.last_line = now
                 self._write(f"progress: {display.plain(now)}\n")
+            if logfile.active() and not display.finished() and \
+                    now - display.last_logged >= self.interval:
+                display.last_logged = now
+                logfile.record(f"progress: {display.plain(now)}")
 
     def close(self, display: ProgressDisplay) -> None:
         with self._lock:
             if display not in self._displays:
                 return
             now = self.clock()
+            logfile.record(f"progress: {display.final(now)}")
             if self.tty:
                 self._redraw(now)  # the final state stays on screen
                 self._displays.remove(display)
@@ -141,7 +148,7 @@ class ProgressDisplay(Progress):
         self.unit = unit
         self.done = 0
         self.started = board.clock()
-        self.last_line = self.started
+        self.last_line = self.last_logged = self.started
 
     def advance(self, n: int = 1) -> None:
         self.done += n
@@ -208,7 +215,7 @@ _BOARD: StatusBoard | None = None
 def board(verbosity: int) -> StatusBoard:
     """The process's status board, for the current stderr and verbosity."""
     global _BOARD
-    tty = sys.stderr.isatty()
+    tty = sys.stderr.isatty() and verbosity >= 0
     if _BOARD is None or _BOARD.tty != tty or _BOARD.verbosity != verbosity \
             or not _BOARD._displays:
         _BOARD = StatusBoard(tty, verbosity)

@@ -20,7 +20,7 @@ def export(store_path, name, output, partial):
     """Write stage NAME to one file: ids, X (stacked, or ragged with offsets), sidecars
     (timestamps, positions...), labels, splits.
 
-    Layout: README section "Import and export"; no pickle or object arrays.  Read it with
+    Layout: docs/data.md, "Import and export"; no pickle or object arrays.  Read it with
     ``featpipe.io.export.load_export`` (any format), ``np.load(path, allow_pickle=False)``,
     h5py or MATLAB's ``load``.
     """

@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 
 from featpipe.cli.common import ClickReporter, open_store, store_option
-from featpipe.stages.fitting import fit_standardize as fit_standardize_stage
 
 
 @click.command("standardize")
@@ -17,5 +16,7 @@ from featpipe.stages.fitting import fit_standardize as fit_standardize_stage
 def fit_standardize(store_path, input_name, name, split):
     """Fit per-channel standardisation on the input's train frames (then `encode --method
     standardize --model NAME`)."""
+    from featpipe.stages.fitting import fit_standardize as fit_standardize_stage
+
     fit_standardize_stage(open_store(store_path), input_name, name=name, split=split,
                           reporter=ClickReporter())

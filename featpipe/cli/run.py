@@ -29,7 +29,7 @@ def run(pipeline_path, store_path, dry_run, steps):
     stage = "encode"
     input = "frames"
     method = "avg"
-    Format: README "Pipeline files"; an example: docs/walkthrough.toml.
+    Format: docs/walkthrough.md "Pipeline files"; an example: featpipe example pipeline.
     """
     try:
         pipeline = load_pipeline(pipeline_path)

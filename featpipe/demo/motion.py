@@ -79,8 +79,10 @@ def write_mp4(clip: np.ndarray, path: Path, fps: float = 12.0) -> None:
 
 
 def render_dataset(folder: str | Path, per_class: int = 10, frames: int = 24,
-                   directions: tuple[str, ...] = DIRECTIONS, seed: int = 0) -> Manifest:
-    """Render ``per_class`` clips per direction into ``folder`` and write ``manifest.csv``.
+                   directions: tuple[str, ...] = DIRECTIONS, seed: int = 0,
+                   write_manifest: bool = True) -> Manifest:
+    """Render ``per_class`` clips per direction into ``folder`` (``folder/<direction>/*.mp4``)
+    and, with ``write_manifest``, write ``manifest.csv`` there.
 
     Split 1 puts the first half of each class in train and the rest in test.  Clips that
     already exist are kept, so a second call is instant.
@@ -101,5 +103,6 @@ def render_dataset(folder: str | Path, per_class: int = 10, frames: int = 24,
             rows.append((f"{direction}/{i:03d}", str(path.relative_to(folder)), [direction],
                          [split]))
     manifest = from_rows(rows, root=folder)
-    manifest.write(folder / "manifest.csv")
+    if write_manifest:
+        manifest.write(folder / "manifest.csv")
     return manifest

@@ -58,6 +58,7 @@ from featpipe.encode.posterior import (
     squared_lhs,
 )
 from featpipe.errors import InputError, ParameterError
+from featpipe.extract.pca import MODEL_NAME, PCAProjection, project
 from featpipe.items import Frame, LocalFeatures, MemorySink, PerFrameStream, stream_item
 from featpipe.models import ArrayModel
 from featpipe.parallel import ItemOutput
@@ -797,7 +798,7 @@ class FisherItemEncoder(ValidatedEstimator):
             raise InputError(f"descriptors of shape {x.shape}: expected (N, {self.input_dim})")
         if self.pca_components is None:
             return x
-        return (x - self.pca_mean) @ self.pca_components.T
+        return project(x, self.pca_mean, self.pca_components)
 
     def _fv(self, x):
         return np.concatenate([fisher_vector(x, w, m, v, self.improved, self.threshold)
@@ -877,8 +878,6 @@ def _build(params, models):
 def gmm_stage_arrays(stage) -> dict[str, np.ndarray]:
     """The GMM arrays of a ``fit gmm`` or ``fit deep-gmm`` stage, with the projection of its
     ``pca`` model (whitening folded in) as ``pca_mean`` and ``pca_components``."""
-    from featpipe.extract.pca import MODEL_NAME, PCAProjection
-
     arrays, _ = stage.load_model("gmm")
     if stage.has_model(MODEL_NAME):
         mean, components = stage.load_model(MODEL_NAME, PCAProjection).projection()

@@ -79,19 +79,13 @@ class EncodeMethod:
         """The parameters that name fitted model stages."""
         return tuple(p.name for p in self.parameters if p.model)
 
-    @property
-    def options(self) -> tuple:
-        """The method's click options (each defaults to ``None``: see :func:`method_params`)."""
-        from featpipe.cli.options import click_options
-
-        return click_options({self.name: self})
-
     def validate(self, params: Mapping[str, object]) -> None:
         """Raise :class:`~featpipe.errors.ParameterError` for a missing model or a bad value."""
         check_parameter_values(self.parameters, params, f"--method {self.name}", self.fixed)
 
 
-def _plugin_modules() -> list[str]:
+def plugin_modules() -> list[str]:
+    """The plugin modules: ``featpipe.encoders`` entry points, then ``$FEATPIPE_ENCODERS``."""
     names = [ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
     names += [n.strip() for n in os.environ.get(PLUGIN_VARIABLE, "").split(",") if n.strip()]
     return names
@@ -99,7 +93,7 @@ def _plugin_modules() -> list[str]:
 
 def load_methods() -> dict[str, EncodeMethod]:
     methods: dict[str, EncodeMethod] = {}
-    for module_name in METHOD_MODULES + _plugin_modules():
+    for module_name in METHOD_MODULES + plugin_modules():
         for method in importlib.import_module(module_name).ENCODE_METHODS:
             if method.name in methods:
                 raise RuntimeError(f"encode method {method.name!r} is registered twice "

@@ -85,14 +85,25 @@ class PCAProjection(ArrayModel, ValidatedEstimator, TransformerMixin, BaseEstima
     def transform(self, X) -> np.ndarray:
         if not hasattr(self, "components_"):
             raise FeatpipeError("PCAProjection is not fitted yet: call fit() or load_pca()")
-        X = np.asarray(X, dtype=np.float32)
+        X = np.asarray(X)
         if X.ndim != 2 or X.shape[1] != self.mean_.shape[0]:
             raise InputError(f"PCA was fitted on {self.mean_.shape[0]}-dim rows, got shape "
                              f"{X.shape}")
-        Y = (X - self.mean_) @ self.components_.T
-        if self.whiten:
-            Y /= np.sqrt(np.maximum(self.explained_variance_, np.finfo(np.float32).tiny))
-        return Y.astype(np.float32, copy=False)
+        return project(X, *self.projection())
+
+
+def project(x, mean, matrix) -> np.ndarray:
+    """y = (x − mean) Pᵀ, rounded to float32 from a float64 product.
+
+    A row's float32 result does not depend on how many rows are projected together (one frame
+    or a whole video) nor on the BLAS kernel: those change a float32 GEMM's rows by an ulp
+    (OpenBLAS's Haswell/Zen kernels block by the row count), and the Fisher vector's posterior
+    cut-off at 1e-6 turns an ulp into 6e-5 after the signed square root; in float64 they
+    change only the 16th digit, which the rounding to float32 removes.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    return ((x - np.asarray(mean, dtype=np.float64))
+            @ np.asarray(matrix, dtype=np.float64).T).astype(np.float32)
 
 
 def load_pca(stage: Stage) -> PCAProjection:

@@ -51,20 +51,6 @@ def _torch():
     return torch
 
 
-def balance_loss(weights, weight: float = 100.0):
-    """w · (std(importance) / mean(importance))², importance = column sums of the gate
-    weights (batch × components); std with n − 1 as the authors' MATLAB code."""
-    importance = weights.sum(dim=0)
-    return weight * (importance.std(unbiased=True) / importance.mean()) ** 2
-
-
-def top_k_softmax(logits, k: int):
-    """Softmax over the ``k`` largest logits of each row; the other entries are exactly 0."""
-    torch = _torch()
-    top, index = torch.topk(logits, k, dim=-1)
-    return torch.zeros_like(logits).scatter(-1, index, torch.softmax(top, dim=-1))
-
-
 class GatedMixtureSOP(ValidatedEstimator, ClassifierMixin, BaseEstimator):
     """GM-SOP encoder (NeurIPS'18) trained on precomputed conv maps; the network is
     :class:`featpipe.nn.gmsop.GatedMixtureSOPNet`.
@@ -155,6 +141,8 @@ class GatedMixtureSOP(ValidatedEstimator, ClassifierMixin, BaseEstimator):
     def fit(self, X: Sequence[np.ndarray], y: Sequence):
         """Train on conv maps ``X`` (list of (N_i, D)) with labels ``y``; returns self."""
         torch = _torch()
+        from featpipe.nn.functional import balance_loss
+
         X = [np.asarray(x, dtype=np.float32) for x in X]
         self._validate(X)
         y = np.asarray(y)

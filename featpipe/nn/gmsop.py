@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from featpipe.encode.bilinear import newton_schulz_sqrtm, triu_vectorise
-from featpipe.learn.gmsop import top_k_softmax
+from featpipe.nn.functional import top_k_softmax
 
 
 class GatedMixtureSOPNet(nn.Module):

@@ -7,15 +7,18 @@ a summary over splits, and optionally a report (JSON, Markdown, plots) beside ``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from numbers import Integral
 
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from featpipe.classify.experiment import (
+    DEFAULT_CV,
     METRICS,
     SOLVERS,
     Settings,
     check_solver,
+    fold_count,
     run_split,
     summarise,
 )
@@ -33,7 +36,7 @@ from featpipe.store import Store
 #: kernel estimators that take them.
 CONSTRAINTS = {
     "fusion": [StrOptions(set(FUSIONS))],
-    "cv": [Interval(Integral, 2, None, closed="left")],
+    "cv": [Interval(Integral, 2, None, closed="left"), None],
     "metric": [StrOptions(set(METRICS)), None],
     "ap_mode": [StrOptions(set(AP_MODES))],
     "solver": [StrOptions(set(SOLVERS))],
@@ -56,9 +59,40 @@ def split_numbers(text: str, n_splits: int) -> list[int]:
     return [k]
 
 
+def per_class_lines(results: Sequence[dict]) -> list[str]:
+    """Per-class accuracy (correct/test items, from the confusion matrices) and AP, one line
+    per class, summed (accuracy) and averaged (AP) over the splits of ``results``."""
+    correct: dict[str, int] = {}
+    tested: dict[str, int] = {}
+    aps: dict[str, list[float]] = {}
+    for result in results:
+        confusion = result.get("confusion")
+        for c, name in enumerate(result["classes"]):
+            if confusion is not None:
+                correct[name] = correct.get(name, 0) + confusion[c][c]
+                tested[name] = tested.get(name, 0) + sum(confusion[c])
+            if result["per_class_ap"][c] is not None:
+                aps.setdefault(name, []).append(result["per_class_ap"][c])
+    names = list(dict.fromkeys(n for r in results for n in r["classes"]))
+    width = max(len("class"), *(len(n) for n in names))
+    where = (f"split {results[0]['split']}" if len(results) == 1
+             else f"{len(results)} splits: accuracy over all test items, mean AP")
+    lines = [f"per class ({where}):",
+             f"  {'class':<{width}}  " + ("accuracy         " if tested else "") + "AP"]
+    for name in names:
+        accuracy = ""
+        if tested:
+            n = tested.get(name, 0)
+            accuracy = (f"{correct[name] / n:.4f} ({correct[name]}/{n})" if n
+                        else "-").ljust(17)
+        ap = f"{sum(aps[name]) / len(aps[name]):.4f}" if name in aps else "-"
+        lines.append(f"  {name:<{width}}  {accuracy}{ap}")
+    return lines
+
+
 def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("linear",), *,
              fusion: str = "average", weights: Sequence[float] | None = None,
-             C: Sequence[float] = (1000.0,), cv: int = 5, split: str = "1",
+             C: Sequence[float] = (1000.0,), cv: int | None = None, split: str = "1",
              metric: str | None = None, ap_mode: str = "standard", solver: str = "libsvm",
              gamma: float | None = None, order: int = 1, normalize: str = "none",
              jobs: int = -1, report: str | None = None, command: str | None = None,
@@ -66,7 +100,9 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
     """Train and test on each split; returns ``{"splits": [...], "summary": {...}}``.
 
     ``kernels`` is one kernel for all inputs or one per input; several ``C`` are chosen among
-    by ``cv``-fold cross-validation on the train split; ``split`` is a number or ``'all'``.
+    by ``cv``-fold cross-validation on the train split (default 5, fewer when a class has
+    fewer train items: :func:`~featpipe.classify.experiment.fold_count`); ``split`` is a
+    number or ``'all'``.
     Every parameter is checked before any input is read (:class:`ParameterError`).
     ``command`` is the command line recorded in the report (None for a library call).
     """
@@ -97,29 +133,41 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
                             "and splits come from the first input's manifest)")
     if metric is None:
         metric = "map" if manifest.is_multilabel else "accuracy"
-    settings = Settings(Cs=Cs, cv=cv, metric=metric, ap_mode=ap_mode, solver=solver,
+    splits = split_numbers(split, manifest.n_splits or 1)
+    folds = {}
+    if len(Cs) > 1:  # before any input is read: the train items' labels decide
+        for k in splits:
+            folds[k], note = fold_count(manifest, k, cv)
+            if note:
+                reporter.warn(note)
+    settings = Settings(Cs=Cs, metric=metric, ap_mode=ap_mode, solver=solver,
                         weights=tuple(weights) if weights else None, gamma=gamma, order=order,
                         n_jobs=jobs, normalize=normalize)
     results = []
-    for k in split_numbers(split, manifest.n_splits or 1):
-        result = run_split(stages, kernels, manifest, k, settings)
+    for k in splits:
+        result = run_split(stages, kernels, manifest, k,
+                           replace(settings, cv=folds[k]) if k in folds else settings)
         results.append(result)
         extra = (f" ({result['n_correct']}/{result['n_test']})" if metric == "accuracy"
                  else "")
-        chosen = f", C={result['C']:g} by {cv}-fold cv" if len(Cs) > 1 else \
+        chosen = f", C={result['C']:g} by {folds[k]}-fold cv" if len(Cs) > 1 else \
             f", C={result['C']:g}"
         reporter.info(f"split {k}: {metric} {result['score']:.4f}{extra}{chosen}, "
                       f"{result['n_train']} train / {result['n_test']} test items")
     summary = summarise(results, metric)
     reporter.info(f"{metric}: {summary['mean']:.4f} ± {summary['std']:.4f} over "
                   f"{len(results)} split(s)")
+    for line in per_class_lines(results):
+        reporter.info(line)
     if report:
         from featpipe.classify.report import build_report, stage_chain, write_report
 
+        used = sorted(set(folds.values())) or [cv or DEFAULT_CV]  # folds per split
         config = {"store": str(store.root), "inputs": list(inputs),
                   "stages": [s.name for s in stages], "kernels": list(kernels),
                   "fusion": fusion, "weights": list(weights) if weights else None,
-                  "C": list(Cs), "cv": cv, "split": split, "metric": metric, "ap": ap_mode,
+                  "C": list(Cs), "cv": used[0] if len(used) == 1 else used, "split": split,
+                  "metric": metric, "ap": ap_mode,
                   "solver": solver, "gamma": gamma, "order": order, "normalize": normalize}
         written = write_report(report, build_report(config, results, summary,
                                                     stage_chain(stages), command))

@@ -1,0 +1,72 @@
+"""Write ``docs/cli.md`` from the click commands: ``python -m featpipe.cli.docgen > docs/cli.md``.
+
+Every command and subcommand of ``featpipe`` in a fixed order (the group's listing), each with
+its usage line, its help text as ``--help`` prints it and a table of its options (flags,
+metavar, help with default).  The text is rendered at a fixed width, with no plugin encoders
+(``$FEATPIPE_ENCODERS`` is ignored; an installed ``featpipe.encoders`` entry point
+would add its methods), so the file depends on the code only;
+``tests/test_docs.py`` fails when the committed file differs from this output.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+#: the width help text is wrapped at (click's default wraps at the terminal's width)
+WIDTH = 100
+
+HEADER = """# Command reference
+
+Generated from the commands by `python -m featpipe.cli.docgen > docs/cli.md`; do not edit by
+hand (`tests/test_docs.py` fails when this file is stale). Exit codes, verbosity and the
+options the item commands share: [command-line.md](command-line.md).
+"""
+
+
+def _cell(text: str) -> str:
+    """``text`` as one Markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _section(command: click.Command, ctx: click.Context) -> list[str]:
+    formatter = click.HelpFormatter(width=WIDTH, max_width=WIDTH)
+    command.format_usage(ctx, formatter)
+    command.format_help_text(ctx, formatter)
+    if isinstance(command, click.Group):
+        command.format_commands(ctx, formatter)
+    lines = [f"## `{ctx.command_path}`", "", "```", formatter.getvalue().rstrip(), "```", ""]
+    records = [p.get_help_record(ctx) for p in command.get_params(ctx)]
+    records = [r for r in records if r is not None]
+    if records:
+        lines += ["| option | description |", "|---|---|"]
+        lines += [f"| `{_cell(flags)}` | {_cell(help_text)} |" for flags, help_text in records]
+        lines.append("")
+    return lines
+
+
+def _walk(command: click.Command, ctx: click.Context) -> list[str]:
+    lines = _section(command, ctx)
+    if isinstance(command, click.Group):
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            sub_ctx = click.Context(sub, info_name=name, parent=ctx, terminal_width=WIDTH,
+                                    max_content_width=WIDTH)
+            lines += _walk(sub, sub_ctx)
+    return lines
+
+
+def render() -> str:
+    """The text of ``docs/cli.md`` (run without plugin encoders, as ``__main__`` does)."""
+    from featpipe.cli import cli
+
+    ctx = click.Context(cli, info_name="featpipe", terminal_width=WIDTH,
+                        max_content_width=WIDTH, **cli.context_settings)
+    return "\n".join([HEADER, *_walk(cli, ctx)]).rstrip("\n") + "\n"
+
+
+if __name__ == "__main__":
+    os.environ.pop("FEATPIPE_ENCODERS", None)  # registry.PLUGIN_VARIABLE, before any import
+    sys.stdout.write(render())

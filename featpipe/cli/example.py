@@ -1,0 +1,46 @@
+"""``featpipe example pipeline|clips``: the files the walkthrough and the quickstart start from,
+shipped inside the package so that they work from an installed wheel as from a checkout."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import click
+
+#: the example pipeline file, package data (pyproject's ``package-data``)
+PIPELINE = ("templates", "pipeline.toml")
+
+
+def example_pipeline() -> str:
+    """The text of the shipped example pipeline file (docs/walkthrough.md)."""
+    return resources.files("featpipe").joinpath(*PIPELINE).read_text(encoding="utf-8")
+
+
+@click.group()
+def example():
+    """Example inputs: a pipeline file, rendered video clips."""
+
+
+@example.command("pipeline")
+def pipeline():
+    """Print the walkthrough's pipeline file (featpipe example pipeline > pipeline.toml)."""
+    click.echo(example_pipeline(), nl=False)
+
+
+@example.command("clips")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--per-class", default=10, show_default=True, type=click.IntRange(min=1),
+              help="Clips per class (left, right, towards, away).")
+@click.option("--frames", default=24, show_default=True, type=click.IntRange(min=2),
+              help="Frames per clip.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the rendering.")
+def clips(folder, per_class, frames, seed):
+    """Render mp4 clips into FOLDER/<class>/: an object moving left, right, towards or away
+    over crops of scikit-learn's sample photographs (rendered motion; left/right and
+    towards/away share their frames in reverse order)."""
+    from featpipe.demo.motion import render_dataset
+
+    rendered = render_dataset(folder, per_class=per_class, frames=frames, seed=seed,
+                              write_manifest=False)
+    click.echo(f"{len(rendered)} clips of {frames} frames in {folder}/ "
+               f"({', '.join(rendered.classes)})")

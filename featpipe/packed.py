@@ -1,0 +1,128 @@
+"""Packed items: read access to a stage's items packed into HDF5 files (``featpipe cache
+pack``, :mod:`featpipe.pack`).
+
+It sits below the store (:meth:`featpipe.store.Stage.read_item` falls back to it); the
+writer, :func:`featpipe.pack.pack_stage`, sits above.  Each file holds::
+
+    ids                         the item ids in this file (UTF-8 strings)
+    items/<safe stem>           the item's array, dtype and shape unchanged
+    extras/<safe stem>/<name>   its sidecars (timestamps, positions...)
+
+HDF5 files are opened read-only without file locking, which NFS and Lustre often refuse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from featpipe.errors import FeatpipeError, ItemError
+from featpipe.fileio import check_h5_dataset, first_line, safe_stem, shard_of
+
+PACK_DIR = "packed"
+PACK_INDEX = "pack.json"
+LOCK_NAME = "pack.lock"
+_SHARD_FILE = re.compile(r"^shard-\d{4,}-of-\d{4,}\.[0-9a-f]+\.h5$")
+
+
+def open_h5(path: Path, mode: str = "r"):
+    """An HDF5 file opened without file locking (NFS and Lustre often refuse locks)."""
+    import h5py
+
+    return h5py.File(path, mode, locking=False)
+
+
+class PackedItems:
+    """Read access to the packed items of one stage (``None`` from :meth:`open` if unpacked)."""
+
+    _cache: dict[str, tuple[tuple[int, int, int], PackedItems]] = {}
+
+    def __init__(self, folder: Path, index: dict):
+        self.folder = folder
+        self.n_shards = int(index["shards"])
+        names = list(index["files"])
+        bad = [n for n in names if not isinstance(n, str) or not _SHARD_FILE.match(n)]
+        if bad or len(names) != self.n_shards:
+            raise ValueError(f"file list does not name {self.n_shards} shard files of this "
+                             f"folder ({bad[0]!r})" if bad else "file count differs from shards")
+        self.files = [folder / name for name in names]
+        self._ids: frozenset[str] | None = None
+        self._handles: dict[Path, object] = {}
+        self._pid = os.getpid()
+
+    def _handle(self, path: Path):
+        """An open read-only handle, kept for this process (a forked child opens its own)."""
+        if self._pid != os.getpid():
+            self._handles, self._pid = {}, os.getpid()
+        handle = self._handles.get(path)
+        if handle is None:
+            handle = self._handles[path] = open_h5(path)
+        return handle
+
+    def _ids_in(self, path: Path) -> list[str]:
+        try:
+            return self._handle(path)["ids"].asstr()[()].tolist()
+        except (OSError, KeyError, ValueError, TypeError) as err:
+            raise FeatpipeError(f"unreadable packed file {path}: {first_line(err)}") from None
+
+    @classmethod
+    def open(cls, stage_path: Path) -> PackedItems | None:
+        folder = Path(stage_path) / PACK_DIR
+        index_path = folder / PACK_INDEX
+        try:
+            info = index_path.stat()
+        except FileNotFoundError:
+            return None
+        stamp = (info.st_ino, info.st_mtime_ns, info.st_size)  # a repack replaces the inode
+        cached = cls._cache.get(str(index_path))
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            index = json.loads(index_path.read_text(encoding="utf-8"))
+            packed = cls(folder, index)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+            raise FeatpipeError(f"{index_path}: corrupt pack index ({err})") from None
+        cls._cache[str(index_path)] = (stamp, packed)
+        return packed
+
+    def file_of(self, item_id: str) -> Path:
+        return self.files[shard_of(item_id, self.n_shards)]
+
+    def ids(self) -> frozenset[str]:
+        """All packed ids (read once from the files' ``ids`` datasets)."""
+        if self._ids is None:
+            found: set[str] = set()
+            for path in self.files:
+                found.update(self._ids_in(path))
+            self._ids = frozenset(found)
+        return self._ids
+
+    def read(self, item_id: str) -> np.ndarray | None:
+        """The packed array of ``item_id``, or ``None`` when it is not in the pack."""
+        path = self.file_of(item_id)
+        try:
+            node = self._handle(path)["items"][safe_stem(item_id)]
+        except KeyError:
+            return None
+        except OSError as err:
+            raise ItemError(item_id, f"unreadable packed file {path}: {first_line(err)}") \
+                from None
+        try:
+            check_h5_dataset(node, item_id)
+            return node[()]
+        except (OSError, ValueError, TypeError) as err:
+            raise ItemError(item_id, f"unreadable packed file {path}: {first_line(err)}") \
+                from None
+
+    def extras(self, item_id: str) -> dict[str, np.ndarray]:
+        path = self.file_of(item_id)
+        try:
+            group = self._handle(path)["extras"].get(safe_stem(item_id))
+            return {} if group is None else {k: group[k][()] for k in group}
+        except (OSError, KeyError, ValueError) as err:
+            raise ItemError(item_id, f"unreadable packed file {path}: {first_line(err)}") \
+                from None
