@@ -184,7 +184,7 @@ def test_squared_hinge_svms_of_all_classes_equal_separate_liblinear_calls():
     Y = np.where(rng.integers(0, 3, 60)[:, None] == np.arange(3), 1.0, -1.0)
     W = train_squared_hinge_classes(phi, Y, C=5.0, tol=1e-8)
     for j in range(3):
-        model = liblinearutil.train(Y[:, j], phi, f"-s 2 -c {5.0 / 60} -B -1 -e 1e-8 -q")
+        model = liblinearutil.train(Y[:, j], phi, "-s 2 -c 5.0 -B -1 -e 1e-8 -q")
         w = np.zeros(25)
         raw = np.ctypeslib.as_array(model.w, shape=(model.nr_feature,))
         w[:len(raw)] = raw if model.get_labels()[0] == 1 else -raw
