@@ -106,12 +106,13 @@ class LazyGroup(click.Group):
 
 
 def flag_for(command: click.Command | None, param: str) -> str:
-    """The flag of ``command``'s option for library parameter ``param`` (``n_components`` is
-    ``--dim`` in ``fit pca``); by default the rule of :func:`featpipe.errors.flag_of`."""
+    """The flag of ``command``'s option for library parameter ``param``, with its short
+    aliases (``--n-components (--dim)`` in ``fit pca``); by default the rule of
+    :func:`featpipe.errors.flag_of`."""
     for option in getattr(command, "params", ()):
         if isinstance(option, click.Option) and option.name == param:
-            return max((o for o in option.opts if o.startswith("--")), key=len,
-                       default=option.opts[0])
+            flags = [o for o in option.opts if o.startswith("--")] or option.opts[:1]
+            return flags[0] + (f" ({', '.join(flags[1:])})" if flags[1:] else "")
     return flag_of(param)
 
 

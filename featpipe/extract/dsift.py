@@ -37,9 +37,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import cv2
 import numpy as np
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from featpipe.errors import InputError
 
@@ -240,6 +242,21 @@ class DenseSIFT:
         1 as cyvlfeat's ``phow``).
     engine : ``'featpipe'`` (vectorised flat window) or ``'opencv'`` (cv2.SIFT on the grid).
     """
+
+    #: the declared types (scikit-learn's vocabulary): they type the stage key's record
+    #: (:func:`featpipe.parameters.parameter_record`); :meth:`_check` validates.
+    _parameter_constraints: dict = {
+        "sizes": [list, tuple],
+        "step": [Interval(Integral, 1, None, closed="left")],
+        "magnif": [Interval(Real, 0, None, closed="neither")],
+        "window_size": [Interval(Real, 0, None, closed="neither")],
+        "contrast_threshold": [Interval(Real, 0, None, closed="left"), None],
+        "low_contrast": [StrOptions(set(LOW_CONTRAST))],
+        "root_sift": ["boolean"],
+        "max_pixels": [Interval(Integral, 16, None, closed="left"), None],
+        "start": [Interval(Integral, 0, None, closed="left")],
+        "engine": [StrOptions(set(ENGINES))],
+    }
 
     def __init__(self, sizes=(4, 6, 8, 10), step=2, magnif=6.0, window_size=1.5,
                  contrast_threshold=None, low_contrast="zero", root_sift=False,

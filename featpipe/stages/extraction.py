@@ -56,6 +56,7 @@ from featpipe.interrupts import Interrupt, Interrupted, interruptible
 from featpipe.io.video import DecodePool, Sampling
 from featpipe.manifest import Manifest
 from featpipe.parallel import make_executor, parse_shard, plan, resolve_jobs
+from featpipe.parameters import estimator_parameters, parameter_record, typed_value
 from featpipe.stages.base import Reporter, RunOptions, StageRun, announce, check_name, run_stage
 from featpipe.store import Stage, Store
 
@@ -119,8 +120,10 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
     if features == "dsift":
         if weights is not None:
             raise ParameterError("weights", "applies to vgg16-* features only")
-        dsift_params = dict(dsift or {})
-        DenseSIFT(**dsift_params)._check()  # a bad parameter fails before any decoding
+        dsift_params = parameter_record(estimator_parameters(DenseSIFT), dict(dsift or {}),
+                                        "dsift")
+        # a bad parameter fails before any decoding; the record holds the threshold used
+        dsift_params["contrast_threshold"] = DenseSIFT(**dsift_params)._check()
         feature_params = {"dsift": dsift_params}
         params["dsift"] = dsift_params
         sift = DenseSIFT(**dsift_params)
@@ -137,6 +140,7 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
         if crop < 32 or resize < crop:
             raise ParameterError("crop", f"needs 32 <= crop <= resize, got crop {crop}, "
                                  f"resize {resize}")
+        resize, crop = typed_value(resize, (int,)), typed_value(crop, (int,))
         feature_params = {"weights": weights, "resize": resize, "crop": crop}
         params.update({"weights": weights_identity(weights), "resize": resize, "crop": crop,
                        "precision": "fp16-autocast" if device == "cuda" else "fp32"})
@@ -169,6 +173,7 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
         params["encode"] = encoded
         inputs += list(models.values())
     elif sample is not None:
+        sample, sample_seed = typed_value(sample, (int,)), typed_value(sample_seed, (int,))
         outputs = dataclasses.replace(outputs, kind="sample", sample=int(sample),
                                       seed=int(sample_seed))
         params["sample"] = {"rows": int(sample), "seed": int(sample_seed)}
