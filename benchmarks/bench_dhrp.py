@@ -25,17 +25,19 @@ import numpy as np
 import torch
 
 import featpipe.learn.dhrp as dhrp
-from featpipe.nn.rank_pool import rank_pool
+import featpipe.nn.functional as F
+from featpipe.nn.functional import rank_pool
 
 
 class Timers:
-    """Wraps the forward solve and the backward gradient of featpipe.learn.dhrp to time them."""
+    """Wraps the forward solve and the backward gradient of featpipe.nn.functional to time them
+    (RankPoolArgmin looks them up in that module at each call)."""
 
     def __init__(self):
         self.solve = 0.0
         self.backward = 0.0
-        self._solve = dhrp.solve_rank_svr
-        self._backward = dhrp.argmin_input_gradient
+        self._solve = F.solve_rank_svr
+        self._backward = F.argmin_input_gradient
 
     def __enter__(self):
         def solve(*args, **kwargs):
@@ -52,11 +54,11 @@ class Timers:
             self.backward += time.perf_counter() - start
             return out
 
-        dhrp.solve_rank_svr, dhrp.argmin_input_gradient = solve, backward
+        F.solve_rank_svr, F.argmin_input_gradient = solve, backward
         return self
 
     def __exit__(self, *exc):
-        dhrp.solve_rank_svr, dhrp.argmin_input_gradient = self._solve, self._backward
+        F.solve_rank_svr, F.argmin_input_gradient = self._solve, self._backward
 
     @staticmethod
     def _sync(tensor):
@@ -79,8 +81,8 @@ def one_epoch(seqs, labels, n_classes, hessian, device, batch_size=16, psi="ssr"
         for i in range(0, len(order), batch_size):
             chunk = order[i:i + batch_size]
             batch = [seqs[j] for j in chunk]
-            X, mask = dhrp._pad(batch, torch.float32, device)
-            V = dhrp.mapped_sequences(X, mask, W, psi, 1e-3)
+            X, mask = F.pad_sequences(batch, torch.float32, device)
+            V = F.mapped_sequences(X, mask, W, psi, 1e-3)
             U = rank_pool(V, 1.0, 0.1, hessian, torch.float64, [len(s) for s in batch])
             loss = torch.nn.functional.cross_entropy(U @ coef.T, y[chunk])
             opt.zero_grad()
@@ -100,13 +102,13 @@ def forward_solve_times(seqs, device, repeats, batch_size=16, psi="ssr"):
     W = torch.eye(seqs[0].shape[1], device=device)
     batches = []
     for i in range(0, len(seqs), batch_size):
-        X, mask = dhrp._pad(seqs[i:i + batch_size], torch.float32, device)
-        batches.append(dhrp.mapped_sequences(X, mask, W, psi, 1e-3))
+        X, mask = F.pad_sequences(seqs[i:i + batch_size], torch.float32, device)
+        batches.append(F.mapped_sequences(X, mask, W, psi, 1e-3))
     ours, theirs = [], []
     for _ in range(repeats):
         start = time.perf_counter()
         for V in batches:
-            dhrp.solve_rank_svr(V, 1.0, 0.1, torch.float64)
+            F.solve_rank_svr(V, 1.0, 0.1, torch.float64)
         ours.append(time.perf_counter() - start)
         start = time.perf_counter()
         for V in batches:

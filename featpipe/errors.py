@@ -52,8 +52,9 @@ class ParameterError(InputError):
         return f"{self.param} {self.cause}"
 
 
-#: Command-line flags that are not ``--`` + the parameter name with ``-`` for ``_``.
-FLAG_NAMES = {"random_state": "--seed"}
+#: Short spellings the command line also accepts for a parameter, beside its own flag
+#: (``--random-state``); a command may add its own (``fit pca --dim`` for ``n_components``).
+FLAG_ALIASES = {"random_state": ("--seed",)}
 
 
 #: ``--x/--no-x`` is the rule for a boolean; these have a better name for "off".
@@ -61,8 +62,9 @@ OFF_FLAGS = {"per_frame": "--per-item"}
 
 
 def flag_of(name: str) -> str:
-    """The command-line flag of parameter ``name``: ``emit_layer`` -> ``--emit-layer``."""
-    return FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+    """The command-line flag of parameter ``name``: ``emit_layer`` -> ``--emit-layer``
+    (scikit-learn's name; :data:`FLAG_ALIASES` lists the short spellings also accepted)."""
+    return "--" + name.replace("_", "-")
 
 
 def off_flag_of(name: str, flag: str | None = None) -> str:

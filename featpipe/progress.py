@@ -5,6 +5,8 @@ Every worker (local process, dask worker, SLURM array task) appends to its own
 that sees the store, while it runs.  An item counts as done when a ledger says so and its
 array exists (:meth:`featpipe.store.Stage.done_ids`).
 
+:class:`RateEstimate` is the rate and time left of a run while it goes (the progress line).
+
 Whether a stage is still being computed: a ledger of this host is written by a process that
 is still alive (``<host>-<pid>.jsonl``), or a ledger of another host had a line in the last
 :data:`RECENT_S` seconds (or ten times its mean item time).  Only then is a time left shown.
@@ -12,6 +14,7 @@ is still alive (``<host>-<pid>.jsonl``), or a ledger of another host had a line 
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections import Counter
@@ -22,6 +25,70 @@ from featpipe.store import Stage
 
 #: A ledger of another host counts as active when its last line is at most this old.
 RECENT_S = 600.0
+#: Seconds after a run starts whose work the time left ignores: pipelines fill their queues
+#: first (frames decoded ahead of the model), faster than they then go.
+WARMUP_S = 5.0
+#: Time constant of the smoothed rate, in seconds: work done s seconds ago weighs e^(-s/τ).
+RATE_TAU_S = 30.0
+
+
+class RateEstimate:
+    """The smoothed rate and time left of work counted in units (items, frames).
+
+    The rate is a time-weighted exponential moving average of the rates between updates,
+    ``r <- r + (1 - exp(-dt/τ)) (n/dt - r)`` (τ = :data:`RATE_TAU_S`; a constant rate is
+    returned exactly), over the work counted after the first :data:`WARMUP_S` seconds: the
+    first update after the warm-up is its baseline, the next ones feed it.  Read between
+    updates it includes the time since the last one, so a stall lowers it.  The time left is
+    the units left over that rate; there is none during the warm-up (the estimate would be
+    as optimistic as the queues are deep).  Times come from the caller (``now``).
+    """
+
+    def __init__(self, start: float, warmup: float = WARMUP_S, tau: float = RATE_TAU_S):
+        self.start = start
+        self.warmup = warmup
+        self.tau = tau
+        self.done = 0
+        self._last: float | None = None  # the last update after the warm-up
+        self._pending = 0  # units counted since then
+        self._rate: float | None = None
+
+    def _mix(self, n: int, dt: float) -> float:
+        if self._rate is None:
+            return n / dt
+        return self._rate + (1.0 - math.exp(-dt / self.tau)) * (n / dt - self._rate)
+
+    def add(self, n: int, now: float) -> None:
+        """``n`` more units done at time ``now``."""
+        self.done += n
+        if now - self.start < self.warmup:
+            return
+        if self._last is None:
+            self._last = now  # the baseline: what came before is warm-up
+            return
+        self._pending += n
+        if now > self._last:
+            self._rate = self._mix(self._pending, now - self._last)
+            self._last, self._pending = now, 0
+
+    def rate(self, now: float) -> float | None:
+        """Smoothed units per second; None until two updates after the warm-up."""
+        if self._last is None or now <= self._last:
+            return self._rate
+        if self._rate is None and not self._pending:
+            return None
+        return self._mix(self._pending, now - self._last)
+
+    def average(self, now: float) -> float | None:
+        """Units per second since the start (None before anything is counted)."""
+        return self.done / (now - self.start) if self.done and now > self.start else None
+
+    def eta(self, now: float, total: int | None) -> float | None:
+        """Seconds left for ``total`` units at the smoothed rate (None while it is unknown)."""
+        rate = self.rate(now)
+        if not rate or total is None:
+            return None
+        return max(total - self.done, 0) / rate
 
 
 @dataclass

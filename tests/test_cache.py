@@ -1,5 +1,6 @@
 """`featpipe cache ls|verify|gc|pack`."""
 
+import json
 import os
 import re
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 from featpipe.fileio import HOST
 from featpipe.manifest import from_rows
 from featpipe.store import Store
+from tests.conftest import run_cli
 
 
 @pytest.fixture
@@ -124,3 +126,109 @@ def test_gc_keeps_recently_written_unnamed_stages(filled, cli):
     assert orphan.path.exists()
     result = cli("cache", "gc", "--store", store.root, "--min-age", "0")
     assert not orphan.path.exists()
+
+
+def test_refs_lists_names_dependents_and_runs(filled, cli):
+    """Issue 23: what refers to a stage, by name, folder or key."""
+    store, base, child, orphan = filled
+    store.set_name("raw", base)
+    marker = store.names_dir / ".running" / "next"
+    marker.parent.mkdir()
+    marker.write_text(base.name + "\n")
+    for query in ("raw", base.name, base.key):
+        result = cli("cache", "refs", "--store", store.root, query)
+        assert result.exit_code == 0, result.output
+        assert result.output.splitlines() == [
+            f"stage {base.name} (import)", "names: raw", "unfinished runs for: next",
+            "input of: " + ", ".join(sorted([f"{child.name} (enc)", orphan.name])),
+            "needed by names: enc"]
+    result = cli("cache", "refs", "--store", store.root, "enc", "--json")
+    assert json.loads(result.output) == {
+        "stage": child.name, "kind": "encode", "names": ["enc"], "running": [],
+        "dependents": {}, "needed_by": [], "unreadable": []}
+
+
+def test_rm_removes_a_name_and_its_stage_only_when_nothing_else_refers_to_it(filled, cli):
+    """Issue 23: ``cache rm NAME`` (``--dry-run``); a stage another name or stage needs is
+    kept, and the command says which references keep it."""
+    store, base, child, orphan = filled
+    store.set_name("raw", base)
+    store.set_name("enc2", child)
+    dry = cli("cache", "rm", "--store", store.root, "enc", "--dry-run")
+    assert dry.output.splitlines() == [
+        f"would remove name enc (pointed to {child.name})",
+        f"kept stage {child.name}: still referred to by name(s) enc2"]
+    assert sorted(store.names()) == ["enc", "enc2", "raw"]
+    result = cli("cache", "rm", "--store", store.root, "enc")
+    assert result.exit_code == 0 and sorted(store.names()) == ["enc2", "raw"]
+    assert child.path.exists()
+    # raw's stage is the input of the child (named enc2) and of the unnamed orphan
+    result = cli("cache", "rm", "--store", store.root, "raw")
+    assert result.output.splitlines()[1] == (
+        f"kept stage {base.name}: still referred to by input of "
+        + ", ".join(sorted([f"{child.name} (enc2)", orphan.name])))
+    assert base.path.exists() and "raw" not in store.names()
+    dry = cli("cache", "rm", "--store", store.root, "enc2", "--dry-run")
+    assert dry.output.splitlines()[1] == f"would remove stage {child.name} (nothing else " \
+                                         "refers to it)"
+    assert child.path.exists()
+    result = cli("cache", "rm", "--store", store.root, "enc2")
+    assert result.exit_code == 0 and not child.path.exists() and store.names() == {}
+    # an unnamed stage by its folder: the orphan, then the base nothing needs any more
+    assert cli("cache", "rm", "--store", store.root, orphan.name).exit_code == 0
+    result = cli("cache", "rm", "--store", store.root, base.key)
+    assert result.output == f"removed stage {base.name} (nothing else refers to it)\n"
+    assert store.all_stages() == []
+    missing = cli("cache", "rm", "--store", store.root, "enc")
+    assert missing.exit_code == 1 and "no stage named 'enc'" in missing.output
+
+
+def test_rm_keeps_a_stage_while_a_stage_folder_is_unreadable(filled, cli):
+    store, base, child, orphan = filled
+    broken = store.stages_dir / "encode-0123456789abcdef"
+    broken.mkdir()
+    (broken / "stage.json").write_text("{not json")
+    result = cli("cache", "rm", "--store", store.root, "enc")
+    assert "kept stage" in result.output and "unreadable stage(s) encode-0123456789abcdef" \
+        in result.output
+    assert child.path.exists() and "enc" not in store.names()
+
+
+def test_rm_refuses_a_name_whose_run_is_computing(filled, cli):
+    store, base, child, orphan = filled
+    marker = store.names_dir / ".running" / "enc"
+    marker.parent.mkdir()
+    marker.write_text(orphan.name + "\n")
+    orphan.record("v/1", "done")  # this process's ledger: a live run
+    result = cli("cache", "rm", "--store", store.root, "enc")
+    assert result.exit_code == 1
+    assert f"a run for 'enc' is computing stage {orphan.name} now" in result.output
+    assert marker.exists() and "enc" in store.names()
+
+
+def test_ls_fits_the_terminal_width_and_wide_shows_all(filled):
+    """Issue 23: the table fits $COLUMNS (the terminal's width): PARAMS shortened, then
+    columns dropped with a note on stderr; --wide shows every column; a pipe gets all."""
+    store, base, child, orphan = filled
+    args = ("cache", "ls", "--store", store.root)
+    full = run_cli(*args, env={"COLUMNS": ""}).stdout.splitlines()
+    assert full[0].split()[-1] == "PARAMS" and max(map(len, full)) > 100
+    for columns in (100, 80, 60, 40):
+        proc = run_cli(*args, env={"COLUMNS": str(columns)})
+        lines = proc.stdout.splitlines()
+        assert max(map(len, lines)) <= columns, (columns, lines)
+        header = lines[0].split()
+        assert header[:2] == ["NAMES", "STAGE"] and len(lines) == 4
+        left_out = [c for c in full[0].split() if c not in header]
+        if left_out:
+            note = re.fullmatch(r"note: (.+) left out to fit (\d+) columns; --wide shows "
+                                r"every column\n", proc.stderr)
+            assert note and note.group(2) == str(columns)
+            assert sorted(note.group(1).split(", ")) == sorted(left_out)
+        else:
+            assert proc.stderr == ""
+    narrow = run_cli(*args, env={"COLUMNS": "60"}).stdout.splitlines()
+    assert narrow[0].split() == ["NAMES", "STAGE", "KIND", "DONE", "FAILED", "TOTAL"]
+    assert narrow[1:] == [line[:len(narrow[1])].rstrip() for line in narrow[1:]]
+    wide = run_cli(*args, "--wide", env={"COLUMNS": "40"})
+    assert wide.stdout.splitlines() == full and wide.stderr == ""

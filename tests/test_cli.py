@@ -118,3 +118,30 @@ def test_verbose_and_quiet_after_the_command_name(tmp_path):
     louder = run_cli("-v", *args, "-v", "--force")  # -vv: a progress line at every update
     assert "progress: import feat 3/3 items (100%)" in louder.stderr
     assert "progress: import feat 3/3 items (100%)" not in run_cli(*args, "-v", "--force").stderr
+
+
+def test_log_file_keeps_the_full_record_of_a_run(tmp_path):
+    """Issue 23: --log-file (before or after the command, or $FEATPIPE_LOG_FILE) appends the
+    command, every log level, the reported lines, progress and the exit status, even with
+    -q; an error and its exit status too."""
+    args = import_args(tmp_path, n=3)
+    log = tmp_path / "logs" / "run.log"
+    quiet = run_cli("-q", *args, "--log-file", log)
+    assert quiet.stderr == ""
+    text = log.read_text()
+    lines = [line.split(" ", 2)[2] for line in text.splitlines()]  # without date and time
+    assert lines[0].startswith("INFO featpipe.output: featpipe -q import --manifest ")
+    assert "INFO featpipe.stages.imports: 3 items; reference feature shape: arrays of shape " \
+        "(N, 2)" in lines
+    assert "INFO featpipe.output: summary: 3 done, 0 skipped (already complete), 0 failed" \
+        in lines
+    assert any(line.startswith("INFO featpipe.output: progress: import feat 3/3 items in ")
+               for line in lines)
+    assert lines[-1].startswith("INFO featpipe.output: exit status 0 after ")
+    bad = run_cli("encode", "--store", tmp_path / "s", "--input", "nope", "--method", "avg",
+                  check=False, env={"FEATPIPE_LOG_FILE": str(log)})
+    assert bad.returncode == 1
+    lines = [line.split(" ", 2)[2] for line in log.read_text().splitlines()]
+    assert log.read_text().startswith(text)  # appended
+    assert "ERROR featpipe.output: error: no stage named 'nope' in store " in \
+        "\n".join(lines) and lines[-1].startswith("INFO featpipe.output: exit status 1 after ")

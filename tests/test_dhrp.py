@@ -10,14 +10,14 @@ torch = pytest.importorskip("torch")
 
 from featpipe.encode.svr import rank_svr_liblinear, rank_svr_objective  # noqa: E402
 from featpipe.errors import InputError  # noqa: E402
-from featpipe.learn.dhrp import (  # noqa: E402
-    DiscriminativeRankPooling,
+from featpipe.learn.dhrp import DiscriminativeRankPooling  # noqa: E402
+from featpipe.manifest import from_rows  # noqa: E402
+from featpipe.nn.functional import (  # noqa: E402
     argmin_input_gradient,
     mapped_sequences,
+    rank_pool,
     solve_rank_svr,
 )
-from featpipe.manifest import from_rows  # noqa: E402
-from featpipe.nn.rank_pool import rank_pool  # noqa: E402
 from featpipe.store import Store  # noqa: E402
 
 F64 = torch.float64

@@ -12,14 +12,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import featpipe
 
 ROOT = Path(featpipe.__file__).parent
-#: cycles the `learned` branch is removing (issue 26 section 3); until it lands they xfail
-PENDING = [{"featpipe.learn.dhrp", "featpipe.nn.dhrp", "featpipe.nn.rank_pool"},
-           {"featpipe.learn.gmsop", "featpipe.nn.gmsop"}]
 
 
 def _modules() -> dict[str, Path]:
@@ -115,10 +110,5 @@ def test_the_walker_sees_function_level_imports():
 
 
 def test_no_import_cycles():
-    found = cycles(import_graph())
-    new = [sorted(c) for c in found if c not in PENDING]
-    assert not new, f"import cycles: {new}"
-    pending = [sorted(c) for c in found if c in PENDING]
-    if pending:
-        pytest.xfail(f"nn/learn cycles still present (the `learned` branch removes them): "
-                     f"{pending}")
+    found = [sorted(c) for c in cycles(import_graph())]
+    assert not found, f"import cycles: {found}"

@@ -13,7 +13,7 @@ import pytest
 from conftest import run_cli
 
 from featpipe.cli.display import StatusBoard, format_clock
-from featpipe.progress import format_duration
+from featpipe.progress import RATE_TAU_S, WARMUP_S, RateEstimate, format_duration
 
 
 class FakeClock:
@@ -61,11 +61,14 @@ def test_terminal_redraws_at_most_ten_times_a_second_and_shares_the_line():
         clock.now += 0.01
         frames.advance(3)
     assert 9 <= len([t for t in out if t.startswith("\r")]) <= 11
+    clock.now += 5.0  # past the warm-up, which the ETA ignores
+    items.advance(1)
+    clock.now += 2.0
     items.advance(1)
     clock.now += 0.2
     frames.advance(3)
     line = out[-1]
-    assert "extract [" in line and "1/8 items" in line and " | frames  303 frames" in line
+    assert "extract [" in line and "2/8 items" in line and " | frames  303 frames" in line
     assert "ETA" in line.split(" | ")[0] and "ETA" not in line.split(" | ")[1]  # no total
     status.print_above("INFO something")
     assert out[-3:-1] == ["\r\x1b[K", "INFO something\n"] and out[-1].startswith("\r")
@@ -98,6 +101,81 @@ def test_log_file_lines_at_v_every_interval_and_a_final_line():
     assert out == ["progress: frames 60 frames, 30 frames/s\n",
                    "progress: frames 120 frames, 60 frames/s\n",
                    "progress: frames 120 frames in 2 s (60 frames/s)\n"]
+
+
+def _burst_then_steady(estimate, start, burst=500, rate=50.0, step=0.2, until=60.0):
+    """A decoding pipeline filling its queues: ``burst`` units at once after 0.5 s, then
+    ``rate`` units/s in updates ``step`` s apart until ``until`` s."""
+    estimate.add(burst, start + 0.5)
+    t = 0.5
+    while t + step <= until + 1e-9:
+        t += step
+        estimate.add(round(rate * step), start + t)
+    return start + t
+
+
+def test_eta_ignores_the_warm_up_burst_where_the_average_is_optimistic():
+    """Issue 23: at the start of a long extract the ETA was far too optimistic (the average
+    since the start counts the queues' burst); after the warm-up the smoothed rate is the
+    steady one exactly."""
+    start, total = 100.0, 50_000
+    estimate = RateEstimate(start)
+    assert estimate.rate(start + 1) is None and estimate.eta(start + 1, total) is None
+    _burst_then_steady(estimate, start, until=WARMUP_S - 0.2)
+    now = start + WARMUP_S - 0.2
+    assert estimate.eta(now, total) is None  # warm-up: no ETA at all
+    estimate = RateEstimate(start)
+    now = _burst_then_steady(estimate, start, until=20.0)  # 97 updates of 10 after the burst
+    assert estimate.done == 500 + 970 and now == pytest.approx(start + 19.9)
+    true_left = (total - estimate.done) / 50.0
+    assert estimate.rate(now) == pytest.approx(50.0, rel=1e-9)
+    assert estimate.eta(now, total) == pytest.approx(true_left, rel=1e-9)
+    average = estimate.average(now)  # what the line used before: 1,470 frames in 19.9 s
+    assert average == pytest.approx(1470 / 19.9)
+    assert (total - estimate.done) / average < 0.7 * true_left  # 32 % too optimistic
+
+
+def test_rate_is_smoothed_with_its_time_constant_and_a_stall_lowers_it():
+    start = 0.0
+    estimate = RateEstimate(start)
+    t = 0.0
+    while t < 60.0 - 1e-9:  # 50 units/s for a minute
+        t += 0.5
+        estimate.add(25, start + t)
+    assert estimate.rate(t) == pytest.approx(50.0, rel=1e-12)
+    for _ in range(int(RATE_TAU_S / 0.5)):  # then 25 units/s for one time constant
+        t += 0.5
+        estimate.add(12.5, t)
+    # each update mixes in 1 - e^(-dt/τ): after τ seconds 25 + (50 - 25) e^-1
+    expected = 25.0 + 25.0 * np.exp(-1.0)
+    assert estimate.rate(t) == pytest.approx(expected, rel=1e-12)
+    # nothing for 30 s more: read then, the rate includes the stall (0 units/s)
+    assert estimate.rate(t + RATE_TAU_S) == pytest.approx(expected * np.exp(-1.0), rel=1e-12)
+    assert estimate.eta(t + RATE_TAU_S, estimate.done + 100) == pytest.approx(
+        100 / (expected * np.exp(-1.0)), rel=1e-12)
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_finished_run_ends_at_100_percent_with_the_real_total(tty):
+    """Issue 23: 5,000 frames declared (estimated before decoding), 4,910 decoded: the run
+    ends at 100 % with 4,910 and names the declared total; an interrupted run does not."""
+    status, clock, out = board(tty=tty, verbosity=1)
+    with status.open(5000, "extract", "frames") as progress:
+        for _ in range(491):
+            clock.now += 0.1
+            progress.advance(10)
+    if tty:
+        assert "100%  4,910/4,910 frames" in out[-2] and out[-1] == "\n"
+    else:
+        assert out[-1] == "progress: extract 4,910/4,910 frames in 49 s (100 frames/s; " \
+                          "5,000 declared)\n"
+    status, clock, out = board(tty=tty, verbosity=1)
+    with pytest.raises(KeyboardInterrupt), status.open(5000, "extract", "frames") as progress:
+        clock.now += 1.0
+        progress.advance(4910)
+        raise KeyboardInterrupt
+    assert "4,910/5,000 frames" in (out[-2] if tty else out[-1])
+    assert "declared" not in "".join(out)
 
 
 @pytest.fixture
@@ -188,3 +266,30 @@ def test_a_real_terminal_shows_count_rate_and_percentage(tmp_path, ts_store):
     assert code == 0 and "summary: 200 done" in stdout
     assert "import gp [" in terminal and "100%  200/200 items" in terminal
     assert "items/s" in terminal
+
+
+def test_the_demo_shows_each_stages_progress(tmp_path):
+    """Issue 23: the demo's stages (VGG-16's extract among them) report progress through
+    the command line's progress line; here an encode stage's, counted in full."""
+    from featpipe.demo.pipeline import Runner
+    from featpipe.manifest import from_rows
+    from featpipe.store import Store
+
+    store = Store(tmp_path / "demo" / "store")
+    ids = [f"s{i}" for i in range(5)]
+    stage = store.stage("import", {"n": 5},
+                        items=from_rows([(i, "", ["a"], ["train"]) for i in ids], tmp_path))
+    for i in ids:
+        stage.write_item(i, np.ones((4, 3), np.float32))
+    store.set_name("seq", stage)
+    status, clock, out = board(tty=False, verbosity=1)
+    opened = []
+
+    def progress(total, label, unit="items"):
+        opened.append((total, label, unit))
+        return status.open(total, label, unit)
+
+    Runner(tmp_path / "demo", echo=lambda text: None, progress=progress).encode(
+        "seq", "avg", "seq-avg")
+    assert opened == [(5, "encode seq-avg", "items")]
+    assert out[-1].startswith("progress: encode seq-avg 5/5 items in ")

@@ -14,9 +14,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from featpipe.fileio import shard_of
+from featpipe.manifest import from_rows
 from featpipe.parallel import run_items
 from featpipe.store import Store
 from tests._computes import SleepyCompute, item_ids, sleepy_stage
@@ -51,7 +53,18 @@ def slurm_env(tmp_path_factory):
 
 # -- rendering (no cluster needed) ---------------------------------------------------------
 
-def test_dry_run_renders_array_script(cli, tmp_path):
+@pytest.fixture
+def feats(tmp_path, cli):
+    """A store with a 3-item stage named ``f`` (the wrapped commands' checks pass)."""
+    ids = ["x0", "x1", "x2"]
+    from_rows([(i, "", ["a"], ["train"]) for i in ids], tmp_path).write(tmp_path / "m.csv")
+    np.savez(tmp_path / "f.npz", **{i: np.ones((2, 2)) for i in ids})
+    assert cli("import", "--manifest", tmp_path / "m.csv", "--from", tmp_path / "f.npz",
+               "--store", tmp_path / "s", "--name", "f").exit_code == 0
+    return tmp_path / "s"
+
+
+def test_dry_run_renders_array_script(cli, tmp_path, feats):
     proc = cli("submit", "--backend", "slurm", "--tasks", 4, "--array-throttle", 2,
                    "--partition", "gpu", "--time", "2:00:00", "--mem", "8G", "--gpus", 1,
                    "--cpus-per-task", 4, "--sbatch-option=--qos=long", "--dry-run", "--",
@@ -73,7 +86,7 @@ def test_dry_run_renders_array_script(cli, tmp_path):
     assert "{{" not in script
 
 
-def test_submit_usage_errors(cli, monkeypatch):
+def test_submit_usage_errors(cli, monkeypatch, feats):
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
     result = cli("submit", "--backend", "slurm", "--dry-run", "--", "featpipe", "encode")
     assert result.exit_code == 2 and "--backend slurm needs --tasks N" in result.output
@@ -84,10 +97,33 @@ def test_submit_usage_errors(cli, monkeypatch):
     result = cli("submit", "--backend", "dask", "--", "featpipe", "encode")
     assert result.exit_code == 2 and "--backend dask needs --scheduler ADDRESS" in result.output
     result = cli("submit", "--backend", "dask", "--scheduler", "tcp://h:8786", "--dry-run", "--",
-                 "featpipe", "encode", "--name", "x")
-    assert result.exit_code == 0
-    assert result.stdout.strip() == (f"{sys.executable} -m featpipe encode --name x "
-                                     "--executor dask --scheduler tcp://h:8786")
+                 "featpipe", "encode", "--store", feats, "--input", "f", "--method", "avg",
+                 "--name", "x")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == (f"{sys.executable} -m featpipe encode --store {feats} "
+                                     "--input f --method avg --name x --executor dask "
+                                     "--scheduler tcp://h:8786")
+
+
+@pytest.mark.parametrize("stage_args, code, message", [
+    (["--input", "f", "--method", "hrp", "--window", "0"], 2, "error: --window "),
+    (["--input", "nope", "--method", "avg"], 1, "error: no stage named 'nope'"),
+    (["--input", "f", "--method", "avg", "--no-such-flag"], 2, "No such option"),
+])
+def test_submit_runs_the_stage_commands_own_checks_first(feats, stage_args, code, message):
+    """Issue 23: a wrapped command that would fail is refused before any job file exists,
+    with its own error, dry run or not."""
+    slurm, dask = ["slurm", "--tasks", "2"], ["dask", "--scheduler", "tcp://h:8786"]
+    for backend in ([*slurm, "--dry-run"], slurm, [*dask, "--dry-run"]):
+        proc = run_cli("submit", "--backend", *backend, "--", "featpipe", "encode",
+                       "--store", feats, "--name", "e", *stage_args, check=False)
+        assert proc.returncode == code, proc.stderr
+        assert message in proc.stderr and "nothing submitted" in proc.stderr
+        assert proc.stdout == "" and not (feats / "logs").exists()
+        assert sorted(Store(feats).names()) == ["f"]
+    proc = run_cli("submit", "--backend", *slurm, "--dry-run", "--", "featpipe", "classify",
+                   "--store", feats, "--input", "f", check=False)
+    assert proc.returncode == 2 and "is not an item-parallel stage command" in proc.stderr
 
 
 def test_rendered_tasks_run_as_bash_equal_local_run(tmp_path):

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import importlib
 import logging
+import shlex
+import sys
 import warnings
 
 import click
 
 from featpipe import __version__
+from featpipe.cli import logfile
 from featpipe.errors import FeatpipeError, ParameterError, flag_of
 
 #: command name -> "module:attribute"; one module per command keeps each command obvious.
@@ -46,12 +49,44 @@ COMMANDS = {
 }
 
 
-class LazyGroup(click.Group):
-    """A group whose subcommands are imported only when used (``--help`` stays fast)."""
+def short_helps(commands: dict[str, str]) -> dict[str, str]:
+    """Each lazy command's short help, in full (click shortens it to the terminal)."""
+    found = {}
+    for name, target in commands.items():
+        module_name, attr = target.split(":")
+        command = getattr(importlib.import_module(module_name), attr)
+        found[name] = command.get_short_help_str(limit=10**6)
+    return found
 
-    def __init__(self, *args, lazy_commands: dict[str, str] | None = None, **kwargs):
+
+def table_source() -> dict[str, str]:
+    """The short help of each command (``featpipe --help``; ``options.json``)."""
+    return short_helps(COMMANDS)
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported only when used: its ``--help`` lists them with
+    the short helps of the precomputed table (:func:`featpipe.cli.options.table_entry`
+    ``table_key``), so that it imports none of them."""
+
+    def __init__(self, *args, lazy_commands: dict[str, str] | None = None,
+                 table_key: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.lazy_commands = dict(lazy_commands or {})
+        self.table_key = table_key
+
+    def format_commands(self, ctx, formatter):
+        if self.table_key is None:
+            return super().format_commands(ctx, formatter)
+        from featpipe.cli.options import table_entry
+
+        helps = table_entry(self.table_key)
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = [(name, click.Command(name, help=helps[name]).get_short_help_str(limit))
+                for name in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy_commands))
@@ -71,12 +106,13 @@ class LazyGroup(click.Group):
 
 
 def flag_for(command: click.Command | None, param: str) -> str:
-    """The flag of ``command``'s option for library parameter ``param`` (``n_components`` is
-    ``--dim`` in ``fit pca``); by default the rule of :func:`featpipe.errors.flag_of`."""
+    """The flag of ``command``'s option for library parameter ``param``, with its short
+    aliases (``--n-components (--dim)`` in ``fit pca``); by default the rule of
+    :func:`featpipe.errors.flag_of`."""
     for option in getattr(command, "params", ()):
         if isinstance(option, click.Option) and option.name == param:
-            return max((o for o in option.opts if o.startswith("--")), key=len,
-                       default=option.opts[0])
+            flags = [o for o in option.opts if o.startswith("--")] or option.opts[:1]
+            return flags[0] + (f" ({', '.join(flags[1:])})" if flags[1:] else "")
     return flag_of(param)
 
 
@@ -85,15 +121,39 @@ class FeatpipeGroup(LazyGroup):
     parameter value, a usage error)."""
 
     def invoke(self, ctx):
+        code = 1
+        try:
+            result = self._invoke(ctx)
+            code = 0
+            return result
+        except click.exceptions.Exit as stop:
+            code = stop.exit_code
+            raise
+        except click.ClickException as err:
+            code = err.exit_code
+            logfile.record(f"error: {err.format_message()}", logging.ERROR)
+            raise
+        except BaseException:
+            logfile.record_crash()
+            raise
+        finally:
+            logfile.close_log(code)
+
+    def _invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except ParameterError as err:
             flag = flag_for(ctx.meta.get("featpipe.command"), err.param)
-            click.echo(f"error: {flag} {err.cause}", err=True)
+            _error(f"error: {flag} {err.cause}")
             ctx.exit(2)
         except FeatpipeError as err:
-            click.echo(f"error: {err}", err=True)
+            _error(f"error: {err}")
             ctx.exit(1)
+
+
+def _error(text: str) -> None:
+    click.echo(text, err=True)
+    logfile.record(text, logging.ERROR)
 
 
 def _set_verbosity(ctx, param, value) -> None:
@@ -108,6 +168,16 @@ def _set_verbosity(ctx, param, value) -> None:
     apply_verbosity(obj)
 
 
+def _set_log_file(ctx, param, value) -> None:
+    """Callback of ``--log-file``: start the record of this run (module :mod:`logfile`)."""
+    if value:
+        logfile.open_log(value, shlex.join(["featpipe", *sys.argv[1:]]))
+        apply_verbosity(ctx.find_root().ensure_object(dict))
+
+
+LOG_FILE_HELP = ("Append the full record of the run (every log level, the reported lines, "
+                 "progress, the exit status) to PATH.")
+
 VERBOSITY_OPTIONS = (
     ("verbose", lambda: click.Option(
         ["-v", "--verbose"], count=True, expose_value=False, callback=_set_verbosity,
@@ -115,11 +185,14 @@ VERBOSITY_OPTIONS = (
     ("quiet", lambda: click.Option(
         ["-q", "--quiet"], is_flag=True, expose_value=False, callback=_set_verbosity,
         help="Same as featpipe -q (may also come before the command).")),
+    ("log_file", lambda: click.Option(
+        ["--log-file"], type=click.Path(dir_okay=False), metavar="PATH", expose_value=False,
+        callback=_set_log_file, help=LOG_FILE_HELP)),
 )
 
 
 def with_verbosity_options(command: click.Command | None) -> click.Command | None:
-    """``command`` with ``-v``/``-q`` options (once), so they work after the command name."""
+    """``command`` with ``-v``/``-q``/``--log-file`` (once): they work after its name too."""
     if command is not None:
         present = {p.name for p in command.params}
         command.params.extend(make() for name, make in VERBOSITY_OPTIONS if name not in present)
@@ -134,7 +207,7 @@ def apply_verbosity(obj: dict) -> None:
     configure_logging(-1 if quiet else min(verbose, 2))
 
 
-@click.group(cls=FeatpipeGroup, lazy_commands=COMMANDS,
+@click.group(cls=FeatpipeGroup, lazy_commands=COMMANDS, table_key="commands",
              context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="featpipe")
 @click.option("-v", "--verbose", count=True,
@@ -143,6 +216,9 @@ def apply_verbosity(obj: dict) -> None:
 @click.option("-q", "--quiet", is_flag=True,
               help="stderr shows errors only (no progress, warnings or log lines); stdout "
                    "keeps the results.")
+@click.option("--log-file", type=click.Path(dir_okay=False), metavar="PATH",
+              envvar="FEATPIPE_LOG_FILE", expose_value=False, callback=_set_log_file,
+              help=LOG_FILE_HELP + " Or $FEATPIPE_LOG_FILE.")
 @click.pass_context
 def cli(ctx, verbose, quiet):
     """featpipe: extract per-frame features, encode videos and images, train kernel SVMs."""
@@ -158,6 +234,8 @@ class _StatusAwareHandler(logging.Handler):
     def emit(self, record):
         from featpipe.cli.display import print_above
 
+        if record.name.startswith(logfile.OUTPUT):  # for the log file only
+            return
         try:
             print_above(self.format(record))
         except Exception:  # logging must never break a run
@@ -165,18 +243,21 @@ class _StatusAwareHandler(logging.Handler):
 
 
 def configure_logging(level: int) -> None:
-    """featpipe's loggers at ERROR (-q, level -1), WARNING (0), INFO (1) or DEBUG (2); other
-    libraries' loggers at WARNING (ERROR with -q); with -q Python warnings are ignored."""
+    """featpipe's loggers on stderr at ERROR (-q, level -1), WARNING (0), INFO (1) or DEBUG
+    (2), and at every level into a ``--log-file``; other libraries' loggers at WARNING
+    (ERROR with -q); with -q Python warnings are ignored."""
     root = logging.getLogger()
     for handler in [h for h in root.handlers if isinstance(h, _StatusAwareHandler)]:
         root.removeHandler(handler)
     handler = _StatusAwareHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
                                            "%H:%M:%S"))
+    featpipe_level = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO,
+                      2: logging.DEBUG}[level]
+    handler.setLevel(featpipe_level)
     root.addHandler(handler)
     root.setLevel(logging.ERROR if level < 0 else logging.WARNING)
-    logging.getLogger("featpipe").setLevel(
-        {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}[level])
+    logging.getLogger("featpipe").setLevel(logging.DEBUG if logfile.active() else featpipe_level)
     if level < 0:
         warnings.simplefilter("ignore")
 

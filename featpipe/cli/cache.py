@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
+import shutil
+import sys
 
 import click
 
@@ -13,13 +16,14 @@ from featpipe.fileio import human_bytes
 from featpipe.progress import format_duration
 from featpipe.stages import cache as upkeep
 
-CACHE_COMMANDS = {"pack": "featpipe.cli.cache_pack:pack"}
+CACHE_COMMANDS = {"pack": "featpipe.cli.cache_pack:pack",
+                  "refs": "featpipe.cli.cache_refs:refs", "rm": "featpipe.cli.cache_refs:rm"}
 PARAMS_WIDTH = 60
 
 
 @click.group(cls=LazyGroup, lazy_commands=CACHE_COMMANDS)
 def cache():
-    """Inspect (ls, show), check (verify) and clean (gc, pack) a store."""
+    """Inspect (ls, show, refs), check (verify) and clean (gc, rm, pack) a store."""
 
 
 def _compact_bytes(n: int) -> str:
@@ -38,7 +42,7 @@ def _created(text: str | None) -> str:
 def _params(params: dict, width: int | None = PARAMS_WIDTH) -> str:
     text = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}"
                     for k, v in sorted(params.items())) or "-"
-    return text if width is None or len(text) <= width else text[:width - 3] + "..."
+    return text if width is None else _shorten(text, width)
 
 
 def _counts(row: dict) -> tuple[str, str, str]:
@@ -48,16 +52,74 @@ def _counts(row: dict) -> tuple[str, str, str]:
     return str(items["done"]), str(items["failed"]), str(items["total"])
 
 
+#: Columns ``cache ls`` drops, first to last, while the table is wider than the terminal.
+DROP_ORDER = ("INPUTS", "CREATED", "SIZE", "FAILED", "TOTAL", "KIND")
+#: PARAMS is shortened to no fewer characters than this before it is dropped.
+MIN_PARAMS = 20
+
+
+def _output_width() -> int | None:
+    """Columns to fit: the terminal's when stdout is one, else ``$COLUMNS`` when set, else
+    no limit (a pipe or a file gets every column)."""
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else None
+
+
+def _lines(table: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+            for line in table]
+
+
+def fit_table(table: list[tuple[str, ...]], width: int | None) -> tuple[list[str], list[str]]:
+    """The lines of ``table`` (header first) within ``width`` characters: PARAMS shortened
+    (down to :data:`MIN_PARAMS`), then dropped, then the columns of :data:`DROP_ORDER`;
+    returns (lines, dropped column names)."""
+    header = list(table[0])
+    dropped: list[str] = []
+
+    def too_wide(rows) -> bool:
+        return width is not None and max(map(len, _lines(rows))) > width
+
+    while too_wide(table):
+        if "PARAMS" in header:
+            at = header.index("PARAMS")
+            excess = max(map(len, _lines(table))) - width
+            longest = max(len(row[at]) for row in table[1:])
+            if longest - excess >= MIN_PARAMS:
+                table = [table[0]] + [row[:at] + (_shorten(row[at], longest - excess),)
+                                      for row in table[1:]]
+                continue
+        drop = next((c for c in ("PARAMS", *DROP_ORDER) if c in header), None)
+        if drop is None:
+            break
+        at = header.index(drop)
+        table = [row[:at] + row[at + 1:] for row in table]
+        header.pop(at)
+        dropped.append(drop)
+    return _lines(table), dropped
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 @cache.command("ls")
 @store_option
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON list (every field in full) instead of the table.")
-def ls(store_path, as_json):
+@click.option("--wide", is_flag=True,
+              help="Every column and the parameters in full, however wide the terminal.")
+def ls(store_path, as_json, wide):
     """One line per stage: names, stage folder (kind-key), done/failed/total items (``model``
     for a fitted model stage), size on disk, creation time (UTC), inputs and parameters.
 
-    A stage that cannot be read is a ``problem:`` line (stderr, exit status 1); the others
-    are listed.
+    On a terminal (or with $COLUMNS) the table fits its width: the parameters are shortened,
+    then columns dropped (inputs, creation time, size...), which a note on stderr names;
+    `--wide` shows everything.  A stage that cannot be read is a ``problem:`` line (stderr,
+    exit status 1); the others are listed.
     """
     store = open_store(store_path)
     rows, problems = upkeep.list_stages(store)
@@ -73,11 +135,13 @@ def ls(store_path, as_json):
             table.append((",".join(row["names"]) or "-", row["stage"], row["kind"],
                           *_counts(row), _compact_bytes(row["size_bytes"]),
                           _created(row["created"]), ",".join(row["inputs"]) or "-",
-                          _params(row["params"])))
-        widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-        for line in table:
-            click.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True))
-                       .rstrip())
+                          _params(row["params"], None if wide else PARAMS_WIDTH)))
+        lines, dropped = fit_table(table, None if wide else _output_width())
+        for line in lines:
+            click.echo(line)
+        if dropped:
+            click.echo(f"note: {', '.join(dropped)} left out to fit {_output_width()} "
+                       "columns; --wide shows every column", err=True)
     for problem in problems:
         click.echo(f"problem: {problem}", err=True)
     if problems:

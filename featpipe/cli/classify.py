@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import click
 
-from featpipe.classify.experiment import METRICS, SOLVERS
-from featpipe.classify.fusion import FUSIONS
-from featpipe.classify.kernels import KERNELS
-from featpipe.classify.metrics import AP_MODES
 from featpipe.cli.common import (
     ClickReporter,
     check_jobs,
@@ -24,7 +20,21 @@ from featpipe.cli.common import (
     open_store,
     store_option,
 )
-from featpipe.stages.classification import classify as classify_stage
+from featpipe.cli.options import table_entry
+
+
+def table_source() -> dict[str, list[str]]:
+    """The choices of ``--kernel --fusion --metric --ap --solver`` (``options.json``)."""
+    from featpipe.classify.experiment import METRICS, SOLVERS
+    from featpipe.classify.fusion import FUSIONS
+    from featpipe.classify.kernels import KERNELS
+    from featpipe.classify.metrics import AP_MODES
+
+    return {"kernel": list(KERNELS), "fusion": list(FUSIONS), "metric": list(METRICS),
+            "ap": list(AP_MODES), "solver": list(SOLVERS)}
+
+
+CHOICES = table_entry("classify")
 
 
 def _numbers(values, flag: str) -> tuple[float, ...]:
@@ -45,26 +55,31 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
 @store_option
 @click.option("--input", "-i", "inputs", multiple=True, required=True, metavar="NAME",
               help="Encoded stage (repeat to fuse several encodings).")
-@click.option("--kernel", "-k", "kernels", multiple=True, type=click.Choice(KERNELS),
+@click.option("--kernel", "-k", "kernels", multiple=True, type=click.Choice(CHOICES["kernel"]),
               default=("linear",), show_default=True,
               help="Kernel: one for all inputs or one per input, in --input order.")
-@click.option("--fusion", default="average", show_default=True, type=click.Choice(FUSIONS),
+@click.option("--fusion", default="average", show_default=True,
+              type=click.Choice(CHOICES["fusion"]),
               help="How the per-input kernels are combined.")
 @click.option("--weights", default=None, metavar="W,W,...",
               help="Fusion weights, one per input (default: equal).")
 @click.option("--C", "C_values", multiple=True, default=("1000",), show_default=True,
-              metavar="C[,C...]", help="SVM C; several values are chosen among by --cv.")
+              metavar="C[,C...]", help="SVM C (libsvm's: the weight of the summed hinge loss "
+                                        "against ½‖w‖²; `fit deep-gmm --C` means the same, "
+                                        "with the squared hinge); several values are chosen "
+                                        "among by --cv.")
 @click.option("--cv", default=None, type=int,
               help="Folds of cross-validation on the train split (used with several --C) "
                    "[default: 5, or the smallest class's train count when fewer, with a "
                    "note].")
 @click.option("--split", "split", default="1", show_default=True, metavar="K|all",
               help="Which split of the manifest; 'all' reports mean and std over splits.")
-@click.option("--metric", default=None, type=click.Choice(METRICS),
+@click.option("--metric", default=None, type=click.Choice(CHOICES["metric"]),
               help="Headline metric [default: map for multi-label items, else accuracy].")
 @click.option("--ap", "ap_mode", default="standard", show_default=True,
-              type=click.Choice(AP_MODES), help="AP: non-interpolated or VOC2007 11-point.")
-@click.option("--solver", default="libsvm", show_default=True, type=click.Choice(SOLVERS),
+              type=click.Choice(CHOICES["ap"]), help="AP: non-interpolated or VOC2007 11-point.")
+@click.option("--solver", default="libsvm", show_default=True,
+              type=click.Choice(CHOICES["solver"]),
               help="libsvm on the precomputed kernel, or liblinear on explicit features "
                    "(linear, ssr, ser, chi2-map).")
 @click.option("--gamma", default=None, type=float,
@@ -80,6 +95,8 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
 def classify(store_path, inputs, kernels, fusion, weights, C_values, cv, split, metric,
              ap_mode, solver, gamma, order, normalize, jobs, report_path):
     """Train one-vs-rest kernel SVMs on encoded items and report accuracy or mAP."""
+    from featpipe.stages.classification import classify as classify_stage
+
     classify_stage(open_store(store_path), inputs, kernels, fusion=fusion,
                    weights=_numbers([weights], "--weights") if weights else None,
                    C=_numbers(C_values, "--C"), cv=cv, split=split, metric=metric,

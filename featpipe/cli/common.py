@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import shlex
 import sys
 
 import click
 
+from featpipe.cli import logfile
 from featpipe.cli.display import board, print_above
 from featpipe.parallel import resolve_jobs
 from featpipe.stages.base import Progress, Reporter, RunOptions, StageRun
@@ -15,6 +17,10 @@ from featpipe.store import Store
 store_option = click.option(
     "--store", "-s", "store_path", required=True, envvar="FEATPIPE_STORE",
     type=click.Path(file_okay=False), help="Store folder (or $FEATPIPE_STORE).")
+
+#: ``--dry-run`` of the fit commands: the stage and its key, nothing fitted or named.
+fit_dry_run_option = click.option("--dry-run", is_flag=True,
+                                  help="Print the model stage (and its key); fit nothing.")
 
 RUN_OPTION_NAMES = ("jobs", "executor", "scheduler", "shard", "on_error", "force", "dry_run")
 
@@ -74,28 +80,32 @@ def verbosity() -> int:
 
 
 def warn(text: str) -> None:
-    """A warning on stderr (not with ``-q``), above any progress line."""
+    """A warning on stderr (not with ``-q``), above any progress line; in the log file."""
+    logfile.record(text, logging.WARNING)
     if verbosity() >= 0:
         print_above(text)
 
 
 class ClickReporter(Reporter):
     """Result lines on stdout; warnings on stderr unless ``-q``; errors on stderr always;
-    progress as :mod:`featpipe.cli.display` describes (nothing with ``-q``)."""
+    progress as :mod:`featpipe.cli.display` describes (nothing with ``-q``); all of them in
+    the ``--log-file`` (:mod:`featpipe.cli.logfile`)."""
 
     def info(self, text: str) -> None:
         click.echo(text)
+        logfile.record(text)
 
     def warn(self, text: str) -> None:
         warn(text)
 
     def error(self, text: str) -> None:
         print_above(text)
+        logfile.record(text, logging.ERROR)
 
     def progress(self, total: int | None, label: str, unit: str = "items") -> Progress:
         level = verbosity()
-        if level < 0 or total == 0:  # -q, or nothing to count (everything already complete)
-            return Progress()
+        if total == 0 or (level < 0 and not logfile.active()):
+            return Progress()  # nothing to count (all complete), or -q without a log file
         return board(level).open(total, label, unit)
 
 

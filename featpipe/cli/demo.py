@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from featpipe.cli.common import ClickReporter
 from featpipe.errors import FeatpipeError
 
 
@@ -33,7 +34,8 @@ def demo(out, weights, quick, no_vgg):
     from featpipe.demo import pipeline, report
 
     started = time.perf_counter()
-    run = pipeline.Runner(Path(out), echo=lambda text: click.echo(text, err=True))
+    run = pipeline.Runner(Path(out), echo=lambda text: click.echo(text, err=True),
+                          progress=ClickReporter().progress)
     vgg = not (quick or no_vgg)
     tasks = []
     with pipeline.one_thread():

@@ -1,7 +1,7 @@
 """``featpipe encode``: one vector (or sequence) per item from an input stage.
 
 Methods and their options come from :mod:`featpipe.encode.registry` (options generated from
-the estimators, :mod:`featpipe.cli.options`); the work is
+the estimators and precomputed, :mod:`featpipe.cli.options`); the work is
 :func:`featpipe.stages.encoding.encode`.
 """
 
@@ -17,14 +17,22 @@ from featpipe.cli.common import (
     run_options,
     store_option,
 )
-from featpipe.cli.options import click_options
-from featpipe.encode.registry import load_methods
-from featpipe.stages.encoding import encode as encode_stage
+from featpipe.cli.options import make_option, method_option_specs, table_entry
+
+
+def table_source() -> dict:
+    """The methods (name, summary) and their generated options (``options.json``)."""
+    from featpipe.encode.registry import load_methods
+
+    methods = load_methods()
+    return {"methods": [[m.name, m.summary] for m in methods.values()],
+            "options": method_option_specs(methods)}
 
 
 def _make_command() -> click.Command:
-    methods = load_methods()
-    listing = "\n".join(f"  {m.name:12s} {m.summary}" for m in methods.values())
+    entry = table_entry("encode")
+    methods = dict(entry["methods"])
+    listing = "\n".join(f"  {name:12s} {summary}" for name, summary in methods.items())
 
     @click.command("encode", help="Encode each item of an input stage.\n\nMethods:\n\n\b\n"
                    + (listing or "  (none registered yet)"))
@@ -35,12 +43,14 @@ def _make_command() -> click.Command:
     @click.option("--name", "-n", default=None, help="Name to give the encoded stage.")
     @item_parallel_options
     def encode(store_path, input_name, method, name, **kwargs):
+        from featpipe.stages.encoding import encode as encode_stage
+
         options = run_options(kwargs)
         given = {k: v for k, v in kwargs.items() if v not in (None, ())}
         finish(encode_stage(open_store(store_path), input_name, method, given, name=name,
                             options=options, reporter=ClickReporter()))
 
-    encode.params.extend(click_options(methods))
+    encode.params.extend(make_option(spec) for spec in entry["options"])
     return encode
 
 

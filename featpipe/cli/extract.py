@@ -3,8 +3,8 @@ encoding while they are computed (``--encode``), or a sample of them (``--sample
 
 The work is :func:`featpipe.stages.extraction.extract`; its docstring says what an item holds.
 The ``--encode`` method and its options are those of ``featpipe encode``: one registry, the
-same generated options (:func:`featpipe.cli.options.click_options`), the same checks
-(:func:`featpipe.stages.encoding.method_models`).
+same generated options (:func:`featpipe.cli.options.method_option_specs`, precomputed), the
+same checks (:func:`featpipe.stages.encoding.method_models`).
 """
 
 from __future__ import annotations
@@ -19,14 +19,27 @@ from featpipe.cli.common import (
     run_options,
     store_option,
 )
-from featpipe.cli.options import click_options
-from featpipe.encode.registry import load_methods
+from featpipe.cli.options import make_option, method_option_specs, table_entry
 from featpipe.errors import flag_of
 from featpipe.interrupts import Interrupted
 from featpipe.io.video import Sampling
 from featpipe.manifest import Manifest
-from featpipe.stages.extraction import DSIFT_FPS, FEATURES, LOCAL_ENCODERS
-from featpipe.stages.extraction import extract as extract_stage
+
+
+def table_source() -> dict:
+    """The feature kinds, the local-feature encoders and their generated options (as
+    ``featpipe encode``'s, less ``--device``, which extract has) (``options.json``)."""
+    from featpipe.encode.registry import load_methods
+    from featpipe.stages.extraction import DSIFT_FPS, FEATURES, LOCAL_ENCODERS
+
+    methods = load_methods()
+    specs = method_option_specs({name: methods[name] for name in LOCAL_ENCODERS})
+    return {"features": list(FEATURES), "dsift_fps": DSIFT_FPS,
+            "encoders": list(LOCAL_ENCODERS),
+            "options": [s for s in specs if s["decls"][-1] != "device"]}
+
+
+TABLE = table_entry("extract")
 
 
 def _parse_sizes(text: str) -> list[int]:
@@ -40,11 +53,6 @@ def _parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def _encode_methods() -> dict:
-    methods = load_methods()
-    return {name: methods[name] for name in LOCAL_ENCODERS}
-
-
 @click.command("extract", epilog=(
     "Disk: raw local features are large (dense SIFT of one 320x240 frame at step 2 is about "
     "30 MB). --dry-run prints each item's frames, rows and bytes at rest; a stage whose "
@@ -56,7 +64,7 @@ def _encode_methods() -> dict:
 @click.option("--manifest", "-m", "manifest_path", required=True,
               type=click.Path(dir_okay=False), help="Manifest CSV (id,path,label,split1...).")
 @store_option
-@click.option("--features", "-f", required=True, type=click.Choice(FEATURES),
+@click.option("--features", "-f", required=True, type=click.Choice(TABLE["features"]),
               help="vgg16-fc6 (per frame), vgg16-conv5_3 or dsift (local).")
 @click.option("--name", "-n", default=None, help="Name to give the stage.")
 @click.option("--weights", default=None,
@@ -64,7 +72,7 @@ def _encode_methods() -> dict:
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
               help="Where VGG-16 (and an --encode method with a device) runs.")
 @click.option("--fps", type=float, default=None,
-              help=f"Sample F frames per second [dsift on video: {DSIFT_FPS:g}, since "
+              help=f"Sample F frames per second [dsift on video: {TABLE['dsift_fps']:g}, since "
                    "neighbouring frames give nearly the same descriptors; others: all frames].")
 @click.option("--every", type=int, default=None, help="Keep every N-th frame (1: all).")
 @click.option("--frames", "n_frames", type=int, default=None,
@@ -97,7 +105,7 @@ def _encode_methods() -> dict:
               help="Store x, y, scale of each local feature.")
 @click.option("--pca", "pca_name", default=None,
               help="Project the features with this fitted pca stage (featpipe fit pca).")
-@click.option("--encode", "encode_method", default=None, type=click.Choice(LOCAL_ENCODERS),
+@click.option("--encode", "encode_method", default=None, type=click.Choice(TABLE["encoders"]),
               help="Store only this encoding of the local features (as featpipe encode "
                    "--method; its options below).")
 @click.option("--sample-descriptors", "sample", default=None, type=int, metavar="N",
@@ -125,7 +133,9 @@ def extract(ctx, manifest_path, store_path, features, name, weights, device, fps
     encode_params = None
     if encode_method is not None:  # checked as `featpipe encode` checks them
         encode_params = given
-        if "device" in _encode_methods()[encode_method].defaults:
+        from featpipe.encode.registry import load_methods
+
+        if "device" in load_methods()[encode_method].defaults:
             encode_params["device"] = device
     elif given:
         flags = ", ".join(flag_of(k) for k in given)
@@ -138,6 +148,8 @@ def extract(ctx, manifest_path, store_path, features, name, weights, device, fps
         dsift = None
     elif weights is not None:
         raise click.UsageError("--weights applies to vgg16-* features only")
+    from featpipe.stages.extraction import extract as extract_stage
+
     manifest = Manifest.read(manifest_path)
     try:
         run = extract_stage(
@@ -154,4 +166,4 @@ def extract(ctx, manifest_path, store_path, features, name, weights, device, fps
     finish(run)
 
 
-extract.params.extend(o for o in click_options(_encode_methods()) if o.name != "device")
+extract.params.extend(make_option(spec) for spec in TABLE["options"])

@@ -2,7 +2,7 @@
 
 import click
 
-from featpipe.cli import LazyGroup
+from featpipe.cli import LazyGroup, short_helps
 
 FIT_COMMANDS = {
     "pca": "featpipe.cli.fit_pca:fit_pca",
@@ -14,6 +14,11 @@ FIT_COMMANDS = {
 }
 
 
-@click.group(cls=LazyGroup, lazy_commands=FIT_COMMANDS)
+def table_source() -> dict[str, str]:
+    """The short help of each ``fit`` command (``featpipe fit --help``; ``options.json``)."""
+    return short_helps(FIT_COMMANDS)
+
+
+@click.group(cls=LazyGroup, lazy_commands=FIT_COMMANDS, table_key="fit commands")
 def fit():
     """Fit a model on the train items of a stage (PCA, GMM, learned encoders)."""

@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import click
 
-from featpipe.cli.common import ClickReporter, open_store, store_option
-from featpipe.cli.options import parameter_options
-from featpipe.learn.dhrp import DiscriminativeRankPooling
-from featpipe.parameters import estimator_parameters
-from featpipe.stages.fitting import fit_dhrp as fit_dhrp_stage
+from featpipe.cli.common import (
+    ClickReporter,
+    fit_dry_run_option,
+    open_store,
+    store_option,
+)
+from featpipe.cli.options import attach_options, parameter_option_specs, table_entry
+
+
+def table_source() -> list[dict]:
+    """The generated options of ``featpipe fit dhrp`` (``options.json``)."""
+    from featpipe.learn.dhrp import DiscriminativeRankPooling
+    from featpipe.parameters import estimator_parameters
+
+    return parameter_option_specs(estimator_parameters(DiscriminativeRankPooling))
 
 
 @click.command("dhrp")
@@ -24,12 +34,15 @@ from featpipe.stages.fitting import fit_dhrp as fit_dhrp_stage
 @click.option("--name", "-n", required=True, help="Name to give the fitted model stage.")
 @click.option("--split", default=1, show_default=True, type=int,
               help="Manifest split whose train items are used (its test items are scored).")
-@parameter_options(estimator_parameters(DiscriminativeRankPooling))
+@attach_options(table_entry("fit dhrp"))
 @click.option("--threads", default=None, type=int,
               help="torch CPU threads (default: torch's; 1 is often faster for these small "
                    "batched solves on a busy machine).")
 @click.option("--force", is_flag=True, help="Refit even if the model exists.")
-def fit_dhrp(store_path, input_name, name, split, threads, force, **params):
+@fit_dry_run_option
+def fit_dhrp(store_path, input_name, name, split, threads, force, dry_run, **params):
     """Learn ψ(W x) and a soft-max classifier through rank pooling (DHRP)."""
+    from featpipe.stages.fitting import fit_dhrp as fit_dhrp_stage
+
     fit_dhrp_stage(open_store(store_path), input_name, name=name, split=split, threads=threads,
-                   force=force, reporter=ClickReporter(), **params)
+                   force=force, dry_run=dry_run, reporter=ClickReporter(), **params)

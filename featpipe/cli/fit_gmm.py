@@ -13,27 +13,40 @@ from __future__ import annotations
 
 import click
 
-from featpipe.cli.common import ClickReporter, open_store, store_option
-from featpipe.cli.options import parameter_options
-from featpipe.encode.fisher import GaussianMixtureModel
-from featpipe.parameters import estimator_parameters
-from featpipe.stages.fitting import fit_gmm as fit_gmm_stage
+from featpipe.cli.common import (
+    ClickReporter,
+    fit_dry_run_option,
+    open_store,
+    store_option,
+)
+from featpipe.cli.options import attach_options, parameter_option_specs, table_entry
+
+
+def table_source() -> list[dict]:
+    """The generated options of ``featpipe fit gmm`` (``options.json``)."""
+    from featpipe.encode.fisher import GaussianMixtureModel
+    from featpipe.parameters import estimator_parameters
+
+    parameters = estimator_parameters(GaussianMixtureModel, exclude=("chunk_size",))
+    return parameter_option_specs(parameters, aliases={"n_components": "--components"})
 
 
 @click.command("gmm")
 @store_option
 @click.option("--input", "-i", "input_name", required=True, help="Descriptor stage name.")
 @click.option("--name", "-n", required=True, help="Name to give the GMM stage.")
-@parameter_options(estimator_parameters(GaussianMixtureModel, exclude=("chunk_size",)),
-                   flags={"n_components": "--components"})
+@attach_options(table_entry("fit gmm"))
 @click.option("--pca", "pca_name", default=None, metavar="NAME", help="Fitted PCA stage.")
 @click.option("--pca-dim", default=None, type=int,
               help="Fit a PCA to this dimension on the sample first.")
 @click.option("--sample", default=200_000, show_default=True, type=int,
               help="Descriptors sampled from the train items.")
 @click.option("--force", is_flag=True, help="Refit even if the model exists.")
-def fit_gmm(store_path, input_name, name, pca_name, pca_dim, sample, force, **params):
+@fit_dry_run_option
+def fit_gmm(store_path, input_name, name, pca_name, pca_dim, sample, force, dry_run, **params):
     """Fit a diagonal GMM (VLFeat conventions) on the train descriptors of a stage."""
+    from featpipe.stages.fitting import fit_gmm as fit_gmm_stage
+
     fit_gmm_stage(open_store(store_path), input_name, name=name, pca=pca_name,
-                  pca_dim=pca_dim, sample=sample, force=force, reporter=ClickReporter(),
-                  **params)
+                  pca_dim=pca_dim, sample=sample, force=force, dry_run=dry_run,
+                  reporter=ClickReporter(), **params)

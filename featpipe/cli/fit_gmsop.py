@@ -8,11 +8,22 @@ from __future__ import annotations
 
 import click
 
-from featpipe.cli.common import ClickReporter, open_store, store_option
-from featpipe.cli.options import parameter_options
-from featpipe.learn.gmsop import GatedMixtureSOP
-from featpipe.parameters import estimator_parameters
-from featpipe.stages.fitting import fit_gmsop as fit_gmsop_stage
+from featpipe.cli.common import (
+    ClickReporter,
+    fit_dry_run_option,
+    open_store,
+    store_option,
+)
+from featpipe.cli.options import attach_options, parameter_option_specs, table_entry
+
+
+def table_source() -> list[dict]:
+    """The generated options of ``featpipe fit gmsop`` (``options.json``)."""
+    from featpipe.learn.gmsop import GatedMixtureSOP
+    from featpipe.parameters import estimator_parameters
+
+    return parameter_option_specs(estimator_parameters(GatedMixtureSOP),
+                                  aliases={"n_components": "--components"})
 
 
 @click.command("gmsop")
@@ -22,9 +33,12 @@ from featpipe.stages.fitting import fit_gmsop as fit_gmsop_stage
 @click.option("--name", "-n", default=None, help="Name to give the fitted model stage.")
 @click.option("--split", default=1, show_default=True, type=int,
               help="Train on the train items of this split.")
-@parameter_options(estimator_parameters(GatedMixtureSOP), flags={"n_components": "--components"})
+@attach_options(table_entry("fit gmsop"))
 @click.option("--force", is_flag=True, help="Refit even if this model is already fitted.")
-def fit_gmsop(store_path, input_name, name, split, force, **params):
+@fit_dry_run_option
+def fit_gmsop(store_path, input_name, name, split, force, dry_run, **params):
     """Fit GM-SOP (gated mixture of parametric second-order pooling) on conv maps."""
+    from featpipe.stages.fitting import fit_gmsop as fit_gmsop_stage
+
     fit_gmsop_stage(open_store(store_path), input_name, name=name, split=split, force=force,
-                    reporter=ClickReporter(), **params)
+                    dry_run=dry_run, reporter=ClickReporter(), **params)

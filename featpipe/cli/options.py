@@ -3,67 +3,107 @@
 A parameter's type and choices come from its constraints, its help from the estimator's
 numpydoc, its default from the signature: nothing here is written per parameter.
 
-- :func:`click_options`: the options of several encode methods at once.  Methods can share an
-  option name with different defaults (``--psi``: ``rankpool`` ssr, ``hrp`` ser), so every
-  option defaults to ``None`` (the method's default fills in) and the help lists the
+- :func:`method_option_specs`: the options of several encode methods at once.  Methods can
+  share an option name with different defaults (``--psi``: ``rankpool`` ssr, ``hrp`` ser), so
+  every option defaults to ``None`` (the method's default fills in) and the help lists the
   defaults per method.
-- :func:`parameter_options`: a decorator adding one option per parameter with its own
-  default, for commands that serve one estimator (``fit dhrp``, ``fit gmsop``...).
+- :func:`parameter_option_specs`: one option per parameter with its own default, for commands
+  that serve one estimator (``fit dhrp``, ``fit gmsop``...).
+
+An option is first a spec (a JSON-able dict, :func:`make_option` turns it into a
+``click.Option``).  Reading the declarations imports the estimators, and with them
+scikit-learn, SciPy and pandas (1-2 s); so the specs of every command are precomputed in
+``options.json`` beside this module (:data:`TABLE_SOURCES` says what computes each entry;
+``python -m featpipe.cli.options`` rewrites it, and ``tests/test_startup.py`` fails when it
+is stale).  A command reads its entry with :func:`table_entry`; with encoder plugins
+configured (``FEATPIPE_ENCODERS``, entry points), entries that list encode methods are
+computed live instead.  This module imports neither scikit-learn nor the estimators.
 """
 
 from __future__ import annotations
 
+import importlib
+import json
+import sys
 from collections.abc import Iterable, Mapping
 from numbers import Integral
+from pathlib import Path
 
 import click
-from sklearn.utils._param_validation import (
-    Interval,
-    StrOptions,
-    _Booleans,
-    _InstancesOf,
-    _RandomStates,
-    make_constraint,
-)
 
-from featpipe.errors import flag_of, off_flag_of
+from featpipe.errors import FLAG_ALIASES, flag_of, off_flag_of
 from featpipe.parameters import Parameter
+
+#: the precomputed table of generated options and choices
+TABLE_PATH = Path(__file__).with_name("options.json")
+#: table key -> "module:function" computing the entry (importing what it needs); entries
+#: marked True list encode methods, so encoder plugins make them live
+TABLE_SOURCES: dict[str, tuple[str, bool]] = {
+    "commands": ("featpipe.cli:table_source", False),
+    "fit commands": ("featpipe.cli.fit:table_source", False),
+    "encode": ("featpipe.cli.encode:table_source", True),
+    "extract": ("featpipe.cli.extract:table_source", True),
+    "classify": ("featpipe.cli.classify:table_source", False),
+    "fit pca": ("featpipe.cli.fit_pca:table_source", False),
+    "fit gmm": ("featpipe.cli.fit_gmm:table_source", False),
+    "fit deep-gmm": ("featpipe.cli.fit_deep_gmm:table_source", False),
+    "fit dhrp": ("featpipe.cli.fit_dhrp:table_source", False),
+    "fit gmsop": ("featpipe.cli.fit_gmsop:table_source", False),
+}
 
 
 def _kind(param: Parameter) -> tuple[str, object]:
-    """('flag', None), ('choice', options), ('int', None), ('float', None) or ('text', None)."""
-    made = [make_constraint(c) for c in param.constraints]
-    if any(isinstance(c, _Booleans) for c in made):
+    """('flag', None), ('choice', options), ('int', None), ('float', None) or ('text', None),
+    from the raw constraint declarations (scikit-learn's vocabulary, read by duck typing:
+    ``"boolean"``, ``"random_state"``, ``StrOptions`` (``.options``), ``Interval``
+    (``.type`` and ``.closed``), the types ``int`` and ``float``)."""
+    raw = list(param.constraints)
+    if "boolean" in raw:
         return "flag", None
-    options = [o for c in made if isinstance(c, StrOptions) for o in c.options]
+    options = [o for c in raw if not isinstance(c, str | type) and hasattr(c, "options")
+               for o in c.options - getattr(c, "deprecated", set())]
     if options:
         return "choice", options
-    if any(isinstance(c, _RandomStates) for c in made):
+    if "random_state" in raw:
         return "int", None
-    numbers = [c.type for c in made if isinstance(c, Interval)] + [
-        c.type for c in made if isinstance(c, _InstancesOf) and c.type in (int, float)]
+    numbers = [c.type for c in raw if hasattr(c, "closed") and hasattr(c, "type")] + [
+        c for c in raw if c in (int, float)]
     if numbers:
         return ("int" if all(t is int or t is Integral for t in numbers) else "float"), None
     return "text", None
 
 
-def _option(name: str, params: list[Parameter], default, help_text: str, flag: str | None = None,
-            show_default: bool = False) -> click.Option:
+def _spec(name: str, params: list[Parameter], default, help_text: str,
+          aliases: tuple[str, ...] = (), show_default: bool = False) -> dict:
+    """The spec of one option serving ``params`` (the same name in one or more methods): the
+    flag of scikit-learn's name, then its short aliases (:data:`FLAG_ALIASES`, ``aliases``)."""
     kinds = [_kind(p) for p in params]
-    flag = flag or flag_of(name)
+    flag = flag_of(name)
     names = {k for k, _ in kinds}
-    kwargs: dict = {"default": default, "help": help_text, "show_default": show_default}
+    spec: dict = {"decls": [flag, *FLAG_ALIASES.get(name, ()), *aliases, name],
+                  "default": default, "help": help_text, "show_default": show_default}
     if "flag" in names:
-        decls = [f"{flag}/{off_flag_of(name, flag)}", name]
-    else:
-        decls = [flag, name]
-        if "choice" in names:
-            kwargs["type"] = click.Choice(sorted({o for _, opts in kinds if opts for o in opts}))
-        elif names <= {"int", "float"}:
-            kwargs["type"] = int if names == {"int"} else float
-        if any(p.model for p in params):
-            kwargs["metavar"] = "NAME"
-    return click.Option(decls, **kwargs)
+        spec["decls"] = [f"{flag}/{off_flag_of(name, flag)}", name]
+    elif "choice" in names:
+        spec["choices"] = sorted({o for _, opts in kinds if opts for o in opts})
+    elif names <= {"int", "float"}:
+        spec["type"] = "int" if names == {"int"} else "float"
+    if "flag" not in names and any(p.model for p in params):
+        spec["metavar"] = "NAME"
+    return spec
+
+
+def make_option(spec: Mapping) -> click.Option:
+    """The ``click.Option`` of a spec."""
+    kwargs = {"default": spec["default"], "help": spec["help"],
+              "show_default": spec["show_default"]}
+    if "choices" in spec:
+        kwargs["type"] = click.Choice(spec["choices"])
+    elif "type" in spec:
+        kwargs["type"] = {"int": int, "float": float}[spec["type"]]
+    if "metavar" in spec:
+        kwargs["metavar"] = spec["metavar"]
+    return click.Option(list(spec["decls"]), **kwargs)
 
 
 def _grouped(uses: Mapping[str, Parameter], value) -> dict[str, list[str]]:
@@ -107,39 +147,83 @@ def shared_help(uses: Mapping[str, Parameter], all_methods: int) -> str:
                                    for v, m in defaults.items()) + "]"
 
 
-def click_options(methods: Mapping[str, object]) -> tuple[click.Option, ...]:
+def method_option_specs(methods: Mapping[str, object]) -> list[dict]:
     """One option per parameter name over ``methods`` (name -> EncodeMethod), default ``None``
     (the method's own default fills in), help from :func:`shared_help`."""
     by_name: dict[str, dict[str, Parameter]] = {}
     for method_name, method in methods.items():
         for param in method.parameters:
             by_name.setdefault(param.name, {})[method_name] = param
-    return tuple(_option(name, list(uses.values()), None, shared_help(uses, len(methods)))
-                 for name, uses in by_name.items())
+    return [_spec(name, list(uses.values()), None, shared_help(uses, len(methods)))
+            for name, uses in by_name.items()]
 
 
-def parameter_options(parameters: Iterable[Parameter], flags: Mapping[str, str] | None = None):
-    """Decorator: one click option per parameter, with its own default (shown in the help);
-    ``flags`` renames a parameter's flag (``{"n_components": "--dim"}``)."""
-    flags = dict(flags or {})
-    parameters = list(parameters)
+def parameter_option_specs(parameters: Iterable[Parameter],
+                           aliases: Mapping[str, str] | None = None) -> list[dict]:
+    """One option per parameter, with its own default (shown in the help); ``aliases`` adds a
+    short spelling to a parameter's flag (``{"n_components": "--dim"}``: ``--n-components``
+    or ``--dim``)."""
+    aliases = dict(aliases or {})
+    return [_spec(p.name, [p], p.default, _help(p),
+                  (aliases[p.name],) if p.name in aliases else (),
+                  show_default=p.default is not None) for p in parameters]
+
+
+def attach_options(specs: Iterable[Mapping]):
+    """Decorator: the options of ``specs``, in order, added as ``@click.option`` adds them."""
+    specs = list(specs)
 
     def decorate(func):
-        for param in reversed(parameters):
-            option = _option(param.name, [param], param.default, _help(param),
-                             flag=flags.get(param.name), show_default=param.default is not None)
-            func = _attach(func, option)
+        for spec in reversed(specs):
+            if isinstance(func, click.Command):
+                func.params.append(make_option(spec))
+            else:
+                func.__click_params__ = [*getattr(func, "__click_params__", []),
+                                         make_option(spec)]
         return func
 
     return decorate
 
 
-def _attach(func, option: click.Option):
-    """Add ``option`` to a function or command the way ``@click.option`` does."""
-    if isinstance(func, click.Command):
-        func.params.append(option)
-    else:
-        if not hasattr(func, "__click_params__"):
-            func.__click_params__ = []
-        func.__click_params__.append(option)
-    return func
+# -- the precomputed table -------------------------------------------------------------------
+
+_TABLE: dict | None = None
+
+
+def _plugins_configured() -> bool:
+    from featpipe.encode.registry import plugin_modules
+
+    return bool(plugin_modules())
+
+
+def live_entry(key: str):
+    """The table entry ``key`` computed now (imports the estimators)."""
+    target, _ = TABLE_SOURCES[key]
+    module_name, attr = target.split(":")
+    return json.loads(json.dumps(getattr(importlib.import_module(module_name), attr)()))
+
+
+def table_entry(key: str):
+    """The entry ``key`` of the precomputed table (:data:`TABLE_PATH`); computed live when
+    the table lacks it or when it lists encode methods and plugins are configured."""
+    global _TABLE
+    if TABLE_SOURCES[key][1] and _plugins_configured():
+        return live_entry(key)
+    if _TABLE is None:
+        try:
+            _TABLE = json.loads(TABLE_PATH.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            _TABLE = {}
+    if key not in _TABLE:
+        return live_entry(key)
+    return _TABLE[key]
+
+
+def write_table(path: Path = TABLE_PATH) -> None:
+    """Compute every entry of the table and write it to ``path``."""
+    table = {key: live_entry(key) for key in TABLE_SOURCES}
+    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    write_table(Path(sys.argv[1]) if len(sys.argv) > 1 else TABLE_PATH)

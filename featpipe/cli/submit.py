@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from featpipe.cli.common import open_store
+from featpipe.cli.common import open_store, verbosity
 from featpipe.progress import stage_progress
 from featpipe.slurm import (
     ArrayJob,
@@ -57,17 +58,24 @@ def submit(backend, tasks, partition, time_limit, mem, gpus, cpus_per_task, arra
            extra, job_name, log_dir, template, scheduler, wait, dry_run, command):
     """Run the stage COMMAND (after `--`) on a cluster.
 
+    COMMAND is first run with --dry-run, here: its own checks (options, names, inputs) fail
+    before any job file is written.
+
     \b
     featpipe submit --backend slurm --tasks 8 --time 2:00:00 --wait -- \\
         featpipe encode --store S --input feats --method avg --name avg
     featpipe submit --backend dask --scheduler tcp://HOST:8786 -- featpipe encode ...
     """
     argv = stage_argv(command)
+    if backend == "slurm" and tasks is None:
+        raise click.UsageError("--backend slurm needs --tasks N (the number of array tasks)")
+    if backend == "dask" and not scheduler:
+        raise click.UsageError("--backend dask needs --scheduler ADDRESS "
+                               "(or $DASK_SCHEDULER_ADDRESS)")
+    check_stage_command(argv)
     if backend == "dask":
         _submit_dask(argv, scheduler, dry_run)
         return
-    if tasks is None:
-        raise click.UsageError("--backend slurm needs --tasks N (the number of array tasks)")
     store = option_value(argv, "--store", "-s") or os.environ.get("FEATPIPE_STORE")
     name = option_value(argv, "--name", "-n")
     if log_dir is None:
@@ -131,10 +139,29 @@ def _print_template(ctx: click.Context) -> None:
     ctx.exit(0)
 
 
-def _submit_dask(argv: list[str], scheduler: str | None, dry_run: bool) -> None:
-    if not scheduler:
-        raise click.UsageError("--backend dask needs --scheduler ADDRESS "
-                               "(or $DASK_SCHEDULER_ADDRESS)")
+def check_stage_command(argv: list[str]) -> None:
+    """Run a featpipe stage command with ``--dry-run``: its own checks of options, names and
+    inputs, computing and writing nothing.  When they fail, print its stderr and exit with its
+    status (2: a usage error) before any job file is written.  Other programs are not run."""
+    if argv[:3] != [sys.executable, "-m", "featpipe"]:
+        return
+    proc = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True)
+    if proc.returncode == 0:
+        summary = proc.stdout.strip().splitlines()[-1:] or [""]
+        if verbosity() >= 0:
+            click.echo(f"checked: {shlex.join(['featpipe', *argv[3:]])} --dry-run: "
+                       f"{summary[0]}", err=True)
+        return
+    if re.search(r"No such option:? '?--dry-run", proc.stderr):
+        raise click.UsageError(f"`featpipe {' '.join(argv[3:4])}` is not an item-parallel "
+                               "stage command (it has no --dry-run, --shard or --executor)")
+    click.echo(proc.stderr, err=True, nl=False)
+    click.echo(f"note: nothing submitted: the stage command failed its own checks "
+               f"(--dry-run exited {proc.returncode})", err=True)
+    raise click.exceptions.Exit(proc.returncode)
+
+
+def _submit_dask(argv: list[str], scheduler: str, dry_run: bool) -> None:
     full = [*argv, "--executor", "dask", "--scheduler", scheduler]
     if dry_run:
         click.echo(shlex.join(full))

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from featpipe import stages
 from featpipe.errors import FeatpipeError, flag_of, off_flag_of
-from featpipe.stages.base import Reporter, StageRun
+from featpipe.stages.base import Progress, Reporter, StageRun
 from featpipe.store import Store
 
 ORDER_BLIND = ("avg", "max")
@@ -105,10 +105,12 @@ def one_thread() -> Iterator[None]:
 
 
 class _Lines(Reporter):
-    """Collects what a stage reports, as the command line would print it."""
+    """Collects what a stage reports, as the command line would print it; its progress goes
+    to ``progress`` (the command line's progress line) when given."""
 
-    def __init__(self):
+    def __init__(self, progress: Callable[..., Progress] | None = None):
         self.lines: list[str] = []
+        self._progress = progress
 
     def info(self, text: str) -> None:
         self.lines.append(text)
@@ -118,6 +120,11 @@ class _Lines(Reporter):
 
     def error(self, text: str) -> None:
         self.lines.append(text)
+
+    def progress(self, total: int | None, label: str, unit: str = "items") -> Progress:
+        if self._progress is None:
+            return super().progress(total, label, unit)
+        return self._progress(total, label, unit)
 
 
 def _flags(params: dict) -> list[str]:
@@ -133,10 +140,13 @@ def _flags(params: dict) -> list[str]:
 
 class Runner:
     """Runs the demo's stages through :mod:`featpipe.stages`, logs their command lines and
-    report lines, and times them."""
+    report lines, and times them; ``progress`` shows each stage's progress (the command
+    line's :meth:`~featpipe.stages.base.Reporter.progress`), e.g. while VGG-16 runs."""
 
-    def __init__(self, out: Path, echo: Callable[[str], None]):
+    def __init__(self, out: Path, echo: Callable[[str], None],
+                 progress: Callable[..., Progress] | None = None):
         self.out = out
+        self.progress = progress
         self.store = Store(out / "store")
         self.echo = echo
         self.steps: list[Step] = []
@@ -147,7 +157,7 @@ class Runner:
     def run(self, args: Sequence, function: Callable, *positional, **kwargs):
         """``function(store, *positional, **kwargs)``, the stage behind ``featpipe ARGS``."""
         args = [str(a) for a in args]
-        lines = _Lines()
+        lines = _Lines(self.progress)
         started = time.perf_counter()
         error = None
         try:

@@ -47,17 +47,30 @@ def time_varying_mean(X):
     return running_sum(X) / counts[:, None]
 
 
-def signed_square_root(X):
-    """SSR: sign(x)·√|x|."""
+def root(X):
+    """√max(x, 0), whose derivative under autograd is the subgradient 0 at x ≤ 0 (the square
+    root's slope is infinite at 0, and inf · 0 would give NaN).  Arrays that carry no
+    gradient take the plain path (3-5x faster on numpy)."""
     xp = namespace(X)
-    return xp.copysign(xp.sqrt(xp.abs(X)), X)
+    if not getattr(X, "requires_grad", False):
+        return xp.sqrt(xp.maximum(X, xp.zeros((), dtype=X.dtype,
+                                              device=getattr(X, "device", None))))
+    positive = X > 0
+    return xp.where(positive, xp.sqrt(xp.where(positive, X, xp.ones_like(X))),
+                    xp.zeros_like(X))
+
+
+def signed_square_root(X):
+    """SSR: sign(x)·√|x| (gradient 0 at x = 0, :func:`root`)."""
+    xp = namespace(X)
+    return xp.copysign(root(xp.abs(X)), X)
 
 
 def sign_expansion_root(X):
-    """SER: [√max(0, x), √max(0, −x)] along the last axis (2·D dimensions)."""
+    """SER: [√max(0, x), √max(0, −x)] along the last axis (2·D dimensions; gradient 0 at
+    x = 0, :func:`root`)."""
     xp = namespace(X)
-    zero = xp.zeros((), dtype=X.dtype, device=getattr(X, "device", None))
-    return xp.concat([xp.sqrt(xp.maximum(X, zero)), xp.sqrt(xp.maximum(-X, zero))], axis=-1)
+    return xp.concat([root(X), root(-X)], axis=-1)
 
 
 def l2_normalize(X):

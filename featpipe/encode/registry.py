@@ -11,7 +11,7 @@ numpydoc), plus the model parameters that name fitted stages
 (:func:`featpipe.parameters.model_parameter`).  ``featpipe encode`` offers the union of the
 methods' options (generated, :mod:`featpipe.cli.options`); :func:`method_params` fills in the
 method's defaults and :meth:`EncodeMethod.validate` checks every value before a stage exists.
-The stage key hashes the method name and its complete parameter dict.
+The stage key hashes the method name and its canonical parameter record.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from featpipe.parameters import Parameter, check_parameter_values
+from featpipe.parameters import Parameter, check_parameter_values, parameter_record
 
 #: Modules that define ENCODE_METHODS (plugins: the ``featpipe.encoders`` entry points and
 #: ``$FEATPIPE_ENCODERS``).
@@ -79,19 +79,13 @@ class EncodeMethod:
         """The parameters that name fitted model stages."""
         return tuple(p.name for p in self.parameters if p.model)
 
-    @property
-    def options(self) -> tuple:
-        """The method's click options (each defaults to ``None``: see :func:`method_params`)."""
-        from featpipe.cli.options import click_options
-
-        return click_options({self.name: self})
-
     def validate(self, params: Mapping[str, object]) -> None:
         """Raise :class:`~featpipe.errors.ParameterError` for a missing model or a bad value."""
         check_parameter_values(self.parameters, params, f"--method {self.name}", self.fixed)
 
 
-def _plugin_modules() -> list[str]:
+def plugin_modules() -> list[str]:
+    """The plugin modules: ``featpipe.encoders`` entry points, then ``$FEATPIPE_ENCODERS``."""
     names = [ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
     names += [n.strip() for n in os.environ.get(PLUGIN_VARIABLE, "").split(",") if n.strip()]
     return names
@@ -99,7 +93,7 @@ def _plugin_modules() -> list[str]:
 
 def load_methods() -> dict[str, EncodeMethod]:
     methods: dict[str, EncodeMethod] = {}
-    for module_name in METHOD_MODULES + _plugin_modules():
+    for module_name in METHOD_MODULES + plugin_modules():
         for method in importlib.import_module(module_name).ENCODE_METHODS:
             if method.name in methods:
                 raise RuntimeError(f"encode method {method.name!r} is registered twice "
@@ -109,14 +103,12 @@ def load_methods() -> dict[str, EncodeMethod]:
 
 
 def method_params(method: EncodeMethod, given: Mapping[str, object]) -> dict:
-    """The method's complete parameters: what the user gave, else the method's default."""
-    params = {}
-    for param in method.parameters:
-        value = given.get(param.name)
-        if value is None or value == ():
-            value = param.default
-        params[param.name] = list(value) if isinstance(value, tuple) else value
-    return params
+    """The method's canonical record (:func:`featpipe.parameters.parameter_record`): what the
+    user gave (``None`` or ``()``: not given), else the method's default, typed by the
+    declarations."""
+    given = {k: v for k, v in given.items()
+             if v is not None and not (isinstance(v, tuple) and not v)}
+    return parameter_record(method.parameters, given, f"--method {method.name}")
 
 
 def estimator_builder(cls, **fixed) -> Callable[[Mapping, Mapping], ItemEncoder]:

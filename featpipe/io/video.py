@@ -24,6 +24,11 @@ cut); a position that does not increase (OpenCV reports 0 for frames without a t
 is replaced by the previous one plus one frame period.  Still images (jpg, png, ...) are
 one-frame items with timestamp 0.
 
+AVI files count frames as the container defines them: a zero-length "drop" chunk in the index
+is a frame that repeats the previous one (variable-rate capture); OpenCV skips it, and the
+frames after it come with later positions, so each missing frame period is filled with a copy
+of the previous frame (:func:`is_avi`, :class:`OpenCVDecoder`).
+
 Truncated and corrupt videos: the decoder counts the frames that decode against the number
 the container declares, and the worker process collects FFmpeg's messages (which never reach
 the terminal); decode errors, or fewer frames than declared, fail the item with one line
@@ -98,8 +103,12 @@ class Sampling:
         return self
 
     def params(self) -> dict:
-        """The sampling as stage parameters (part of the stage key)."""
-        return {"fps": self.fps, "every": self.every, "frames": self.frames}
+        """The sampling as stage parameters (part of the stage key): ``fps`` a float,
+        ``every`` and ``frames`` ints, however they were written."""
+        from featpipe.parameters import typed_value
+
+        return {"fps": typed_value(self.fps, (float,)), "every": typed_value(self.every, (int,)),
+                "frames": typed_value(self.frames, (int,))}
 
     def expected(self, total: int, fps: float) -> int:
         """Frames kept from a video of ``total`` frames at ``fps`` (0: unknown rate)."""
@@ -130,7 +139,8 @@ class Decoder(Protocol):
                ) -> Iterator[tuple[int, float, np.ndarray | None]]: ...
 
     # optional: ``frame_count(path) -> int``, the container's frame count (a guess);
-    # ``counts``: (frames decoded, frames the container declares or None) after ``frames``
+    # ``counts``: (frames decoded, frames the container declares or None, timestamp of the
+    # last frame decoded or None) after ``frames````
 
 
 @dataclass(frozen=True)
@@ -151,7 +161,7 @@ def _declared(count: float) -> int | None:
 class OpenCVDecoder:
     """``cv2.VideoCapture``: ``grab`` every frame, ``retrieve`` only the wanted ones."""
 
-    counts: tuple[int, int | None] | None = None
+    counts: tuple[int, int | None, float | None] | None = None
 
     def frame_count(self, path) -> int:
         """The container's frame count (a guess: it can be wrong or 0)."""
@@ -189,27 +199,47 @@ class OpenCVDecoder:
         declared = _declared(capture.get(cv2.CAP_PROP_FRAME_COUNT))
         fps = capture.get(cv2.CAP_PROP_FPS)
         period = 1.0 / fps if fps > 0 else DEFAULT_PERIOD
-        self.counts = (0, declared)
+        drops = fps > 0 and is_avi(path)
+        self.counts = (0, declared, None)
         try:
-            index, first, previous = 0, None, None
+            index, first, previous, last = 0, None, None, None
             while capture.grab():
                 reported = capture.get(cv2.CAP_PROP_POS_MSEC) / 1000.0
                 first = reported if first is None else first
                 seconds = reported - first
+                if drops and previous is not None:
+                    # drop chunks between the previous frame and this one: each repeats it
+                    for _ in range(round((seconds - previous) / period) - 1):
+                        previous += period
+                        frame = cv2.cvtColor(last, cv2.COLOR_BGR2RGB) \
+                            if want(index, previous) else None
+                        yield index, previous, frame
+                        index += 1
+                        self.counts = (index, declared, previous)
                 if previous is not None and not seconds > previous:
                     seconds = previous + period
                 previous = seconds
-                frame = None
-                if want(index, seconds):
+                frame, wanted = None, want(index, seconds)
+                if wanted or drops:  # AVI: kept in case a drop chunk repeats it
                     ok, bgr = capture.retrieve()
                     if not ok or bgr is None:
                         raise RuntimeError(f"frame {index} could not be decoded")
-                    frame = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+                    last = bgr
+                    if wanted:
+                        frame = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
                 yield index, seconds, frame
                 index += 1
-                self.counts = (index, declared)
+                self.counts = (index, declared, seconds)
         finally:
             capture.release()
+
+
+def is_avi(path) -> bool:
+    """Whether ``path`` is a RIFF AVI file, whose index may hold zero-length "drop" chunks:
+    frames that repeat the previous one (variable-rate capture), which OpenCV skips."""
+    with open(path, "rb") as file:
+        head = file.read(12)
+    return head[:4] == b"RIFF" and head[8:12] == b"AVI "
 
 
 def get_decoder(name: str) -> Decoder:
@@ -414,12 +444,15 @@ class _StderrLog:
         return [m.group(1) for m in found if m]
 
 
-def lost_frames(counts: tuple[int, int | None] | None, messages: list[str]) -> str | None:
+def lost_frames(counts: tuple | None, messages: list[str]) -> str | None:
     """Why frames are missing or damaged (decode errors, fewer frames than the container
-    declares; one frame short is tolerated: containers round), or None."""
-    decoded, declared = counts if counts else (None, None)
+    declares; one frame short is tolerated: containers round), or None.  ``counts`` is the
+    decoder's (decoded, declared, last timestamp) (the timestamp may be missing)."""
+    decoded, declared, stopped = (*counts, None)[:3] if counts else (None, None, None)
     of = (f"decoded {decoded} of the {declared} frames the container declares"
           if declared is not None and decoded is not None else "")
+    if of and stopped is not None and decoded:
+        of += f", stopping after frame {decoded - 1} at {stopped:.3f} s"
     if messages:
         return f"decode errors (FFmpeg: {messages[0]})" + (f"; {of}" if of else "")
     if of and declared - decoded > 1:

@@ -3,18 +3,27 @@
 Sydorov, Sakurada, Lampert, "Deep Fisher Kernels -- End to End Learning of the Fisher Kernel
 GMM Parameters", CVPR 2014, Algorithm 1.  Block-coordinate descent on
 
-    J(theta) = min_w  1/2 ||w||^2 + (C/n) sum_i max(0, 1 - y_i <w, phi_i(theta)>)^2
+    J(theta) = min_w  1/2 ||w||^2 + C sum_i max(0, 1 - y_i <w, phi_i(theta)>)^2
 
 where phi_i is the improved Fisher vector (VLFeat layout, see :mod:`featpipe.encode.fisher`)
 of image i under the diagonal GMM theta = (a, mu, s): unnormalised log weights a
 (pi = softmax(a)), means mu and log standard deviations s = log sigma.  Each iteration: FVs for
-the current GMM; the squared-hinge SVM by liblinear (``-s 2 -c C/n -B -1``: liblinear
-minimises 1/2||w||^2 + C' sum_i loss_i, so C' = C/n; no bias); the gradient of the loss with
-respect to theta at fixed w (the envelope theorem makes it the gradient of J); a backtracking
-line search on the loss at fixed w; the update; renormalised weights (a <- a - logsumexp a).
-Stops after ``max_iter`` iterations, when no step decreases the objective, or when the
-validation score has not improved for ``patience`` iterations; the GMM with the best
-validation score is kept (the initial one counts).
+the current GMM; the squared-hinge SVM by liblinear (``-s 2 -c C -B -1``, no bias); the
+gradient of the loss with respect to theta at fixed w (the envelope theorem makes it the
+gradient of J); a backtracking line search on the loss at fixed w; the update; renormalised
+weights (a <- a - logsumexp a).
+
+C is liblinear's and libsvm's C: the weight of the *summed* loss, the meaning ``featpipe
+classify --C`` has (there with the hinge loss of libsvm's C-SVC).  The paper writes C/n with a
+mean loss; its C is n times ours.
+
+Stopping (``selection``): ``last``, the paper's rule, runs ``max_iter`` iterations (fewer
+only when no step of the line search decreases the objective) and keeps the last GMM;
+``validation`` keeps the GMM with the best validation mAP (the initial one counts) and stops
+when it has not improved for ``patience`` iterations.  Every iteration records the
+objective, the step, and the average precision of the task's own SVMs on the learning and the
+validation items (per class, and their mean): the paper's evaluation (Table 2a: trained on
+train, AP on val).
 
 Modes: ``per-class`` learns one GMM per class (one-vs-rest, its own SVM); ``shared`` learns one
 GMM for all classes, the multi-task objective being the sum of the per-class objectives
@@ -44,7 +53,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
@@ -66,6 +75,7 @@ from featpipe.parameters import ValidatedEstimator, check_params
 log = logging.getLogger(__name__)
 
 MODES = ("shared", "per-class")
+SELECTIONS = ("last", "validation")
 #: Working memory of one batch of images in the FV forward and reverse passes, in bytes: on a
 #: GPU, and on the CPU (measured on 2 cores, 50 x 1,500 x 64, K = 64: 4-16 MiB buckets fit a
 #: deep Fisher iteration in 1.1 s, 64-256 MiB in 1.5-1.7 s).
@@ -142,8 +152,8 @@ def fisher_backward(cache: FisherCache, g_phi, posterior_cutoff=0.0):
 # -- the squared-hinge SVM -------------------------------------------------------------------
 
 def train_squared_hinge(phi: np.ndarray, y: np.ndarray, C: float, tol: float) -> np.ndarray:
-    """w minimising 1/2||w||^2 + (C/n) sum_i max(0, 1 - y_i <w, phi_i>)^2, by liblinear
-    (``-s 2 -c C/n -B -1 -e tol``); ``y`` in {-1, +1}."""
+    """w minimising 1/2||w||^2 + C sum_i max(0, 1 - y_i <w, phi_i>)^2, by liblinear
+    (``-s 2 -c C -B -1 -e tol``); ``y`` in {-1, +1}."""
     return train_squared_hinge_classes(phi, np.asarray(y, dtype=np.float64)[:, None], C, tol)[0]
 
 
@@ -173,17 +183,37 @@ def train_squared_hinge_classes(phi: np.ndarray, Y: np.ndarray, C: float,
     for j in range(Y.shape[1]):
         labels[:] = Y[:, j]
         model = liblinearutil.train(problem, liblinear.parameter(
-            f"-s 2 -c {C / n!r} -B -1 -e {tol!r} -q"))
+            f"-s 2 -c {float(C)!r} -B -1 -e {tol!r} -q"))
         w = np.ctypeslib.as_array(model.w, shape=(model.nr_feature,))
         W[j, :w.shape[0]] = w if model.get_labels()[0] == 1 else -w
     return W
 
 
 def svm_objective(w: np.ndarray, phi: np.ndarray, y: np.ndarray, C: float) -> float:
-    """1/2||w||^2 + (C/n) sum_i max(0, 1 - y_i <w, phi_i>)^2 (per class, summed over rows)."""
+    """1/2||w||^2 + C sum_i max(0, 1 - y_i <w, phi_i>)^2 (per class, summed over rows)."""
     w = np.atleast_2d(w)
     margins = np.maximum(0.0, 1.0 - y * (phi @ w.T))
-    return float(0.5 * np.sum(w * w) + C / phi.shape[0] * np.sum(margins * margins))
+    return float(0.5 * np.sum(w * w) + C * np.sum(margins * margins))
+
+
+def _json_number(value):
+    """JSON-safe: NaN (AP of a class without positives) becomes None."""
+    return None if value is None or math.isnan(value) else value
+
+
+def _ranked(score):
+    """A validation mAP for comparisons: None (no positives) ranks lowest."""
+    return -math.inf if score is None else score
+
+
+def average_precisions(scores: np.ndarray, y: np.ndarray) -> list[float]:
+    """Average precision of each column of ``scores`` (n, classes) for the labels ``y`` in
+    {-1, +1} (scikit-learn's, the area under the non-interpolated precision-recall curve); NaN
+    for a column without positives."""
+    from sklearn.metrics import average_precision_score
+
+    return [float(average_precision_score(y[:, j] > 0, scores[:, j])) if np.any(y[:, j] > 0)
+            else float("nan") for j in range(y.shape[1])]
 
 
 # -- items on the device, in length buckets --------------------------------------------------
@@ -259,15 +289,6 @@ class _Items:
 
 # -- the learner -----------------------------------------------------------------------------
 
-@dataclass
-class _Task:
-    """One GMM being learned and the columns (classes) of the label matrix it serves."""
-
-    columns: list[int]
-    theta: tuple
-    history: list[dict] = field(default_factory=list)
-
-
 class DeepFisherKernel(ArrayModel, ValidatedEstimator, BaseEstimator):
     """Learn the GMM of a Fisher-vector encoding together with linear SVMs (Algorithm 1).
 
@@ -278,13 +299,19 @@ class DeepFisherKernel(ArrayModel, ValidatedEstimator, BaseEstimator):
     Parameters
     ----------
     C : float
-        SVM cost C in 1/2||w||^2 + (C/n) sum sq. hinge (liblinear -c C/n).
+        SVM cost C in 1/2||w||^2 + C sum of squared hinge losses (liblinear -c C): the
+        meaning of ``classify --C`` (libsvm's C, hinge loss); the paper's C/n with a mean
+        loss is n times smaller.
     mode : {"shared", "per-class"}
         One multi-task GMM, or one GMM per class (one-vs-rest).
     max_iter : int
-        Iteration budget.
+        Iterations of Algorithm 1 (the paper runs a fixed number, 100).
+    selection : {"last", "validation"}
+        The paper's stopping rule (run max_iter iterations, keep the last GMM), or keep the
+        GMM with the best validation mAP and stop after ``patience`` iterations without one.
     patience : int
-        Stop after this many iterations without a better validation score.
+        With selection validation: iterations without a better validation mAP before
+        stopping.
     posterior_cutoff : float
         Leave pairs with posterior below this out of the gradient (the paper's
         approximation; 0 = exact).
@@ -308,8 +335,9 @@ class DeepFisherKernel(ArrayModel, ValidatedEstimator, BaseEstimator):
     Attributes
     ----------
     classes_, weights_, means_, variances_ (with a leading class axis in per-class mode),
-    history_ (per task, per iteration: objective, validation score, step, accepted),
-    best_iteration_, svm_weights_ (per class, for the kept GMM).
+    history_ (per task, per iteration: objective, step, ``train`` and ``validation`` mAP of the
+    task's own SVMs, ``train_ap`` and ``validation_ap`` per class), best_iteration_ (the kept
+    iteration), svm_weights_ (per class, for the kept GMM).
     """
 
     _model_name = "deep-gmm"
@@ -319,6 +347,7 @@ class DeepFisherKernel(ArrayModel, ValidatedEstimator, BaseEstimator):
         "C": [Interval(Real, 0, None, closed="neither")],
         "mode": [StrOptions(set(MODES))],
         "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "selection": [StrOptions(set(SELECTIONS))],
         "patience": [Interval(Integral, 1, None, closed="left")],
         "posterior_cutoff": [Interval(Real, 0, 1, closed="left")],
         "subsample": [Interval(Real, 0, 1, closed="right")],
@@ -331,12 +360,13 @@ class DeepFisherKernel(ArrayModel, ValidatedEstimator, BaseEstimator):
         "dtype": [StrOptions({"float64", "float32"})],
     }
 
-    def __init__(self, C=1.0, mode="shared", max_iter=20, patience=3, posterior_cutoff=1e-5,
-                 subsample=0.1, max_step=0.5, line_search_steps=8, svm_tol=1e-4,
-                 random_state=0, device="cpu", xp=None, dtype="float64"):
+    def __init__(self, C=1.0, mode="shared", max_iter=20, selection="last", patience=3,
+                 posterior_cutoff=1e-5, subsample=0.1, max_step=0.5, line_search_steps=8,
+                 svm_tol=1e-4, random_state=0, device="cpu", xp=None, dtype="float64"):
         self.C = C
         self.mode = mode
         self.max_iter = max_iter
+        self.selection = selection
         self.patience = patience
         self.posterior_cutoff = posterior_cutoff
         self.subsample = subsample
@@ -396,16 +426,12 @@ class DeepFisherKernel(ArrayModel, ValidatedEstimator, BaseEstimator):
     def _svms(self, phi, y):
         return train_squared_hinge_classes(phi, y, self.C, self.svm_tol)
 
-    def _score(self, w, phi, y, n_classes):
-        scores = phi @ w.T
-        if n_classes > 1 and y.shape[1] == n_classes:  # shared multi-class: accuracy
-            return float(np.mean(np.argmax(scores, axis=1) == np.argmax(y, axis=1)))
-        from sklearn.metrics import average_precision_score
-
-        truth = y[:, 0] > 0
-        if truth.any():
-            return float(average_precision_score(truth, scores[:, 0]))
-        return float(np.mean((scores[:, 0] > 0) == truth))
+    def _scores(self, w, phi, y):
+        """Per-class AP of the SVMs ``w`` on (phi, y) and their mean (None without items)."""
+        if phi.shape[0] == 0:
+            return None, []
+        ap = average_precisions(phi @ w.T, y)
+        return float(np.nanmean(ap)) if not np.all(np.isnan(ap)) else float("nan"), ap
 
     # -- fitting ----------------------------------------------------------------------------
     def _validate(self, train, y_train, val, y_val, gmm):
@@ -422,8 +448,10 @@ class DeepFisherKernel(ArrayModel, ValidatedEstimator, BaseEstimator):
                 if x.ndim != 2 or x.shape[1] != means.shape[1]:
                     raise InputError(f"{what} item {j}: descriptors of shape {x.shape}, expected "
                                      f"(N, {means.shape[1]})")
-        if not len(train) or not len(val):
-            raise InputError("need at least one train and one validation item")
+        if not len(train):
+            raise InputError("need at least one train item")
+        if not len(val) and self.selection == "validation":
+            raise InputError("selection validation needs validation items")
         classes = np.unique(np.asarray(y_train))
         if classes.size < 2:
             raise InputError(f"need at least 2 classes in the train labels, got {classes}")
@@ -439,14 +467,14 @@ class DeepFisherKernel(ArrayModel, ValidatedEstimator, BaseEstimator):
         y_va = np.where(np.asarray(y_val)[:, None] == classes[None, :], 1.0, -1.0)
         k = means.shape[0]
         train_x = _Items(train, self._to_xp, k)
-        val_x = _Items(val, self._to_xp, k)
+        val_x = _Items(val, self._to_xp, k) if len(val) else None
         theta0 = (np.log(np.maximum(weights, 1e-300)), means, 0.5 * np.log(variances))
         if self.mode == "shared":
             column_sets = [list(range(len(classes)))]
         else:
             column_sets = [[j] for j in range(len(classes))]
         results = [self._learn(columns, theta0, train_x, y_tr[:, columns], val_x,
-                               y_va[:, columns], len(classes)) for columns in column_sets]
+                               y_va[:, columns]) for columns in column_sets]
         arrays = [self._gmm_arrays(theta) for theta, _, _, _ in results]
         stack = (lambda i: arrays[0][i]) if self.mode == "shared" else \
             (lambda i: np.stack([a[i] for a in arrays]))
@@ -465,21 +493,30 @@ class DeepFisherKernel(ArrayModel, ValidatedEstimator, BaseEstimator):
         a, mu, s = theta
         return a - logsumexp(a, axis=0), mu, s
 
-    def _learn(self, columns, theta0, train_x, y_tr, val_x, y_va, n_classes):
+    def _record(self, it, theta, w, phi, y_tr, val_x, y_va, step):
+        """One row of the history: objective, step, train and validation AP of w."""
+        train, train_ap = self._scores(w, phi, y_tr)
+        val_phi = self._encode(theta, val_x) if val_x is not None else np.zeros((0, 1))
+        validation, val_ap = self._scores(w, val_phi, y_va)
+        clean = _json_number
+        return {"iteration": it, "objective": svm_objective(w, phi, y_tr, self.C),
+                "step": step, "train": clean(train), "validation": clean(validation),
+                "train_ap": [clean(v) for v in train_ap],
+                "validation_ap": [clean(v) for v in val_ap]}
+
+    def _learn(self, columns, theta0, train_x, y_tr, val_x, y_va):
         xp = self._ns[0]
         theta = self._renormalise(tuple(self._to_xp(p) for p in theta0))
         phi = self._encode(theta, train_x)
         w = self._svms(phi, y_tr)
-        objective = svm_objective(w, phi, y_tr, self.C)
-        score = self._score(w, self._encode(theta, val_x), y_va, n_classes)
-        history = [{"iteration": 0, "objective": objective, "validation": score, "step": 0.0}]
-        best = (score, theta, w, 0)
+        history = [self._record(0, theta, w, phi, y_tr, val_x, y_va, 0.0)]
+        objective = history[0]["objective"]
+        best = (_ranked(history[0]["validation"]), theta, w, 0)
         stale = 0
-        n = phi.shape[0]
         for it in range(1, self.max_iter + 1):
             rng = np.random.default_rng([self.random_state, it, columns[0]])
             slack = np.maximum(0.0, 1.0 - y_tr * (phi @ w.T))  # (n, classes)
-            g_phi = -(2.0 * self.C / n) * (slack * y_tr) @ w
+            g_phi = -(2.0 * self.C) * (slack * y_tr) @ w
             g_a, g_mu, g_s = self._gradient(theta, train_x, g_phi, rng)
             sigma = xp.exp(theta[2])
             direction = (-g_a, -(sigma * sigma) * g_mu, -g_s)
@@ -504,14 +541,15 @@ class DeepFisherKernel(ArrayModel, ValidatedEstimator, BaseEstimator):
             w_new = self._svms(phi, y_tr)
             if svm_objective(w_new, phi, y_tr, self.C) <= svm_objective(w, phi, y_tr, self.C):
                 w = w_new
-            objective = svm_objective(w, phi, y_tr, self.C)
-            score = self._score(w, self._encode(theta, val_x), y_va, n_classes)
-            history.append({"iteration": it, "objective": objective, "validation": score,
-                            "step": step})
-            log.info("iteration %d/%d: objective %.6g, validation %.4f, step %.3g",
-                     it, self.max_iter, objective, score, step)
-            if score > best[0]:
-                best, stale = (score, theta, w, it), 0
+            history.append(self._record(it, theta, w, phi, y_tr, val_x, y_va, step))
+            objective = history[-1]["objective"]
+            log.info("iteration %d/%d: objective %.6g, train mAP %.4f, validation mAP %s, "
+                     "step %.3g", it, self.max_iter, objective, history[-1]["train"],
+                     history[-1]["validation"], step)
+            if self.selection == "last":
+                best = (None, theta, w, it)
+            elif _ranked(history[-1]["validation"]) > best[0]:
+                best, stale = (_ranked(history[-1]["validation"]), theta, w, it), 0
             else:
                 stale += 1
                 if stale >= self.patience:

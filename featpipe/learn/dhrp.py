@@ -23,25 +23,16 @@ pooling, or any per-frame sequence), in the paper's order (ψ before the smoothi
 
 The network (W, the argmin, the classifier) is the torch module
 :class:`featpipe.nn.dhrp.DiscriminativeRankPoolingNet`; the argmin's autograd function is
-:class:`featpipe.nn.rank_pool.RankPoolArgmin`.  Training minimises the mean negative
+:class:`featpipe.nn.functional.RankPoolArgmin`.  Training minimises the mean negative
 log-likelihood plus
 λ/2 (‖W − I‖²_F + Σ_c ‖w_c‖²) by mini-batch SGD (momentum 0.9) or Adam with a cosine
 learning-rate schedule, stopping early on a validation fold of the train items; the w_c are
 initialised from a linear SVM (liblinear through scikit-learn's LinearSVC, no intercept) on
 u*(I).
 
-Gradient through the argmin.  On the active set A = {t : |t − uᵀv_t| > ε}, with
-s_t = sign(t − uᵀv_t), r_t = t − uᵀv_t − ε s_t and c = 2C (liblinear's C; the paper writes
-C/2 and so has c = C), stationarity reads F(u, V) = u − c Σ_{t∈A} r_t v_t = 0, hence
-u* = (I + c V_AᵀV_A)^{-1} c V_Aᵀ(t_A − ε s_A).  Implicit differentiation gives, with
-q = H^{-1} ∂L/∂u and H = I + c Σ_{t∈A} v_t v_tᵀ::
-
-    ∂L/∂v_t = c (r_t q − (qᵀv_t) u*)   for t ∈ A,   0 otherwise.
-
-``hessian="exact"`` computes q in the T×T dual space (Woodbury):
-q = g − V_Aᵀ (I/c + V_A V_Aᵀ)^{-1} V_A g.  ``hessian="diagonal"`` is the paper's
-approximation (supplement eqs. 21–27): H is replaced by its diagonal, summing over active t
-only, q_i = g_i / (1 + c Σ_{t∈A} v_{t,i}²).  Everything before V (ψ, W, TVM, L2) is plain
+Gradient through the argmin: implicit differentiation of the SVR's optimality condition,
+exact (T×T dual solve) or the paper's diagonal Hessian (``hessian``); the formulas and the
+functions are in :mod:`featpipe.nn.functional`.  Everything before V (ψ, W, TVM, L2) is plain
 autograd.  The forward solve is featpipe's rank-pooling SVR (:mod:`featpipe.encode.svr`).
 """
 
@@ -49,22 +40,19 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
 from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from featpipe.backend import solve_spd
 from featpipe.encode.registry import EncodeMethod
 from featpipe.errors import FeatpipeError, InputError, ParameterError
 from featpipe.learn.splits import stratified_split
 from featpipe.models import ArrayModel
+from featpipe.nn.choices import HESSIAN_CHOICES, PSI_CHOICES
 from featpipe.parameters import ValidatedEstimator, estimator_parameters, model_parameter
 
-PSI_CHOICES = ("ssr", "ser", "tanh")
-HESSIAN_CHOICES = ("exact", "diagonal")
 OPTIMIZER_CHOICES = ("sgd", "adam")
 MODEL_NAME = "dhrp"
 
@@ -73,97 +61,6 @@ def _torch():
     import torch
 
     return torch
-
-
-# -- the argmin and its gradient ---------------------------------------------------------------
-
-def solve_rank_svr(V, C: float, epsilon: float, solve_dtype=None, lengths=None):
-    """u*(V) by featpipe's SVR solver on the Gram matrices; returns ``(U, active)``.
-
-    V is a torch tensor (B, T, D); the Gram matrices are formed (in ``solve_dtype`` when
-    given, e.g. float64) and handed to :func:`featpipe.encode.svr.rank_svr_dual`.  With
-    ``lengths``, rows t ≥ lengths[b] are padding: no constraint, never active.
-    """
-    from featpipe.encode.svr import rank_svr_dual
-
-    torch = _torch()
-    work = V if solve_dtype is None else V.to(solve_dtype)
-    G = work @ work.transpose(1, 2)
-    alpha, active = rank_svr_dual(G, C=C, epsilon=epsilon, lengths=lengths)
-    alpha = torch.as_tensor(alpha, dtype=work.dtype, device=V.device)
-    active = torch.as_tensor(active, dtype=torch.bool, device=V.device)
-    U = (alpha.unsqueeze(1) @ work).squeeze(1)
-    return U.to(V.dtype), active
-
-
-def argmin_input_gradient(V, U, active, grad_U, C: float, epsilon: float,
-                          hessian: str = "exact"):
-    """∂L/∂V from ∂L/∂u* by implicit differentiation of the SVR optimality condition.
-
-    ``hessian="exact"``: q = H^{-1} g by Woodbury in the T×T dual space;
-    ``hessian="diagonal"``: q = g / diag(H) (the paper's approximation).  See module doc.
-    """
-    torch = _torch()
-    c = 2.0 * C
-    mask = active.to(V.dtype)                                    # (B, T)
-    T = V.shape[1]
-    targets = torch.arange(1, T + 1, dtype=V.dtype, device=V.device)
-    residual = targets - (V @ U.unsqueeze(-1)).squeeze(-1)        # t − uᵀv_t
-    r = residual - epsilon * torch.sign(residual)                 # r_t on A
-    if hessian == "exact":
-        gram = V @ V.transpose(1, 2)
-        system = mask.unsqueeze(2) * gram * mask.unsqueeze(1)
-        system = system + torch.eye(T, dtype=V.dtype, device=V.device) / c
-        rhs = mask * (V @ grad_U.unsqueeze(-1)).squeeze(-1)
-        y = solve_spd(system, rhs.unsqueeze(-1)).squeeze(-1)  # SPD: mask·G·mask + I/c
-        q = grad_U - ((mask * y).unsqueeze(1) @ V).squeeze(1)
-    elif hessian == "diagonal":
-        diag = 1.0 + c * (mask.unsqueeze(-1) * V * V).sum(dim=1)
-        q = grad_U / diag
-    else:
-        raise InputError(f"hessian must be one of {HESSIAN_CHOICES}, got {hessian!r}")
-    qv = (V @ q.unsqueeze(-1)).squeeze(-1)                        # qᵀv_t
-    grad_V = c * mask.unsqueeze(-1) * (r.unsqueeze(-1) * q.unsqueeze(1)
-                                       - qv.unsqueeze(-1) * U.unsqueeze(1))
-    return grad_V
-
-
-# -- the feature map before the argmin ---------------------------------------------------------
-
-def psi_map(Z, psi: str, delta: float):
-    """ψ applied elementwise (ssr, tanh) or as the sign expansion (ser); see module doc."""
-    torch = _torch()
-    root_delta = math.sqrt(delta)
-    if psi == "ssr":
-        return torch.sign(Z) * (torch.sqrt(Z.abs() + delta) - root_delta)
-    if psi == "ser":
-        pos = torch.sqrt(torch.relu(Z) + delta) - root_delta
-        neg = torch.sqrt(torch.relu(-Z) + delta) - root_delta
-        return torch.cat([pos, neg], dim=-1)
-    if psi == "tanh":
-        return torch.tanh(Z)
-    raise InputError(f"psi must be one of {PSI_CHOICES}, got {psi!r}")
-
-
-def mapped_sequences(X, mask, W, psi: str, delta: float):
-    """v_t = L2(TVM(ψ(W x_t))) for padded X (B, T, D) with row mask (B, T)."""
-    torch = _torch()
-    Z = psi_map(X @ W.T, psi, delta) * mask.unsqueeze(-1)
-    counts = torch.arange(1, X.shape[1] + 1, dtype=Z.dtype, device=Z.device)
-    M = torch.cumsum(Z, dim=1) / counts.view(1, -1, 1) * mask.unsqueeze(-1)
-    norms = torch.linalg.vector_norm(M, dim=-1, keepdim=True)
-    return M / torch.where(norms > 0, norms, torch.ones_like(norms))
-
-
-def _pad(seqs: Sequence[np.ndarray], dtype, device):
-    torch = _torch()
-    T = max(len(s) for s in seqs)
-    X = torch.zeros((len(seqs), T, seqs[0].shape[1]), dtype=dtype, device=device)
-    mask = torch.zeros((len(seqs), T), dtype=dtype, device=device)
-    for i, seq in enumerate(seqs):
-        X[i, :len(seq)] = torch.as_tensor(np.asarray(seq), dtype=dtype, device=device)
-        mask[i, :len(seq)] = 1
-    return X, mask
 
 
 # -- the estimator -----------------------------------------------------------------------------
@@ -305,7 +202,9 @@ class DiscriminativeRankPooling(ArrayModel, ValidatedEstimator, ClassifierMixin,
                                             self.epsilon, self.hessian, solve_dtype).to(device)
 
     def _encode(self, net, seqs, hessian=None):
-        X, mask = _pad(seqs, net.W.dtype, net.W.device)
+        from featpipe.nn.functional import pad_sequences
+
+        X, mask = pad_sequences(seqs, net.W.dtype, net.W.device)
         return net.encode(X, mask, hessian)
 
     def _batches(self, seqs, fn):

@@ -15,8 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from featpipe.learn.dhrp import mapped_sequences
-from featpipe.nn.rank_pool import rank_pool
+from featpipe.nn.functional import mapped_sequences, rank_pool
 
 
 class DiscriminativeRankPoolingNet(nn.Module):

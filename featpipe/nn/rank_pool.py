@@ -3,11 +3,9 @@
 u*(V) = argmin_u ½‖u‖² + C Σ_t max(0, |t − uᵀv_t| − ε)² (liblinear ``-s 11``, no bias;
 :mod:`featpipe.encode.svr` solves it exactly).  The backward pass differentiates the optimality
 condition (Gould et al. 2016, Lemma 3; Fernando & Gould ICML'16): see
-:func:`featpipe.learn.dhrp.argmin_input_gradient`, exact (T×T dual solve) or the HRP paper's
-diagonal approximation.
+:mod:`featpipe.nn.functional` (:func:`~featpipe.nn.functional.rank_pool`), exact (T×T dual
+solve) or the HRP paper's diagonal approximation.
 
-- :class:`RankPoolArgmin`: the autograd function on the SVR's inputs V (B, T, D).
-- :func:`rank_pool`: its functional form, with padding ``lengths``.
 - :class:`RankPool`: v_t = L2(ψ(TVM(X))_t), then u*: (B, T, D) -> (B, D') (D' = 2D for SER).
 - :class:`HierarchicalRankPool`: hierarchical rank pooling (Fernando et al. CVPR'16):
   depth − 1 sliding-window layers of rank pooling, then rank pooling of the whole last
@@ -22,45 +20,16 @@ from torch import nn
 
 from featpipe.encode.maps import PSI_MAPS, rank_pool_vectors
 from featpipe.errors import InputError
-from featpipe.learn.dhrp import HESSIAN_CHOICES, argmin_input_gradient, solve_rank_svr
-
-
-class RankPoolArgmin(torch.autograd.Function):
-    """u*(V) forward by featpipe's SVR solver; backward by implicit differentiation.
-
-    Inputs: V (B, T, D), C, ε, ``hessian`` ("exact" or "diagonal"), the dtype of the solve
-    (None: V's), ``lengths`` (rows t ≥ lengths[b] are padding: no constraint, no gradient).
-    """
-
-    @staticmethod
-    def forward(ctx, V, C, epsilon, hessian, solve_dtype, lengths):
-        U, active = solve_rank_svr(V.detach(), C, epsilon, solve_dtype, lengths)
-        ctx.save_for_backward(V, U, active)
-        ctx.settings = (C, epsilon, hessian)
-        return U
-
-    @staticmethod
-    def backward(ctx, grad_U):
-        V, U, active = ctx.saved_tensors
-        C, epsilon, hessian = ctx.settings
-        grad_V = argmin_input_gradient(V, U, active, grad_U, C, epsilon, hessian)
-        return grad_V, None, None, None, None, None
-
-
-def rank_pool(V, C: float = 1.0, epsilon: float = 0.1, hessian: str = "exact",
-              solve_dtype=None, lengths=None):
-    """Differentiable rank pooling u*(V) for V (B, T, D): :class:`RankPoolArgmin`."""
-    if hessian not in HESSIAN_CHOICES:
-        raise InputError(f"hessian must be one of {HESSIAN_CHOICES}, got {hessian!r}")
-    return RankPoolArgmin.apply(V, float(C), float(epsilon), hessian, solve_dtype, lengths)
+from featpipe.nn.functional import rank_pool
 
 
 class RankPool(nn.Module):
     """Rank pooling of sequences X (B, T, D) -> (B, D') with v_t = L2(ψ(TVM(X))_t).
 
     ``forward(X, lengths=None)``: with ``lengths`` (B,), sequence b is X[b, :lengths[b]] and the
-    rows after it are zero padding.  ψ is ``none``, ``ssr`` or ``ser`` (D' = 2D); the gradient
-    of the square root is infinite at 0, so ψ = ssr/ser needs non-zero running sums.
+    rows after it are zero padding.  ψ is ``none``, ``ssr`` or ``ser`` (D' = 2D).  The square
+    root of ψ is not differentiable at 0: its backward pass uses the subgradient 0 there
+    (:func:`featpipe.encode.maps.root`), so a zero running sum gives a finite gradient.
     """
 
     def __init__(self, psi: str = "ssr", C: float = 1.0, epsilon: float = 0.1,

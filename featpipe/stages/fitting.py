@@ -21,12 +21,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from numbers import Integral, Real
 
 import numpy as np
+from sklearn.utils._param_validation import Interval
 
 from featpipe.errors import FeatpipeError, ItemError, ParameterError
 from featpipe.manifest import Manifest
 from featpipe.models import json_params
+from featpipe.parameters import estimator_parameters, parameter_record, typed_value
 from featpipe.stages.base import Reporter, announce, check_name, name_stage, train_item_ids
 from featpipe.store import Stage, Store
 
@@ -48,13 +51,30 @@ def _already(stage: Stage, model: str, force: bool, store: Store, name: str | No
     return False
 
 
-def _model_stage(store: Store, kind: str, model, inputs: list[Stage], model_name: str, *,
-                 name: str | None, force: bool, dry_run: bool, reporter: Reporter,
+#: The fit stages' own parameters (beside their estimator's), typed in the stage key as the
+#: estimators' parameters are (:func:`featpipe.parameters.typed_value`).
+STAGE_CONSTRAINTS = {
+    "sample": [Interval(Integral, 0, None, closed="left"), None],
+    "random_state": [Interval(Integral, 0, None, closed="left")],
+    "split": [Interval(Integral, 1, None, closed="left")],
+    "val_fraction": [Interval(Real, 0, 1, closed="left")],
+    "pca_dim": [Interval(Integral, 1, None, closed="left"), None],
+}
+
+
+def _typed(**values) -> tuple:
+    """The fit stage's own parameters typed as declared (:data:`STAGE_CONSTRAINTS`), in order."""
+    return tuple(typed_value(v, STAGE_CONSTRAINTS[k]) for k, v in values.items())
+
+
+def _model_stage(store: Store, kind: str, record: dict, inputs: list[Stage], model_name: str,
+                 *, name: str | None, force: bool, dry_run: bool, reporter: Reporter,
                  **stage_params) -> tuple[Stage, bool]:
-    """The model stage keyed by ``model``'s parameters (not its device: that changes where it
-    is fitted, not what) and ``stage_params``, announced; and whether there is nothing to fit
-    (the model is fitted and kept, the stage then named, or this is a dry run)."""
-    key = {k: v for k, v in json_params(model.get_params()).items() if k != "device"}
+    """The model stage keyed by the estimator's parameter ``record`` (not its device: that
+    changes where it is fitted, not what) and ``stage_params`` (typed by :func:`_typed`),
+    announced; and whether there is nothing to fit (the model is fitted and kept, the stage
+    then named, or this is a dry run)."""
+    key = {k: v for k, v in json_params(record).items() if k != "device"}
     stage = store.stage(kind, {**key, **stage_params}, inputs=inputs, items=Manifest([]),
                         create=not dry_run)
     announce(stage, name, reporter)
@@ -62,15 +82,11 @@ def _model_stage(store: Store, kind: str, model, inputs: list[Stage], model_name
 
 
 def _estimator_params(cls, params: dict) -> dict:
-    """``params`` checked against ``cls``'s declarations (unknown names refused)."""
-    from featpipe.parameters import estimator_parameters
-
-    known = {p.name for p in estimator_parameters(cls, exclude=("xp",))}
-    unknown = sorted(set(params) - known)
-    if unknown:
-        raise ParameterError(unknown[0], f"is not a parameter of {cls.__name__}")
-    cls.check_param_values(params)
-    return params
+    """The canonical record of ``cls``'s parameters (:func:`parameter_record`: every one,
+    defaults filled, typed), checked against ``cls``'s declarations (unknown names refused)."""
+    record = parameter_record(estimator_parameters(cls, exclude=("xp",)), params, cls.__name__)
+    cls.check_param_values(record)
+    return record
 
 
 # -- descriptor samples ---------------------------------------------------------------------
@@ -125,13 +141,15 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, sample: int = 
 
     reporter = reporter or Reporter()
     check_name(name)
+    sample, random_state, split = _typed(sample=sample, random_state=random_state,
+                                         split=split)
     if sample < 0:
         raise ParameterError("sample", f"must be >= 0, got {sample}")
     params = _estimator_params(PCAProjection, params)
     source = store.resolve(input)
     train = train_item_ids(source, split)
     pca = PCAProjection(**params)
-    stage, fitted = _model_stage(store, "pca", pca, [source], MODEL_NAME, name=name,
+    stage, fitted = _model_stage(store, "pca", params, [source], MODEL_NAME, name=name,
                                  force=force, dry_run=dry_run, reporter=reporter,
                                  sample=sample or None, random_state=random_state, split=split)
     if fitted:
@@ -165,6 +183,7 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
 
     reporter = reporter or Reporter()
     check_name(name)
+    pca_dim, sample = _typed(pca_dim=pca_dim, sample=sample)
     if pca and pca_dim:
         raise ParameterError("pca_dim", "cannot be combined with --pca (a fitted PCA stage)")
     if pca_dim is not None:
@@ -176,8 +195,9 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
     source = store.resolve(input)
     ids = train_item_ids(source)
     pca_stages = [store.resolve(pca)] if pca else []
-    stage, fitted = _model_stage(store, "gmm", gmm, [source, *pca_stages], "gmm", name=name,
-                                 force=force, dry_run=dry_run, reporter=reporter, pca=pca,
+    stage, fitted = _model_stage(store, "gmm", params, [source, *pca_stages], "gmm", name=name,
+                                 force=force, dry_run=dry_run, reporter=reporter,
+                                 pca=pca_stages[0].name if pca_stages else None,
                                  pca_dim=pca_dim, sample=sample, split=1)
     if fitted:
         return stage
@@ -211,20 +231,29 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
 
     Starts from the fitted GMM stage ``gmm`` (its PCA, if any, is applied to the descriptors
     and kept).  The train items of ``split`` are divided, stratified and seeded, into a
-    learning part and a validation part (``val_fraction``) that selects the best GMM
-    (:func:`featpipe.learn.splits.stratified_split`).
+    learning part and a validation part (``val_fraction``; 0 learns on all of them, with the
+    paper's ``selection="last"`` only) (:func:`featpipe.learn.splits.stratified_split`).
+
+    The paper's evaluation (Table 2a) is reported and kept in the model's metadata
+    (``evaluation``): the average precision of each class on the validation part, from the
+    SVMs of the initial GMM(s) (``base``) and of the learned ones (``learned``), and their
+    means (mAP).  Table 2b, the kernel transfer, is ``encode --method fisher --gmm NAME`` on
+    every item, then ``classify`` trained on the whole train split.
     """
     from featpipe.encode.fisher import gmm_stage_arrays
-    from featpipe.extract.pca import MODEL_NAME, PCAProjection, project
+    from featpipe.extract.pca import MODEL_NAME, PCAProjection
     from featpipe.learn.deep_fisher import DeepFisherKernel
     from featpipe.learn.splits import stratified_split
 
     reporter = reporter or Reporter()
     check_name(name)
-    if not 0 < val_fraction < 1:
-        raise ParameterError("val_fraction", f"must be in (0, 1), got {val_fraction}")
+    val_fraction, split = _typed(val_fraction=val_fraction, split=split)
+    if not 0 <= val_fraction < 1:
+        raise ParameterError("val_fraction", f"must be in [0, 1), got {val_fraction}")
     params = _estimator_params(DeepFisherKernel, params)
     model = DeepFisherKernel(**params)
+    if val_fraction == 0 and model.selection == "validation":
+        raise ParameterError("val_fraction", "must be > 0 with selection validation")
     source = store.resolve(input)
     gmm_stage = store.resolve(gmm)
     init = gmm_stage_arrays(gmm_stage)
@@ -236,7 +265,7 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
     if items.is_multilabel:
         raise FeatpipeError("fit deep-gmm needs single-label items (multi-label manifests are "
                             "not supported)")
-    stage, fitted = _model_stage(store, "deep-gmm", model, [source, gmm_stage], "gmm",
+    stage, fitted = _model_stage(store, "deep-gmm", params, [source, gmm_stage], "gmm",
                                  name=name, force=force, dry_run=dry_run, reporter=reporter,
                                  val_fraction=val_fraction, split=split)
     if fitted:
@@ -246,7 +275,7 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
     for item_id in ids:
         x = _as_descriptors(np.asarray(source.read_item(item_id), dtype=np.float64), item_id)
         if "pca_mean" in init:
-            x = project(x, init["pca_mean"], init["pca_components"])
+            x = (x - init["pca_mean"]) @ init["pca_components"].T
         descs.append(x)
     learn, val = stratified_split(labels, val_fraction, model.random_state)
     start = time.perf_counter()
@@ -254,22 +283,53 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
               [descs[i] for i in val], np.asarray([labels[i] for i in val]),
               (init["weights"], init["means"], init["variances"]))
     seconds = time.perf_counter() - start
-    meta = {"n_learn": len(learn), "n_val": len(val), "seconds": seconds}
+    evaluation = deep_gmm_evaluation(model)
+    meta = {"n_learn": len(learn), "n_val": len(val), "seconds": seconds,
+            "evaluation": evaluation}
     if gmm_stage.has_model(MODEL_NAME):
         stage.save_model(MODEL_NAME, gmm_stage.load_model(MODEL_NAME, PCAProjection))
     stage.save_model("gmm", model, meta)
     name_stage(store, name, stage, reporter)
-    classes = [str(c) for c in model.classes_]
     for task, history in enumerate(model.history_):
-        first, best = history[0], history[[h["iteration"] for h in history].index(
-            model.best_iteration_[task])]
-        label = classes[task] if model.mode == "per-class" else "shared"
-        reporter.info(f"{label}: objective {first['objective']:.6g} -> "
-                      f"{history[-1]['objective']:.6g} in {len(history) - 1} steps; validation "
-                      f"{first['validation']:.4f} -> best {best['validation']:.4f} "
-                      f"(iteration {best['iteration']})")
+        kept = history[[h["iteration"] for h in history].index(model.best_iteration_[task])]
+        label = str(model.classes_[task]) if model.mode == "per-class" else "shared"
+        reporter.info(f"{label}: objective {history[0]['objective']:.6g} -> "
+                      f"{history[-1]['objective']:.6g} in {len(history) - 1} iterations; "
+                      f"kept iteration {kept['iteration']}")
+    if len(val):
+        for cls in evaluation["classes"]:
+            base, learned = evaluation["base"][cls], evaluation["learned"][cls]
+            reporter.info(f"validation AP {cls}: {_number(base)} -> {_number(learned)}")
+        reporter.info(f"validation mAP: {_number(evaluation['base_map'])} -> "
+                      f"{_number(evaluation['learned_map'])} (the SVMs of the initial and of "
+                      f"the learned GMM{'s' if model.mode == 'per-class' else ''})")
     reporter.info(f"summary: {len(learn)} learn + {len(val)} validation items, {seconds:.1f}s")
     return stage
+
+
+def _number(value) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def deep_gmm_evaluation(model) -> dict:
+    """Per-class validation AP of the initial and the learned GMM(s) and their means (mAP):
+    the paper's Table 2a, read from the model's history (each class from the SVM of its own
+    task: its own GMM in per-class mode, the shared GMM's SVM of that class otherwise)."""
+    classes = [str(c) for c in model.classes_]
+    base, learned = {}, {}
+    for task, history in enumerate(model.history_):
+        kept = history[[h["iteration"] for h in history].index(model.best_iteration_[task])]
+        names = [classes[task]] if model.mode == "per-class" else classes
+        for j, cls in enumerate(names):
+            base[cls] = (history[0]["validation_ap"] or [None] * len(names))[j]
+            learned[cls] = (kept["validation_ap"] or [None] * len(names))[j]
+
+    def mean(values):
+        values = [v for v in values.values() if v is not None]
+        return float(np.mean(values)) if values else None
+
+    return {"classes": classes, "base": base, "learned": learned, "base_map": mean(base),
+            "learned_map": mean(learned)}
 
 
 # -- discriminative HRP ---------------------------------------------------------------------
@@ -315,6 +375,7 @@ def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1,
 
     reporter = reporter or Reporter()
     check_name(name)
+    (split,) = _typed(split=split)
     if threads is not None and threads < 1:
         raise ParameterError("threads", f"must be >= 1, got {threads}")
     params = _estimator_params(DiscriminativeRankPooling, params)
@@ -324,7 +385,7 @@ def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1,
 
         torch.set_num_threads(threads)
     source = store.resolve(input)
-    stage, fitted = _model_stage(store, "dhrp", model, [source], MODEL_NAME, name=name,
+    stage, fitted = _model_stage(store, "dhrp", params, [source], MODEL_NAME, name=name,
                                  force=force, dry_run=dry_run, reporter=reporter, split=split)
     if fitted:
         return stage
@@ -375,6 +436,7 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
 
     reporter = reporter or Reporter()
     check_name(name)
+    (split,) = _typed(split=split)
     params = _estimator_params(GatedMixtureSOP, params)
     model = GatedMixtureSOP(**params)
     source = store.resolve(input)
@@ -382,7 +444,7 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
     if source.items.is_multilabel:
         raise FeatpipeError("fit gmsop trains a single-label classifier; the manifest of "
                             f"{source.name} is multi-label")
-    stage, fitted = _model_stage(store, "gmsop", model, [source], MODEL_NAME, name=name,
+    stage, fitted = _model_stage(store, "gmsop", params, [source], MODEL_NAME, name=name,
                                  force=force, dry_run=dry_run, reporter=reporter, split=split)
     if fitted:
         return stage
@@ -417,6 +479,7 @@ def fit_standardize(store: Store, input: str, *, name: str | None = None, split:
 
     reporter = reporter or Reporter()
     check_name(name)
+    (split,) = _typed(split=split)
     source = store.resolve(input)
     train = train_item_ids(source, split)
     stage = store.stage("standardize", {"split": split}, inputs=[source],
