@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from featpipe import stages
-from featpipe.errors import FeatpipeError, flag_of, off_flag_of
+from featpipe.errors import FeatpipeError
+from featpipe.flags import flag_of, off_flag_of
 from featpipe.stages.base import Progress, Reporter, StageRun
 from featpipe.store import Store
 
