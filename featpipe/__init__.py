@@ -7,4 +7,4 @@ train kernel SVMs on precomputed kernels and report accuracy.  See README.md.
 __version__ = "0.1.0"
 
 #: Version of the on-disk artifact format; part of every stage key.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2

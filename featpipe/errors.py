@@ -52,25 +52,6 @@ class ParameterError(InputError):
         return f"{self.param} {self.cause}"
 
 
-#: Command-line flags that are not ``--`` + the parameter name with ``-`` for ``_``.
-FLAG_NAMES = {"random_state": "--seed"}
-
-
-#: ``--x/--no-x`` is the rule for a boolean; these have a better name for "off".
-OFF_FLAGS = {"per_frame": "--per-item"}
-
-
-def flag_of(name: str) -> str:
-    """The command-line flag of parameter ``name``: ``emit_layer`` -> ``--emit-layer``."""
-    return FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
-
-
-def off_flag_of(name: str, flag: str | None = None) -> str:
-    """The "off" flag of boolean parameter ``name`` (whose "on" flag is ``flag``, default
-    :func:`flag_of`): ``l2`` -> ``--no-l2``, ``per_frame`` -> ``--per-item``."""
-    return OFF_FLAGS.get(name, "--no-" + (flag or flag_of(name))[2:])
-
-
 def describe_error(err: BaseException) -> str:
     """One line for the ledger and the terminal: featpipe's own message, or type and text."""
     if isinstance(err, FeatpipeError):

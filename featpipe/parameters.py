@@ -11,7 +11,13 @@ places that belong together:
 
 From these :func:`estimator_parameters` builds :class:`Parameter` records, which the command
 line turns into options (:mod:`featpipe.cli.options`) and the stage functions validate before
-any stage exists (:func:`check_params`).  A bad value raises
+any stage exists (:func:`check_params`).
+
+:func:`parameter_record` turns what a user gave (command line, pipeline file or Python call)
+into the stage's canonical record, the part of its key that says what was computed: every
+declared parameter under its one name, the default where none was given, each value typed by
+its declaration (:func:`typed_value`: ``5`` for a float parameter is ``5.0``, ``20.0`` for an
+int parameter is ``20``), so equal values written differently give one key.  A bad value raises
 :class:`~featpipe.errors.ParameterError` naming the parameter as the library spells it
 (``window``); the command line shows the flag (``--window``) and exits with status 2.
 
@@ -20,15 +26,17 @@ any stage exists (:func:`check_params`).  A bad value raises
 raises a ParameterError, and ``_check_params`` adds the rules that tie two parameters together
 (``emit_layer <= depth``).
 
-scikit-learn is imported only when a value is checked, so that the command line can read
+scikit-learn is imported only when a value is checked or typed, so that the command line can read
 :class:`Parameter` records (``featpipe --help``) without it.
 """
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 from featpipe.errors import FeatpipeError, ParameterError
 
@@ -207,3 +215,76 @@ def estimator_parameters(cls, include: Iterable[str] | None = None,
         default = None if arg.default is inspect.Parameter.empty else arg.default
         out.append(Parameter(name, default, tuple(constraints[name]), docs[name], owner=cls))
     return tuple(out)
+
+
+def _number_types(constraints) -> set[type]:
+    """The number types a declaration accepts: ``{int}``, ``{float}``, both or none."""
+    from sklearn.utils._param_validation import (
+        Interval,
+        _InstancesOf,
+        _RandomStates,
+        make_constraint,
+    )
+
+    types: set[type] = set()
+    for constraint in constraints if constraints != "no_validation" else ():
+        made = make_constraint(constraint)
+        if isinstance(made, _RandomStates):
+            types.add(int)
+        elif isinstance(made, Interval):
+            types.add(int if made.type is Integral else float)
+        elif isinstance(made, _InstancesOf) and made.type in (int, Integral):
+            types.add(int)
+        elif isinstance(made, _InstancesOf) and made.type in (float, Real):
+            types.add(float)
+    return types
+
+
+def _number_type_of(default) -> set[type]:
+    if isinstance(default, bool) or not isinstance(default, int | float):
+        return set()
+    return {int} if isinstance(default, int) else {float}
+
+
+def typed_value(value, constraints=(), default=None):
+    """``value`` as its declaration types it: a number is a float where the constraints
+    accept floats only (``5`` -> ``5.0``), an int where they accept ints only (``20.0`` ->
+    ``20``; ``20.5`` stays, for validation to refuse); without a numeric constraint the
+    default's type decides.  Lists and tuples become lists, typed item by item (by the
+    default's first item); NumPy scalars become Python scalars; booleans, strings and a
+    parameter taking both ints and floats (an int count or a float fraction) keep theirs."""
+    if hasattr(value, "item") and hasattr(value, "dtype") and not hasattr(value, "__len__"):
+        value = value.item()  # a NumPy scalar
+    if isinstance(value, list | tuple):
+        first = default[0] if isinstance(default, list | tuple) and default else None
+        return [typed_value(v, (), first) for v in value]
+    types = _number_types(constraints) or _number_type_of(default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    if types == {float}:
+        return float(value)
+    if types == {int} and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def parameter_record(parameters: Iterable[Parameter], given: Mapping[str, object],
+                     what: str = "") -> dict:
+    """The canonical record of one stage's parameters (the part of its key they make).
+
+    One entry per declared parameter, in declaration order, under the name the estimator
+    gives it; the value given, else the declared default; typed by :func:`typed_value`.  The
+    same computation asked for from the command line, a pipeline file or the Python API gives
+    the same record.  A name that is not declared raises :class:`ParameterError` (with the
+    closest declared name); ``what`` says whose parameters they are (``--method hrp``).
+    Values are not validated here (the owners' checks do that).
+    """
+    parameters = list(parameters)
+    names = [p.name for p in parameters]
+    for name in given:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ParameterError(name, f"is not a parameter of {what or 'this stage'}{hint}")
+    return {p.name: typed_value(given.get(p.name, p.default), p.constraints, p.default)
+            for p in parameters}

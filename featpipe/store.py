@@ -1,6 +1,6 @@
 """The artifact store: stages, keys, atomic item writes, ledgers, resume, names and models.
 
-Layout (DESIGN.md section 3)::
+Layout (docs/store.md)::
 
     STORE/stages/<kind>-<key>/stage.json        kind, params, input keys, versions, host, created
                              /items.csv         the manifest rows this stage covers
@@ -10,11 +10,13 @@ Layout (DESIGN.md section 3)::
                              /models/<name>.npz + <name>.json      fitted objects
     STORE/names/<NAME>                          text: the stage folder a friendly name points to
 
-A stage's key hashes its kind, its parameters, the keys of its inputs and
-:data:`featpipe.FORMAT_VERSION`, so the same work always lands in the same folder and a changed
-parameter lands in a new one.  Item writes are atomic (temporary file in the same folder, flush,
-fsync, ``os.replace``); an item counts as done only when a ledger line says so *and* its file
-exists, so a process killed at any moment loses at most the items it was computing.
+A stage's key hashes its kind, its canonical parameter record
+(:func:`featpipe.parameters.parameter_record`: declared names, defaults filled, values typed
+by the declarations), the keys of its inputs and :data:`featpipe.FORMAT_VERSION`, so the
+same work always lands in the same folder and a changed parameter lands in a new one.  Item
+writes are atomic (temporary file in the same folder, flush, fsync, ``os.replace``); an item
+counts as done only when a ledger line says so *and* its file exists, so a process killed at
+any moment loses at most the items it was computing.
 No pickle anywhere: arrays are ``.npy``/``.npz`` read with ``allow_pickle=False``.
 
 A store is read defensively: a name resolves only to a stage folder of the same store, a

@@ -10,7 +10,8 @@ import pytest
 
 from featpipe.encode.registry import load_methods
 from featpipe.encode.temporal import HierarchicalRankPooling, RankPooling
-from featpipe.errors import ParameterError, flag_of
+from featpipe.errors import ParameterError
+from featpipe.flags import flag_of
 from featpipe.parameters import parameter_docs
 from tests.conftest import REPO
 
@@ -52,7 +53,7 @@ def test_encode_help_lists_each_default_once(cli):
     assert "[rankpool: ssr; hrp, recursive: ser]" in text
     assert "--gmm NAME GMM model stage. Made by `featpipe fit gmm`, `featpipe fit deep-gmm`" \
         in text
-    assert "--per-frame / --per-item" in text and "--seed INTEGER" in text
+    assert "--per-frame / --per-item" in text and "--random-state, --seed INTEGER" in text
 
 
 def test_library_errors_name_parameters_and_the_cli_shows_flags(cli, tmp_path):
@@ -60,7 +61,7 @@ def test_library_errors_name_parameters_and_the_cli_shows_flags(cli, tmp_path):
         HierarchicalRankPooling(window=0).fit([[[1.0]]])
     assert str(raised.value) == "window must be an int in the range [1, inf), got 0"
     assert raised.value.param == "window" and flag_of("window") == "--window"
-    assert flag_of("random_state") == "--seed" and flag_of("emit_layer") == "--emit-layer"
+    assert flag_of("random_state") == "--random-state" and flag_of("emit_layer") == "--emit-layer"
     result = cli("encode", "--store", tmp_path, "--input", "x", "--method", "avg",
                  "--window", "5")
     assert result.exit_code == 2 and "error: --window does not apply to method avg" \

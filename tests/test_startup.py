@@ -89,4 +89,5 @@ def test_generated_options_parse_as_before():
         options["per_frame"].secondary_opts == ["--per-item"]
     assert options["gmm"].metavar == "NAME"
     gmm = {p.name: p for p in fit_gmm.params}
-    assert gmm["n_components"].opts == ["--components"] and gmm["n_components"].default == 256
+    assert gmm["n_components"].opts == ["--n-components", "--components"] and \
+        gmm["n_components"].default == 256

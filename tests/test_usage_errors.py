@@ -76,8 +76,9 @@ def test_cuda_without_a_gpu_is_a_usage_error(cli, store):
 
 def test_fit_pca_dim_zero_is_a_usage_error_naming_the_flag(cli, store):
     message = _usage_error(cli, store, "fit", "pca", "--store", store.root, "--input", "seq",
-                           "--dim", "0", "--name", "p", flag="--dim")
-    assert "error: --dim must be an int in the range [1, inf), got 0" in message
+                           "--dim", "0", "--name", "p", flag="--n-components")
+    assert "error: --n-components (--dim) must be an int in the range [1, inf), got 0" \
+        in message
 
 
 def test_a_name_that_moves_says_so(cli, store):

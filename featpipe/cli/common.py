@@ -18,6 +18,10 @@ store_option = click.option(
     "--store", "-s", "store_path", required=True, envvar="FEATPIPE_STORE",
     type=click.Path(file_okay=False), help="Store folder (or $FEATPIPE_STORE).")
 
+#: ``--dry-run`` of the fit commands: the stage and its key, nothing fitted or named.
+fit_dry_run_option = click.option("--dry-run", is_flag=True,
+                                  help="Print the model stage (and its key); fit nothing.")
+
 RUN_OPTION_NAMES = ("jobs", "executor", "scheduler", "shard", "on_error", "force", "dry_run")
 
 

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import click
 
-from featpipe.cli.common import ClickReporter, open_store, store_option
+from featpipe.cli.common import (
+    ClickReporter,
+    fit_dry_run_option,
+    open_store,
+    store_option,
+)
 from featpipe.cli.options import attach_options, parameter_option_specs, table_entry
 
 
@@ -33,7 +38,9 @@ def table_source() -> list[dict]:
                    "per-class AP report; 0 learns on all of them, with --selection last).")
 @click.option("--split", default=1, show_default=True, type=int)
 @click.option("--force", is_flag=True, help="Refit even if the model exists.")
-def fit_deep_gmm(store_path, input_name, gmm_name, name, val_fraction, split, force, **params):
+@fit_dry_run_option
+def fit_deep_gmm(store_path, input_name, gmm_name, name, val_fraction, split, force, dry_run,
+                 **params):
     """Learn a GMM end to end with linear SVMs (Sydorov et al. CVPR'14, Algorithm 1).
 
     Reports the validation AP of every class and the mAP, from the SVMs of the initial and of
@@ -46,4 +53,4 @@ def fit_deep_gmm(store_path, input_name, gmm_name, name, val_fraction, split, fo
 
     fit_deep_gmm_stage(open_store(store_path), input_name, gmm_name, name=name,
                        val_fraction=val_fraction, split=split, force=force,
-                       reporter=ClickReporter(), **params)
+                       dry_run=dry_run, reporter=ClickReporter(), **params)

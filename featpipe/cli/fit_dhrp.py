@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import click
 
-from featpipe.cli.common import ClickReporter, open_store, store_option
+from featpipe.cli.common import (
+    ClickReporter,
+    fit_dry_run_option,
+    open_store,
+    store_option,
+)
 from featpipe.cli.options import attach_options, parameter_option_specs, table_entry
 
 
@@ -34,9 +39,10 @@ def table_source() -> list[dict]:
               help="torch CPU threads (default: torch's; 1 is often faster for these small "
                    "batched solves on a busy machine).")
 @click.option("--force", is_flag=True, help="Refit even if the model exists.")
-def fit_dhrp(store_path, input_name, name, split, threads, force, **params):
+@fit_dry_run_option
+def fit_dhrp(store_path, input_name, name, split, threads, force, dry_run, **params):
     """Learn ψ(W x) and a soft-max classifier through rank pooling (DHRP)."""
     from featpipe.stages.fitting import fit_dhrp as fit_dhrp_stage
 
     fit_dhrp_stage(open_store(store_path), input_name, name=name, split=split, threads=threads,
-                   force=force, reporter=ClickReporter(), **params)
+                   force=force, dry_run=dry_run, reporter=ClickReporter(), **params)

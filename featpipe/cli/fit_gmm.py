@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import click
 
-from featpipe.cli.common import ClickReporter, open_store, store_option
+from featpipe.cli.common import (
+    ClickReporter,
+    fit_dry_run_option,
+    open_store,
+    store_option,
+)
 from featpipe.cli.options import attach_options, parameter_option_specs, table_entry
 
 
@@ -23,7 +28,7 @@ def table_source() -> list[dict]:
     from featpipe.parameters import estimator_parameters
 
     parameters = estimator_parameters(GaussianMixtureModel, exclude=("chunk_size",))
-    return parameter_option_specs(parameters, flags={"n_components": "--components"})
+    return parameter_option_specs(parameters, aliases={"n_components": "--components"})
 
 
 @click.command("gmm")
@@ -37,10 +42,11 @@ def table_source() -> list[dict]:
 @click.option("--sample", default=200_000, show_default=True, type=int,
               help="Descriptors sampled from the train items.")
 @click.option("--force", is_flag=True, help="Refit even if the model exists.")
-def fit_gmm(store_path, input_name, name, pca_name, pca_dim, sample, force, **params):
+@fit_dry_run_option
+def fit_gmm(store_path, input_name, name, pca_name, pca_dim, sample, force, dry_run, **params):
     """Fit a diagonal GMM (VLFeat conventions) on the train descriptors of a stage."""
     from featpipe.stages.fitting import fit_gmm as fit_gmm_stage
 
     fit_gmm_stage(open_store(store_path), input_name, name=name, pca=pca_name,
-                  pca_dim=pca_dim, sample=sample, force=force, reporter=ClickReporter(),
-                  **params)
+                  pca_dim=pca_dim, sample=sample, force=force, dry_run=dry_run,
+                  reporter=ClickReporter(), **params)

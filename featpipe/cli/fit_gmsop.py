@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import click
 
-from featpipe.cli.common import ClickReporter, open_store, store_option
+from featpipe.cli.common import (
+    ClickReporter,
+    fit_dry_run_option,
+    open_store,
+    store_option,
+)
 from featpipe.cli.options import attach_options, parameter_option_specs, table_entry
 
 
@@ -18,7 +23,7 @@ def table_source() -> list[dict]:
     from featpipe.parameters import estimator_parameters
 
     return parameter_option_specs(estimator_parameters(GatedMixtureSOP),
-                                  flags={"n_components": "--components"})
+                                  aliases={"n_components": "--components"})
 
 
 @click.command("gmsop")
@@ -30,9 +35,10 @@ def table_source() -> list[dict]:
               help="Train on the train items of this split.")
 @attach_options(table_entry("fit gmsop"))
 @click.option("--force", is_flag=True, help="Refit even if this model is already fitted.")
-def fit_gmsop(store_path, input_name, name, split, force, **params):
+@fit_dry_run_option
+def fit_gmsop(store_path, input_name, name, split, force, dry_run, **params):
     """Fit GM-SOP (gated mixture of parametric second-order pooling) on conv maps."""
     from featpipe.stages.fitting import fit_gmsop as fit_gmsop_stage
 
     fit_gmsop_stage(open_store(store_path), input_name, name=name, split=split, force=force,
-                    reporter=ClickReporter(), **params)
+                    dry_run=dry_run, reporter=ClickReporter(), **params)

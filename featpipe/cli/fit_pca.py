@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import click
 
-from featpipe.cli.common import ClickReporter, open_store, store_option
+from featpipe.cli.common import (
+    ClickReporter,
+    fit_dry_run_option,
+    open_store,
+    store_option,
+)
 from featpipe.cli.options import attach_options, parameter_option_specs, table_entry
 
 
@@ -17,7 +22,8 @@ def table_source() -> list[dict]:
     from featpipe.extract.pca import PCAProjection
     from featpipe.parameters import estimator_parameters
 
-    return parameter_option_specs(estimator_parameters(PCAProjection), {"n_components": "--dim"})
+    return parameter_option_specs(estimator_parameters(PCAProjection),
+                                  aliases={"n_components": "--dim"})
 
 
 @click.command("pca")
@@ -27,15 +33,16 @@ def table_source() -> list[dict]:
 @attach_options(table_entry("fit pca"))
 @click.option("--sample", default=100_000, show_default=True, type=int,
               help="Descriptors sampled from the train items (0: all).")
-@click.option("--seed", "random_state", default=0, show_default=True, type=int,
+@click.option("--random-state", "--seed", "random_state", default=0, show_default=True, type=int,
               help="Sampling seed.")
 @click.option("--split", default=1, show_default=True, type=int,
               help="Manifest split whose train items are sampled.")
 @click.option("--force", is_flag=True, help="Fit again even if the model exists.")
-def fit_pca(store_path, input_name, name, sample, random_state, split, force, **params):
+@fit_dry_run_option
+def fit_pca(store_path, input_name, name, sample, random_state, split, force, dry_run, **params):
     """Fit PCA on a seeded sample of the input's train descriptors (e.g. --dim 64 for SIFT)."""
     from featpipe.stages.fitting import fit_pca as fit_pca_stage
 
     fit_pca_stage(open_store(store_path), input_name, name=name, sample=sample,
                   random_state=random_state, split=split, force=force,
-                  reporter=ClickReporter(), **params)
+                  dry_run=dry_run, reporter=ClickReporter(), **params)

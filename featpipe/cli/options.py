@@ -31,7 +31,7 @@ from pathlib import Path
 
 import click
 
-from featpipe.errors import flag_of, off_flag_of
+from featpipe.flags import FLAG_ALIASES, flag_of, off_flag_of
 from featpipe.parameters import Parameter
 
 #: the precomputed table of generated options and choices
@@ -73,14 +73,15 @@ def _kind(param: Parameter) -> tuple[str, object]:
     return "text", None
 
 
-def _spec(name: str, params: list[Parameter], default, help_text: str, flag: str | None = None,
-          show_default: bool = False) -> dict:
-    """The spec of one option serving ``params`` (the same name in one or more methods)."""
+def _spec(name: str, params: list[Parameter], default, help_text: str,
+          aliases: tuple[str, ...] = (), show_default: bool = False) -> dict:
+    """The spec of one option serving ``params`` (the same name in one or more methods): the
+    flag of scikit-learn's name, then its short aliases (:data:`FLAG_ALIASES`, ``aliases``)."""
     kinds = [_kind(p) for p in params]
-    flag = flag or flag_of(name)
+    flag = flag_of(name)
     names = {k for k, _ in kinds}
-    spec: dict = {"decls": [flag, name], "default": default, "help": help_text,
-                  "show_default": show_default}
+    spec: dict = {"decls": [flag, *FLAG_ALIASES.get(name, ()), *aliases, name],
+                  "default": default, "help": help_text, "show_default": show_default}
     if "flag" in names:
         spec["decls"] = [f"{flag}/{off_flag_of(name, flag)}", name]
     elif "choice" in names:
@@ -157,12 +158,14 @@ def method_option_specs(methods: Mapping[str, object]) -> list[dict]:
             for name, uses in by_name.items()]
 
 
-def parameter_option_specs(parameters: Iterable[Parameter], flags: Mapping[str, str] | None = None
-                           ) -> list[dict]:
-    """One option per parameter, with its own default (shown in the help); ``flags`` renames
-    a parameter's flag (``{"n_components": "--dim"}``)."""
-    flags = dict(flags or {})
-    return [_spec(p.name, [p], p.default, _help(p), flag=flags.get(p.name),
+def parameter_option_specs(parameters: Iterable[Parameter],
+                           aliases: Mapping[str, str] | None = None) -> list[dict]:
+    """One option per parameter, with its own default (shown in the help); ``aliases`` adds a
+    short spelling to a parameter's flag (``{"n_components": "--dim"}``: ``--n-components``
+    or ``--dim``)."""
+    aliases = dict(aliases or {})
+    return [_spec(p.name, [p], p.default, _help(p),
+                  (aliases[p.name],) if p.name in aliases else (),
                   show_default=p.default is not None) for p in parameters]
 
 

@@ -11,7 +11,7 @@ numpydoc), plus the model parameters that name fitted stages
 (:func:`featpipe.parameters.model_parameter`).  ``featpipe encode`` offers the union of the
 methods' options (generated, :mod:`featpipe.cli.options`); :func:`method_params` fills in the
 method's defaults and :meth:`EncodeMethod.validate` checks every value before a stage exists.
-The stage key hashes the method name and its complete parameter dict.
+The stage key hashes the method name and its canonical parameter record.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from featpipe.parameters import Parameter, check_parameter_values
+from featpipe.parameters import Parameter, check_parameter_values, parameter_record
 
 #: Modules that define ENCODE_METHODS (plugins: the ``featpipe.encoders`` entry points and
 #: ``$FEATPIPE_ENCODERS``).
@@ -103,14 +103,12 @@ def load_methods() -> dict[str, EncodeMethod]:
 
 
 def method_params(method: EncodeMethod, given: Mapping[str, object]) -> dict:
-    """The method's complete parameters: what the user gave, else the method's default."""
-    params = {}
-    for param in method.parameters:
-        value = given.get(param.name)
-        if value is None or value == ():
-            value = param.default
-        params[param.name] = list(value) if isinstance(value, tuple) else value
-    return params
+    """The method's canonical record (:func:`featpipe.parameters.parameter_record`): what the
+    user gave (``None`` or ``()``: not given), else the method's default, typed by the
+    declarations."""
+    given = {k: v for k, v in given.items()
+             if v is not None and not (isinstance(v, tuple) and not v)}
+    return parameter_record(method.parameters, given, f"--method {method.name}")
 
 
 def estimator_builder(cls, **fixed) -> Callable[[Mapping, Mapping], ItemEncoder]:

@@ -37,9 +37,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import cv2
 import numpy as np
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from featpipe.errors import InputError
 
@@ -241,6 +243,21 @@ class DenseSIFT:
     engine : ``'featpipe'`` (vectorised flat window) or ``'opencv'`` (cv2.SIFT on the grid).
     """
 
+    #: the declared types (scikit-learn's vocabulary): they type the stage key's record
+    #: (:func:`featpipe.parameters.parameter_record`); :meth:`_check` validates.
+    _parameter_constraints: dict = {
+        "sizes": [list, tuple],
+        "step": [Interval(Integral, 1, None, closed="left")],
+        "magnif": [Interval(Real, 0, None, closed="neither")],
+        "window_size": [Interval(Real, 0, None, closed="neither")],
+        "contrast_threshold": [Interval(Real, 0, None, closed="left"), None],
+        "low_contrast": [StrOptions(set(LOW_CONTRAST))],
+        "root_sift": ["boolean"],
+        "max_pixels": [Interval(Integral, 16, None, closed="left"), None],
+        "start": [Interval(Integral, 0, None, closed="left")],
+        "engine": [StrOptions(set(ENGINES))],
+    }
+
     def __init__(self, sizes=(4, 6, 8, 10), step=2, magnif=6.0, window_size=1.5,
                  contrast_threshold=None, low_contrast="zero", root_sift=False,
                  max_pixels=None, start=0, engine="featpipe"):
@@ -299,6 +316,13 @@ class DenseSIFT:
             total += (_grid(offset, width - 1, size, int(self.step))
                       * _grid(offset, height - 1, size, int(self.step)))
         return total
+
+    def min_side(self) -> int:
+        """The smallest side (pixels, after the ``max_pixels`` rescale) of an image with at
+        least one descriptor: 4 bins of the size plus the size's grid offset."""
+        sizes = [int(s) for s in self.sizes]
+        return min(int(self.start) + int(math.floor(1.5 * (max(sizes) - size)))
+                   + (NUM_BINS - 1) * size + 1 for size in sizes)
 
     def compute(self, image: np.ndarray) -> DenseSIFTResult:
         """Descriptors of one image (uint8 or [0, 1] float, grey or RGB)."""

@@ -282,8 +282,15 @@ class _LocalFeatureJob:
         self.frames = 0
 
     def add(self, frame: np.ndarray, seconds: float):
+        sift = self.program._sift
+        if sift.count(*frame.shape[:2]) == 0:
+            side = sift.min_side()
+            raise RuntimeError(
+                f"frame {self.frames} is {frame.shape[1]}x{frame.shape[0]} pixels, smaller than "
+                f"one dense SIFT descriptor (at least {side}x{side} with sizes "
+                f"{','.join(str(s) for s in sift.sizes)}): no descriptors")
         try:
-            result = self.program._sift.compute(frame)  # greys the frame itself
+            result = sift.compute(frame)  # greys the frame itself
         except Exception as err:
             raise RuntimeError(f"dense SIFT failed on frame {self.frames}: {err}") from None
         self.worker.put(Frame(result.descriptors, self.frames, seconds, result.positions,

@@ -103,8 +103,12 @@ class Sampling:
         return self
 
     def params(self) -> dict:
-        """The sampling as stage parameters (part of the stage key)."""
-        return {"fps": self.fps, "every": self.every, "frames": self.frames}
+        """The sampling as stage parameters (part of the stage key): ``fps`` a float,
+        ``every`` and ``frames`` ints, however they were written."""
+        from featpipe.parameters import typed_value
+
+        return {"fps": typed_value(self.fps, (float,)), "every": typed_value(self.every, (int,)),
+                "frames": typed_value(self.frames, (int,))}
 
     def expected(self, total: int, fps: float) -> int:
         """Frames kept from a video of ``total`` frames at ``fps`` (0: unknown rate)."""

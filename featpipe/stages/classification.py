@@ -28,9 +28,9 @@ from featpipe.classify.metrics import AP_MODES
 from featpipe.classify.svm import OneVsRestSVC
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import check_output_path
-from featpipe.parameters import check_params
+from featpipe.parameters import check_params, typed_value
 from featpipe.stages.base import Reporter
-from featpipe.store import Store
+from featpipe.store import Stage, Store, stage_key
 
 #: The experiment's own parameters; C, the kernels, gamma and order are checked by the SVM and
 #: kernel estimators that take them.
@@ -57,6 +57,22 @@ def split_numbers(text: str, n_splits: int) -> list[int]:
         raise ParameterError("split", f"{k} does not exist: the items have {n_splits} split "
                              "column(s)")
     return [k]
+
+
+def classify_record(stages: Sequence[Stage], kernels: Sequence[str], fusion: str,
+                    weights: Sequence[float] | None, Cs: Sequence[float], folds: Sequence[int],
+                    split: str, metric: str, ap_mode: str, solver: str, gamma: float | None,
+                    order: int, normalize: str) -> dict:
+    """What a classify run computes, typed as declared, every default filled: one kernel per
+    input, the fusion weights normalised (none given: equal), C and gamma floats, the
+    cross-validation folds used (none with one C), the metric chosen (``map`` for multi-label
+    items, else ``accuracy``)."""
+    return {"kernels": list(kernels), "fusion": fusion,
+            "weights": [float(w) for w in normalised_weights(len(stages), weights)],
+            "C": [float(c) for c in Cs], "cv": sorted(set(folds)) or None,
+            "split": str(split), "metric": metric, "ap_mode": ap_mode, "solver": solver,
+            "gamma": typed_value(gamma, (float, None)), "order": typed_value(order, (int,)),
+            "normalize": normalize}
 
 
 def per_class_lines(results: Sequence[dict]) -> list[str]:
@@ -105,6 +121,8 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
     number or ``'all'``.
     Every parameter is checked before any input is read (:class:`ParameterError`).
     ``command`` is the command line recorded in the report (None for a library call).
+    The result (and the report) holds the run's canonical record (:func:`classify_record`)
+    and its key, the hash of that record and the inputs' keys, printed as ``classify KEY``.
     """
     reporter = reporter or Reporter()
     check_params(CONSTRAINTS, {"fusion": fusion, "cv": cv, "metric": metric,
@@ -140,6 +158,10 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
             folds[k], note = fold_count(manifest, k, cv)
             if note:
                 reporter.warn(note)
+    record = classify_record(stages, kernels, fusion, weights, Cs, list(folds.values()), split,
+                             metric, ap_mode, solver, gamma, order, normalize)
+    key = stage_key("classify", record, [s.key for s in stages])
+    reporter.info(f"classify {key}")
     settings = Settings(Cs=Cs, metric=metric, ap_mode=ap_mode, solver=solver,
                         weights=tuple(weights) if weights else None, gamma=gamma, order=order,
                         n_jobs=jobs, normalize=normalize)
@@ -163,7 +185,8 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
         from featpipe.classify.report import build_report, stage_chain, write_report
 
         used = sorted(set(folds.values())) or [cv or DEFAULT_CV]  # folds per split
-        config = {"store": str(store.root), "inputs": list(inputs),
+        config = {"key": key, "params": record, "store": str(store.root),
+                  "inputs": list(inputs),
                   "stages": [s.name for s in stages], "kernels": list(kernels),
                   "fusion": fusion, "weights": list(weights) if weights else None,
                   "C": list(Cs), "cv": used[0] if len(used) == 1 else used, "split": split,
@@ -172,4 +195,4 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
         written = write_report(report, build_report(config, results, summary,
                                                     stage_chain(stages), command))
         reporter.info(f"report: {', '.join(str(p) for p in written)}")
-    return {"splits": results, "summary": summary}
+    return {"key": key, "params": record, "splits": results, "summary": summary}

@@ -56,6 +56,7 @@ from featpipe.interrupts import Interrupt, Interrupted, interruptible
 from featpipe.io.video import DecodePool, Sampling
 from featpipe.manifest import Manifest
 from featpipe.parallel import make_executor, parse_shard, plan, resolve_jobs
+from featpipe.parameters import estimator_parameters, parameter_record, typed_value
 from featpipe.stages.base import Reporter, RunOptions, StageRun, announce, check_name, run_stage
 from featpipe.store import Stage, Store
 
@@ -119,8 +120,10 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
     if features == "dsift":
         if weights is not None:
             raise ParameterError("weights", "applies to vgg16-* features only")
-        dsift_params = dict(dsift or {})
-        DenseSIFT(**dsift_params)._check()  # a bad parameter fails before any decoding
+        dsift_params = parameter_record(estimator_parameters(DenseSIFT), dict(dsift or {}),
+                                        "dsift")
+        # a bad parameter fails before any decoding; the record holds the threshold used
+        dsift_params["contrast_threshold"] = DenseSIFT(**dsift_params)._check()
         feature_params = {"dsift": dsift_params}
         params["dsift"] = dsift_params
         sift = DenseSIFT(**dsift_params)
@@ -137,6 +140,7 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
         if crop < 32 or resize < crop:
             raise ParameterError("crop", f"needs 32 <= crop <= resize, got crop {crop}, "
                                  f"resize {resize}")
+        resize, crop = typed_value(resize, (int,)), typed_value(crop, (int,))
         feature_params = {"weights": weights, "resize": resize, "crop": crop}
         params.update({"weights": weights_identity(weights), "resize": resize, "crop": crop,
                        "precision": "fp16-autocast" if device == "cuda" else "fp32"})
@@ -144,7 +148,7 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
         rows_per_frame = lambda height, width: cells  # noqa: E731
     inputs: list[Stage] = []
     dim = FEATURE_DIM[features]
-    pca_path = None
+    pca_path, feature_dim = None, FEATURE_DIM[features]
     if pca is not None:
         from featpipe.extract.pca import load_pca
 
@@ -163,11 +167,13 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
     outputs = Outputs("", local=local, positions=positions, pca_path=pca_path)
     models: dict = {}
     if encode is not None:
-        outputs, layout, models, encoded = _encoder_plan(store, encode, encode_params or {},
-                                                         outputs, rows_per_frame, dim, itemsize)
+        outputs, layout, models, encoded = _encoder_plan(
+            store, encode, encode_params or {}, outputs, rows_per_frame, dim, itemsize,
+            chain=(features, feature_dim, pca))
         params["encode"] = encoded
         inputs += list(models.values())
     elif sample is not None:
+        sample, sample_seed = typed_value(sample, (int,)), typed_value(sample_seed, (int,))
         outputs = dataclasses.replace(outputs, kind="sample", sample=int(sample),
                                       seed=int(sample_seed))
         params["sample"] = {"rows": int(sample), "seed": int(sample_seed)}
@@ -179,7 +185,7 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
     return _Plan(params, inputs, outputs, layout, feature_params)
 
 
-def _encoder_plan(store, method, given, outputs, rows_per_frame, dim, itemsize):
+def _encoder_plan(store, method, given, outputs, rows_per_frame, dim, itemsize, chain):
     """The encoder of ``extract --encode``: ``featpipe encode``'s method, parameters and
     model stages (so its stage key says the same), checked on a synthetic frame."""
     from featpipe.encode.registry import load_methods
@@ -188,6 +194,7 @@ def _encoder_plan(store, method, given, outputs, rows_per_frame, dim, itemsize):
     chosen = load_methods()[method]
     params, models = method_models(store, chosen, given)
     encoder = chosen.build(dict(params), models)
+    _check_projections(method, given, models, encoder, dim, *chain)
     try:
         code_dim, per_frame = encoded_size(encoder, dim)
     except FeatpipeError as err:  # e.g. a GMM fitted on other descriptors
@@ -198,6 +205,35 @@ def _encoder_plan(store, method, given, outputs, rows_per_frame, dim, itemsize):
     layout = Layout(rows_per_frame, dim, itemsize, kind="encode", code_dim=code_dim,
                     per_frame=per_frame)
     return outputs, layout, models, {"method": method, **params}
+
+
+def _check_projections(method, given, models, encoder, dim, features, feature_dim,
+                       pca) -> None:
+    """The chain features -> ``--pca`` -> the encoder, checked before any work: a model stage
+    that carries its own PCA (``fit gmm --pca/--pca-dim``) projects the raw features itself,
+    so ``--pca`` as well would project them twice; a model fitted on projected descriptors
+    needs ``--pca``.  ``encoder.input_dim`` (when it has one) is what the encoder takes."""
+    from featpipe.extract.pca import MODEL_NAME, PCAProjection
+
+    expected = getattr(encoder, "input_dim", None)
+    if expected is None or expected == dim:
+        return
+    for key, stage in models.items():
+        if pca is not None and stage.has_model(MODEL_NAME):
+            own = stage.load_model(MODEL_NAME, PCAProjection)
+            if own.mean_.shape[0] == feature_dim:
+                raise ParameterError(
+                    "pca", f"{pca} projects the {features} descriptors {feature_dim} -> {dim}, "
+                    f"and the {key} stage {given.get(key)} of --encode {method} projects them "
+                    f"again with its own PCA ({feature_dim} -> {own.components_.shape[0]}, "
+                    "stored by `fit gmm --pca/--pca-dim`): the projection is doubled; drop "
+                    "--pca (the model projects)")
+    got = f"--pca {pca} gives" if pca is not None else f"{features} gives"
+    hint = ("; was it fitted on descriptors projected by a pca stage? add --pca NAME"
+            if pca is None and expected < dim else "")
+    names = ", ".join(f"{key} {given.get(key)}" for key in models)
+    raise FeatpipeError(f"--encode {method} ({names}) takes {expected}-dim descriptors but "
+                        f"{got} {dim}{hint}")
 
 
 def extract(store: Store, manifest: Manifest, features: str, *, name: str | None = None,

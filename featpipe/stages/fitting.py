@@ -21,12 +21,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from numbers import Integral, Real
 
 import numpy as np
+from sklearn.utils._param_validation import Interval
 
 from featpipe.errors import FeatpipeError, ItemError, ParameterError
 from featpipe.manifest import Manifest
 from featpipe.models import json_params
+from featpipe.parameters import estimator_parameters, parameter_record, typed_value
 from featpipe.stages.base import Reporter, announce, check_name, name_stage, train_item_ids
 from featpipe.store import Stage, Store
 
@@ -48,13 +51,30 @@ def _already(stage: Stage, model: str, force: bool, store: Store, name: str | No
     return False
 
 
-def _model_stage(store: Store, kind: str, model, inputs: list[Stage], model_name: str, *,
-                 name: str | None, force: bool, dry_run: bool, reporter: Reporter,
+#: The fit stages' own parameters (beside their estimator's), typed in the stage key as the
+#: estimators' parameters are (:func:`featpipe.parameters.typed_value`).
+STAGE_CONSTRAINTS = {
+    "sample": [Interval(Integral, 0, None, closed="left"), None],
+    "random_state": [Interval(Integral, 0, None, closed="left")],
+    "split": [Interval(Integral, 1, None, closed="left")],
+    "val_fraction": [Interval(Real, 0, 1, closed="left")],
+    "pca_dim": [Interval(Integral, 1, None, closed="left"), None],
+}
+
+
+def _typed(**values) -> tuple:
+    """The fit stage's own parameters typed as declared (:data:`STAGE_CONSTRAINTS`), in order."""
+    return tuple(typed_value(v, STAGE_CONSTRAINTS[k]) for k, v in values.items())
+
+
+def _model_stage(store: Store, kind: str, record: dict, inputs: list[Stage], model_name: str,
+                 *, name: str | None, force: bool, dry_run: bool, reporter: Reporter,
                  **stage_params) -> tuple[Stage, bool]:
-    """The model stage keyed by ``model``'s parameters (not its device: that changes where it
-    is fitted, not what) and ``stage_params``, announced; and whether there is nothing to fit
-    (the model is fitted and kept, the stage then named, or this is a dry run)."""
-    key = {k: v for k, v in json_params(model.get_params()).items() if k != "device"}
+    """The model stage keyed by the estimator's parameter ``record`` (not its device: that
+    changes where it is fitted, not what) and ``stage_params`` (typed by :func:`_typed`),
+    announced; and whether there is nothing to fit (the model is fitted and kept, the stage
+    then named, or this is a dry run)."""
+    key = {k: v for k, v in json_params(record).items() if k != "device"}
     stage = store.stage(kind, {**key, **stage_params}, inputs=inputs, items=Manifest([]),
                         create=not dry_run)
     announce(stage, name, reporter)
@@ -62,15 +82,11 @@ def _model_stage(store: Store, kind: str, model, inputs: list[Stage], model_name
 
 
 def _estimator_params(cls, params: dict) -> dict:
-    """``params`` checked against ``cls``'s declarations (unknown names refused)."""
-    from featpipe.parameters import estimator_parameters
-
-    known = {p.name for p in estimator_parameters(cls, exclude=("xp",))}
-    unknown = sorted(set(params) - known)
-    if unknown:
-        raise ParameterError(unknown[0], f"is not a parameter of {cls.__name__}")
-    cls.check_param_values(params)
-    return params
+    """The canonical record of ``cls``'s parameters (:func:`parameter_record`: every one,
+    defaults filled, typed), checked against ``cls``'s declarations (unknown names refused)."""
+    record = parameter_record(estimator_parameters(cls, exclude=("xp",)), params, cls.__name__)
+    cls.check_param_values(record)
+    return record
 
 
 # -- descriptor samples ---------------------------------------------------------------------
@@ -125,13 +141,15 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, sample: int = 
 
     reporter = reporter or Reporter()
     check_name(name)
+    sample, random_state, split = _typed(sample=sample, random_state=random_state,
+                                         split=split)
     if sample < 0:
         raise ParameterError("sample", f"must be >= 0, got {sample}")
     params = _estimator_params(PCAProjection, params)
     source = store.resolve(input)
     train = train_item_ids(source, split)
     pca = PCAProjection(**params)
-    stage, fitted = _model_stage(store, "pca", pca, [source], MODEL_NAME, name=name,
+    stage, fitted = _model_stage(store, "pca", params, [source], MODEL_NAME, name=name,
                                  force=force, dry_run=dry_run, reporter=reporter,
                                  sample=sample or None, random_state=random_state, split=split)
     if fitted:
@@ -165,6 +183,7 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
 
     reporter = reporter or Reporter()
     check_name(name)
+    pca_dim, sample = _typed(pca_dim=pca_dim, sample=sample)
     if pca and pca_dim:
         raise ParameterError("pca_dim", "cannot be combined with --pca (a fitted PCA stage)")
     if pca_dim is not None:
@@ -176,8 +195,9 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
     source = store.resolve(input)
     ids = train_item_ids(source)
     pca_stages = [store.resolve(pca)] if pca else []
-    stage, fitted = _model_stage(store, "gmm", gmm, [source, *pca_stages], "gmm", name=name,
-                                 force=force, dry_run=dry_run, reporter=reporter, pca=pca,
+    stage, fitted = _model_stage(store, "gmm", params, [source, *pca_stages], "gmm", name=name,
+                                 force=force, dry_run=dry_run, reporter=reporter,
+                                 pca=pca_stages[0].name if pca_stages else None,
                                  pca_dim=pca_dim, sample=sample, split=1)
     if fitted:
         return stage
@@ -227,6 +247,7 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
 
     reporter = reporter or Reporter()
     check_name(name)
+    val_fraction, split = _typed(val_fraction=val_fraction, split=split)
     if not 0 <= val_fraction < 1:
         raise ParameterError("val_fraction", f"must be in [0, 1), got {val_fraction}")
     params = _estimator_params(DeepFisherKernel, params)
@@ -244,7 +265,7 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
     if items.is_multilabel:
         raise FeatpipeError("fit deep-gmm needs single-label items (multi-label manifests are "
                             "not supported)")
-    stage, fitted = _model_stage(store, "deep-gmm", model, [source, gmm_stage], "gmm",
+    stage, fitted = _model_stage(store, "deep-gmm", params, [source, gmm_stage], "gmm",
                                  name=name, force=force, dry_run=dry_run, reporter=reporter,
                                  val_fraction=val_fraction, split=split)
     if fitted:
@@ -354,6 +375,7 @@ def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1,
 
     reporter = reporter or Reporter()
     check_name(name)
+    (split,) = _typed(split=split)
     if threads is not None and threads < 1:
         raise ParameterError("threads", f"must be >= 1, got {threads}")
     params = _estimator_params(DiscriminativeRankPooling, params)
@@ -363,7 +385,7 @@ def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1,
 
         torch.set_num_threads(threads)
     source = store.resolve(input)
-    stage, fitted = _model_stage(store, "dhrp", model, [source], MODEL_NAME, name=name,
+    stage, fitted = _model_stage(store, "dhrp", params, [source], MODEL_NAME, name=name,
                                  force=force, dry_run=dry_run, reporter=reporter, split=split)
     if fitted:
         return stage
@@ -414,6 +436,7 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
 
     reporter = reporter or Reporter()
     check_name(name)
+    (split,) = _typed(split=split)
     params = _estimator_params(GatedMixtureSOP, params)
     model = GatedMixtureSOP(**params)
     source = store.resolve(input)
@@ -421,7 +444,7 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
     if source.items.is_multilabel:
         raise FeatpipeError("fit gmsop trains a single-label classifier; the manifest of "
                             f"{source.name} is multi-label")
-    stage, fitted = _model_stage(store, "gmsop", model, [source], MODEL_NAME, name=name,
+    stage, fitted = _model_stage(store, "gmsop", params, [source], MODEL_NAME, name=name,
                                  force=force, dry_run=dry_run, reporter=reporter, split=split)
     if fitted:
         return stage
@@ -456,6 +479,7 @@ def fit_standardize(store: Store, input: str, *, name: str | None = None, split:
 
     reporter = reporter or Reporter()
     check_name(name)
+    (split,) = _typed(split=split)
     source = store.resolve(input)
     train = train_item_ids(source, split)
     stage = store.stage("standardize", {"split": split}, inputs=[source],
