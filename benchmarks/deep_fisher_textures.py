@@ -147,13 +147,17 @@ def run_seed(cells_by_class, args, seed):
     n = len(blocks_tr)  # the concatenation, L2-normalised again: /sqrt(n) each
     A, B = np.hstack(blocks_tr) / np.sqrt(n), np.hstack(blocks_te) / np.sqrt(n)
     concat_ap = svc_ap(A @ A.T, y_train, B @ A.T, y_test, args.C)
-    curves = {
-        "objective": np.sum([[h["objective"] for h in hist] for hist in model.history_],
-                            axis=0).tolist(),
-        "train_map": np.mean([[h["train"] for h in hist] for hist in model.history_],
-                             axis=0).tolist(),
-        "val_map": np.mean([[h["validation"] for h in hist] for hist in model.history_],
-                           axis=0).tolist()}
+    # a task whose line search found no decrease stopped early and keeps its GMM: its last
+    # values carry on to the longest task's length
+    length = max(len(h) for h in model.history_)
+
+    def curve(key):
+        return np.array([[h[min(i, len(h) - 1)][key] for i in range(length)]
+                         for h in model.history_], dtype=np.float64)
+
+    curves = {"objective": curve("objective").sum(axis=0).tolist(),
+              "train_map": curve("train").mean(axis=0).tolist(),
+              "val_map": curve("validation").mean(axis=0).tolist()}
     return {"seed": seed, "seconds": seconds, "table_2a": table_a,
             "table_2b": {"base": base_ap, "deep_own": own_ap, "deep_concat_l2": concat_ap},
             "base_grid_2a": base_grid_2a, "base_grid_2b": base_grid_2b,

@@ -24,7 +24,7 @@ def _one_blas_thread():
 
 
 def literal_fisher_vector(x, weights, means, variances, improved=True, threshold=1e-6):
-    """FISHER.md / DESIGN.md section 4 transcribed in float64, one pair at a time."""
+    """docs/methods.md (VLFeat's vl_fisher) transcribed in float64, one pair at a time."""
     k, dim = means.shape
     n = x.shape[0]
     sigma = np.sqrt(variances)

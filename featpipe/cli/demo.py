@@ -38,12 +38,13 @@ def demo(out, weights, quick, no_vgg):
                         progress=ClickReporter().progress)
     vgg = not (quick or no_vgg)
     tasks = []
-    if not quick:
-        tasks.append(runner.sequences(run, "GunPoint", window=10))
-    tasks.append(runner.sequences(run, "BasicMotions", window=20))
-    tasks += runner.motion(run, per_class=6 if quick else 10, frames=16 if quick else 24,
-                           vgg=vgg, weights=weights)
-    videos = runner.real_video(run, vgg=vgg, weights=weights, quick=quick)
+    with runner.one_thread():
+        if not quick:
+            tasks.append(runner.sequences(run, "GunPoint", window=10))
+        tasks.append(runner.sequences(run, "BasicMotions", window=20))
+        tasks += runner.motion(run, per_class=6 if quick else 10,
+                               frames=16 if quick else 24, vgg=vgg, weights=weights)
+        videos = runner.real_video(run, vgg=vgg, weights=weights, quick=quick)
     path, tables = report.write(run, tasks, videos, time.perf_counter() - started, quick)
     click.echo("\n".join(tables))
     if run.computed == 0:

@@ -1,4 +1,4 @@
-"""Temporal encoders: one vector per sequence of per-frame features (DESIGN.md section 4).
+"""Temporal encoders: one vector per sequence of per-frame features (docs/methods.md).
 
 - ``avg``, ``max``: mean / max over time.
 - ``tpyramid``: two-level temporal pyramid, [pool(X); pool(first half); pool(second half)].

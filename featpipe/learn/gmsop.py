@@ -20,7 +20,7 @@ precomputed maps (the backbone stays fixed):
 Where featpipe departs from the authors' MatConvNet code, and why: the SR-SOP gate reduces
 the channels by one linear map Q (a 1×1 convolution, no bias, no ReLU, no centring) and uses
 the components' Newton–Schulz iterations; the components follow the formula above (a linear
-projection, no centring, no ReLU), as featpipe's DESIGN.md section 4 states it; gating weights
+projection, no centring, no ReLU), as docs/methods.md states it; gating weights
 start from a small seeded Gaussian instead of equal weights (equal weights tie the top-K
 choice).
 """
