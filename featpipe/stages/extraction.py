@@ -20,7 +20,7 @@ Video dense SIFT samples one frame per second unless told otherwise (:data:`DSIF
 Before anything runs the items are probed (frame count, rate, size) and the stage's size at
 rest is estimated; a stage that would not fit on the store's disk is refused
 (``disk_check=False`` overrides), and a dry run prints the estimate and creates nothing.
-Decoding runs in ``jobs`` worker processes (see :mod:`featpipe.extract.pipeline`); SIGINT
+Decoding runs in ``jobs`` worker processes (see :mod:`featpipe.extract.streaming`); SIGINT
 and SIGTERM stop the stage cleanly (:mod:`featpipe.interrupts`).
 """
 
@@ -46,11 +46,11 @@ from featpipe.extract.estimate import (
     probe_infos,
     sample_ids,
 )
-from featpipe.extract.pipeline import (
+from featpipe.extract.streaming import (
     CropProgram,
     Extraction,
+    FrameSinks,
     LocalFeatureProgram,
-    Outputs,
 )
 from featpipe.interrupts import Interrupt, Interrupted, interruptible
 from featpipe.io.video import DecodePool, Sampling
@@ -87,7 +87,7 @@ class _Plan:
 
     params: dict
     inputs: list
-    outputs: Outputs
+    outputs: FrameSinks
     layout: Layout
     feature_params: dict
 
@@ -164,7 +164,7 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
         pca_path = str(pca_stage.path)
     itemsize = np.dtype(dtype).itemsize
     local = features != "vgg16-fc6"
-    outputs = Outputs("", local=local, positions=positions, pca_path=pca_path)
+    outputs = FrameSinks("", local=local, positions=positions, pca_path=pca_path)
     models: dict = {}
     if encode is not None:
         outputs, layout, models, encoded = _encoder_plan(
