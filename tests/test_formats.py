@@ -100,6 +100,40 @@ def test_import_a_folder_of_per_video_mat_files_and_transpose(tmp_path):
         np.testing.assert_allclose(stage.read_item(item_id), array, rtol=1e-6)
 
 
+@pytest.mark.parametrize("suffix", [".npz", ".mat"])
+def test_d_by_n_items_of_one_size_are_warned_about_and_transpose_flips_them(tmp_path, suffix):
+    """Issue 23: D x N matrices (one frame per column) with the same N everywhere pass every
+    shape check without --transpose: the import warns and says how to flip; T x D items of
+    different lengths (more columns than rows too) are not warned about."""
+    ids = ["run_a", "run_b", "walk_c", "walk_d"]
+    manifest = write_manifest(tmp_path, ids)
+    data = {i: RNG.normal(size=(9, 3)) for i in ids}  # 9 frames of 3 values each
+    source = tmp_path / f"dn{suffix}"
+    columns = {i: a.T for i, a in data.items()}
+    if suffix == ".npz":
+        np.savez(source, **columns)
+    else:
+        scipy.io.savemat(source, columns)
+    store = tmp_path / "s"
+    plain = run_cli("import", "--manifest", manifest, "--from", source, "--store", store,
+                    "--name", "dn")
+    assert "summary: 4 done" in plain.stdout  # 4 items of 3 frames x 9 values: all agree
+    assert "warning: every item has more columns than rows (e.g. 'run_a': 3 x 9, read as 3 " \
+           "frames of 9 values): if each column is a frame (D x N), re-run the same command " \
+           "with --transpose (one frame per column); if each row is one, ignore this" \
+           in plain.stderr
+    flipped = run_cli("import", "--manifest", manifest, "--from", source, "--store", store,
+                      "--name", "dn", "--transpose")
+    assert "warning" not in flipped.stderr
+    for item_id, array in data.items():
+        np.testing.assert_allclose(imported(store, "dn").read_item(item_id), array, rtol=1e-6)
+    wide = {i: RNG.normal(size=(2 + n, 6)) for n, i in enumerate(ids)}  # T < D, T varies
+    np.savez(tmp_path / "td.npz", **wide)
+    quiet = run_cli("import", "--manifest", manifest, "--from", tmp_path / "td.npz", "--store",
+                    store, "--name", "td")
+    assert quiet.stderr == ""
+
+
 def test_a_missing_item_says_which_files_and_formats_were_tried(tmp_path):
     manifest = write_manifest(tmp_path)
     folder = tmp_path / "feats"
