@@ -52,27 +52,6 @@ class ParameterError(InputError):
         return f"{self.param} {self.cause}"
 
 
-#: Short spellings the command line also accepts for a parameter, beside its own flag
-#: (``--random-state``); a command may add its own (``fit pca --dim`` for ``n_components``).
-FLAG_ALIASES = {"random_state": ("--seed",)}
-
-
-#: ``--x/--no-x`` is the rule for a boolean; these have a better name for "off".
-OFF_FLAGS = {"per_frame": "--per-item"}
-
-
-def flag_of(name: str) -> str:
-    """The command-line flag of parameter ``name``: ``emit_layer`` -> ``--emit-layer``
-    (scikit-learn's name; :data:`FLAG_ALIASES` lists the short spellings also accepted)."""
-    return "--" + name.replace("_", "-")
-
-
-def off_flag_of(name: str, flag: str | None = None) -> str:
-    """The "off" flag of boolean parameter ``name`` (whose "on" flag is ``flag``, default
-    :func:`flag_of`): ``l2`` -> ``--no-l2``, ``per_frame`` -> ``--per-item``."""
-    return OFF_FLAGS.get(name, "--no-" + (flag or flag_of(name))[2:])
-
-
 def describe_error(err: BaseException) -> str:
     """One line for the ledger and the terminal: featpipe's own message, or type and text."""
     if isinstance(err, FeatpipeError):

@@ -1,6 +1,6 @@
 """Manifests: the items of a dataset, their labels and their train/test splits.
 
-CSV, UTF-8, header ``id,path,label,split1[,split2,...]`` (DESIGN.md section 2).  ``id`` is
+CSV, UTF-8, header ``id,path,label,split1[,split2,...]`` (docs/data.md).  ``id`` is
 unique; ``path`` is relative to the manifest's folder or absolute; ``label`` is one class name
 or several separated by ``;`` (multi-label sets such as Hollywood2 and VOC); ``splitK`` is
 ``train``, ``test`` or empty (not in that split).

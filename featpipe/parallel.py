@@ -48,9 +48,9 @@ from featpipe.errors import (
     ParameterError,
     WriteError,
     describe_error,
-    flag_of,
 )
 from featpipe.fileio import first_line, shard_of
+from featpipe.flags import flag_of
 from featpipe.store import Stage
 
 log = logging.getLogger("featpipe")

@@ -1,6 +1,6 @@
 """The artifact store: stages, keys, atomic item writes, ledgers, resume, names and models.
 
-Layout (DESIGN.md section 3)::
+Layout (docs/store.md)::
 
     STORE/stages/<kind>-<key>/stage.json        kind, params, input keys, versions, host, created
                              /items.csv         the manifest rows this stage covers

@@ -1,4 +1,4 @@
-"""Real dense SIFT for the Fisher-vector tests: OpenCV SIFT on a dense grid (FISHER.md).
+"""Real dense SIFT for the Fisher-vector tests: OpenCV SIFT on a dense grid.
 
 Keypoint size = bin width / 1.5 (OpenCV's bin width is 1.5 * size), angle 0, descriptors
 divided by 512 (unit norm), then square-rooted (RootSIFT-like, as in the deep Fisher paper).

@@ -1,4 +1,4 @@
-"""A real single-node SLURM cluster for tests (DESIGN.md section 5).
+"""A real single-node SLURM cluster for tests (docs/cluster.md, "Tests with real engines").
 
 :func:`start_cluster` installs Debian's ``slurm-wlm`` and ``munge`` when ``sbatch`` is
 missing and we are root, writes a ``slurm.conf`` for this host into a temporary folder

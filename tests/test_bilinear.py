@@ -46,6 +46,23 @@ def test_sqrtm_and_logm_equal_scipy_on_spd():
         np.testing.assert_allclose(log[i], scipy.linalg.logm(B[i]).real, atol=1e-11)
 
 
+@pytest.mark.parametrize("dim", [16, 64])
+def test_sqrtm_of_a_rank_deficient_float32_covariance_equals_scipy(dim):
+    """Rank D/4 (second-order pooling of D/4 features): the zero eigenvalues of a float32
+    eigendecomposition (torch's) are ±u·λ_max noise whose roots were 3.4e-4 off."""
+    import torch
+
+    rng = np.random.default_rng(dim)
+    F = rng.standard_normal((2, dim // 4, dim)).astype(np.float32)
+    M = so.bilinear_pool(F)  # rank D/4 but for float32 rounding
+    assert M.dtype == np.float32
+    for got in (so.sqrtm_eigh(M), so.sqrtm_eigh(torch.from_numpy(M)).numpy()):
+        assert got.dtype == np.float32
+        for i in range(2):
+            ref = scipy.linalg.sqrtm(M[i].astype(np.float64)).real
+            assert np.abs(got[i] - ref).max() <= 1e-5, np.abs(got[i] - ref).max()
+
+
 def ns_transcription(A, n_iter):
     """iSQRT-COV as published (Li et al. CVPR'18, eq. 4-6), one matrix, plain loops."""
     tr = np.trace(A)

@@ -121,9 +121,7 @@ def test_encode_options_are_those_of_encode(recipe):
     assert alone.exit_code == 2 and "--grid applies to --encode only" in alone.output
     missing = invoke("extract", "-m", manifest, *DSIFT, "--encode", "fisher", "-s", store)
     assert missing.exit_code == 2 and "--gmm is required by --method fisher" in missing.output
-    wrong_dim = invoke("extract", "-m", manifest, *DSIFT, "--pca", "p16", "--encode",
-                       "fisher", "--gmm", "g8", "-s", store)  # the GMM expects 128-dim rows
-    assert wrong_dim.exit_code == 1 and "cannot encode these features" in wrong_dim.output
+    # --pca with a GMM that projects itself: test_the_projection_chain_is_checked_...
     fc6 = invoke("extract", "-m", manifest, "-f", "vgg16-fc6", "--weights", "random:0",
                  "--encode", "fisher", "--gmm", "g8", "-s", store)
     assert fc6.exit_code == 2 and "--encode applies to local features" in fc6.output
@@ -256,3 +254,66 @@ def test_every_failure_belongs_to_its_own_item(tmp_path):
     assert failed["boom"].endswith("boom.mp4: MemoryError: cannot allocate 16.8 GiB")
     assert "empty file" in failed["empty"] and "cannot open it as a video" in failed["text"]
     assert Store(tmp_path / "s").all_stages()[0].done_ids() == {"ok"}
+
+
+def test_frames_smaller_than_one_sift_descriptor_fail_their_item_with_one_line(tmp_path):
+    """A 1x1 image, a 7x6 image and a 1x1 video give no dense SIFT descriptor at any size:
+    each fails with one line naming its size and the smallest that works (raw features and
+    `--encode spatial-grid` alike), and the 64x64 image beside them is done."""
+    cv2.imwrite(str(tmp_path / "one.png"), np.full((1, 1, 3), 100, np.uint8))
+    cv2.imwrite(str(tmp_path / "small.png"), np.full((6, 7, 3), 100, np.uint8))
+    rng = np.random.default_rng(0)
+    cv2.imwrite(str(tmp_path / "ok.png"), rng.integers(0, 256, (64, 64, 3), np.uint8))
+    writer = cv2.VideoWriter(str(tmp_path / "one.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 10,
+                             (1, 1))
+    for _ in range(3):
+        writer.write(np.full((1, 1, 3), 50, np.uint8))
+    writer.release()
+    manifest = write_manifest(tmp_path, [("one", "one.png", "a", "train"),
+                                         ("small", "small.png", "a", "train"),
+                                         ("onevid", "one.avi", "a", "train"),
+                                         ("ok", "ok.png", "b", "train")])
+    for extra in ((), ("--encode", "spatial-grid")):
+        result = run_cli("extract", "-m", manifest, "-s", tmp_path / "s", "-f", "dsift",
+                         "--on-error", "skip", *extra, check=False)
+        assert result.returncode == 1
+        failed = sorted(x.replace(f"{tmp_path}/", "") for x in result.stderr.splitlines()
+                        if x.startswith("failed:"))
+        assert failed == [
+            "failed: one: one.png: frame 0 is 1x1 pixels, smaller than one dense SIFT "
+            "descriptor (at least 22x22 with sizes 4,6,8,10): no descriptors",
+            "failed: onevid: one.avi: frame 0 is 1x1 pixels, smaller than one dense SIFT "
+            "descriptor (at least 22x22 with sizes 4,6,8,10): no descriptors",
+            "failed: small: small.png: frame 0 is 7x6 pixels, smaller than one dense SIFT "
+            "descriptor (at least 22x22 with sizes 4,6,8,10): no descriptors"]
+        assert "1 done" in result.stdout and "Error" not in result.stderr
+
+
+def test_the_projection_chain_is_checked_before_any_work(recipe):
+    """g8 carries its own PCA (fit gmm --pca p16): --pca p16 as well would project twice, a
+    usage error naming both steps; a GMM fitted on p16-projected rows needs --pca p16."""
+    folder, manifest, store = recipe
+    stages = set(Store(store).all_stages())
+    doubled = invoke("extract", "-m", manifest, *DSIFT, "-s", store, "--pca", "p16",
+                     "--encode", "fisher", "--gmm", "g8")
+    assert doubled.exit_code == 2
+    assert ("error: --pca p16 projects the dsift descriptors 128 -> 16, and the gmm stage g8 "
+            "of --encode fisher projects them again with its own PCA (128 -> 16, stored by "
+            "`fit gmm --pca/--pca-dim`): the projection is doubled; drop --pca (the model "
+            "projects)") in doubled.output
+    assert set(Store(store).all_stages()) == stages  # nothing was created
+    for step in [("extract", "-m", manifest, *DSIFT, "--pca", "p16", "--sample-descriptors",
+                  500, "-n", "sample16"),
+                 ("fit", "gmm", "-i", "sample16", "--components", 2, "-n", "g16")]:
+        assert invoke(*step, "-s", store).exit_code == 0
+    stages = set(Store(store).all_stages())
+    missing = invoke("extract", "-m", manifest, *DSIFT, "-s", store, "--encode", "fisher",
+                     "--gmm", "g16")
+    assert missing.exit_code == 1
+    assert ("error: --encode fisher (gmm g16) takes 16-dim descriptors but dsift gives 128; "
+            "was it fitted on descriptors projected by a pca stage? add --pca NAME"
+            ) in missing.output
+    assert set(Store(store).all_stages()) == stages  # nothing was created
+    chained = invoke("extract", "-m", manifest, *DSIFT, "-s", store, "--pca", "p16",
+                     "--encode", "fisher", "--gmm", "g16", "--dry-run")
+    assert chained.exit_code == 0, chained.output

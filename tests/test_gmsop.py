@@ -71,7 +71,13 @@ def test_balance_loss_and_its_gradient_match_the_authors_formulas():
 def transcribed_code(model, x):
     """GM-SOP forward of one image, written out in numpy (no gate noise)."""
     P = model.projections_.astype(np.float64)
-    h = x.mean(axis=0) @ model.gate_weight_
+    if model.gate == "average":
+        h = x.mean(axis=0) @ model.gate_weight_
+    else:  # SR-SOP: triu of the NS square root of the reduced second moment
+        r = x @ model.gate_projection_
+        g = model.gate_projection_.shape[1]
+        h = ns_transcription(r.T @ r / len(x), model.ns_iters)[np.triu_indices(g)] \
+            @ model.gate_weight_
     top = np.argsort(-h, kind="stable")[: model.top_k]
     g = np.exp(h[top] - h[top].max())
     g /= g.sum()
@@ -84,11 +90,11 @@ def transcribed_code(model, x):
     return code
 
 
-@pytest.fixture(scope="module")
-def fitted():
+@pytest.fixture(scope="module", params=["sr-sop", "average"])
+def fitted(request):
     maps, labels = synthetic_maps()
     model = GatedMixtureSOP(n_components=4, top_k=2, dim=3, epochs=25, lr=0.05,
-                            batch_size=8, random_state=0)
+                            batch_size=8, random_state=0, gate=request.param, gate_dim=3)
     return model.fit(maps[:32], labels[:32]), maps, labels
 
 
@@ -110,9 +116,10 @@ def test_transform_equals_transcription_and_round_trips(fitted):
     np.testing.assert_array_equal(again.predict(maps), model.predict(maps))
 
 
-def test_codes_gradcheck():
-    """Through the network's codes (featpipe.nn.gmsop), with respect to the input and the
-    projections."""
+@pytest.mark.parametrize("gate", ["sr-sop", "average"])
+def test_codes_gradcheck(gate):
+    """Through the network's codes (featpipe.nn.gmsop), with respect to the input, the
+    projections and (sr-sop) the gate's reduction."""
     from featpipe.nn.gmsop import GatedMixtureSOPNet
 
     class Codes(torch.nn.Module):
@@ -124,15 +131,24 @@ def test_codes_gradcheck():
             return self.net.codes(x)[0]
 
     rng = np.random.default_rng(2)
-    codes = Codes(GatedMixtureSOPNet(4, 2, n_components=3, top_k=2, dim=2, ns_iters=3))
+    codes = Codes(GatedMixtureSOPNet(4, 2, n_components=3, top_k=2, dim=2, ns_iters=3,
+                                     gate=gate, gate_dim=2))
     x = torch.tensor(rng.standard_normal((2, 6, 4)), requires_grad=True)
+    width = 3 if gate == "sr-sop" else 4
     params = {"net.projections": torch.tensor(rng.standard_normal((3, 4, 2)),
                                               requires_grad=True),
-              "net.gate_weight": torch.tensor(rng.standard_normal((4, 3))),
-              "net.noise_weight": torch.tensor(rng.standard_normal((4, 3)))}
+              "net.gate_weight": torch.tensor(rng.standard_normal((width, 3))),
+              "net.noise_weight": torch.tensor(rng.standard_normal((width, 3))),
+              "net.gate_projection": torch.tensor(rng.standard_normal((4, 2)),
+                                                  requires_grad=True)}
+    if gate == "average":
+        del params["net.gate_projection"]
+    free = [k for k in params if params[k].requires_grad]
     assert torch.autograd.gradcheck(
-        lambda x, p: torch.func.functional_call(codes, {**params, "net.projections": p}, (x,)),
-        (x, params["net.projections"]))
+        lambda x, *p: torch.func.functional_call(codes, {**params, **dict(zip(free, p,
+                                                                              strict=True))},
+                                                 (x,)),
+        (x, *[params[k] for k in free]))
 
 
 def test_bad_parameters_and_inputs():

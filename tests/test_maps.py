@@ -1,4 +1,4 @@
-"""Feature maps (TVM, SSR, SER, L2) against literal transcriptions of DESIGN.md section 4."""
+"""Feature maps (TVM, SSR, SER, L2) against literal transcriptions of docs/methods.md."""
 
 from __future__ import annotations
 

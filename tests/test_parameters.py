@@ -10,7 +10,8 @@ import pytest
 
 from featpipe.encode.registry import load_methods
 from featpipe.encode.temporal import HierarchicalRankPooling, RankPooling
-from featpipe.errors import ParameterError, flag_of
+from featpipe.errors import ParameterError
+from featpipe.flags import flag_of
 from featpipe.parameters import parameter_docs
 from tests.conftest import REPO
 

@@ -43,3 +43,11 @@ def test_grid_pool_equals_literal_loop(pool):
 def test_missing_positions_is_a_clear_error():
     with pytest.raises(InputError, match="positions"):
         grid_pool(np.ones((3, 2)), None, None)
+
+
+def test_a_frame_without_descriptors_pools_to_zeros():
+    """Dense SIFT with low_contrast='drop' on a blank frame gives no rows: zeros, not a
+    reshape error (the documented rule for a frame without descriptors)."""
+    got = grid_pool(np.zeros((0, 4)), np.zeros((0, 3)), None, (2, 2), "avg", (48, 64),
+                    n_frames=1)
+    np.testing.assert_array_equal(got, np.zeros((1, 16)))

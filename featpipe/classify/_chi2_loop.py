@@ -64,13 +64,6 @@ def chi2_accumulate(A, B, out, mode, symmetric):  # pragma: no cover (compiled)
                         out[i, j] += acc
 
 
-def _threads(n_jobs: int | None) -> int:
-    available = numba.config.NUMBA_NUM_THREADS
-    if n_jobs is None or n_jobs in (0, -1):
-        return available
-    return max(1, min(int(n_jobs), available))
-
-
 def set_threads(n_jobs: int | None) -> int:
     """Use ``n_jobs`` threads (None, 0 or -1: all of numba's); returns the previous count."""
     previous = numba.get_num_threads()

@@ -1,6 +1,6 @@
 """Kernel fusion: the (weighted) average of per-encoding kernels.
 
-K = Σ_i w_i K_i / Σ_i w_i (DESIGN.md section 4, "Fusion: the average of per-encoding kernels";
+K = Σ_i w_i K_i / Σ_i w_i (docs/methods.md, "Fusion: the average of per-encoding kernels";
 equal weights by default).  For explicit-feature kernels the same fusion is the concatenation
 [sqrt(w_1/W) φ_1(x), ..., sqrt(w_m/W) φ_m(x)], W = Σ w_i, whose dot products are the averaged
 kernel; :func:`fuse_features` builds it for liblinear.

@@ -1,6 +1,6 @@
 """Kernel matrices for precomputed-kernel SVMs: linear, SSR, chi-square, SER, chi2+SER, chi2-map.
 
-Definitions (DESIGN.md section 4; FISHER.md for the sign rule)::
+Definitions (docs/methods.md, "Kernels and SVMs", with VLFeat's sign rule)::
 
     linear     k(x, y) = Σ x_i y_i
     ssr        linear on L2(SSR(x)),  SSR(x) = sign(x)·sqrt|x|

@@ -1,6 +1,6 @@
 """One-vs-rest SVMs: libsvm C-SVC on a precomputed kernel, liblinear on explicit features.
 
-Classifier of DESIGN.md section 4: for each class c a binary C-SVC (libsvm ``-s 0 -t 4 -c C``)
+Classifier of docs/methods.md: for each class c a binary C-SVC (libsvm ``-s 0 -t 4 -c C``)
 separates the items labelled c (+1) from all others (−1); an item's score for c is the
 decision value f_c(x) = Σ_i α_i y_i K(x, x_i) − ρ, and single-label predictions take the class
 with the highest score.  libsvm reports decision values for its *first* label, which is the

@@ -29,7 +29,8 @@ import click
 
 from featpipe import __version__
 from featpipe.cli import logfile
-from featpipe.errors import FeatpipeError, ParameterError, flag_of
+from featpipe.errors import FeatpipeError, ParameterError
+from featpipe.flags import flag_of
 
 #: command name -> "module:attribute"; one module per command keeps each command obvious.
 COMMANDS = {
@@ -108,7 +109,7 @@ class LazyGroup(click.Group):
 def flag_for(command: click.Command | None, param: str) -> str:
     """The flag of ``command``'s option for library parameter ``param``, with its short
     aliases (``--n-components (--dim)`` in ``fit pca``); by default the rule of
-    :func:`featpipe.errors.flag_of`."""
+    :func:`featpipe.flags.flag_of`."""
     for option in getattr(command, "params", ()):
         if isinstance(option, click.Option) and option.name == param:
             flags = [o for o in option.opts if o.startswith("--")] or option.opts[:1]

@@ -20,7 +20,7 @@ from featpipe.cli.common import (
     store_option,
 )
 from featpipe.cli.options import make_option, method_option_specs, table_entry
-from featpipe.errors import flag_of
+from featpipe.flags import flag_of
 from featpipe.interrupts import Interrupted
 from featpipe.io.video import Sampling
 from featpipe.manifest import Manifest

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import click
 
-from featpipe.errors import FLAG_ALIASES, flag_of, off_flag_of
+from featpipe.flags import FLAG_ALIASES, flag_of, off_flag_of
 from featpipe.parameters import Parameter
 
 #: the precomputed table of generated options and choices

@@ -19,18 +19,19 @@ laid out ``[u_1..u_K, v_1..v_K]`` (2KD values, no prior block).  Components with
 take no part in the posteriors.  *Improved* FV = signed square root, then division by
 ``max(||z||_2, 1e-12)``; an item without descriptors encodes to zeros.
 
-One body: :func:`fisher_vectors` (array API, batched, differentiable) defines the FV and is
-used by deep Fisher learning; :class:`FisherAccumulator` normalises its sums with the same
-:func:`fisher_from_sums`.  Its CPU fast path computes the Mahalanobis terms
-||x - mu||^2 / sigma^2 of all pairs by one float64 GEMM on centred data (stored as float32)
-and a compiled pass (:mod:`featpipe.encode._fisher_loop`) that accumulates only the pairs with
-``gamma >= 1e-6``; descriptors whose rounding bound exceeds half the candidate margin
-(far from every Gaussian) go through the float64 body with direct differences, so the
-posteriors never underflow to all zeros.
+One posterior routine (:mod:`featpipe.encode.posterior`: log joints by the GEMM form,
+log-sum-exp, variance floor) serves EM, the FV body and the encoder.  One FV body:
+:func:`fisher_vectors` (array API, batched, differentiable) defines the FV and is used by deep
+Fisher learning; :class:`FisherAccumulator` normalises its sums with the same
+:func:`fisher_from_sums`.  Its CPU fast path (:func:`_accumulate`) takes the Mahalanobis terms
+of all pairs from a float32 GEMM with a rigorous per-pair rounding bound, recomputes in
+float64 every pair the bound cannot rule out of γ >= 1e-6, and accumulates in float64: the
+FV is the float64 one, on any BLAS kernel and any split of the descriptors.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import warnings
@@ -43,7 +44,19 @@ from sklearn.base import BaseEstimator, DensityMixin, TransformerMixin
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
-from featpipe.backend import namespace, single_threaded_blas
+from featpipe.backend import namespace, single_threaded_blas, worker_threads
+from featpipe.encode.posterior import (
+    floor_variances,
+    gemm_operands,
+    log_joint,
+    log_normaliser,
+    logsumexp,
+    mahalanobis,
+    mahalanobis_gemm,
+    normalise,
+    posteriors,
+    squared_lhs,
+)
 from featpipe.errors import InputError, ParameterError
 from featpipe.extract.pca import MODEL_NAME, PCAProjection, project
 from featpipe.items import Frame, LocalFeatures, MemorySink, PerFrameStream, stream_item
@@ -57,10 +70,12 @@ POSTERIOR_THRESHOLD = 1e-6
 #: Pyramid layouts for images: (columns, rows) of each level, VLFeat/Chatfield et al.'s 1x1+2x2+3x1.
 PYRAMIDS = {"none": ((1, 1),), "1x1+2x2+3x1": ((1, 1), (2, 2), (1, 3))}
 _LOG_2PI = math.log(2.0 * math.pi)
-#: Pairs whose float32 log posterior is within this of log(threshold) are recomputed exactly.
+#: Pairs whose log posterior may be within this of log(threshold) are recomputed exactly.
 _MARGIN = 0.5
-#: Descriptors per block in the FV encoder.
+#: Descriptors per call of the FV encoder's pass (bounded memory), and per block of its GEMM
+#: and compiled pass (one thread each; the (block, K) float32 distances stay in cache).
 _CHUNK = 32768
+_BLOCK = 512
 log = logging.getLogger(__name__)
 
 
@@ -76,25 +91,6 @@ def _check_descriptors(x, dim: int | None = None, what: str = "descriptors") -> 
     if not np.all(np.isfinite(x)):
         raise InputError(f"{what}: contains NaN or Inf")
     return x
-
-
-def logsumexp(a, axis: int = -1):
-    """log Σ exp(a) along ``axis`` without overflow or underflow to -inf: the largest term is
-    factored out (a row of -inf gives -inf, never NaN).  Any array-API namespace."""
-    xp = namespace(a)
-    top = xp.max(a, axis=axis, keepdims=True)
-    top = xp.where(xp.isfinite(top), top, xp.zeros_like(top))
-    with np.errstate(under="ignore", divide="ignore"):
-        return xp.squeeze(top, axis=axis) + xp.log(xp.sum(xp.exp(a - top), axis=axis))
-
-
-def _mahalanobis(x, means, inv_var):
-    """||x_t - mu_k||^2 / sigma_k^2 for all pairs as one GEMM: [x^2, x] @ [1/s^2; -2 mu/s^2]."""
-    lhs = np.concatenate([x * x, x], axis=1)
-    rhs = np.concatenate([inv_var, -2.0 * means * inv_var], axis=1).T
-    out = lhs @ rhs
-    out += np.sum(means * means * inv_var, axis=1)
-    return out
 
 
 class GaussianMixtureModel(ArrayModel, ValidatedEstimator, DensityMixin, BaseEstimator):
@@ -177,7 +173,7 @@ class GaussianMixtureModel(ArrayModel, ValidatedEstimator, DensityMixin, BaseEst
         else:
             log.info("initialising K=%d by %s on %d descriptors", self.n_components, self.init, n)
             weights, means, variances = self._initialise(xc, data_var)
-        variances = np.maximum(variances, self.variance_floor_)
+        variances = floor_variances(variances, self.variance_floor_)
         history, restarts, converged = [], 0, False
         for iteration in range(self.max_iter):
             stats, ll = self._e_step(xc, weights, means, variances)
@@ -213,7 +209,7 @@ class GaussianMixtureModel(ArrayModel, ValidatedEstimator, DensityMixin, BaseEst
                 centers = KMeans(k, init="k-means++", n_init=1, max_iter=20,
                                  random_state=self.random_state).fit(xc).cluster_centers_
         centers = centers.astype(self.dtype)
-        labels = np.argmin(_mahalanobis(xc, centers, np.ones_like(centers)), axis=1)
+        labels = np.argmin(mahalanobis(xc, centers, np.ones_like(centers)), axis=1)
         counts = np.bincount(labels, minlength=k).astype(self.dtype)
         weights = np.maximum(counts, 1.0) / np.sum(np.maximum(counts, 1.0))
         variances = np.tile(data_var, (k, 1)).astype(self.dtype)
@@ -222,11 +218,10 @@ class GaussianMixtureModel(ArrayModel, ValidatedEstimator, DensityMixin, BaseEst
         return weights, centers, variances
 
     def _log_joint(self, xc, weights, means, variances):
-        """log(pi_k N(x_t | mu_k, sigma_k^2)) for all pairs (n, K)."""
-        inv_var = 1.0 / variances
+        """log(pi_k N(x_t | mu_k, sigma_k^2)) for all pairs (n, K), by the posterior routine."""
         log_w = np.where(weights > 0, np.log(np.maximum(weights, 1e-300)), -np.inf)
-        log_norm = log_w - 0.5 * (np.sum(np.log(variances), axis=1) + xc.shape[1] * _LOG_2PI)
-        return log_norm - 0.5 * np.maximum(_mahalanobis(xc, means, inv_var), 0.0)
+        log_norm = log_normaliser(log_w, np.sum(np.log(variances), axis=1), xc.shape[1])
+        return log_joint(xc, log_norm, means, 1.0 / variances)
 
     def _e_step(self, xc, weights, means, variances):
         """Sufficient statistics (N_k, sum gamma x, sum gamma x^2) and mean log-likelihood."""
@@ -237,11 +232,8 @@ class GaussianMixtureModel(ArrayModel, ValidatedEstimator, DensityMixin, BaseEst
         total = 0.0
         for start in range(0, xc.shape[0], self.chunk_size):
             block = xc[start:start + self.chunk_size]
-            log_joint = self._log_joint(block, weights, means, variances)
-            log_px = logsumexp(log_joint, axis=1)
+            resp, log_px = normalise(self._log_joint(block, weights, means, variances))
             total += float(np.sum(log_px, dtype=np.float64))
-            with np.errstate(under="ignore"):
-                resp = np.exp(log_joint - log_px[:, None])
             s0 += resp.sum(axis=0)
             s1 += resp.T @ block
             s2 += resp.T @ (block * block)
@@ -254,7 +246,7 @@ class GaussianMixtureModel(ArrayModel, ValidatedEstimator, DensityMixin, BaseEst
         alive = s0 >= 1e-2 * max(1.0, n / k)
         mass = np.where(alive, s0, 1.0)[:, None]
         means = s1 / mass
-        variances = np.maximum(s2 / mass - means * means, self.variance_floor_)
+        variances = floor_variances(s2 / mass - means * means, self.variance_floor_)
         weights = np.where(alive, s0, 0.0) / n
         dead = np.flatnonzero(~alive)
         for j in dead:
@@ -284,8 +276,8 @@ class GaussianMixtureModel(ArrayModel, ValidatedEstimator, DensityMixin, BaseEst
         """Mean log-likelihood of descriptors ``x`` under the fitted model."""
         x = _check_descriptors(x, self.means_.shape[1]).astype(np.float64)
         center = self.means_.mean(axis=0)  # any centre: the log-likelihood does not depend on it
-        return float(np.mean(logsumexp(self._log_joint(
-            x - center, self.weights_, self.means_ - center, self.variances_), axis=1)))
+        return float(np.mean(normalise(self._log_joint(
+            x - center, self.weights_, self.means_ - center, self.variances_))[1]))
 
 
 def check_gmm(weights, means, variances):
@@ -307,22 +299,6 @@ def check_gmm(weights, means, variances):
 # fisher_from_sums, and sends descriptors its compiled float32 pass cannot resolve through
 # fisher_vectors) and by deep Fisher learning (learn/deep_fisher.py: forward = fisher_vectors,
 # reverse pass on its cache).
-
-#: log posteriors below this (relative to a descriptor's best component) are floored: they
-#: are irrelevant, and flooring keeps the backward pass in normal numbers (subnormals are
-#: 10-100x slower); float32 / float64.
-_LOG_FLOOR = {4: -60.0, 8: -600.0}
-
-
-def posteriors(log_joint, axis: int = -1):
-    """γ = softmax(log_joint) along ``axis``: exp(l − max l), normalised.  The best component
-    contributes exp(0) = 1, so the posteriors of a descriptor far from every Gaussian cannot
-    all underflow to zero (the log joints themselves may be -1e26)."""
-    xp = namespace(log_joint)
-    shifted = log_joint - xp.max(log_joint, axis=axis, keepdims=True)
-    e = xp.exp(xp.clip(shifted, min=_LOG_FLOOR[xp.finfo(log_joint.dtype).bits // 8]))
-    return e / xp.sum(e, axis=axis, keepdims=True)
-
 
 def signed_root(z):
     """sign(z)·√|z|, with gradient 0 (not inf·0) at z = 0.  Any array-API namespace."""
@@ -396,19 +372,17 @@ class FisherCache:
     norm: object
 
 
-def fisher_vectors(X, a, mu, s, lengths=None, threshold=POSTERIOR_THRESHOLD, improved=True,
-                   direct=False):
+def fisher_vectors(X, a, mu, s, lengths=None, threshold=POSTERIOR_THRESHOLD, improved=True):
     """Fisher vectors of a batch of items X (B, T, D) (item b: its first ``lengths[b]`` rows;
     None: all T) under θ = (a, μ, s): π = softmax(a), σ = exp(s).  Returns (phi (B, 2KD),
     :class:`FisherCache`).
 
     VLFeat's definition (module docstring): components with π < 1e-6 and pairs with
     γ < ``threshold`` skipped.  The Mahalanobis terms of all pairs come from one GEMM on
-    centred data, [xc², xc] (B·T, 2D) @ [1/σ²; −2 mc/σ²] (2D, K) (``direct=True``: from the
-    differences (x − μ_k)/σ_k, exact for descriptors far from every Gaussian, (B, T, K, D)
-    memory); posteriors by :func:`posteriors`; the sums Σγ, Σγx, Σγx² of every item by one
-    batched product γᵀ[xc², xc] (segment sums over the items' descriptors).  Any array-API
-    namespace; differentiable under torch autograd.
+    centred data, [xc², xc] (B·T, 2D) @ [1/σ²; −2 mc/σ²] (2D, K), and the posteriors, by the
+    posterior routine (:mod:`featpipe.encode.posterior`); the sums Σγ, Σγx, Σγx² of every
+    item by one batched product γᵀ[xc², xc] (segment sums over the items' descriptors).  Any
+    array-API namespace; differentiable under torch autograd.
     """
     xp = namespace(X, a, mu, s)
     B, T, dim = X.shape
@@ -420,16 +394,10 @@ def fisher_vectors(X, a, mu, s, lengths=None, threshold=POSTERIOR_THRESHOLD, imp
     mc = mu - center
     inv_sigma = xp.exp(-s)
     inv_var = inv_sigma * inv_sigma
-    lhs = xp.concat([xc * xc, xc], axis=-1)
-    if direct:
-        d = (xc[:, :, None, :] - mc) * inv_sigma
-        maha = xp.sum(d * d, axis=-1)
-    else:
-        rhs = xp.concat([inv_var, -2.0 * mc * inv_var], axis=1)
-        maha = xp.reshape(xp.reshape(lhs, (B * T, 2 * dim)) @ xp.permute_dims(rhs, (1, 0)),
-                          (B, T, mu.shape[0])) + xp.sum(mc * mc * inv_var, axis=1)
-    log_prior = xp.where(valid, log_pi, xp.full_like(log_pi, -math.inf)) - xp.sum(s, axis=1)
-    gamma = posteriors(log_prior - 0.5 * maha)
+    lhs = squared_lhs(xc)
+    log_norm = log_normaliser(xp.where(valid, log_pi, xp.full_like(log_pi, -math.inf)),
+                              2.0 * xp.sum(s, axis=1))
+    gamma = posteriors(log_joint(xc, log_norm, mc, inv_var, lhs=lhs))
     device = getattr(X, "device", None)
     if lengths is None:
         count = xp.full((B,), float(T), dtype=X.dtype, device=device)
@@ -442,12 +410,29 @@ def fisher_vectors(X, a, mu, s, lengths=None, threshold=POSTERIOR_THRESHOLD, imp
     if lengths is not None:
         mask = mask & (gamma > 0)
     g = xp.where(mask, gamma, xp.zeros_like(gamma))
-    s0 = xp.sum(g, axis=1)[:, :, None]
-    moments = xp.permute_dims(g, (0, 2, 1)) @ lhs  # (B, K, 2D): [Σγx², Σγx]
+    narrow = X.dtype == xp.float32
+    if narrow:
+        # float32 moments cancel for a narrow component far from the centre (Σγx² ≈ mc²Σγ,
+        # then × 1/σ², then √): the sums, their centring and the FV in float64, from the
+        # float32 inputs; the results and the cache back in float32
+        def wide(a):
+            return xp.astype(a, xp.float64)
+
+        g_w, centre_w = wide(g), wide(center)
+        lhs_w, mc_w = squared_lhs(wide(X) - centre_w), wide(mu) - centre_w
+        sigma_w, var_w, pi_w, count_w = wide(inv_sigma), wide(inv_var), wide(pi), wide(count)
+    else:
+        g_w, lhs_w, mc_w, sigma_w, var_w, pi_w, count_w = \
+            g, lhs, mc, inv_sigma, inv_var, pi, count
+    s0 = xp.sum(g_w, axis=1)[:, :, None]
+    moments = xp.permute_dims(g_w, (0, 2, 1)) @ lhs_w  # (B, K, 2D): [Σγx², Σγx]
     s2, s1 = moments[..., :dim], moments[..., dim:]
-    sd = (s1 - mc * s0) * inv_sigma
-    sdd = (s2 - 2.0 * mc * s1 + mc * mc * s0) * inv_var
-    phi, (u, v, z, cu, norm) = fisher_from_sums(sd, sdd, s0, count, pi, valid, improved)
+    sd = (s1 - mc_w * s0) * sigma_w
+    sdd = (s2 - 2.0 * mc_w * s1 + mc_w * mc_w * s0) * var_w
+    phi, parts = fisher_from_sums(sd, sdd, s0, count_w, pi_w, valid, improved)
+    if narrow:
+        s0, sd, sdd, phi, *parts = (xp.astype(a, xp.float32) for a in (s0, sd, sdd, phi, *parts))
+    u, v, z, cu, norm = parts
     return phi, FisherCache(lhs, mc, inv_sigma, inv_var, pi, gamma, mask, s0, sd, sdd, cu,
                             cu / math.sqrt(2.0), u, v, z, phi, norm)
 
@@ -467,9 +452,10 @@ def fisher_vector(x, weights, means, variances, improved=True,
 class FisherAccumulator:
     """The Fisher vector of descriptors that arrive in parts (the frames of a video).
 
-    ``add(x)`` accumulates the sums Σ_t γ_tk d_tk, Σ_t γ_tk d_tk² and Σ_t γ_tk of a part;
-    ``result()`` divides by the total count N and the priors (module docstring), so any split
-    of the descriptors into parts gives the FV of all of them (to float64 rounding).
+    ``add(x)`` accumulates the sums Σ_t γ_tk d_tk, Σ_t γ_tk d_tk² and Σ_t γ_tk of a part
+    (float64, :func:`_accumulate`); ``result()`` divides by the total count N and the priors
+    (module docstring), so any split of the descriptors into parts gives the FV of all of them
+    (to float64 rounding).
     """
 
     def __init__(self, weights, means, variances, improved=True,
@@ -477,20 +463,20 @@ class FisherAccumulator:
         self.weights, self.means, self.variances = check_gmm(weights, means, variances)
         self.improved = improved
         self.threshold = posterior_threshold
+        self.gmm = _FastGMM(self.weights, self.means, self.variances, posterior_threshold)
         k, dim = self.means.shape
         self.first = np.zeros((k, dim))
         self.second = np.zeros((k, dim))
         self.mass = np.zeros(k)
         self.count = 0
+        self.exact_pairs = 0
 
     def add(self, x) -> FisherAccumulator:
         """Accumulate descriptors ``x`` (n, D); returns ``self``."""
         x = _check_descriptors(x, self.means.shape[1])
-        # the compiled pass runs one thread per core
-        with single_threaded_blas():
-            for start in range(0, x.shape[0], _CHUNK):  # bounded memory: (chunk, K) float32
-                _accumulate(x[start:start + _CHUNK], self.weights, self.means, self.variances,
-                            self.threshold, self.first, self.second, self.mass)
+        for start in range(0, x.shape[0], _CHUNK):  # bounded memory
+            self.exact_pairs += _accumulate(x[start:start + _CHUNK], self.gmm, self.first,
+                                            self.second, self.mass)
         self.count += x.shape[0]
         return self
 
@@ -503,90 +489,105 @@ class FisherAccumulator:
         return phi[0].astype(np.float32)
 
 
-def _accumulate(x, weights, means, variances, threshold, first, second, mass):
+class _FastGMM:
+    """What :func:`_accumulate` needs of a GMM, computed once: the centre c (mean of the
+    means), mc = μ − c, 1/σ, the log normaliser (posterior routine), the GEMM's float32 right
+    operand and float64 bias, and the rounding bound's slope and offsets."""
+
+    def __init__(self, weights, means, variances, threshold):
+        k, dim = means.shape
+        self.center = means.mean(axis=0)
+        self.mc = means - self.center
+        inv_var = 1.0 / variances
+        self.inv_sigma = np.sqrt(inv_var)
+        valid = weights >= PRIOR_THRESHOLD
+        self.log_norm = log_normaliser(
+            np.where(valid, np.log(np.maximum(weights, 1e-300)), -np.inf),
+            np.sum(np.log(variances), axis=1))
+        rhs, self.bias = gemm_operands(self.mc, inv_var)
+        self.rhs = rhs.astype(np.float32)
+        # float32 GEMM of [xc², xc] (2D terms, each within 5 u of its float64 value) against
+        # the float64 distance m: |Δm| <= g Σ|terms| <= g (4 m + 5 ‖mc/σ‖²), g = (2D + 8) u;
+        # in log-joint units (½ m), over m's float32 value; plus the float32 bound loop's own
+        # rounding (bias and log normaliser stored in float32, a few operations on each term)
+        u = 2.0**-24
+        g = (2 * dim + 8) * u
+        slope = 2.0 * g / (1.0 - 4.0 * g) + 4.0 * u
+        finite_norm = np.where(valid, self.log_norm, 0.0)
+        offset = (2.5 * g / (1.0 - 4.0 * g) + 2.0 * u) * self.bias \
+            + 8.0 * u * np.abs(finite_norm) + 1e-6
+        offset *= 1.0 + 8.0 * u
+        finite_norm = np.where(valid, self.log_norm, -1e30)
+        self.approx = (self.bias.astype(np.float32), (finite_norm + offset).astype(np.float32),
+                       (finite_norm - offset).astype(np.float32), np.float32(0.5 - slope),
+                       np.float32(0.5 + slope))
+        self.limit = math.log(threshold) - _MARGIN if threshold > 0 else -math.inf
+        self.threshold = threshold
+
+
+def _accumulate(x, gmm: _FastGMM, first, second, mass) -> int:
     """Add the sums Σ γ d, Σ γ d² and Σ γ of descriptors ``x`` into ``first``, ``second``,
-    ``mass`` (one (K, D), (K, D), (K,) accumulator of :class:`FisherAccumulator`).
+    ``mass`` (float64 (K, D), (K, D), (K,)); returns the number of pairs computed exactly.
 
-    1. Approximate log joints of all pairs from one float64 GEMM on data centred at the mean
-       of the GMM's means, stored as float32; the rest is one compiled pass over the
-       descriptors (:mod:`featpipe.encode._fisher_loop`).
-    2. Candidate pairs, within ``_MARGIN`` of log(threshold) below the best, are recomputed
-       from direct differences d_tk (float32, as VLFeat); the normaliser uses these exact
-       values and the approximate ones of the other pairs (each below ~1e-7 of the best, so
-       their error does not matter).
-    3. Kept pairs (gamma >= threshold) are accumulated per component in float64.
+    The posterior routine (:mod:`featpipe.encode.posterior`) in two precisions:
 
-    Step 2 is right when the approximate log joints are within ``_MARGIN / 2`` of the exact
-    ones.  Per descriptor, a rounding bound ½(γ₆₄·(|[xc², xc]|·max_k|rhs_k|) +
-    u₃₂·(max_k|raw| + max|bias|)) + u₃₂·max|log norm| (γ₆₄ = (2D + 3)·2⁻⁵³: the float64 GEMM;
-    u₃₂ = 2⁻²⁴: the float32 copies) is checked; on real PCA-SIFT it is ~1e-2 nats.
-    Descriptors beyond it (far from every Gaussian, e.g. a value of 1e6 against a GMM of
-    N(0, 1) data, where the log joints lose 10⁵ nats and the posteriors would underflow to
-    all zeros) go through the float64 body :func:`fisher_vectors` with direct differences.
-    A float32 GEMM is not used: its worst-case bound (2D + 3)·2⁻²⁴·|terms| exceeds the margin
-    on real PCA-SIFT (narrow components), which sent every descriptor down the exact path.
+    1. Per block of ``_BLOCK`` descriptors, the Mahalanobis terms m_tk of all pairs from one
+       float32 GEMM on data centred at the mean of the means, with a rigorous bound on its
+       rounding, e_tk = slope·m_tk + offset_k (:class:`_FastGMM`: per pair, so narrow
+       components far from the centre get wide bounds and wide components tight ones).
+    2. Candidate pairs, whose upper bound lies within log(threshold) − ``_MARGIN`` of the
+       descriptor's largest lower bound, get their log joints recomputed in float64 from
+       direct differences; the posteriors (log-sum-exp over the candidates' exact terms and
+       the others' approximate ones, each below threshold·e^-margin of the best) and the
+       cut-off γ >= threshold are float64, and the kept pairs are accumulated in float64
+       (:func:`featpipe.encode._fisher_loop.accumulate`).
+
+    So no pair with γ >= threshold is missed whatever the GEMM kernel, the FV is within
+    float64 rounding of the float64 definition (but for the approximate terms of the
+    normaliser, below threshold·e^-margin each), and descriptors far from every Gaussian
+    (a float32 GEMM that loses every digit or overflows) make all their pairs candidates.
+    Blocks run on :func:`featpipe.backend.worker_threads` threads (one BLAS thread each);
+    their sums are added in block order, so the result does not depend on the thread count.
     """
-    import numba
-
     from featpipe.encode import _fisher_loop
 
-    center = means.mean(axis=0)
-    x64 = np.asarray(x, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        xc64 = x64 - center
-        xc = xc64.astype(np.float32)
-    mc = (means - center).astype(np.float32)
-    inv_var = 1.0 / variances
-    inv_sigma = np.sqrt(inv_var).astype(np.float32)
-    valid = weights >= PRIOR_THRESHOLD
-    log_norm = np.where(valid, np.log(np.maximum(weights, 1e-300)), -np.inf) \
-        - 0.5 * np.sum(np.log(variances), axis=1)
-    # ‖(x − μ_k)/σ_k‖² − ‖(μ_k − c)/σ_k‖² for all pairs from one float64 GEMM, (N, K)
-    with np.errstate(over="ignore", invalid="ignore"):
-        lhs = np.concatenate([xc64 * xc64, xc64], axis=1)
-        rhs = np.concatenate([inv_var, -2.0 * (means - center) * inv_var], axis=1)
-        raw64 = lhs @ rhs.T
-        bias64 = np.sum((means - center) ** 2 * inv_var, axis=1)
-        gemm = (2 * xc.shape[1] + 3) * 2.0**-53 * (np.abs(lhs) @ np.max(np.abs(rhs), axis=0))
-        copies = 2.0**-24 * (np.max(np.abs(raw64), axis=1) + np.max(np.abs(bias64)))
-        error = 0.5 * (gemm + copies) + 2.0**-24 * np.max(np.abs(log_norm[valid]), initial=0.0)
-        raw = raw64.astype(np.float32)
-        bias = bias64.astype(np.float32)
-    unreliable = ~(error <= _MARGIN / 2)
-    if np.any(unreliable):
-        _accumulate_exact(x64[unreliable], weights, means, variances, threshold, first,
-                          second, mass)
-        raw, xc = raw[~unreliable], xc[~unreliable]
-    if not raw.shape[0]:
-        return
-    limit = math.log(threshold) - _MARGIN if threshold > 0 else -math.inf
-    blocks = max(1, min(numba.get_num_threads(), raw.shape[0]))
-    _fisher_loop.accumulate(raw, bias, log_norm.astype(np.float32), xc, mc, inv_sigma, log_norm,
-                            limit, threshold, first, second, mass, blocks)
+        xc = np.asarray(x, dtype=np.float64) - gmm.center
+    blocks = [xc[start:start + _BLOCK] for start in range(0, xc.shape[0], _BLOCK)]
 
-
-#: Working memory of the exact float64 path, (rows, K, D) differences per block.
-_EXACT_BYTES = 64 * 2**20
-
-
-def _accumulate_exact(x, weights, means, variances, threshold, first, second, mass):
-    """The sums of :func:`_accumulate` from the float64 body (:func:`fisher_vectors`,
-    direct differences), for descriptors the float32 pass cannot resolve."""
-    a = np.log(np.maximum(weights, 1e-300))
-    s = 0.5 * np.log(variances)
-    k, dim = means.shape
-    rows = max(1, _EXACT_BYTES // (8 * k * dim))
-    for start in range(0, x.shape[0], rows):
+    def run(block):
         with np.errstate(over="ignore", invalid="ignore"):
-            _, cache = fisher_vectors(x[None, start:start + rows], a, means, s,
-                                      threshold=threshold, direct=True)
-        sums = (cache.sd[0], cache.sdd[0], cache.s0[0, :, 0])
-        if not all(np.all(np.isfinite(part)) for part in sums):
+            raw = mahalanobis_gemm(squared_lhs(block.astype(np.float32)), gmm.rhs)
+            finite = np.isfinite(np.sum(raw, axis=1))
+        sums = (np.zeros_like(first), np.zeros_like(second), np.zeros_like(mass))
+        counts = _fisher_loop.accumulate(raw, finite, block, gmm.mc, gmm.inv_sigma,
+                                         gmm.log_norm, gmm.approx, gmm.limit, gmm.threshold,
+                                         *sums)
+        return sums, counts
+
+    with single_threaded_blas():
+        if len(blocks) > 1 and worker_threads() > 1:
+            results = list(_thread_pool(worker_threads()).map(run, blocks))
+        else:
+            results = [run(block) for block in blocks]
+    exact = 0
+    for (u, v, m), (n_exact, overflow) in results:
+        if overflow or not (np.all(np.isfinite(u)) and np.all(np.isfinite(v))):
             raise InputError(f"descriptors too large to encode: largest |value| "
                              f"{np.max(np.abs(x)):.3g} overflows float64 (distance squared)")
-        first += sums[0]
-        second += sums[1]
-        mass += sums[2]
+        first += u
+        second += v
+        mass += m
+        exact += n_exact
+    return exact
+
+
+@functools.cache
+def _thread_pool(threads: int):
+    """The pool that runs the blocks of :func:`_accumulate` (one per thread count)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(threads, thread_name_prefix="featpipe-fisher")
 
 
 def pyramid_regions(positions, image_size, pyramid: str) -> list[np.ndarray]:

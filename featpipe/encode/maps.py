@@ -1,4 +1,4 @@
-"""Feature maps applied before rank pooling (DESIGN.md section 4, "Feature maps").
+"""Feature maps applied before rank pooling (docs/methods.md, "Feature maps").
 
 All functions take arrays of any array-API namespace and act on the last axis (features);
 time runs along axis -2.

@@ -56,7 +56,8 @@ def grid_pool(descriptors: np.ndarray, positions: np.ndarray, frame_index: np.nd
     if len(frames) != len(X) or (len(frames) and frames.min() < 0):
         raise InputError("the 'frame_index' sidecar must give one frame (≥ 0) per descriptor")
     gx, gy = grid
-    xy = np.asarray(positions, dtype=np.float64).reshape(len(X), -1)[:, :2]
+    xy = np.asarray(positions, dtype=np.float64).reshape(len(X), -1)[:, :2] if len(X) \
+        else np.zeros((0, 2))
     if image_size is not None:
         low, extent = np.zeros(2), np.array([image_size[1], image_size[0]], dtype=np.float64)
     else:

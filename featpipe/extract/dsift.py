@@ -317,6 +317,13 @@ class DenseSIFT:
                       * _grid(offset, height - 1, size, int(self.step)))
         return total
 
+    def min_side(self) -> int:
+        """The smallest side (pixels, after the ``max_pixels`` rescale) of an image with at
+        least one descriptor: 4 bins of the size plus the size's grid offset."""
+        sizes = [int(s) for s in self.sizes]
+        return min(int(self.start) + int(math.floor(1.5 * (max(sizes) - size)))
+                   + (NUM_BINS - 1) * size + 1 for size in sizes)
+
     def compute(self, image: np.ndarray) -> DenseSIFTResult:
         """Descriptors of one image (uint8 or [0, 1] float, grey or RGB)."""
         threshold = self._check()

@@ -493,6 +493,43 @@ def orientation_warning(shapes: Sequence[tuple[int, ...]], transpose: bool) -> s
     return None
 
 
+def item_shapes(sources: Sequence, manifest: Manifest, transpose: bool = False
+                ) -> dict[str, tuple[int, ...]]:
+    """Id -> shape (after ``--transpose``) of every item whose header can be read."""
+    shapes = {}
+    for item in manifest:
+        for source in sources:
+            try:
+                header = source.header(item)
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile, FeatpipeError):
+                header = None
+            if header is not None:
+                shapes[item.id] = transposed_shape(header[0], transpose)
+                break
+    return shapes
+
+
+def wide_items_warning(shapes: dict[str, tuple[int, ...]], transpose: bool) -> str | None:
+    """A warning when every item is a matrix with more columns than rows, except when the
+    row counts vary over one column count (T x D sequences of different lengths): a D x N
+    layout (one frame per column, as VLFeat and much MATLAB code store descriptors) read
+    without ``--transpose`` passes the shape checks when every item has the same N.
+    Manifests have no frame counts, so the shapes alone decide."""
+    matrices = {i: s for i, s in shapes.items() if len(s) == 2}
+    if not matrices or len(matrices) != len(shapes):
+        return None
+    if any(rows >= cols for rows, cols in matrices.values()):
+        return None
+    rows, cols = {s[0] for s in matrices.values()}, {s[1] for s in matrices.values()}
+    if len(rows) > 1 and len(cols) == 1:
+        return None
+    item_id, (n_rows, n_cols) = next(iter(matrices.items()))
+    flag = "without --transpose" if transpose else "with --transpose (one frame per column)"
+    return (f"warning: every item has more columns than rows (e.g. {item_id!r}: {n_rows} x "
+            f"{n_cols}, read as {n_rows} frames of {n_cols} values): if each column is a "
+            f"frame (D x N), re-run the same command {flag}; if each row is one, ignore this")
+
+
 class ImportCompute:
     """Picklable compute for :func:`featpipe.parallel.run_items`: reads and checks items."""
 

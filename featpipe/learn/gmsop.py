@@ -6,7 +6,10 @@ precomputed maps (the backbone stays fixed):
     components   Σ_j = (X P_j)ᵀ(X P_j) / N,  P_j ∈ R^{D×d}, j = 1..M      (parametric SOP)
                  z_j = triu(NS(Σ_j)),  NS = iSQRT-COV: trace pre-normalisation, ``ns_iters``
                  coupled Newton–Schulz steps, √tr post-compensation (the authors use 3)
-    gating       H(X) = x̄ W_g + γ · softplus(x̄ W_n),  x̄ = mean of X over positions,
+    gating       H(X) = g W_g + γ · softplus(g W_n), where the gate reads
+                 g = triu(NS((X Q)ᵀ(X Q) / N)), Q ∈ R^{D×g} (``gate="sr-sop"``, the paper's
+                 default: a second-order branch, square-root normalised), or
+                 g = x̄, the mean of X over positions (``gate="average"``, first order);
                  γ ~ N(0, 1) one draw per image while training, γ = 0 when encoding
                  G = softmax over the top-K entries of H (the others are 0)
     code         z = Σ_j G_j z_j ∈ R^{d(d+1)/2}
@@ -14,11 +17,12 @@ precomputed maps (the backbone stays fixed):
                  + w · CV(importance)², importance_j = Σ_batch G_j, CV = std (n−1) / mean
                  (the balance loss of the authors' code, w = 100, M = 16, K = 8).
 
-Where featpipe departs from the authors' MatConvNet code, and why: the gate is computed on the
-global average x̄ (their first-order gating branch) rather than on an SR-SOP of two extra 1×1
-convolutions, and the components follow the formula above (a linear projection, no centring,
-no ReLU), as featpipe's DESIGN.md section 4 states it; gating weights start from a small seeded
-Gaussian instead of equal weights (equal weights tie the top-K choice).
+Where featpipe departs from the authors' MatConvNet code, and why: the SR-SOP gate reduces
+the channels by one linear map Q (a 1×1 convolution, no bias, no ReLU, no centring) and uses
+the components' Newton–Schulz iterations; the components follow the formula above (a linear
+projection, no centring, no ReLU), as docs/methods.md states it; gating weights
+start from a small seeded Gaussian instead of equal weights (equal weights tie the top-K
+choice).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from featpipe.encode.registry import EncodeMethod
 from featpipe.errors import FeatpipeError, InputError, ParameterError
 from featpipe.items import PerFrameStream, encode_per_frame
 from featpipe.models import check_model_kind, json_params
+from featpipe.nn.choices import GATES
 from featpipe.parameters import ValidatedEstimator, estimator_parameters, model_parameter
 
 log = logging.getLogger(__name__)
@@ -64,7 +69,12 @@ class GatedMixtureSOP(ValidatedEstimator, ClassifierMixin, BaseEstimator):
     dim : int
         d, channels after each component's projection; codes have d(d+1)/2 values.
     ns_iters : int
-        Newton–Schulz iterations of each component (the authors use 3).
+        Newton–Schulz iterations of each component and of the SR-SOP gate (the authors use 3).
+    gate : {"sr-sop", "average"}
+        What the gate reads: a square-root normalised second-order pooling of the input
+        reduced to gate_dim channels (the paper's), or the global average of the input.
+    gate_dim : int
+        g, channels of the SR-SOP gate's reduction (g(g+1)/2 gate inputs).
     balance_weight : float
         w of the balance loss w·CV(importance)².
     epochs : int
@@ -80,9 +90,10 @@ class GatedMixtureSOP(ValidatedEstimator, ClassifierMixin, BaseEstimator):
     device : {"cpu", "cuda"}
         Where torch runs the model.
 
-    Fitted attributes: ``projections_`` (M, D, d), ``gate_weight_`` (D, M),
-    ``noise_weight_`` (D, M), ``classes_``, ``loss_curve_`` and the classifier head
-    (``classifier_``, ``intercept_``, ``norm_``: the BatchNorm statistics and affine).
+    Fitted attributes: ``projections_`` (M, D, d), ``gate_weight_`` and ``noise_weight_``
+    (F, M), ``gate_projection_`` (D, g; None for the average gate), ``classes_``,
+    ``loss_curve_`` and the classifier head (``classifier_``, ``intercept_``, ``norm_``: the
+    BatchNorm statistics and affine).
     """
 
     _parameter_constraints = {
@@ -90,6 +101,8 @@ class GatedMixtureSOP(ValidatedEstimator, ClassifierMixin, BaseEstimator):
         "top_k": [Interval(Integral, 1, None, closed="left")],
         "dim": [Interval(Integral, 1, None, closed="left")],
         "ns_iters": [Interval(Integral, 1, None, closed="left")],
+        "gate": [StrOptions(set(GATES))],
+        "gate_dim": [Interval(Integral, 1, None, closed="left")],
         "balance_weight": [Interval(Real, 0, None, closed="left")],
         "epochs": [Interval(Integral, 1, None, closed="left")],
         "lr": [Interval(Real, 0, None, closed="neither")],
@@ -99,13 +112,15 @@ class GatedMixtureSOP(ValidatedEstimator, ClassifierMixin, BaseEstimator):
         "device": [StrOptions({"cpu", "cuda"})],
     }
 
-    def __init__(self, n_components=16, top_k=8, dim=32, ns_iters=3, balance_weight=100.0,
-                 epochs=30, lr=0.01, batch_size=32, weight_decay=1e-4, random_state=0,
-                 device="cpu"):
+    def __init__(self, n_components=16, top_k=8, dim=32, ns_iters=3, gate="sr-sop", gate_dim=8,
+                 balance_weight=100.0, epochs=30, lr=0.01, batch_size=32, weight_decay=1e-4,
+                 random_state=0, device="cpu"):
         self.n_components = n_components
         self.top_k = top_k
         self.dim = dim
         self.ns_iters = ns_iters
+        self.gate = gate
+        self.gate_dim = gate_dim
         self.balance_weight = balance_weight
         self.epochs = epochs
         self.lr = lr
@@ -125,7 +140,8 @@ class GatedMixtureSOP(ValidatedEstimator, ClassifierMixin, BaseEstimator):
         from featpipe.nn.gmsop import GatedMixtureSOPNet
 
         return GatedMixtureSOPNet(n_features, n_classes, int(self.n_components),
-                                  int(self.top_k), int(self.dim), int(self.ns_iters), generator)
+                                  int(self.top_k), int(self.dim), int(self.ns_iters), self.gate,
+                                  int(self.gate_dim), generator)
 
     def _validate(self, X):
         self._validate_params()
@@ -193,6 +209,7 @@ class GatedMixtureSOP(ValidatedEstimator, ClassifierMixin, BaseEstimator):
         self.projections_ = state["projections"]
         self.gate_weight_ = state["gate_weight"]
         self.noise_weight_ = state["noise_weight"]
+        self.gate_projection_ = state.get("gate_projection")
         self.classifier_ = state["head.weight"]
         self.intercept_ = state["head.bias"]
         self.norm_ = {k[5:]: v for k, v in state.items()
@@ -202,7 +219,10 @@ class GatedMixtureSOP(ValidatedEstimator, ClassifierMixin, BaseEstimator):
         torch = _torch()
         net = self._network(self.projections_.shape[1], len(self.classes_))
         state = {"projections": self.projections_, "gate_weight": self.gate_weight_,
-                 "noise_weight": self.noise_weight_, "head.weight": self.classifier_,
+                 "noise_weight": self.noise_weight_,
+                 **({} if self.gate_projection_ is None else
+                    {"gate_projection": self.gate_projection_}),
+                 "head.weight": self.classifier_,
                  "head.bias": self.intercept_,
                  **{f"norm.{k}": v for k, v in self.norm_.items()}}
         net.load_state_dict({k: torch.as_tensor(np.asarray(v, dtype=np.float32))
@@ -247,6 +267,8 @@ class GatedMixtureSOP(ValidatedEstimator, ClassifierMixin, BaseEstimator):
             raise FeatpipeError("GatedMixtureSOP is not fitted yet: call fit first")
         arrays = {k: getattr(self, k + "_") for k in
                   ("projections", "gate_weight", "noise_weight", "classifier", "intercept")}
+        if self.gate_projection_ is not None:
+            arrays["gate_projection"] = self.gate_projection_
         arrays.update({f"norm_{k}": v for k, v in self.norm_.items()})
         meta = {"model": MODEL_NAME, "params": json_params(self.get_params(deep=False)),
                 "classes": [str(c) for c in self.classes_],
@@ -256,9 +278,11 @@ class GatedMixtureSOP(ValidatedEstimator, ClassifierMixin, BaseEstimator):
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray], meta: Mapping) -> GatedMixtureSOP:
         check_model_kind(MODEL_NAME, meta)
-        model = cls(**meta["params"])
+        # models saved before the gate option had the average gate
+        model = cls(**{"gate": "average", **meta["params"]})
         model._set_state({**{k: arrays[k] for k in ("projections", "gate_weight",
-                                                     "noise_weight")},
+                                                     "noise_weight", "gate_projection")
+                             if k in arrays},
                           "head.weight": arrays["classifier"], "head.bias": arrays["intercept"],
                           **{f"norm.{k[5:]}": v for k, v in arrays.items()
                              if k.startswith("norm_")}})

@@ -8,3 +8,5 @@ loading torch.
 PSI_CHOICES = ("ssr", "ser", "tanh")
 #: The Hessian of the rank-pooling SVR in the argmin's backward pass.
 HESSIAN_CHOICES = ("exact", "diagonal")
+#: What GM-SOP's gate reads: an SR-SOP of the input (the paper's) or its global average.
+GATES = ("sr-sop", "average")

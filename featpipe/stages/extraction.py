@@ -20,7 +20,7 @@ Video dense SIFT samples one frame per second unless told otherwise (:data:`DSIF
 Before anything runs the items are probed (frame count, rate, size) and the stage's size at
 rest is estimated; a stage that would not fit on the store's disk is refused
 (``disk_check=False`` overrides), and a dry run prints the estimate and creates nothing.
-Decoding runs in ``jobs`` worker processes (see :mod:`featpipe.extract.pipeline`); SIGINT
+Decoding runs in ``jobs`` worker processes (see :mod:`featpipe.extract.streaming`); SIGINT
 and SIGTERM stop the stage cleanly (:mod:`featpipe.interrupts`).
 """
 
@@ -46,11 +46,11 @@ from featpipe.extract.estimate import (
     probe_infos,
     sample_ids,
 )
-from featpipe.extract.pipeline import (
+from featpipe.extract.streaming import (
     CropProgram,
     Extraction,
+    FrameSinks,
     LocalFeatureProgram,
-    Outputs,
 )
 from featpipe.interrupts import Interrupt, Interrupted, interruptible
 from featpipe.io.video import DecodePool, Sampling
@@ -97,7 +97,7 @@ class _Plan:
 
     params: dict
     inputs: list
-    outputs: Outputs
+    outputs: FrameSinks
     layout: Layout
     feature_params: dict
 
@@ -158,7 +158,7 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
         rows_per_frame = lambda height, width: cells  # noqa: E731
     inputs: list[Stage] = []
     dim = FEATURE_DIM[features]
-    pca_path = None
+    pca_path, feature_dim = None, FEATURE_DIM[features]
     if pca is not None:
         from featpipe.extract.pca import load_pca
 
@@ -174,11 +174,12 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
         pca_path = str(pca_stage.path)
     itemsize = np.dtype(dtype).itemsize
     local = features != "vgg16-fc6"
-    outputs = Outputs("", local=local, positions=positions, pca_path=pca_path)
+    outputs = FrameSinks("", local=local, positions=positions, pca_path=pca_path)
     models: dict = {}
     if encode is not None:
-        outputs, layout, models, encoded = _encoder_plan(store, encode, encode_params or {},
-                                                         outputs, rows_per_frame, dim, itemsize)
+        outputs, layout, models, encoded = _encoder_plan(
+            store, encode, encode_params or {}, outputs, rows_per_frame, dim, itemsize,
+            chain=(features, feature_dim, pca))
         params["encode"] = encoded
         inputs += list(models.values())
     elif sample is not None:
@@ -194,7 +195,7 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
     return _Plan(params, inputs, outputs, layout, feature_params)
 
 
-def _encoder_plan(store, method, given, outputs, rows_per_frame, dim, itemsize):
+def _encoder_plan(store, method, given, outputs, rows_per_frame, dim, itemsize, chain):
     """The encoder of ``extract --encode``: ``featpipe encode``'s method, parameters and
     model stages (so its stage key says the same), checked on a synthetic frame."""
     from featpipe.encode.registry import load_methods
@@ -203,6 +204,7 @@ def _encoder_plan(store, method, given, outputs, rows_per_frame, dim, itemsize):
     chosen = load_methods()[method]
     params, models = method_models(store, chosen, given)
     encoder = chosen.build(dict(params), models)
+    _check_projections(method, given, models, encoder, dim, *chain)
     try:
         code_dim, per_frame = encoded_size(encoder, dim)
     except FeatpipeError as err:  # e.g. a GMM fitted on other descriptors
@@ -213,6 +215,35 @@ def _encoder_plan(store, method, given, outputs, rows_per_frame, dim, itemsize):
     layout = Layout(rows_per_frame, dim, itemsize, kind="encode", code_dim=code_dim,
                     per_frame=per_frame)
     return outputs, layout, models, {"method": method, **params}
+
+
+def _check_projections(method, given, models, encoder, dim, features, feature_dim,
+                       pca) -> None:
+    """The chain features -> ``--pca`` -> the encoder, checked before any work: a model stage
+    that carries its own PCA (``fit gmm --pca/--pca-dim``) projects the raw features itself,
+    so ``--pca`` as well would project them twice; a model fitted on projected descriptors
+    needs ``--pca``.  ``encoder.input_dim`` (when it has one) is what the encoder takes."""
+    from featpipe.extract.pca import MODEL_NAME, PCAProjection
+
+    expected = getattr(encoder, "input_dim", None)
+    if expected is None or expected == dim:
+        return
+    for key, stage in models.items():
+        if pca is not None and stage.has_model(MODEL_NAME):
+            own = stage.load_model(MODEL_NAME, PCAProjection)
+            if own.mean_.shape[0] == feature_dim:
+                raise ParameterError(
+                    "pca", f"{pca} projects the {features} descriptors {feature_dim} -> {dim}, "
+                    f"and the {key} stage {given.get(key)} of --encode {method} projects them "
+                    f"again with its own PCA ({feature_dim} -> {own.components_.shape[0]}, "
+                    "stored by `fit gmm --pca/--pca-dim`): the projection is doubled; drop "
+                    "--pca (the model projects)")
+    got = f"--pca {pca} gives" if pca is not None else f"{features} gives"
+    hint = ("; was it fitted on descriptors projected by a pca stage? add --pca NAME"
+            if pca is None and expected < dim else "")
+    names = ", ".join(f"{key} {given.get(key)}" for key in models)
+    raise FeatpipeError(f"--encode {method} ({names}) takes {expected}-dim descriptors but "
+                        f"{got} {dim}{hint}")
 
 
 def extract(store: Store, manifest: Manifest, features: str, *, name: str | None = None,

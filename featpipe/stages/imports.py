@@ -12,6 +12,7 @@ from featpipe.io.importers import (
     describe,
     detect_format,
     file_stamp,
+    item_shapes,
     manifest_digest,
     mat_shapes,
     open_sources,
@@ -19,6 +20,7 @@ from featpipe.io.importers import (
     reference_signature,
     source_fingerprint,
     ts_manifest,
+    wide_items_warning,
 )
 from featpipe.manifest import Manifest
 from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name, run_stage
@@ -80,9 +82,10 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
                       + ("transposed: one frame per column (D x T)" if transpose else
                          "as MATLAB shows them: one frame per row (T x D); --transpose for "
                          "one frame per column"))
-        warning = orientation_warning(from_mat, transpose)
-        if warning:
-            reporter.warn(warning)
+    warning = (orientation_warning(from_mat, transpose) if from_mat else None) or \
+        wide_items_warning(item_shapes(opened, manifest, transpose), transpose)
+    if warning:
+        reporter.warn(warning)
     for source in opened:
         log.info("source %s (%s)", source.path, source.fmt)
     log.info("%d items; reference feature shape: %s", len(manifest),

@@ -17,18 +17,22 @@ parts:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib.util
 import inspect
 import json
+import os
 import re
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from featpipe import stages
-from featpipe.errors import FeatpipeError, flag_of, off_flag_of
+from featpipe.errors import FeatpipeError
+from featpipe.flags import flag_of, off_flag_of
 from featpipe.stages.base import Progress, Reporter, StageRun
 from featpipe.store import Store
 
@@ -69,6 +73,36 @@ class Extraction:
     seconds: float
     timestamps: dict[str, list[float]]
     shape: tuple[int, ...]
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Every thread pool of this process at one thread while the demo runs, restored after:
+    BLAS (threadpoolctl), numba, torch (when installed) and featpipe's own loops
+    (``FEATPIPE_THREADS``, which the extraction workers inherit), and the classifier's kernel
+    threads (``jobs=1``), so the demo's numbers do not depend on the core count."""
+    import numba
+
+    from featpipe.backend import THREADS_ENV, single_threaded_blas
+
+    saved = os.environ.get(THREADS_ENV), numba.get_num_threads()
+    torch = importlib.import_module("torch") if importlib.util.find_spec("torch") else None
+    torch_threads = torch.get_num_threads() if torch else None
+    os.environ[THREADS_ENV] = "1"
+    numba.set_num_threads(1)
+    if torch:
+        torch.set_num_threads(1)
+    try:
+        with single_threaded_blas():
+            yield
+    finally:
+        if saved[0] is None:
+            os.environ.pop(THREADS_ENV, None)
+        else:
+            os.environ[THREADS_ENV] = saved[0]
+        numba.set_num_threads(saved[1])
+        if torch:
+            torch.set_num_threads(torch_threads)
 
 
 class _Lines(Reporter):
@@ -199,9 +233,10 @@ class Runner:
             args = ["classify", "--store", self.store.root,
                     *[a for name in inputs for a in ("--input", name)],
                     *[a for k in kernels for a in ("--kernel", k)],
-                    "--normalize", "l2", "--C", "1000", "--split", "1", "--report", report]
+                    "--normalize", "l2", "--C", "1000", "--split", "1", "--jobs", "1",
+                    "--report", report]
             self.run(args, stages.classify, list(inputs), kernels, normalize="l2", C=(1000.0,),
-                     split="1", report=str(report))
+                     split="1", jobs=1, report=str(report))
         data = json.loads(report.read_text(encoding="utf-8"))
         split = data["splits"][0]
         task.classes = split["classes"]
