@@ -172,7 +172,11 @@ def _set_verbosity(ctx, param, value) -> None:
 def _set_log_file(ctx, param, value) -> None:
     """Callback of ``--log-file``: start the record of this run (module :mod:`logfile`)."""
     if value:
-        logfile.open_log(value, shlex.join(["featpipe", *sys.argv[1:]]))
+        try:
+            logfile.open_log(value, shlex.join(["featpipe", *sys.argv[1:]]))
+        except FeatpipeError as err:  # a usage error, found while parsing
+            raise click.BadParameter(str(err).removeprefix("--log-file "), ctx, param) \
+                from None
         apply_verbosity(ctx.find_root().ensure_object(dict))
 
 
