@@ -98,3 +98,22 @@ def test_an_absurd_ledger_value_is_a_problem_line_in_status(cli, store, field, v
                                           (float("inf"), "inf (not a date)")])
 def test_format_time_never_raises(stamp, shown):
     assert format_time(stamp) == shown
+
+
+@pytest.mark.parametrize("where", ["names/report.json", "stages/x/report.json", "report.json"])
+@pytest.mark.parametrize("command, flag", [
+    (["classify", "--input", "seq", "--report"], "--report"),
+    (["export", "seq", "-o"], "--output"),
+    (["status", "seq", "--log-file"], "--log-file"),
+    (["cache", "ls", "--log-file"], "--log-file")])
+def test_an_output_file_inside_the_store_is_refused(cli, store, command, flag, where):
+    target = store.root / where
+    before = _state(store)
+    result = cli(*command, target.with_suffix(".npz" if flag == "--output" else ".json"),
+                 "--store", store.root)
+    assert result.exit_code == 2, result.output
+    assert f"error: {flag} " in result.stderr and f"inside the store {store.root}" \
+        in result.stderr
+    assert _state(store) == before and not list(store.root.rglob("report.*"))
+    listing = cli("cache", "ls", "--store", store.root)
+    assert listing.exit_code == 0 and "problem" not in listing.output
