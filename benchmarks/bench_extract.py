@@ -250,7 +250,7 @@ class SleepModel:
 
 def pipeline_seconds(model, paths, sampling, jobs, batch_size, folder) -> tuple[float, int]:
     """Wall time of the extraction pipeline (warm workers) over ``paths``; frames done."""
-    from featpipe.extract.pipeline import CropProgram, Extraction, Outputs
+    from featpipe.extract.streaming import CropProgram, Extraction, FrameSinks
     from featpipe.extract.vgg import VGGPreprocess
     from featpipe.io.video import DecodePool
     from featpipe.store import Store
@@ -266,7 +266,7 @@ def pipeline_seconds(model, paths, sampling, jobs, batch_size, folder) -> tuple[
             pool.poll(None)
         frames = [0]
         extraction = Extraction(stage, pool, sampling, model=model,
-                                outputs=Outputs(str(stage.path), local=False),
+                                outputs=FrameSinks(str(stage.path), local=False),
                                 features="vgg16-fc6", preprocess=prep, batch_size=batch_size,
                                 on_frames=lambda n: frames.__setitem__(0, frames[0] + n))
         start = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -124,16 +125,39 @@ def test_normalize_l2_matches_an_independent_reference(motions, cli, tmp_path):
 
 
 def test_fusion_cv_and_liblinear(motions, cli):
-    store = motions[0]
+    from sklearn.metrics import average_precision_score
+    from sklearn.svm import LinearSVC
+    from test_pipeline import literal_chi2
+
+    store, manifest, means, (y_train, y_test) = motions
+    X_train = np.array([means[i] for i in manifest.split_ids(1, "train")], np.float64)
+    X_test = np.array([means[i] for i in manifest.split_ids(1, "test")], np.float64)
     result = cli("classify", "--store", store.root, "--input", "avg", "--input", "avg",
                  "--kernel", "chi2", "--kernel", "linear", "--weights", "1,3",
                  "--C", "0.1,10,1000", "--cv", "4")
     assert result.exit_code == 0, result.output
-    assert "by 4-fold cv" in result.output
+    found = re.search(r"split 1: accuracy ([0-9.]+) \((\d+)/40\), C=([0-9.]+) by 4-fold cv",
+                      result.output)
+    assert found, result.output
+    # the weighted average kernel (weights 1, 3 -> 1/4, 3/4) of a literal chi-square and the
+    # linear kernel, scikit-learn's libsvm at the chosen C: the same test accuracy
+    def fused(A, B):
+        return 0.25 * literal_chi2(A, B) + 0.75 * A @ B.T
+
+    expected = _sklearn_one_vs_rest(fused(X_train, X_train), fused(X_test, X_train), y_train,
+                                    C=float(found.group(3)))
+    assert int(found.group(2)) == int(np.sum(expected == y_test))
+    assert float(found.group(1)) == pytest.approx(np.mean(expected == y_test), abs=1e-4)
     result = cli("classify", "--store", store.root, "--input", "avg", "--kernel", "linear",
                  "--solver", "liblinear", "--C", "10", "--metric", "map")
     assert result.exit_code == 0, result.output
-    assert "split 1: map" in result.output
+    mean_ap = float(re.search(r"split 1: map ([0-9.]+), C=10", result.output).group(1))
+    # liblinear -s 3 -B 1 at the optimum (scikit-learn's LinearSVC, hinge loss, tol 1e-8);
+    # featpipe stops at liblinear's default -e 0.1, so the ranking can differ slightly
+    aps = [average_precision_score(y_test == c, LinearSVC(
+        C=10, loss="hinge", tol=1e-8, max_iter=10**6).fit(X_train, y_train == c)
+        .decision_function(X_test)) for c in np.unique(y_train)]
+    assert mean_ap == pytest.approx(np.mean(aps), abs=0.01)
     result = cli("classify", "--store", store.root, "--input", "avg", "--kernel", "chi2",
                  "--solver", "liblinear")
     assert result.exit_code == 2  # a usage error: found before any kernel is computed

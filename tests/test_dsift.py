@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from featpipe.errors import InputError
-from featpipe.extract.dsift import DenseSIFT, dsift, root_sift, to_grey, vlfeat_smooth
+from featpipe.extract.dsift import (
+    DenseSIFT,
+    dsift,
+    l2_clamp_l2,
+    root_sift,
+    to_grey,
+    vlfeat_smooth,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +57,19 @@ def test_geometry_follows_vlfeat_rule(photo):
     assert frames[:, 0].max() + 1.5 * size <= width - 1
     assert frames[:, 0].max() + 1.5 * size + step > width - 1
     np.testing.assert_allclose(np.linalg.norm(desc, axis=1), 1.0, atol=1e-5)
-    # after L2 -> clamp 0.2 -> L2 no entry can exceed 0.2 by more than the renormalisation gain
-    assert desc.min() >= 0
+    # L2 -> clamp at 0.2 -> L2 (VLFeat): a row that needed no clamp keeps every entry <= 0.2;
+    # a clamped row's largest entries all equal 0.2 / (norm after the clamp)
+    row_max = desc.max(axis=1)
+    clamped = row_max > 0.2 + 1e-6
+    assert desc.min() >= 0 and clamped.any() and (~clamped).any()
+    for row, top in zip(desc[clamped][:50], row_max[clamped][:50], strict=True):
+        before = np.minimum(row / top * 0.2, 0.2)  # the clamped row, up to the second L2
+        np.testing.assert_allclose(top, 0.2 / np.linalg.norm(before), rtol=1e-5)
+    # and known values: (3, 4) -> (0.6, 0.8) -> (0.2, 0.2) -> (1/sqrt 2, 1/sqrt 2)
+    np.testing.assert_allclose(l2_clamp_l2(np.array([[3.0, 4.0, 0.0]], np.float32)),
+                               [[2 ** -0.5, 2 ** -0.5, 0.0]], rtol=1e-6)
+    flat = l2_clamp_l2(np.ones((1, 128), np.float32))  # 1/sqrt(128) < 0.2: no clamp
+    np.testing.assert_allclose(flat, np.full((1, 128), 128 ** -0.5), rtol=1e-6)
 
 
 def test_known_value_single_edge():

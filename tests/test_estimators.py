@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sklearn.base import BaseEstimator, clone
+from sklearn.base import BaseEstimator, clone, is_classifier
+from sklearn.metrics import roc_auc_score
 from sklearn.mixture import GaussianMixture
-from sklearn.model_selection import GridSearchCV
+from sklearn.model_selection import GridSearchCV, check_cv
 from sklearn.pipeline import make_pipeline
 from sklearn.svm import LinearSVC
 from sklearn.utils._param_validation import generate_invalid_param_val, make_constraint
@@ -110,18 +111,47 @@ def _drifting_sequences(n_per_class=8, seed=0):
     return seqs, np.asarray(labels)
 
 
+def _hand_scores(grid, build, X, y) -> list[float]:
+    """Each setting of a fitted search scored by hand: the estimator built by ``build(**params)``
+    (its constructor, not ``set_params``), fitted and scored on the search's own folds."""
+    folds = list(check_cv(grid.cv, y, classifier=is_classifier(grid.estimator)).split(X, y))
+    scores = []
+    for params in grid.cv_results_["params"]:
+        fold_scores = []
+        for train, test in folds:
+            fit_on, score_on = [X[i] for i in train], [X[i] for i in test]
+            if y is None:  # a density model: score = mean log-likelihood
+                fold_scores.append(build(**params).fit(fit_on).score(score_on))
+            else:
+                fold_scores.append(build(**params).fit(fit_on, y[train]).score(score_on,
+                                                                             y[test]))
+        scores.append(float(np.mean(fold_scores)))
+    return scores
+
+
+def _check_search(grid, build, X, y=None):
+    """The search's mean scores are the hand-made ones, its best setting their argmax, and
+    the settings do not all score alike (the parameters reached the estimator)."""
+    hand = _hand_scores(grid, build, X, y)
+    np.testing.assert_allclose(grid.cv_results_["mean_test_score"], hand, rtol=1e-9)
+    assert grid.best_params_ == grid.cv_results_["params"][int(np.argmax(hand))]
+    assert len(set(np.round(hand, 12))) > 1
+    return hand
+
+
 def test_grid_search_over_temporal_encoder_parameters():
     seqs, labels = _drifting_sequences()
     pipe = make_pipeline(HierarchicalRankPooling(), LinearSVC(C=10.0))
     grid = GridSearchCV(pipe, {"hierarchicalrankpooling__window": [4, 8],
                                "hierarchicalrankpooling__psi": ["ssr", "ser"]}, cv=2)
     grid.fit(seqs, labels)
-    assert len(grid.cv_results_["params"]) == 4
-    assert grid.best_score_ >= 0.9
-    assert grid.best_estimator_.steps[0][1].window in (4, 8)
+    _check_search(grid, lambda hierarchicalrankpooling__window, hierarchicalrankpooling__psi:
+                  make_pipeline(HierarchicalRankPooling(window=hierarchicalrankpooling__window,
+                                                        psi=hierarchicalrankpooling__psi),
+                                LinearSVC(C=10.0)), seqs, labels)
     blind = GridSearchCV(make_pipeline(AveragePooling(), LinearSVC(C=10.0)),
                          {"linearsvc__C": [1.0, 10.0]}, cv=2).fit(seqs, labels)
-    assert blind.best_score_ < grid.best_score_
+    assert blind.best_score_ < grid.best_score_  # average pooling cannot see the order
 
 
 def test_grid_search_over_fisher_vector_and_kernel_map_parameters():
@@ -130,20 +160,43 @@ def test_grid_search_over_fisher_vector_and_kernel_map_parameters():
     labels = np.arange(12) % 2
     grid = GridSearchCV(make_pipeline(FisherVector(max_iter=10), LinearSVC()),
                         {"fishervector__n_components": [2, 3],
-                         "fishervector__improved": [True, False]}, cv=2).fit(items, labels)
-    assert len(grid.cv_results_["params"]) == 4 and grid.best_score_ > 0.9
+                         "fishervector__improved": [True, False]}, cv=2,
+                        scoring="roc_auc").fit(items, labels)
+    folds = list(check_cv(2, labels, classifier=True).split(items, labels))
+    for params, score in zip(grid.cv_results_["params"], grid.cv_results_["mean_test_score"],
+                             strict=True):
+        aucs = []
+        for train, test in folds:
+            model = make_pipeline(FisherVector(max_iter=10,
+                                               n_components=params["fishervector__n_components"],
+                                               improved=params["fishervector__improved"]),
+                                  LinearSVC()).fit([items[i] for i in train], labels[train])
+            aucs.append(roc_auc_score(labels[test],
+                                      model.decision_function([items[i] for i in test])))
+        assert score == pytest.approx(np.mean(aucs), rel=1e-9)
     X = np.abs(rng.normal(size=(40, 5))) + np.arange(40)[:, None] % 2
+    y = np.arange(40) % 2
     grid = GridSearchCV(make_pipeline(HomogeneousKernelMap(), LinearSVC()),
-                        {"homogeneouskernelmap__order": [1, 2]}, cv=2).fit(X, np.arange(40) % 2)
-    assert grid.best_estimator_[0].order in (1, 2)
+                        {"homogeneouskernelmap__order": [1, 2]}, cv=2).fit(X, y)
+    maps = [HomogeneousKernelMap(order=n).fit_transform(X) for n in (1, 2)]
+    assert [m.shape[1] for m in maps] == [15, 25]  # (2n + 1) D: the order reached the map
+    np.testing.assert_allclose(grid.cv_results_["mean_test_score"], _hand_scores(
+        grid, lambda homogeneouskernelmap__order: make_pipeline(
+            HomogeneousKernelMap(order=homogeneouskernelmap__order), LinearSVC()), X, y))
     sets = [rng.normal(size=(10, 3)) * (1 + i % 2) for i in range(12)]
     grid = GridSearchCV(make_pipeline(SecondOrderPooling(), LinearSVC()),
                         {"secondorderpooling__norm": ["ssr", "sqrtm"]}, cv=2).fit(sets, labels)
-    assert len(grid.cv_results_["params"]) == 2
+    np.testing.assert_allclose(grid.cv_results_["mean_test_score"], _hand_scores(
+        grid, lambda secondorderpooling__norm: make_pipeline(
+            SecondOrderPooling(norm=secondorderpooling__norm), LinearSVC()), sets, labels))
     blobs = rng.normal(size=(200, 2)) + np.repeat([[0, 0], [5, 5], [0, 5]], [70, 70, 60], 0)
+    blobs = rng.permutation(blobs)
     grid = GridSearchCV(GaussianMixtureModel(max_iter=10), {"n_components": [1, 3]}, cv=2)
-    grid.fit(rng.permutation(blobs))
+    grid.fit(blobs)
+    hand = _check_search(grid, lambda n_components: GaussianMixtureModel(
+        max_iter=10, n_components=n_components), blobs)
     assert grid.best_params_ == {"n_components": 3}  # the log-likelihood picks three blobs
+    assert hand[1] > hand[0]
 
 
 def test_fisher_vector_accepts_a_fitted_scikit_learn_diagonal_gmm():

@@ -142,7 +142,7 @@ def test_vgg_fc6_items_match_the_library(small_set, tmp_path, cli):
 def test_vgg_conv5_3_items_carry_positions_and_frames(tmp_path):
     """conv5_3 through the extraction pipeline (the network built once, with seeded weights)."""
     torch = pytest.importorskip("torch")
-    from featpipe.extract.pipeline import CropProgram, Extraction, Outputs
+    from featpipe.extract.streaming import CropProgram, Extraction, FrameSinks
     from featpipe.extract.vgg import (
         VGG16Features,
         VGGPreprocess,
@@ -162,7 +162,7 @@ def test_vgg_conv5_3_items_carry_positions_and_frames(tmp_path):
         [ManifestItem("a", str(path), ("x",), ("train",))], root=tmp_path))
     with DecodePool(1, program=CropProgram(prep)) as pool:
         extraction = Extraction(stage, pool, Sampling(every=5), model=layer,
-                                outputs=Outputs(str(stage.path)), features="vgg16-conv5_3",
+                                outputs=FrameSinks(str(stage.path)), features="vgg16-conv5_3",
                                 preprocess=prep, batch_size=2)
         assert list(extraction.run([("a", str(path))])) == [("a", None)]
     array, extras = stage.read_item("a"), stage.extras_of("a")

@@ -124,9 +124,15 @@ def test_empty_or_zero_signal_gives_zeros_not_nan():
     weights = np.full(3, 1 / 3)
     empty = fisher_vector(np.zeros((0, 4)), weights, means, variances)
     assert empty.shape == (24,) and not np.any(empty)
-    # one descriptor at the common mean with unit variance: u = 0, v = -1/sqrt(2 pi_k) / 1
+    # one descriptor at the common mean with unit variance: every posterior is 1/3, so
+    # F^k = 0 and G^k = (1/3)(0 - 1)/sqrt(2/3) per dimension (all means first, then all
+    # variances); improved: SSR then L2 over 12 equal entries gives -1/sqrt(12)
+    raw = fisher_vector(np.zeros((1, 4)), weights, means, variances, improved=False)
+    np.testing.assert_allclose(raw, np.r_[np.zeros(12), np.full(12, -(1 / 3) / np.sqrt(2 / 3))],
+                               rtol=1e-6)
     fv = fisher_vector(np.zeros((1, 4)), weights, means, variances)
-    assert np.all(np.isfinite(fv))
+    np.testing.assert_allclose(fv, np.r_[np.zeros(12), np.full(12, -1 / np.sqrt(12))],
+                               rtol=1e-6)
 
 
 def test_estimator_fit_transform_and_errors(photo_sift):

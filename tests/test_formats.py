@@ -100,6 +100,40 @@ def test_import_a_folder_of_per_video_mat_files_and_transpose(tmp_path):
         np.testing.assert_allclose(stage.read_item(item_id), array, rtol=1e-6)
 
 
+@pytest.mark.parametrize("suffix", [".npz", ".mat"])
+def test_d_by_n_items_of_one_size_are_warned_about_and_transpose_flips_them(tmp_path, suffix):
+    """Issue 23: D x N matrices (one frame per column) with the same N everywhere pass every
+    shape check without --transpose: the import warns and says how to flip; T x D items of
+    different lengths (more columns than rows too) are not warned about."""
+    ids = ["run_a", "run_b", "walk_c", "walk_d"]
+    manifest = write_manifest(tmp_path, ids)
+    data = {i: RNG.normal(size=(9, 3)) for i in ids}  # 9 frames of 3 values each
+    source = tmp_path / f"dn{suffix}"
+    columns = {i: a.T for i, a in data.items()}
+    if suffix == ".npz":
+        np.savez(source, **columns)
+    else:
+        scipy.io.savemat(source, columns)
+    store = tmp_path / "s"
+    plain = run_cli("import", "--manifest", manifest, "--from", source, "--store", store,
+                    "--name", "dn")
+    assert "summary: 4 done" in plain.stdout  # 4 items of 3 frames x 9 values: all agree
+    assert "warning: every item has more columns than rows (e.g. 'run_a': 3 x 9, read as 3 " \
+           "frames of 9 values): if each column is a frame (D x N), re-run the same command " \
+           "with --transpose (one frame per column); if each row is one, ignore this" \
+           in plain.stderr
+    flipped = run_cli("import", "--manifest", manifest, "--from", source, "--store", store,
+                      "--name", "dn", "--transpose")
+    assert "warning" not in flipped.stderr
+    for item_id, array in data.items():
+        np.testing.assert_allclose(imported(store, "dn").read_item(item_id), array, rtol=1e-6)
+    wide = {i: RNG.normal(size=(2 + n, 6)) for n, i in enumerate(ids)}  # T < D, T varies
+    np.savez(tmp_path / "td.npz", **wide)
+    quiet = run_cli("import", "--manifest", manifest, "--from", tmp_path / "td.npz", "--store",
+                    store, "--name", "td")
+    assert quiet.stderr == ""
+
+
 def test_a_missing_item_says_which_files_and_formats_were_tried(tmp_path):
     manifest = write_manifest(tmp_path)
     folder = tmp_path / "feats"
@@ -185,8 +219,15 @@ def test_export_files_read_with_the_format_libraries(tmp_path, frame_stage):
     run_cli("export", "--store", store, "frames", "-o", tmp_path / "e.mat")
     mat = scipy.io.loadmat(tmp_path / "e.mat")
     assert mat["ids"].shape == (3, 1) and str(mat["ids"][2, 0][0]) == "w 3"  # a cell array
-    np.testing.assert_array_equal(mat["offsets"].ravel(), [0, 3, 7, 12])
-    np.testing.assert_array_equal(mat["X"][7:12], data["w 3"][0])
+    # ragged items: a cell array of one T x D matrix per video (VideoDarwin's layout)
+    assert mat["X"].shape == (3, 1) and mat["X"].dtype == object and "offsets" not in mat
+    for n, item_id in enumerate(data):
+        assert mat["X"][n, 0].shape == (3 + n, 2) and mat["X"][n, 0].dtype == np.float32
+        np.testing.assert_array_equal(mat["X"][n, 0], data[item_id][0])
+        np.testing.assert_array_equal(mat["sidecar_timestamps"][n, 0].ravel(),
+                                      data[item_id][1]["timestamps"])
+    assert mat["sidecar_positions"][1, 0].shape == (0, 3)  # item 2 has no positions
+    assert mat["sidecar_positions_present"].ravel().tolist() == [1, 0, 1]
     assert str(mat["layout"][0]) == "ragged"
 
 
@@ -205,6 +246,37 @@ def test_mat_export_keeps_the_numpy_shapes_matlab_would_lose(tmp_path):
     _, items_back, _ = load_export(tmp_path / "o.mat")
     assert [a.shape for a in items_back] == [(5, 1)] * 3
     np.testing.assert_allclose(items_back[1], arrays[1], rtol=1e-6)
+
+
+def test_mat_export_ragged_cells_and_stacked_read_back(tmp_path):
+    """Issue 23: ragged items as a cell of T x D matrices plus ids, equal shapes stacked;
+    read back by scipy.io.loadmat (and by the featpipe reader), 3-D items too."""
+    store = Store(tmp_path / "s")
+    for name, shapes in (("ragged", [(4, 3, 2), (1, 3, 2), (6, 3, 2)]),
+                         ("same", [(5, 4)] * 3)):
+        items = [ManifestItem(f"{name}{n}", "", ("a",), ("train",)) for n in range(3)]
+        stage = store.stage("import", {"name": name}, items=Manifest(items, root=tmp_path))
+        arrays = [RNG.normal(size=shape).astype(np.float32) for shape in shapes]
+        for item, array in zip(items, arrays, strict=True):
+            stage.write_item(item.id, array)
+        store.set_name(name, stage)
+        out = tmp_path / f"{name}.mat"
+        run_cli("export", "--store", store.root, name, "-o", out)
+        mat = scipy.io.loadmat(out)
+        assert [str(c[0]) for c in mat["ids"].ravel()] == [i.id for i in items]
+        if name == "same":
+            assert str(mat["layout"][0]) == "stacked" and mat["X"].shape == (3, 5, 4)
+            np.testing.assert_array_equal(mat["X"][1], arrays[1])
+        else:
+            assert mat["X"].shape == (3, 1) and mat["X_trailing"].ravel().tolist() == [3, 2]
+            for n, array in enumerate(arrays):
+                # MATLAB keeps T x 3 x 2 (a 1 x 3 x 2 item too)
+                np.testing.assert_array_equal(mat["X"][n, 0].reshape(-1, 3, 2), array)
+        ids, back, _ = load_export(out)
+        assert ids == [i.id for i in items]
+        for got, array in zip(back, arrays, strict=True):
+            assert got.shape == array.shape
+            np.testing.assert_array_equal(got, array)
 
 
 @pytest.mark.parametrize("name", ["x.csv", "x", "x.npy", "x.MAT.txt"])

@@ -271,7 +271,7 @@ def test_a_real_terminal_shows_count_rate_and_percentage(tmp_path, ts_store):
 def test_the_demo_shows_each_stages_progress(tmp_path):
     """Issue 23: the demo's stages (VGG-16's extract among them) report progress through
     the command line's progress line; here an encode stage's, counted in full."""
-    from featpipe.demo.pipeline import Runner
+    from featpipe.demo.runner import Runner
     from featpipe.manifest import from_rows
     from featpipe.store import Store
 

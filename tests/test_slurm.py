@@ -86,6 +86,19 @@ def test_dry_run_renders_array_script(cli, tmp_path, feats):
     assert "{{" not in script
 
 
+def test_each_rendered_task_keeps_a_log_file(tmp_path, feats):
+    """Issue 23: an array task's full record goes to LOG_DIR/JOB-<job>_<task>.log too."""
+    script = run_cli("submit", "--backend", "slurm", "--tasks", 1, "--dry-run", "--",
+                     "featpipe", "encode", "--store", feats, "--input", "f", "--method", "avg",
+                     "--name", "avg").stdout
+    (tmp_path / "task.sh").write_text(script)
+    proc = subprocess.run(["bash", str(tmp_path / "task.sh")], capture_output=True, text=True,
+                          env=_env(SLURM_ARRAY_TASK_ID="0", SLURM_ARRAY_JOB_ID="7"))
+    assert proc.returncode == 0, proc.stderr
+    log = (feats / "logs" / "featpipe-encode-avg-7_0.log").read_text()
+    assert "featpipe.output: summary: 3 done" in log and "exit status 0 after" in log
+
+
 def test_submit_usage_errors(cli, monkeypatch, feats):
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
     result = cli("submit", "--backend", "slurm", "--dry-run", "--", "featpipe", "encode")

@@ -81,8 +81,25 @@ def _toml(value) -> str:
     return json.dumps(value)
 
 
+def by_folder(store, step: dict) -> dict:
+    """The step with the stages it names given by their folders (a pipeline step names a
+    stage made elsewhere by its folder)."""
+    names = store.names()
+    step = dict(step)
+    for key in ("input", "gmm", "pca"):
+        if key in step:
+            step[key] = names[step[key]]
+    if "inputs" in step:
+        step["inputs"] = [names[n] for n in step["inputs"]]
+    if "params" in step:
+        step["params"] = {k: names[v] if k in ("gmm", "model") else v
+                          for k, v in step["params"].items()}
+    return step
+
+
 def pipeline_key(root, store, step: dict, dry_run: bool = True) -> str:
     """The key of a one-step pipeline file (``dry_run``: planned, not computed)."""
+    step = by_folder(store, step)
     path = root / "one.toml"
     body = "\n".join(f"{k} = {_toml(v)}" for k, v in step.items() if v is not None)
     path.write_text(f"[steps.probe]\n{body}\n", encoding="utf-8")

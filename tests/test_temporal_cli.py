@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 
 from featpipe.encode.temporal import HierarchicalRankPooling, RankPooling
 from featpipe.manifest import from_rows
@@ -56,7 +57,7 @@ def test_encode_cli_bad_item_is_named_and_others_kept(cli, store_dir, tmp_path):
     proc = cli("encode", "--store", store_dir, "--input", "feats", "--method", "rankpool",
                    "--on-error", "skip", "--name", "rp")
     assert proc.exit_code == 1
-    assert "name rp not moved: stage encode-" in proc.output  # incomplete: one item failed
+    assert "name rp points to stage encode-" in proc.output  # skip: named, one item failed
     stage = store.resolve(re.search(r"stage (encode-\w+)", proc.output).group(1))
     failed = stage.failed()
     done = stage.done_ids()
@@ -69,7 +70,7 @@ def test_encode_cuda_without_gpu_is_clear(cli, store_dir, tmp_path):
     import torch
 
     if torch.cuda.is_available():
-        return
+        pytest.skip("a GPU is present: there is no missing-GPU error to check")
     fill_store(store_dir, tmp_path, {"a": np.ones((4, 2), dtype=np.float32)})
     proc = cli("encode", "--store", store_dir, "--input", "feats", "--method", "hrp",
                    "--device", "cuda")

@@ -1,6 +1,6 @@
 """``featpipe demo``: the whole mission end to end on built-in real data, in minutes on a CPU.
 
-See :mod:`featpipe.demo.pipeline` for the three parts and :mod:`featpipe.demo.report` for what
+See :mod:`featpipe.demo.runner` for the three parts and :mod:`featpipe.demo.report` for what
 the report holds.  Re-running it computes nothing (every stage is cached) and says so.
 """
 
@@ -31,20 +31,20 @@ def demo(out, weights, quick, no_vgg):
         import skvideo  # noqa: F401
     except ImportError as err:
         raise FeatpipeError(f"the demo needs {err.name}: pip install 'featpipe[demo]'") from None
-    from featpipe.demo import pipeline, report
+    from featpipe.demo import report, runner
 
     started = time.perf_counter()
-    run = pipeline.Runner(Path(out), echo=lambda text: click.echo(text, err=True),
-                          progress=ClickReporter().progress)
+    run = runner.Runner(Path(out), echo=lambda text: click.echo(text, err=True),
+                        progress=ClickReporter().progress)
     vgg = not (quick or no_vgg)
     tasks = []
-    with pipeline.one_thread():
+    with runner.one_thread():
         if not quick:
-            tasks.append(pipeline.sequences(run, "GunPoint", window=10))
-        tasks.append(pipeline.sequences(run, "BasicMotions", window=20))
-        tasks += pipeline.motion(run, per_class=6 if quick else 10,
-                                 frames=16 if quick else 24, vgg=vgg, weights=weights)
-        videos = pipeline.real_video(run, vgg=vgg, weights=weights, quick=quick)
+            tasks.append(runner.sequences(run, "GunPoint", window=10))
+        tasks.append(runner.sequences(run, "BasicMotions", window=20))
+        tasks += runner.motion(run, per_class=6 if quick else 10,
+                               frames=16 if quick else 24, vgg=vgg, weights=weights)
+        videos = runner.real_video(run, vgg=vgg, weights=weights, quick=quick)
     path, tables = report.write(run, tasks, videos, time.perf_counter() - started, quick)
     click.echo("\n".join(tables))
     if run.computed == 0:

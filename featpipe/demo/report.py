@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from featpipe import __version__
-from featpipe.demo.pipeline import KERNELS, ORDER_AWARE, ORDER_BLIND, Extraction, Runner, Task
+from featpipe.demo.runner import KERNELS, ORDER_AWARE, ORDER_BLIND, Extraction, Runner, Task
 
 
 def machine() -> str:

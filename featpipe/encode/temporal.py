@@ -316,6 +316,24 @@ def window_bytes(M: int, dim: int, itemsize: int) -> int:
     return 5 * M * dim * itemsize
 
 
+def window_running_sums(X, first: int, n: int, M: int, stride: int):
+    """Running sums of the n windows of M rows of X (T, D) that start at rows first,
+    first + stride, ... -> (n, M, D): entry (w, t) = Σ_{τ≤t} X[first + w·stride + τ], summed
+    in order of τ (the rows at step t of every window are one strided slice, so nothing is
+    gathered; numpy writes each step straight into the result)."""
+    rows = [X[first + t: first + t + (n - 1) * stride + 1: stride, ...] for t in range(M)]
+    if not array_is_numpy(X):
+        sums = rows[:1]
+        for row in rows[1:]:
+            sums.append(sums[-1] + row)
+        return namespace(X).stack(sums, axis=1)
+    sums = np.empty((n, M, X.shape[1]), dtype=X.dtype)
+    sums[:, 0] = rows[0]
+    for t in range(1, M):
+        np.add(sums[:, t - 1], rows[t], out=sums[:, t])
+    return sums
+
+
 def _itemsize(xp, X) -> int:
     return xp.finfo(X.dtype).bits // 8
 
@@ -331,7 +349,6 @@ def hrp_layer(X, window=20, stride=1, psi="ser", C=1.0, epsilon=0.1, solver="new
     """
     chunk_bytes = memory_budget(chunk_bytes)
     xp = namespace(X)
-    device = getattr(X, "device", None)
     T, D = X.shape
     M = min(window, T)
     starts = window_starts(T, window, stride)
@@ -341,13 +358,8 @@ def hrp_layer(X, window=20, stride=1, psi="ser", C=1.0, epsilon=0.1, solver="new
     nonnegative = bool(xp.all(X >= 0))  # then every window sum is, too
 
     def pool_chunk(c):
-        first = xp.asarray(starts[c: c + per_chunk], device=device)
-        # running sums of every window of the chunk, one time step at a time
-        sums = [xp.take(X, first, axis=0)]
-        for t in range(1, M):
-            sums.append(sums[-1] + xp.take(X, first + t, axis=0))
-        return rank_pool_sums(xp.stack(sums, axis=1), psi, C, epsilon, solver,
-                              nonnegative=nonnegative)
+        sums = window_running_sums(X, starts[c], len(starts[c: c + per_chunk]), M, stride)
+        return rank_pool_sums(sums, psi, C, epsilon, solver, nonnegative=nonnegative)
 
     chunks = range(0, len(starts), per_chunk)
     threads = min(len(chunks), threads)

@@ -2,11 +2,13 @@
 
 The suffix of the output picks the format (any other suffix is refused): ``.npz`` through
 ``np.savez`` (no pickle, no object arrays), ``.h5``/``.hdf5`` through h5py (one dataset per
-name below, strings as UTF-8), ``.mat`` through ``scipy.io.savemat`` (v5, compressed; string
-lists as cell arrays; MATLAB indexes from 1, so item i is ``X(offsets(i)+1:offsets(i+1), :)``;
-every numeric array that is not 2-D also gets ``<name>_shape``, its numpy shape, since MATLAB
-has no 1-D arrays and drops trailing dimensions of size 1).
-All three hold the same names:
+name below, strings as UTF-8), ``.mat`` through ``scipy.io.savemat`` (v5, uncompressed like
+the other two; string lists as cell arrays; every numeric array that is not 2-D also gets
+``<name>_shape``, its numpy shape, since MATLAB has no 1-D arrays and drops trailing dimensions
+of size 1).  In ``.mat`` a ragged ``X`` (and a ragged sidecar) is a cell array instead
+(VideoDarwin's layout): ``X{i}`` is the T_i x D matrix of item i, beside ``ids{i}``, and
+``X_trailing`` the item shape after T (for items that are not 2-D); there are no offsets.
+All three hold the same names otherwise:
 
 - ``ids`` (n,) unicode; ``labels`` (n,) unicode, ``;``-joined for multi-label items;
   ``classes`` (c,) unicode, sorted; ``splits`` (n, n_splits) unicode: ``train``, ``test`` or
@@ -52,7 +54,7 @@ def export_stage(stage: Stage, output: str | Path, partial: bool = False
     """Write the export file of ``stage`` to ``output``; returns its arrays and the number of
     items not computed (an incomplete stage is refused unless ``partial``)."""
     fmt = export_format(output)
-    check_output_path(output, "output")
+    check_output_path(output, "output", stage.store.root)
     done = stage.done_ids()
     ids = [i for i in stage.items.ids if i in done]
     missing = len(stage.items) - len(ids)
@@ -71,10 +73,34 @@ def export_stage(stage: Stage, output: str | Path, partial: bool = False
     else:
         from featpipe.io import matlab
 
-        shapes = {f"{key}_shape": np.array(value.shape, dtype=np.int64)
-                  for key, value in arrays.items() if value.dtype.kind != "U" and value.ndim != 2}
-        atomic_write(path, lambda handle: matlab.save(handle, {**arrays, **shapes}))
+        atomic_write(path, lambda handle: matlab.save(handle, _matlab_arrays(arrays)))
     return arrays, missing
+
+
+def _ragged_keys(arrays: dict[str, np.ndarray]):
+    """(data, offsets) names of every ragged array of an export (``X`` and sidecars)."""
+    for key, value in arrays.items():
+        if key == "layout" or (key.startswith("sidecar_") and key.endswith("_layout")):
+            if str(value) == "ragged":
+                data = "X" if key == "layout" else key[:-len("_layout")]
+                yield data, "offsets" if key == "layout" else f"{data}_offsets"
+
+
+def _matlab_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The export for ``.mat``: ragged arrays as (n, 1) cell arrays of per-item matrices with
+    ``<name>_trailing``, and ``<name>_shape`` beside each numeric array that is not 2-D."""
+    out = dict(arrays)
+    for data, offsets_key in _ragged_keys(arrays):
+        values, offsets = out.pop(data), out.pop(offsets_key)
+        cells = np.empty((len(offsets) - 1, 1), dtype=object)
+        for i in range(len(offsets) - 1):
+            cells[i, 0] = values[offsets[i]:offsets[i + 1]]
+        out[data] = cells
+        out[f"{data}_trailing"] = np.array(values.shape[1:], dtype=np.int64)
+    shapes = {f"{key}_shape": np.array(value.shape, dtype=np.int64) for key, value in
+              out.items() if value.dtype.kind not in "UO" and value.ndim != 2
+              and not key.endswith("_trailing")}
+    return {**out, **shapes}
 
 
 def _write_hdf5(handle, arrays: dict[str, np.ndarray]) -> None:
@@ -167,6 +193,11 @@ def load_export(path) -> tuple[list[str], list[np.ndarray], dict[str, np.ndarray
         for key in [k for k in fields if k.endswith("_shape")]:
             fields[key[:-len("_shape")]] = fields[key[:-len("_shape")]].reshape(
                 fields.pop(key).reshape(-1))
+        for key in [k for k in fields if k.endswith("_trailing")]:
+            trailing = tuple(int(n) for n in fields.pop(key).reshape(-1))
+            data = key[:-len("_trailing")]
+            fields[data] = [np.asarray(cell).reshape(-1, *trailing) if trailing
+                            else np.asarray(cell).reshape(-1) for cell in fields[data].ravel()]
     ids = [str(i) for i in np.asarray(fields["ids"]).reshape(-1)]
     items = _unstack(fields, "X", "layout", "offsets", len(ids))
     sidecars = {}
@@ -182,6 +213,8 @@ def load_export(path) -> tuple[list[str], list[np.ndarray], dict[str, np.ndarray
 
 def _unstack(fields, key: str, layout_key: str, offsets_key: str, n: int) -> list[np.ndarray]:
     X = fields[key]
+    if isinstance(X, list):  # a cell array of a .mat file: one array per item already
+        return X
     if str(np.asarray(fields[layout_key]).reshape(-1)[0]) == "stacked":
         return list(X.reshape(n, *X.shape[1:])) if X.ndim else [X]
     offsets = np.asarray(fields[offsets_key]).reshape(-1)

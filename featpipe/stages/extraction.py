@@ -20,7 +20,7 @@ Video dense SIFT samples one frame per second unless told otherwise (:data:`DSIF
 Before anything runs the items are probed (frame count, rate, size) and the stage's size at
 rest is estimated; a stage that would not fit on the store's disk is refused
 (``disk_check=False`` overrides), and a dry run prints the estimate and creates nothing.
-Decoding runs in ``jobs`` worker processes (see :mod:`featpipe.extract.pipeline`); SIGINT
+Decoding runs in ``jobs`` worker processes (see :mod:`featpipe.extract.streaming`); SIGINT
 and SIGTERM stop the stage cleanly (:mod:`featpipe.interrupts`).
 """
 
@@ -46,18 +46,28 @@ from featpipe.extract.estimate import (
     probe_infos,
     sample_ids,
 )
-from featpipe.extract.pipeline import (
+from featpipe.extract.streaming import (
     CropProgram,
     Extraction,
+    FrameSinks,
     LocalFeatureProgram,
-    Outputs,
 )
 from featpipe.interrupts import Interrupt, Interrupted, interruptible
 from featpipe.io.video import DecodePool, Sampling
 from featpipe.manifest import Manifest
 from featpipe.parallel import make_executor, parse_shard, plan, resolve_jobs
 from featpipe.parameters import estimator_parameters, parameter_record, typed_value
-from featpipe.stages.base import Reporter, RunOptions, StageRun, announce, check_name, run_stage
+from featpipe.stages.base import (
+    Reporter,
+    RunOptions,
+    StageRun,
+    announce,
+    check_name,
+    mark_running,
+    name_left,
+    run_stage,
+    settle_name,
+)
 from featpipe.store import Stage, Store
 
 FEATURES = ("vgg16-fc6", "vgg16-conv5_3", "dsift")
@@ -87,7 +97,7 @@ class _Plan:
 
     params: dict
     inputs: list
-    outputs: Outputs
+    outputs: FrameSinks
     layout: Layout
     feature_params: dict
 
@@ -164,7 +174,7 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
         pca_path = str(pca_stage.path)
     itemsize = np.dtype(dtype).itemsize
     local = features != "vgg16-fc6"
-    outputs = Outputs("", local=local, positions=positions, pca_path=pca_path)
+    outputs = FrameSinks("", local=local, positions=positions, pca_path=pca_path)
     models: dict = {}
     if encode is not None:
         outputs, layout, models, encoded = _encoder_plan(
@@ -296,11 +306,20 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
                 return run_stage(stage, manifest.ids, compute, store=store, name=name,
                                  options=options, reporter=reporter, batch_size=4)
             announce(stage, name, reporter)
-            extraction = _extraction(stage, pool, sampling, features, plan_.feature_params,
-                                     outputs, batch_size, device, allow_partial)
-            run = _run(stage, extraction, todo, summary, paths, total, options, reporter, name)
-            if name and run.ok:  # a name moves to a stage whose run went through
-                store.set_name(name, stage)
+            mark_running(store, name, stage)
+            try:
+                extraction = _extraction(stage, pool, sampling, features, plan_.feature_params,
+                                         outputs, batch_size, device, allow_partial)
+                run = _run(stage, extraction, todo, summary, paths, total, options, reporter,
+                           name)
+            except Interrupted:
+                raise  # its one line says how many items are left
+            except BaseException:
+                name_left(stage, name, manifest.ids, reporter)
+                raise
+            finally:
+                stage.unmark_running()
+            settle_name(store, name, stage, manifest.ids, options.on_error, reporter)
             return run
         except Interrupt as signal_:  # before any item ran (probing, loading the model)
             raise Interrupted(signal_.signum, summary.done, len(todo) - summary.done) from None

@@ -1,5 +1,5 @@
-"""The extraction pipeline: N decoding processes, one model, and each item's frames written
-or encoded as they come.
+"""Streaming extraction: N decoding processes, one model, and each item's frames written or
+encoded as they come (a pipeline *file* is :mod:`featpipe.pipeline`).
 
 Where the work runs:
 
@@ -13,12 +13,13 @@ Where the work runs:
   (:class:`ModelThread`); every frame's features then go to its item's output.  ``--jobs N``
   = N decoding workers sharing one model.
 
-An item's output (:class:`Outputs`) is one of: the features themselves, stored row by row
-(:class:`~featpipe.items.ItemFiles`); their encoding by a local-feature encoder of
-``featpipe encode`` fed frame by frame (``encoder.stream``), so raw descriptors never reach
-the disk; or a seeded sample of at most N rows for fitting PCA and GMMs.  Memory per item is a
-few frames, whatever the video's length.  Items are committed (files renamed into place, then
-the ledger line) in the parent as each finishes.
+Where an item's frames go (:class:`FrameSinks`, one :class:`FrameSink` per item) is one of:
+the features themselves, stored row by row (:class:`~featpipe.items.ItemFiles`); their
+encoding by a local-feature encoder of ``featpipe encode`` fed frame by frame
+(``encoder.stream``), so raw descriptors never reach the disk; or a seeded sample of at most
+N rows for fitting PCA and GMMs.  Memory per item is a few frames, whatever the video's
+length.  Items are committed (files renamed into place, then the ledger line) in the parent
+as each finishes.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ OUTPUT_DEPTH = 2
 # -- what happens to each frame's features ---------------------------------------------------
 
 @dataclass
-class Outputs:
-    """An item's output (picklable; built where it runs).
+class FrameSinks:
+    """Where every item's frames go; ``open(item_id)`` gives one item's :class:`FrameSink`
+    (picklable; built where it runs).
 
     ``kind``: ``"store"`` (features as rows; ``local`` features also get ``frame_index``,
     ``positions`` when ``positions`` is set, ``timestamps`` and ``image_size`` sidecars;
@@ -88,7 +90,7 @@ class Outputs:
                 self._encoder = load_methods()[self.method].build(dict(self.params), models)
         return self._stage, self._pca, self._encoder
 
-    def open(self, item_id: str) -> ItemOutput:
+    def open(self, item_id: str) -> FrameSink:
         """The output of one item."""
         stage, pca, encoder = self._built()
         if self.kind == "sample":
@@ -98,8 +100,10 @@ class Outputs:
         return StoredFrames(stage, item_id, pca, self.local, self.positions)
 
 
-class ItemOutput:
-    """One item's output: ``add`` each frame, then ``finish`` gives the item to commit."""
+class FrameSink:
+    """One item's frames on their way out: ``add`` each frame, then ``finish`` gives the
+    item to commit.  (A computed item handed to the store is
+    :class:`featpipe.parallel.ItemOutput`.)"""
 
     def __init__(self, stage: Stage, item_id: str, pca):
         self.stage = stage
@@ -123,7 +127,7 @@ class ItemOutput:
         self.files.abort()
 
 
-class StoredFrames(ItemOutput):
+class StoredFrames(FrameSink):
     """The features themselves, appended to the item's files as each frame comes."""
 
     def __init__(self, stage, item_id, pca, local: bool, positions: bool):
@@ -153,7 +157,7 @@ class StoredFrames(ItemOutput):
         return self.files.close()
 
 
-class EncodedFrames(ItemOutput):
+class EncodedFrames(FrameSink):
     """The features fed to a local-feature encoder's stream; only its output is written."""
 
     def __init__(self, stage, item_id, pca, encoder):
@@ -168,7 +172,7 @@ class EncodedFrames(ItemOutput):
         return self.files.close()
 
 
-class SampledRows(ItemOutput):
+class SampledRows(FrameSink):
     """At most ``n`` rows drawn uniformly without replacement from all of the item's rows,
     frame by frame: every row gets a uniform key from a generator seeded by (seed, item id),
     and the rows of the ``n`` smallest keys are kept (a reservoir sample), in their order."""
@@ -252,9 +256,9 @@ class _Background:
 
 class LocalFeatureProgram:
     """Dense SIFT in the decoding worker: each frame's descriptors (with positions and the
-    frame's size) go to the item's :class:`Outputs` on a second thread."""
+    frame's size) go to the item's :class:`FrameSinks` on a second thread."""
 
-    def __init__(self, dsift: Mapping, outputs: Outputs):
+    def __init__(self, dsift: Mapping, outputs: FrameSinks):
         self.dsift = dict(dsift)
         self.outputs = outputs
         self._sift = None
@@ -425,7 +429,7 @@ class ModelThread:
 class _Item:
     """An item in flight in the parent: its output (VGG) and its frames in the model."""
 
-    output: ItemOutput | None
+    output: FrameSink | None
     started: float
     generation: int = 0
     frames: int = 0
@@ -445,7 +449,7 @@ class Extraction:
     workers and removes the unfinished items' files: nothing half-written stays.
     """
 
-    def __init__(self, stage: Stage, pool, sampling, *, model=None, outputs: Outputs | None
+    def __init__(self, stage: Stage, pool, sampling, *, model=None, outputs: FrameSinks | None
                  = None, features: str = "dsift", preprocess=None, batch_size: int = 16,
                  allow_partial: bool = False, on_frames: Callable[[int], None] | None = None,
                  on_warning: Callable[[str, str], None] | None = None,
