@@ -155,11 +155,11 @@ def test_extract_dsift_one_key_for_fps_5_and_5_0_and_a_partial_table(cli, world)
     key = cli_key(cli, "extract", "-m", root / "video.csv", "-s", store.root, "-f", "dsift",
                   "--fps", "5.0", "--sizes", "8", "--step", "4", "--dry-run")
     step = {"stage": "extract", "manifest": str(root / "video.csv"), "features": "dsift",
-            "sampling": {"fps": 5}, "dsift": {"sizes": [8], "step": 4.0}}
+            "sampling": {"fps": 5}, "params": {"sizes": [8], "step": 4.0}}
     assert pipeline_key(root, store, step) == key
     run = stages.extract(store, Manifest.read(root / "video.csv"), "dsift",
-                         sampling=Sampling(fps=5), dsift={"sizes": (8.0,), "step": 4,
-                                                          "contrast_threshold": 0.005},
+                         sampling=Sampling(fps=5), params={"sizes": (8.0,), "step": 4,
+                                                           "contrast_threshold": 0.005},
                          options=RunOptions(dry_run=True))
     assert python_key(run) == key
 
@@ -178,11 +178,12 @@ def test_extract_vgg_one_key(cli, world):
                   "vgg16-fc6", "--weights", "random:0", "--every", "2", "--crop", "32",
                   "--resize", "40", "--dry-run")
     step = {"stage": "extract", "manifest": str(root / "video.csv"), "features": "vgg16-fc6",
-            "weights": "random:0", "sampling": {"every": 2.0}, "crop": 32.0, "resize": 40}
+            "params": {"weights": "random:0", "crop": 32.0, "resize": 40},
+            "sampling": {"every": 2.0}}
     assert pipeline_key(root, store, step) == key
     run = stages.extract(store, Manifest.read(root / "video.csv"), "vgg16-fc6",
-                         weights="random:0", sampling=Sampling(every=2), crop=32,
-                         resize=40.0, options=RunOptions(dry_run=True))
+                         params={"weights": "random:0", "crop": 32, "resize": 40.0},
+                         sampling=Sampling(every=2), options=RunOptions(dry_run=True))
     assert python_key(run) == key
 
 
