@@ -6,7 +6,11 @@ scikit-learn's two sample photographs at three scales, mirrored; PCA to D = 64 a
 K = 256 diagonal GMM fitted by featpipe's EM (20 iterations) on a sample.  Every ratio is
 measured in the same run.  Usage::
 
-    python benchmarks/bench_fisher.py [--repeat 3] [--threads N] [--only PART]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_fisher.py \
+        [--repeat 3] [--threads N] [--only PART] [--em-rows 1000000]
+
+(the two OpenBLAS variables, set on these machines, slow a current numpy: unset them in the
+benchmark command only, never in tests or CI).  The BLAS kernel in use is printed.
 
 Idle OpenMP threads sleep (OMP_WAIT_POLICY=passive, set before any library loads): cyvlfeat's
 OpenMP workers otherwise spin after each call and take the cores from the next contender
@@ -60,6 +64,34 @@ def best_time(func, repeat):
     return min(times)
 
 
+def best_cpu_time(func, repeat):
+    """Least process CPU time of ``repeat`` calls: on a machine shared with other jobs a
+    one-thread run's CPU time is what it would take alone, where its wall time is not."""
+    times = []
+    for _ in range(repeat):
+        start = time.process_time()
+        func()
+        times.append(time.process_time() - start)
+    return min(times)
+
+
+def blas_kernel() -> str:
+    from threadpoolctl import threadpool_info
+
+    return ", ".join(f"{i['internal_api']} {i.get('version')} {i.get('architecture')}"
+                     for i in threadpool_info() if i["user_api"] == "blas")
+
+
+def float32_peak(repeat) -> float:
+    """GFLOP/s of one core on a float32 GEMM (1024², one BLAS thread): the reference for the
+    fraction of the peak the encoder reaches."""
+    from threadpoolctl import threadpool_limits
+
+    a = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)
+    with threadpool_limits(1, user_api="blas"):
+        return 2 * 1024**3 / best_cpu_time(lambda: a @ a, repeat) / 1e9
+
+
 def sklearn_gmm(weights, means, variances):
     from sklearn.mixture import GaussianMixture
 
@@ -69,24 +101,33 @@ def sklearn_gmm(weights, means, variances):
     return gmm
 
 
-def bench_encoding(images, dim, repeat):
+def project(images, dim):
     stacked = np.concatenate(images).astype(np.float64)
     mean = stacked.mean(axis=0)
     components = np.linalg.svd(stacked[::8] - mean, full_matrices=False)[2][:dim]
-    projected = [((x - mean) @ components.T).astype(np.float32) for x in images]
+    return [((x - mean) @ components.T).astype(np.float32) for x in images]
+
+
+def bench_encoding(images, dim, k, repeat, peak, threads, skimage=False):
+    """featpipe's improved FV against cyvlfeat's in the same run, both on one thread (CPU
+    time), then featpipe on 1..``threads`` worker threads (wall time); descriptors/s, ratios,
+    and the fraction of the float32 peak reached (6·K·D flops per descriptor, the issue's
+    count of the arithmetic: the GEMM's 4KD and the rest)."""
+    projected = project(images, dim)
     sample = np.concatenate(projected)[::4]
     start = time.perf_counter()
-    gmm = GaussianMixtureModel(256, max_iter=20, random_state=0).fit(sample)
+    gmm = GaussianMixtureModel(k, max_iter=20, random_state=0).fit(sample)
     fit_seconds = time.perf_counter() - start
     w, m, v = (a.astype(np.float32) for a in (gmm.weights_, gmm.means_, gmm.variances_))
     n = sum(len(x) for x in projected)
-    print(f"\nD={dim}: {len(projected)} images, {n} descriptors, K=256 "
+    print(f"\nD={dim}, K={k}: {len(projected)} images, {n} descriptors "
           f"(EM on {len(sample)} descriptors: {fit_seconds:.1f}s, {gmm.n_iter_} iterations)")
 
     def ours():
         return [fisher_vector(x, w, m, v) for x in projected]
 
-    rows = {"featpipe": best_time(ours, repeat)}
+    os.environ["FEATPIPE_THREADS"] = "1"
+    rows = {"featpipe": best_cpu_time(ours, repeat)}
     try:
         from cyvlfeat.fisher import fisher as vl_fisher
     except ImportError:
@@ -96,8 +137,7 @@ def bench_encoding(images, dim, repeat):
         def vlfeat():
             return [vl_fisher(x, m, v, w, improved=True).ravel() for x in projected]
 
-        rows["cyvlfeat"] = best_time(vlfeat, repeat)
-        # float64 reference: the array-API forward (GEMM on centred data, float64 throughout)
+        rows["cyvlfeat"] = best_cpu_time(vlfeat, repeat)
         theta = (np.log(w.astype(np.float64)), m.astype(np.float64),
                  0.5 * np.log(v.astype(np.float64)))
         ref = [fisher_forward(x.astype(np.float64), *theta)[0] for x in projected]
@@ -105,18 +145,94 @@ def bench_encoding(images, dim, repeat):
         def worst(fvs):
             return max(np.abs(a - b).max() for a, b in zip(fvs, ref, strict=True))
 
-        diff = max(np.abs(a - b).max() for a, b in zip(ours(), vlfeat(), strict=True))
-        print(f"  max |featpipe - cyvlfeat| on the improved FVs: {diff:.2e}; versus a float64 "
-              f"reference: featpipe {worst(ours()):.2e}, cyvlfeat {worst(vlfeat()):.2e}")
-    from skimage.feature import fisher_vector as sk_fisher
+        print(f"  max |FV - float64 reference|: featpipe {worst(ours()):.1e}, "
+              f"cyvlfeat {worst(vlfeat()):.1e}")
+    if skimage:
+        from skimage.feature import fisher_vector as sk_fisher
 
-    skgmm = sklearn_gmm(gmm.weights_, gmm.means_, gmm.variances_)
-    rows["scikit-image"] = best_time(
-        lambda: [sk_fisher(x.astype(np.float64), skgmm, improved=True) for x in projected], 1)
+        skgmm = sklearn_gmm(gmm.weights_, gmm.means_, gmm.variances_)
+        rows["scikit-image"] = best_cpu_time(
+            lambda: [sk_fisher(x.astype(np.float64), skgmm, improved=True) for x in projected],
+            1)
+    print("  one thread (CPU time):")
     for name, seconds in rows.items():
-        print(f"  {name:13s} {seconds:8.3f}s  {n / seconds / 1e3:8.1f}k descriptors/s  "
-              f"featpipe speed-up x{seconds / rows['featpipe']:.2f}")
+        print(f"    {name:13s} {seconds:8.3f}s  {n / seconds / 1e3:8.1f}k descriptors/s  "
+              f"featpipe x{seconds / rows['featpipe']:.2f}")
+    flops = 6.0 * k * dim * n / rows["featpipe"] / 1e9
+    print(f"    featpipe: {flops:.1f} GFLOP/s = {flops / peak:.2f} of the float32 GEMM peak "
+          f"({peak:.1f} GFLOP/s)")
+    one = best_time(ours, repeat)
+    print("  worker threads (wall time; FEATPIPE_THREADS, one BLAS thread each):")
+    for count in range(1, threads + 1):
+        os.environ["FEATPIPE_THREADS"] = str(count)
+        seconds = one if count == 1 else best_time(ours, repeat)
+        print(f"    {count} thread(s): {seconds:7.3f}s  {n / seconds / 1e3:8.1f}k descriptors/s"
+              f"  x{one / seconds:.2f} of one thread")
+    del os.environ["FEATPIPE_THREADS"]
     return projected, gmm
+
+
+def bench_em(images, n_rows, k, iterations, repeat):
+    """EM (diagonal) from one initialisation for the same number of iterations: featpipe
+    against scikit-learn's GaussianMixture and cyvlfeat's gmm, one thread each; the final
+    mean log-likelihoods (featpipe's score on the same data) must agree within 1e-4."""
+    from sklearn.mixture import GaussianMixture
+    from threadpoolctl import threadpool_limits
+
+    x = np.concatenate(project(images, 64)).astype(np.float64)
+    x = x[np.random.default_rng(0).integers(0, len(x), n_rows)]
+    init = GaussianMixtureModel(k, max_iter=1, random_state=0).fit(x[::10])
+    start = {"weights": init.weights_, "means": init.means_, "variances": init.variances_}
+    print(f"\nGMM EM: {n_rows} x 64 (real dense SIFT, PCA 64), K={k}, {iterations} "
+          f"iterations from one initialisation, one thread:")
+    models, times = {}, {}
+    with threadpool_limits(1):
+        def ours():
+            models["featpipe"] = GaussianMixtureModel(
+                k, max_iter=iterations, tol=0.0, variance_floor=0.0).fit(
+                x, init_params=start)
+
+        times["featpipe"] = best_cpu_time(ours, repeat)
+
+        def sklearn():
+            models["scikit-learn"] = GaussianMixture(
+                k, covariance_type="diag", max_iter=iterations, tol=0.0, reg_covar=0.0,
+                weights_init=start["weights"], means_init=start["means"],
+                precisions_init=1.0 / start["variances"]).fit(x)
+
+        times["scikit-learn"] = best_cpu_time(sklearn, repeat)
+        try:  # cyvlfeat 0.7.1's gmm() refuses array initialisations (any() of arrays)
+            from cyvlfeat.gmm.cygmm import cy_gmm
+        except ImportError:
+            cy_gmm = None
+        if cy_gmm is not None:
+            def vlfeat():
+                models["cyvlfeat"] = cy_gmm(
+                    x, k, iterations, b"custom", 1, 0, covariance_bound=np.full(64, 1e-10),
+                    init_priors=start["weights"].copy(), init_means=start["means"].copy(),
+                    init_covars=start["variances"].copy())
+
+            times["cyvlfeat"] = best_cpu_time(vlfeat, repeat)
+
+    def loglik(name):
+        model = models[name]
+        if name == "cyvlfeat":
+            means, covars, priors = model[:3]
+            arrays = (priors, means, covars)
+        elif name == "scikit-learn":
+            arrays = (model.weights_, model.means_, model.covariances_)
+        else:
+            arrays = (model.weights_, model.means_, model.variances_)
+        ref = GaussianMixtureModel(k)
+        ref.weights_, ref.means_, ref.variances_ = (np.asarray(a, np.float64) for a in arrays)
+        return ref.score(x)
+
+    base = loglik("featpipe")
+    for name, seconds in times.items():
+        ll = loglik(name)
+        print(f"    {name:13s} {seconds:8.2f}s  featpipe x{seconds / times['featpipe']:.2f}  "
+              f"mean log-likelihood {ll:.6f} (relative difference "
+              f"{abs(ll - base) / abs(base):.1e})")
 
 
 def bench_gradient(projected, gmm, repeat):
@@ -283,26 +399,39 @@ def digits_experiment(classes=(3, 5, 8), per_class=100, k=16, dim=32, C=10.0, su
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="BLAS/OpenMP threads (default: library default)")
-    parser.add_argument("--only", choices=["encoding", "gradient", "jacobian", "digits"],
+    parser.add_argument("--threads", type=int, default=os.cpu_count(),
+                        help="largest worker-thread count of the scaling curve (default: "
+                        "every core)")
+    parser.add_argument("--only", choices=["encoding", "em", "gradient", "jacobian", "digits"],
                         default=None, help="run one part (digits: deep Fisher on real digits, "
                         "not part of the default run)")
+    parser.add_argument("--em-rows", type=int, default=1_000_000)
+    parser.add_argument("--em-iterations", type=int, default=10)
+    parser.add_argument("--skimage", action="store_true", help="also time scikit-image")
     args = parser.parse_args()
     from threadpoolctl import threadpool_limits
 
-    with threadpool_limits(args.threads):
-        if args.only == "digits":
+    print(f"BLAS: {blas_kernel()}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')}, "
+          f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE')}; load {os.getloadavg()}")
+    if args.only == "digits":
+        with threadpool_limits(1):
             digits_experiment()
             digits_experiment(classes=tuple(range(10)), per_class=50, k=8, dim=16)
-            return
-        if args.only in (None, "encoding", "gradient"):
-            images = real_descriptors()
-            dims = (80,) if args.only == "gradient" else (64, 80)
-            for dim in dims:
-                projected, gmm = bench_encoding(images, dim, args.repeat)
-            if args.only != "encoding":
-                bench_gradient(projected, gmm, args.repeat)
+        return
+    images = real_descriptors() if args.only in (None, "encoding", "gradient", "em") else None
+    if args.only in (None, "encoding"):
+        peak = float32_peak(args.repeat)
+        for dim in (64, 80):
+            for k in (64, 256):
+                bench_encoding(images, dim, k, args.repeat, peak, args.threads, args.skimage)
+    if args.only in (None, "em"):
+        bench_em(images, args.em_rows, 256, args.em_iterations, 1)
+    with threadpool_limits(1):
+        if args.only in (None, "gradient"):
+            projected = project(images, 80)
+            gmm = GaussianMixtureModel(256, max_iter=20, random_state=0).fit(
+                np.concatenate(projected)[::4])
+            bench_gradient(projected, gmm, args.repeat)
         if args.only in (None, "jacobian"):
             bench_explicit_jacobian(args.repeat)
 

@@ -8,7 +8,8 @@ and says clearly when neither can reach a GPU.
 ``worker_threads()`` is the number of threads a process uses for its own parallel loops
 (``FEATPIPE_THREADS``, else the cores it may run on); ``memory_budget()`` is a process's
 working memory for chunked encoders (``FEATPIPE_MEMORY``, else 256 MiB), split among these
-threads, so peak memory follows a setting and does not grow with the core count.  Code that runs its
+threads, so peak memory follows a setting and does not grow with the core count (both parsed
+by :mod:`featpipe.settings`).  Code that runs its
 own threads calls BLAS inside ``single_threaded_blas()``.
 """
 
@@ -21,15 +22,11 @@ import os
 import array_api_compat
 
 from featpipe.errors import FeatpipeError, InputError
+from featpipe.settings import memory_setting, threads_setting
 
 DEVICES = ("cpu", "cuda")
-#: Environment variable that sets :func:`worker_threads`.
-THREADS_ENV = "FEATPIPE_THREADS"
-#: Environment variable that sets :func:`memory_budget`.
-MEMORY_ENV = "FEATPIPE_MEMORY"
 #: Working memory of a process for chunked encoders when ``FEATPIPE_MEMORY`` is not set.
 DEFAULT_MEMORY_BYTES = 256 * 2**20
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def single_threaded_blas():
@@ -54,34 +51,15 @@ def memory_budget(chunk_bytes: int | None = None) -> int:
     binary units), else :data:`DEFAULT_MEMORY_BYTES`.  Split among :func:`worker_threads`."""
     if chunk_bytes is not None:
         return chunk_bytes
-    value = os.environ.get(MEMORY_ENV, "").strip()
-    if not value:
-        return DEFAULT_MEMORY_BYTES
-    text = value.upper().removesuffix("IB").removesuffix("B")
-    unit = text[-1:] if text[-1:] in _UNITS else ""
-    try:
-        size = float(text[:len(text) - len(unit)]) * _UNITS[unit]
-    except ValueError:
-        size = 0
-    if not size >= 1:
-        raise FeatpipeError(f"{MEMORY_ENV} must be a size such as 268435456, 512M or 4G, "
-                            f"got {value!r}")
-    return int(size)
+    size = memory_setting()
+    return DEFAULT_MEMORY_BYTES if size is None else size
 
 
 def worker_threads() -> int:
     """Threads for a process's own parallel loops: ``FEATPIPE_THREADS`` when set (>= 1), else
     the number of cores this process may run on (its CPU affinity, as SLURM sets it)."""
-    value = os.environ.get(THREADS_ENV, "").strip()
-    if value:
-        try:
-            threads = int(value)
-        except ValueError:
-            threads = 0
-        if threads < 1:
-            raise FeatpipeError(f"{THREADS_ENV} must be an integer >= 1, got {value!r}")
-        return threads
-    return available_cores()
+    threads = threads_setting()
+    return available_cores() if threads is None else threads
 
 
 def available_cores() -> int:

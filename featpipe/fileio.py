@@ -36,6 +36,20 @@ HOST = socket.gethostname().split(".")[0] or "host"
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def process_gone(host: str, pid: int) -> bool:
+    """Whether process ``pid`` of ``host`` has certainly ended: only a process of this host
+    can be checked (one of another host is never known to be gone)."""
+    if host != HOST or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return False
+
+
 def id_digest(item_id: str) -> str:
     """Stable hex digest of an item id (file names and shard assignment use it)."""
     return hashlib.sha256(item_id.encode("utf-8", "surrogatepass")).hexdigest()

@@ -27,18 +27,30 @@ stage keys make a rerun compute only what is missing, as for the single commands
 Every other key of a step is a keyword argument of its function, as documented there
 (``help(featpipe.stages.encode)``).  ``name`` defaults to the step name; ``manifest`` of
 ``extract`` is a manifest path and ``sampling`` a table (``{ fps = 5 }``).  Steps run in
-file order.  The whole file is checked (functions, parameter names, step names) before the
-first step runs.
+file order.
+
+The whole file is checked before the first step runs (:func:`load_pipeline`; a problem is a
+usage error): the functions; every key, of the step and of its ``params``
+``sampling`` tables and the estimator parameters of a fit (an unknown one with the closest
+known name); the values, with the checks the command line runs; and the references: an
+``input``, ``inputs``, ``gmm``, ``pca`` or model parameter (``params = { model = "std" }``)
+must name an *earlier* step (a stage made elsewhere is given by its folder, ``kind-key``),
+so a step never picks up a name left in the store by an earlier run, and steps cannot form a
+cycle.
 
 A dry run asks each step what it would compute (the item stages' dry run, listing the first
-:data:`DRY_RUN_ITEMS` items of each; the fit stages' ``dry_run``); a step whose input is
-computed by an earlier step of the same dry run cannot be planned yet and is listed as
-running after it; a function without a dry run (``classify``, which stores no stage and
-runs, in seconds, whenever the pipeline does) is listed as ``would run`` and never called.
+:data:`DRY_RUN_ITEMS` items of each; the fit stages' ``dry_run``) and prints its stage and
+key; a later step plans on the stages planned for the earlier ones
+(:attr:`featpipe.store.Store.planned`), so every key is printed before anything is
+computed, except where a step needs what an earlier one computes (a fitted GMM's arrays):
+it is listed as running after it.  A function without a dry run (``classify``, which stores
+no stage and runs, in seconds, whenever the pipeline does) is listed as ``would run`` and
+never called.
 """
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import tomllib
 from collections.abc import Callable, Mapping
@@ -48,7 +60,7 @@ from pathlib import Path
 from featpipe import stages
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.stages.base import Reporter, RunOptions, StageRun
-from featpipe.store import Stage, Store
+from featpipe.store import STAGE_FOLDER, Stage, Store
 
 #: Stage functions a step may name (``featpipe.stages.<name>``).
 STAGE_FUNCTIONS = ("import_features", "extract", "encode", "fit_pca", "fit_gmm", "fit_deep_gmm",
@@ -143,7 +155,12 @@ def load_pipeline(path: str | Path) -> Pipeline:
                                 f"{', '.join(STAGE_FUNCTIONS)}", usage=True)
         step = Step(name, function, arguments)
         check_arguments(step, path)
+        try:
+            check_values(step)
+        except ParameterError as err:
+            raise PipelineError(f"{path}: {step.describe()}: {err}", usage=True) from None
         steps.append(step)
+    check_references(steps, path)
     return Pipeline(path, steps, settings.get("store"))
 
 
@@ -152,7 +169,8 @@ def _signature(function: str) -> inspect.Signature:
 
 
 def check_arguments(step: Step, path: Path) -> None:
-    """Refuse arguments the stage function does not take, and missing required ones."""
+    """Refuse arguments the stage function does not take (with the closest one it takes),
+    and missing required ones."""
     signature = _signature(step.function)
     accepted = set(signature.parameters) - {"store", "reporter", "options", "command"}
     if "options" in signature.parameters:
@@ -160,14 +178,130 @@ def check_arguments(step: Step, path: Path) -> None:
     takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
     for key in step.arguments:
         if key not in accepted and not takes_any:
+            close = difflib.get_close_matches(key, sorted(accepted), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise PipelineError(f"{path}: {step.describe()} has no parameter {key!r} "
-                                f"(parameters: {', '.join(sorted(accepted))})", usage=True)
+                                f"({hint}parameters: {', '.join(sorted(accepted))})",
+                                usage=True)
     given = set(step.arguments) | {"store"} | ({"name"} if "name" in accepted else set())
     missing = [p.name for p in signature.parameters.values()
                if p.default is p.empty and p.kind is not p.VAR_KEYWORD and p.name not in given]
     if missing:
         raise PipelineError(f"{path}: {step.describe()} needs {', '.join(missing)}",
                             usage=True)
+
+
+def check_values(step: Step) -> None:
+    """Check a step's values as the command line checks them, before any step runs (a
+    :class:`ParameterError`); what needs the store (a name, an input's items) is checked
+    when the step runs."""
+    arguments = step.arguments
+    if "options" in _signature(step.function).parameters:
+        RunOptions(**{k: arguments[k] for k in RUN_OPTIONS if k in arguments})
+    if step.function == "encode":
+        _check_method(arguments["method"], arguments.get("params") or {})
+    elif step.function == "extract":
+        _check_extract(arguments)
+    elif step.function == "classify":
+        from featpipe.stages.classification import check_arguments as check_classify
+
+        known = set(inspect.signature(check_classify).parameters)
+        check_classify(**{k: v for k, v in arguments.items() if k in known})
+    elif step.function != "fit_standardize" and step.function.startswith("fit_"):
+        from featpipe.stages.fitting import estimator_of, estimator_record
+
+        own = set(_signature(step.function).parameters)
+        estimator_record(estimator_of(step.function),
+                         {k: v for k, v in arguments.items() if k not in own})
+
+
+def _check_method(method, params) -> None:
+    from featpipe.encode.registry import load_methods
+    from featpipe.stages.encoding import method_record
+
+    methods = load_methods()
+    if method not in methods:
+        close = difflib.get_close_matches(str(method), sorted(methods), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ParameterError("method", f"must be one of {', '.join(sorted(methods))}, got "
+                             f"{method!r}{hint}")
+    if not isinstance(params, Mapping):
+        raise ParameterError("params", f"must be a table of the method's parameters, got "
+                             f"{params!r}")
+    method_record(methods[method], params)
+
+
+def _check_extract(arguments: Mapping) -> None:
+    from featpipe.io.video import Sampling
+    from featpipe.stages.extraction import choose_features
+
+    for table in ("sampling", "params", "encode_params"):
+        if not isinstance(arguments.get(table) or {}, Mapping):
+            raise ParameterError(table, f"must be a table, got {arguments[table]!r}")
+    sampling = dict(arguments.get("sampling") or {})
+    known = [f.name for f in fields(Sampling)]
+    for key in sampling:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            raise ParameterError("sampling", f"has no key {key!r}" + (
+                f" (did you mean {close[0]}?)" if close else f" (keys: {', '.join(known)})"))
+    try:
+        Sampling(**sampling).validate()
+        choose_features(arguments.get("features"), arguments.get("params"))
+    except ParameterError:
+        raise
+    except FeatpipeError as err:
+        raise ParameterError("extract", f"parameters: {err}") from None
+    if arguments.get("encode") is not None:
+        _check_method(arguments["encode"], arguments.get("encode_params") or {})
+
+
+#: Arguments whose value names a stage (a step of the file, or a stage folder).
+REFERENCES = ("input", "inputs", "gmm", "pca")
+
+
+def references(step: Step) -> list[tuple[str, str]]:
+    """``(argument, stage name)`` for every stage a step names: :data:`REFERENCES` and the
+    model parameters of an encode method (``params = { gmm = "g" }``)."""
+    found = []
+    for key in REFERENCES:
+        value = step.arguments.get(key)
+        for name in value if isinstance(value, list) else [value]:
+            if isinstance(name, str):
+                found.append((key, name))
+    method = step.arguments.get("method" if step.function == "encode" else "encode")
+    table = step.arguments.get("params" if step.function == "encode" else "encode_params")
+    if method and isinstance(table, Mapping):
+        from featpipe.encode.registry import load_methods
+
+        chosen = load_methods().get(method)
+        for option in chosen.model_options if chosen else ():
+            if isinstance(table.get(option), str):
+                found.append((f"{option}", table[option]))
+    return found
+
+
+def check_references(steps: list[Step], path: Path) -> None:
+    """Every stage a step names is an earlier step (or a stage folder, ``kind-key``)."""
+    order = {step.name: number for number, step in enumerate(steps)}
+    for number, step in enumerate(steps):
+        for argument, name in references(step):
+            if order.get(name, number) < number or STAGE_FOLDER.match(name):
+                continue
+            if name == step.name:
+                problem = "names the step itself (a cycle)"
+            elif name in order:
+                problem = (f"names step {name!r}, which comes later in the file; steps run in "
+                           "file order: move it before")
+            else:
+                earlier = [s.name for s in steps[:number]]
+                close = difflib.get_close_matches(name, earlier, n=1)
+                problem = (f"names {name!r}, which is no earlier step of this file ("
+                           + (f"did you mean {close[0]!r}? " if close else "")
+                           + f"earlier steps: {', '.join(earlier) or 'none'}); a stage made "
+                           "elsewhere is given by its folder (kind-key)")
+            raise PipelineError(f"{path}: {step.describe()}: {argument} {problem}",
+                                usage=True)
 
 
 def _converted(step: Step, dry_run: bool) -> dict:
@@ -192,26 +326,6 @@ def _converted(step: Step, dry_run: bool) -> dict:
     return arguments
 
 
-def _references(value, names: set[str]) -> set[str]:
-    """Step names mentioned by an argument value (strings, lists, tables)."""
-    if isinstance(value, str):
-        return {value} & names
-    if isinstance(value, Mapping):
-        return set().union(*(_references(v, names) for v in value.values()))
-    if isinstance(value, list | tuple):
-        return set().union(*(_references(v, names) for v in value))
-    return set()
-
-
-def _would_compute(result, dry_run_force: bool) -> bool:
-    """Whether a step's dry-run result leaves work to do."""
-    if isinstance(result, StageRun):
-        return bool(result.todo)
-    if isinstance(result, Stage):  # a fit stage: complete once it holds a model
-        return dry_run_force or not any(result.path.glob("models/*.json"))
-    return True
-
-
 def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
                  only: Callable[[Step], bool] | None = None,
                  reporter: Reporter | None = None) -> list:
@@ -222,14 +336,15 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
     "skip"`` stops the pipeline after it.
     """
     reporter = reporter or Reporter()
-    names = {step.name for step in pipeline.steps}
-    pending: set[str] = set()
+    pending: set[str] = set()  # steps of this dry run that could not be planned
+    if dry_run:  # plans on a copy: the caller's store keeps resolving names to what is there
+        store = Store(store.root)
     results = []
     for number, step in enumerate(pipeline.steps, start=1):
         if only is not None and not only(step):
             continue
         reporter.info(f"step {number}/{len(pipeline.steps)}: {step.name} ({step.function})")
-        waits_for = sorted(_references(step.arguments, names - {step.name}) & pending)
+        waits_for = sorted({name for _, name in references(step)} & pending)
         if dry_run and waits_for:
             reporter.info(f"dry run: would run after {', '.join(waits_for)} (its input is "
                           "not computed yet)")
@@ -254,9 +369,18 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
             raise PipelineError(f"{step.describe()}: {err}",
                                 usage=True) from None
         except FeatpipeError as err:
-            raise PipelineError(f"{step.describe()}: {err}") from None
-        if dry_run and _would_compute(result, bool(step.arguments.get("force"))):
+            planned = [name for _, name in references(step)
+                       if name in store.planned and not store.planned[name].exists]
+            if not (dry_run and planned):
+                raise PipelineError(f"{step.describe()}: {err}") from None
+            reporter.info(f"dry run: would run after {', '.join(planned)} (it needs what "
+                          f"they compute: {err})")
             pending.add(step.name)
+            results.append(None)
+            continue
+        if dry_run and "name" in parameters:  # later steps plan on this step's stage
+            planned_stage = result if isinstance(result, Stage) else result.stage
+            store.planned[arguments.get("name") or step.name] = planned_stage
         if isinstance(result, StageRun) and not result.ok:
             raise PipelineError(f"{step.describe()}: {len(result.summary.failed)} item(s) "
                                 "failed; later steps not run (fix them and run the pipeline "

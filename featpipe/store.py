@@ -56,6 +56,7 @@ from featpipe.fileio import (
     id_digest,
     load_npy,
     make_dirs,
+    process_gone,
     safe_stem,
     writing,
 )
@@ -65,6 +66,8 @@ from featpipe.packed import PackedItems
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: A stage folder name, ``<kind>-<16 hex digits of its key>``: one path component, no dots.
 STAGE_FOLDER = re.compile(r"^[a-z][a-z0-9-]*-[0-9a-f]{16}$")
+#: Sub-folder of a stage holding one empty file per process computing it (``<host>-<pid>``).
+RUNNING_DIR = "running"
 #: A stage folder without ``stage.json`` younger than this is being created, not broken.
 CREATION_GRACE_S = 60.0
 _VERSIONED_PACKAGES = ("numpy", "scipy", "scikit-learn", "torch", "opencv-python-headless")
@@ -401,6 +404,47 @@ class Stage:
                 found[path.name[len(prefix):-4]] = _load_item_file(item_id, path)
         return found
 
+    # -- processes computing it --------------------------------------------------------------
+    def mark_running(self) -> None:
+        """Record this process as computing the stage (``running/<host>-<pid>``), until
+        :meth:`unmark_running`; ``cache gc`` keeps a stage while such a process lives.  The
+        markers of this host's processes that are gone (killed) are removed."""
+        self._check_on_disk()
+        folder = self.path / RUNNING_DIR
+        make_dirs(folder)
+        for stale in folder.iterdir():
+            host, _, pid = stale.name.rpartition("-")
+            if pid.isdigit() and process_gone(host, int(pid)):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
+        marker = folder / f"{HOST}-{os.getpid()}"
+        with writing(marker):
+            marker.touch()
+
+    def unmark_running(self) -> None:
+        with contextlib.suppress(OSError):
+            (self.path / RUNNING_DIR / f"{HOST}-{os.getpid()}").unlink()
+
+    def running_processes(self, max_age_s: float = 86400.0) -> list[str]:
+        """``host-pid`` of the processes computing this stage now: a marker of this host whose
+        process lives, or one of another host touched in the last ``max_age_s`` seconds (its
+        process cannot be checked from here); a marker left by a killed process is stale."""
+        folder = self.path / RUNNING_DIR
+        if not folder.is_dir():
+            return []
+        live = []
+        for marker in sorted(folder.iterdir()):
+            host, _, pid = marker.name.rpartition("-")
+            try:
+                age = time.time() - marker.stat().st_mtime
+            except OSError:
+                continue
+            if not pid.isdigit() or process_gone(host, int(pid)):
+                continue
+            if host == HOST or age < max_age_s:
+                live.append(marker.name)
+        return live
+
     # -- models -----------------------------------------------------------------------------
     def save_model(self, name: str, model, meta: Mapping | None = None) -> None:
         """Save a fitted model as ``models/<name>.npz`` (arrays) + ``models/<name>.json``.
@@ -504,6 +548,9 @@ class Store:
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
+        #: names a dry run of several steps plans (``featpipe run --dry-run``): each resolves
+        #: to the stage planned for it, not to what the name points to on disk now
+        self.planned: dict[str, Stage] = {}
 
     @property
     def stages_dir(self) -> Path:
@@ -653,7 +700,10 @@ class Store:
         return found
 
     def resolve(self, name: str) -> Stage:
-        """The stage a name points to; a stage folder name (``kind-key``) works too."""
+        """The stage a name points to; a stage folder name (``kind-key``) works too; a name
+        in :attr:`planned` gives its planned stage."""
+        if name in self.planned:
+            return self.planned[name]
         self.require()
         if NAME_PATTERN.match(name) and (self.names_dir / name).is_file():
             folder = self.read_name(name)

@@ -145,3 +145,14 @@ def test_log_file_keeps_the_full_record_of_a_run(tmp_path):
     assert log.read_text().startswith(text)  # appended
     assert "ERROR featpipe.output: error: no stage named 'nope' in store " in \
         "\n".join(lines) and lines[-1].startswith("INFO featpipe.output: exit status 1 after ")
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_an_unwritable_log_file_is_a_usage_error(tmp_path, before):
+    (tmp_path / "file").write_text("")
+    bad = ["--log-file", tmp_path / "file" / "run.log"]  # a folder that is a file
+    args = ["cache", "ls", "--store", tmp_path]
+    proc = run_cli(*(bad + args if before else args + bad), check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "Invalid value for '--log-file': " in proc.stderr and "cannot write it" in \
+        proc.stderr

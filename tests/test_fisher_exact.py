@@ -129,6 +129,7 @@ def test_independent_of_gemm_rounding_chunking_and_threads(real_sift, monkeypatc
             acc.add(x[start:start + size])
         np.testing.assert_allclose(acc.result(), whole, rtol=0, atol=1e-7)
     monkeypatch.setattr(fisher, "_BLOCK", 7)
+    monkeypatch.setattr(fisher, "_TASK", 50)
     blocks = fisher_vector(x, *args)
     np.testing.assert_allclose(blocks, whole, rtol=0, atol=1e-7)
     for threads in ("1", "2", "3"):

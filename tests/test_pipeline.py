@@ -89,14 +89,16 @@ def pipeline_file(tmp_path):
 def test_a_pipeline_runs_end_to_end_and_a_rerun_computes_nothing(tmp_path, pipeline_file):
     plan = run_cli("run", pipeline_file, "--dry-run", cwd=tmp_path)
     lines = plan.stdout.splitlines()
-    assert "dry run: 80 to compute, 0 already complete" in lines
-    assert sum(line.startswith("would compute ") for line in lines) == 3  # a short list
-    for step, waits in (("std", "frames"), ("frames-std", "frames, std"),
-                        ("avg", "frames-std"), ("result", "avg")):
-        assert f"dry run: would run after {waits} (its input is not computed yet)" in \
-            plan.stdout, step
-    assert not (tmp_path / "store" / "names").exists()  # a dry run moves no name
+    assert lines.count("dry run: 80 to compute, 0 already complete") == 3
+    assert sum(line.startswith("would compute ") for line in lines) == 9  # 3 per item step
+    assert "dry run: would fit" in lines and "dry run: would run classify on avg" in lines
+    assert "would run after" not in plan.stdout  # every step planned on the earlier ones
+    planned = [line for line in lines if line.startswith("stage ")]
+    assert len(planned) == 4  # frames, std, frames-std, avg: each step's stage and key
+    assert not (tmp_path / "store").exists()  # a dry run creates nothing
     first = run_cli("run", pipeline_file, cwd=tmp_path)
+    assert [line for line in first.stdout.splitlines() if line.startswith("stage ")] == \
+        planned  # the keys the dry run printed are the stages computed
     assert first.stdout.count("summary: 80 done, 0 skipped") == 3
     assert "step 5/5: result (classify)" in first.stdout
     assert printed_accuracy(first.stdout) == pytest.approx(reference_accuracy(), abs=1e-4)
@@ -130,6 +132,9 @@ def test_the_same_steps_through_the_library(tmp_path, pipeline_file, monkeypatch
     assert "step 4/5: avg (encode)" in only.stdout and "step 1/5" not in only.stdout
 
 
+FRAMES = "[steps.frames]\nstage = 'import_features'\nsources = ['x.ts']\n"
+
+
 @pytest.mark.parametrize("text, message", [
     ("[steps.a]\nstage = 'encoder'\n", "stage = 'encoder' is not one of import_features"),
     ("[steps.a]\nstage = 'encode'\ninput = 'x'\nmethod = 'avg'\nwindw = 3\n",
@@ -138,6 +143,47 @@ def test_the_same_steps_through_the_library(tmp_path, pipeline_file, monkeypatch
     ("[steps.a\n", "not a TOML file"),
     ("[pipeline]\nstore = 's'\n", "no steps"),
     ("[pipline]\n[steps.a]\nstage = 'encode'\n", "expected a [pipeline] table"),
+    # unknown keys, with the closest known one
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninptu = 'frames'\nmethod = 'avg'\n",
+     "step 'a' (encode) has no parameter 'inptu' (did you mean 'input'? "),
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'hrp'\n"
+     "params = { windw = 3 }\n",
+     "step 'a' (encode): windw does not apply to method hrp (did you mean window?)"),
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'hpr'\n",
+     "step 'a' (encode): method must be one of"),
+    (f"{FRAMES}[steps.p]\nstage = 'fit_pca'\ninput = 'frames'\nn_component = 3\n",
+     "step 'p' (fit_pca): n_component is not a parameter of PCAProjection (did you mean "
+     "n_components?)"),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
+     "sampling = { fsp = 5 }\n", "step 'x' (extract): sampling has no key 'fsp' (did you "
+     "mean fps?)"),
+    # values, checked as the command line checks them
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'hrp'\n"
+     "params = { window = 0 }\n",
+     "step 'a' (encode): window must be an int in the range [1, inf), got 0"),
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'avg'\n"
+     "on_error = 'skp'\n", "step 'a' (encode): on_error must be one of fail, skip"),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
+     "params = { step = 0 }\n", "step 'x' (extract): "),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'sift'\n",
+     "step 'x' (extract): features must be one of"),
+    (f"{FRAMES}[steps.c]\nstage = 'classify'\ninputs = ['frames']\nC = []\n",
+     "step 'c' (classify): C needs at least one value"),
+    # references: earlier steps only
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'b'\nmethod = 'avg'\n"
+     "[steps.b]\nstage = 'encode'\ninput = 'frames'\nmethod = 'max'\n",
+     "step 'a' (encode): input names step 'b', which comes later in the file"),
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'fram'\nmethod = 'avg'\n",
+     "step 'a' (encode): input names 'fram', which is no earlier step of this file (did you "
+     "mean 'frames'? earlier steps: frames)"),
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'a'\nmethod = 'avg'\n",
+     "step 'a' (encode): input names the step itself (a cycle)"),
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'standardize'\n"
+     "params = { model = 'std' }\n[steps.std]\nstage = 'fit_standardize'\n"
+     "input = 'frames'\n", "step 'a' (encode): model names step 'std', which comes later"),
+    (f"{FRAMES}[steps.c]\nstage = 'classify'\ninputs = ['frames', 'later']\n"
+     "[steps.later]\nstage = 'encode'\ninput = 'frames'\nmethod = 'avg'\n",
+     "step 'c' (classify): inputs names step 'later', which comes later"),
 ])
 def test_bad_pipeline_files_are_usage_errors_before_anything_runs(tmp_path, text, message):
     path = tmp_path / "p.toml"
@@ -154,13 +200,14 @@ def test_a_failing_step_names_itself_and_stops_the_pipeline(tmp_path, pipeline_f
     path = tmp_path / "broken.toml"
     path.write_text(broken)
     proc = run_cli("run", path, cwd=tmp_path, check=False)
-    assert proc.returncode == 1
-    assert "error: step 'result' (classify): no stage named 'nope'" in proc.stderr
-    assert "summary: 80 done" in proc.stdout  # the earlier steps are kept
+    assert proc.returncode == 2  # checked before any step runs: nothing computed
+    assert "step 'result' (classify): inputs names 'nope', which is no earlier step" in \
+        proc.stderr and not (tmp_path / "store").exists()
     bad_value = PIPELINE.replace('method = "avg"', 'method = "hrp"\nparams = { window = 0 }')
     path.write_text(bad_value)
     proc = run_cli("run", path, "--store", tmp_path / "other", cwd=tmp_path, check=False)
-    assert proc.returncode in (1, 2) and "step 'avg' (encode)" in proc.stderr
+    assert proc.returncode == 2 and "step 'avg' (encode): window must be" in proc.stderr
+    assert not (tmp_path / "other").exists()
     missing = run_cli("run", tmp_path / "none.toml", check=False)
     assert missing.returncode == 2 and "no such file" in missing.stderr
     unknown = run_cli("run", pipeline_file, "--step", "nope", check=False)

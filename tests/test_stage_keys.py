@@ -3,7 +3,7 @@
 Every stage kind is asked for through the three entry points (the command line in-process,
 a pipeline file, the Python API) with equal values written differently: ints for float
 parameters and floats for int ones, defaults omitted or given, the short CLI aliases
-(``--dim``, ``--components``, ``--seed``) or scikit-learn's names, a partial ``dsift`` table.
+(``--dim``, ``--components``, ``--seed``) or scikit-learn's names, a partial ``params`` table.
 Each must give one key.  Dry runs compute the keys without computing anything, except for
 ``classify``, which runs (it has no dry run; its inputs are tiny).
 """
@@ -81,8 +81,25 @@ def _toml(value) -> str:
     return json.dumps(value)
 
 
+def by_folder(store, step: dict) -> dict:
+    """The step with the stages it names given by their folders (a pipeline step names a
+    stage made elsewhere by its folder)."""
+    names = store.names()
+    step = dict(step)
+    for key in ("input", "gmm", "pca"):
+        if key in step:
+            step[key] = names[step[key]]
+    if "inputs" in step:
+        step["inputs"] = [names[n] for n in step["inputs"]]
+    if "params" in step:
+        step["params"] = {k: names[v] if k in ("gmm", "model") else v
+                          for k, v in step["params"].items()}
+    return step
+
+
 def pipeline_key(root, store, step: dict, dry_run: bool = True) -> str:
     """The key of a one-step pipeline file (``dry_run``: planned, not computed)."""
+    step = by_folder(store, step)
     path = root / "one.toml"
     body = "\n".join(f"{k} = {_toml(v)}" for k, v in step.items() if v is not None)
     path.write_text(f"[steps.probe]\n{body}\n", encoding="utf-8")

@@ -265,7 +265,7 @@ def test_memory_budget_reads_sizes_with_binary_units(monkeypatch, value, expecte
     assert memory_budget(1000) == 1000  # an explicit chunk_bytes wins
 
 
-@pytest.mark.parametrize("value", ["0", "lots", "-1G", "0.5", "G"])
+@pytest.mark.parametrize("value", ["0", "lots", "-1G", "0.5", "G", "inf", "nan"])
 def test_a_bad_memory_budget_names_the_variable(monkeypatch, value):
     from featpipe.backend import memory_budget
     from featpipe.errors import FeatpipeError

@@ -30,8 +30,10 @@ def test_walkthrough(tmp_path):
     (tmp_path / "pipeline.toml").write_text(shipped, encoding="utf-8")
     plan = run_cli("run", "pipeline.toml", "--dry-run", cwd=tmp_path)
     assert "dry run: 40 to compute, 0 already complete" in plan.stdout
-    assert "dry run: would run after sift" in plan.stdout
+    assert plan.stdout.count("dry run: 40 to compute, 0 already complete") == 4
+    planned = re.findall(r"^stage (\S+)", plan.stdout, re.M)
     first = run_cli("run", "pipeline.toml", cwd=tmp_path)
+    assert re.findall(r"^stage (\S+)", first.stdout, re.M) == planned and len(planned) == 4
     avg, hrp = accuracy(first.stdout, "avg-result"), accuracy(first.stdout, "hrp-result")
     # reversed classes share their frames: order-blind pooling is far below rank pooling
     assert hrp >= avg + 0.3, (avg, hrp)

@@ -17,6 +17,7 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import REPO
 
@@ -76,8 +77,15 @@ def test_featpipe_is_imported_from_the_wheel(installed):
 
 def test_submit_dry_run_renders_the_shipped_template(installed):
     bin_dir, work = installed
+    # submit checks the wrapped command first (its input must exist): a tiny imported stage
+    rng = np.random.default_rng(0)
+    np.savez(work / "frames.npz", **{f"v{i}": rng.random((5, 3)) for i in range(3)})
+    (work / "frames.csv").write_text("id,path,label,split1\n" + "".join(
+        f"v{i},v{i},{'ab'[i % 2]},train\n" for i in range(3)))
+    _run([bin_dir / "featpipe", "import", "--manifest", "frames.csv", "--from", "frames.npz",
+          "--store", work / "submit-store", "--name", "frames"], work)
     proc = _run([bin_dir / "featpipe", "submit", "--backend", "slurm", "--tasks", 3,
-                 "--dry-run", "--", "featpipe", "encode", "--store", work / "store",
+                 "--dry-run", "--", "featpipe", "encode", "--store", work / "submit-store",
                  "--input", "frames", "--method", "avg", "--name", "avg"], work)
     assert "#SBATCH --array=0-2" in proc.stdout
     assert f"exec {bin_dir / 'python'} -m featpipe encode" in proc.stdout

@@ -31,6 +31,7 @@ from featpipe import __version__
 from featpipe.cli import logfile
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.flags import flag_of
+from featpipe.settings import SettingError, check_environment
 
 #: command name -> "module:attribute"; one module per command keeps each command obvious.
 COMMANDS = {
@@ -119,7 +120,7 @@ def flag_for(command: click.Command | None, param: str) -> str:
 
 class FeatpipeGroup(LazyGroup):
     """The root group: a FeatpipeError is one ``error:`` line and exit status 1 (2 for a bad
-    parameter value, a usage error)."""
+    parameter value or environment setting, a usage error)."""
 
     def invoke(self, ctx):
         code = 1
@@ -147,6 +148,9 @@ class FeatpipeGroup(LazyGroup):
             flag = flag_for(ctx.meta.get("featpipe.command"), err.param)
             _error(f"error: {flag} {err.cause}")
             ctx.exit(2)
+        except SettingError as err:
+            _error(f"error: {err}")
+            ctx.exit(2)
         except FeatpipeError as err:
             _error(f"error: {err}")
             ctx.exit(1)
@@ -172,7 +176,11 @@ def _set_verbosity(ctx, param, value) -> None:
 def _set_log_file(ctx, param, value) -> None:
     """Callback of ``--log-file``: start the record of this run (module :mod:`logfile`)."""
     if value:
-        logfile.open_log(value, shlex.join(["featpipe", *sys.argv[1:]]))
+        try:
+            logfile.open_log(value, shlex.join(["featpipe", *sys.argv[1:]]))
+        except FeatpipeError as err:  # a usage error, found while parsing
+            raise click.BadParameter(str(err).removeprefix("--log-file "), ctx, param) \
+                from None
         apply_verbosity(ctx.find_root().ensure_object(dict))
 
 
@@ -223,6 +231,7 @@ def apply_verbosity(obj: dict) -> None:
 @click.pass_context
 def cli(ctx, verbose, quiet):
     """featpipe: extract per-frame features, encode videos and images, train kernel SVMs."""
+    check_environment()  # FEATPIPE_THREADS, FEATPIPE_MEMORY...: exit 2 before any stage
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose
     ctx.obj["quiet"] = quiet

@@ -231,7 +231,9 @@ def verify(store_path, names):
 def gc(store_path, dry_run, min_age):
     """Remove unnamed stages that no named stage needs, and stale temporary files.
 
-    A stage is needed when a name points to it or to a stage computed from it. A temporary
+    A stage is needed when a name, or the marker of an unfinished named run (also one whose
+    process was killed), points to it or to a stage computed from it; a stage a live process
+    is computing is kept too. A temporary
     file (``*.tmp.<host>.<pid>``) is stale when its process is gone (same host) or it is older
     than a day. While a name or a needed stage cannot be read, no stage is removed and the
     exit status is 1.

@@ -31,7 +31,6 @@ frames estimated before decoding) is named in the last line::
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import threading
@@ -42,6 +41,7 @@ import click
 
 from featpipe.cli import logfile
 from featpipe.progress import RateEstimate, format_duration
+from featpipe.settings import progress_interval_setting
 from featpipe.stages.base import Progress
 
 #: Seconds between plain progress lines off a terminal (``-v``).
@@ -73,8 +73,9 @@ class StatusBoard:
                  clock: Callable[[], float] = time.monotonic):
         self.tty = tty
         self.verbosity = verbosity
-        self.interval = float(os.environ.get("FEATPIPE_PROGRESS_INTERVAL", DEFAULT_INTERVAL)
-                              if interval is None else interval)
+        if interval is None:
+            interval = progress_interval_setting()
+        self.interval = DEFAULT_INTERVAL if interval is None else float(interval)
         self.clock = clock
         self._write = write or (lambda text: click.echo(text, err=True, nl=False))
         self._displays: list[ProgressDisplay] = []

@@ -72,7 +72,10 @@ def status(store_path, name, show_failed, show_ledgers, check, as_json):
     share = 100.0 * progress.done / progress.total if progress.total else 100.0
     click.echo(f"items: {progress.total} total, {progress.done} done, "
                f"{len(progress.failed)} failed, {progress.pending} pending ({share:.1f}% done)")
-    running = progress.running()
+    processes = stage.running_processes()
+    running = progress.running() or bool(processes)
+    if processes:
+        click.echo(f"running: computed now by {', '.join(processes)} (host-pid)")
     eta = progress.eta_seconds()
     if eta is not None:
         click.echo(f"rate: {_rate(progress.rate)}, about {format_duration(eta)} left at this "

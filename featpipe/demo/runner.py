@@ -82,7 +82,8 @@ def one_thread() -> Iterator[None]:
     threads (``jobs=1``), so the demo's numbers do not depend on the core count."""
     import numba
 
-    from featpipe.backend import THREADS_ENV, single_threaded_blas
+    from featpipe.backend import single_threaded_blas
+    from featpipe.settings import THREADS_ENV
 
     saved = os.environ.get(THREADS_ENV), numba.get_num_threads()
     torch = importlib.import_module("torch") if importlib.util.find_spec("torch") else None

@@ -48,6 +48,58 @@ def _bounds(raw_t, bias, high, low, c_high, c_low, upper, lower):  # pragma: no 
     return top
 
 
+#: float64 sums of D terms, reassociated so that they vectorise (a dependent chain of D adds
+#: cost 4 cycles each): float64 accuracy, the order fixed by the compiled code
+_SUMS = {"reassoc", "contract"}
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_SUMS)
+def _distance(xc, t, mc, inv_sigma, k, d, j):  # pragma: no cover (compiled)
+    """d[j] = (xc[t] − mc[k])·inv_sigma[k] and Σ d[j]² (float64; rows by index: a row view
+    costs two atomic reference counts)."""
+    s = 0.0
+    for i in range(xc.shape[1]):
+        di = (xc[t, i] - mc[k, i]) * inv_sigma[k, i]
+        d[j, i] = di
+        s += di * di
+    return s
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_SUMS)
+def _add(g, d, j, u, v, k):  # pragma: no cover (compiled)
+    """u[k] += γ d[j], v[k] += γ d[j]² (float64)."""
+    for i in range(d.shape[1]):
+        gd = g * d[j, i]
+        u[k, i] += gd
+        v[k, i] += gd * d[j, i]
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+def _rest(upper, lower, top_low, cut):  # pragma: no cover (compiled)
+    """Σ exp(l̃_k − top_low) over the pairs that are not candidates (upper bound below
+    ``cut``) and not negligible (above top_low − 30), with l̃ the midpoint of the bounds.
+
+    The exponential is exp(y/32)^32 by a degree-7 Taylor polynomial on [−1, 0] and five
+    squarings, so that the loop vectorises (relative error 1e-6 at y = −15, 5e-4 at −30,
+    below the bounds' own): these terms are each below threshold·e^-margin of the best, so
+    they move the posteriors by less than K·1e-6 of that."""
+    total = np.float32(0.0)
+    for k in range(upper.shape[0]):
+        y = np.float32(0.5) * (upper[k] + lower[k]) - top_low
+        y = max(y, np.float32(_NEGLIGIBLE)) * np.float32(1.0 / 32.0)
+        e = np.float32(1.0) + y * (np.float32(1.0) + y * (np.float32(1.0 / 2) + y * (
+            np.float32(1.0 / 6) + y * (np.float32(1.0 / 24) + y * (np.float32(1.0 / 120) + y * (
+                np.float32(1.0 / 720) + y * np.float32(1.0 / 5040)))))))
+        e = e * e
+        e = e * e
+        e = e * e
+        e = e * e
+        e = e * e
+        keep = (upper[k] < cut) & (upper[k] > top_low + np.float32(_NEGLIGIBLE))
+        total += e if keep else np.float32(0.0)
+    return total
+
+
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def accumulate(raw, finite, xc, mc, inv_sigma, log_norm, approx, limit, threshold,
                u_sum, v_sum, mass):  # pragma: no cover (compiled)
@@ -81,14 +133,11 @@ def accumulate(raw, finite, xc, mc, inv_sigma, log_norm, approx, limit, threshol
         top_low = -np.inf
         if finite[t]:
             top_low = _bounds(raw[t], bias, high, low, c_high, c_low, upper, lower)
-            cut = top_low + limit
-            for k in range(k_total):
-                hi = upper[k]
-                if hi >= cut:
-                    cand[n_cand] = k
-                    n_cand += 1
-                elif hi > top_low + _NEGLIGIBLE:  # the midpoint l̃ of the bounds
-                    rest += math.exp(0.5 * (hi + lower[k]) - top_low)
+            cut = np.float32(top_low + limit)
+            rest = _rest(upper, lower, top_low, cut)
+            for k in range(k_total):  # branch-free: few candidates among K
+                cand[n_cand] = k
+                n_cand += upper[k] >= cut
         else:
             for k in range(k_total):
                 if log_norm[k] > -np.inf:
@@ -98,12 +147,7 @@ def accumulate(raw, finite, xc, mc, inv_sigma, log_norm, approx, limit, threshol
         top = -np.inf
         for j in range(n_cand):
             k = cand[j]
-            s = 0.0
-            for i in range(dim):
-                di = (xc[t, i] - mc[k, i]) * inv_sigma[k, i]
-                d[j, i] = di
-                s += di * di
-            exact[j] = log_norm[k] - 0.5 * s
+            exact[j] = log_norm[k] - 0.5 * _distance(xc, t, mc, inv_sigma, k, d, j)
             if exact[j] > top:
                 top = exact[j]
         if not top > -np.inf:
@@ -119,7 +163,5 @@ def accumulate(raw, finite, xc, mc, inv_sigma, log_norm, approx, limit, threshol
                 continue
             k = cand[j]
             mass[k] += g
-            for i in range(dim):
-                u_sum[k, i] += g * d[j, i]
-                v_sum[k, i] += g * d[j, i] * d[j, i]
+            _add(g, d, j, u_sum, v_sum, k)
     return n_exact, overflow

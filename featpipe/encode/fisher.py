@@ -72,9 +72,11 @@ PYRAMIDS = {"none": ((1, 1),), "1x1+2x2+3x1": ((1, 1), (2, 2), (1, 3))}
 _LOG_2PI = math.log(2.0 * math.pi)
 #: Pairs whose log posterior may be within this of log(threshold) are recomputed exactly.
 _MARGIN = 0.5
-#: Descriptors per call of the FV encoder's pass (bounded memory), and per block of its GEMM
-#: and compiled pass (one thread each; the (block, K) float32 distances stay in cache).
+#: Descriptors per call of the FV encoder's pass (bounded memory), per task of a thread (its
+#: own sums, added in task order), and per block of its GEMM and compiled pass (the (block, K)
+#: float32 distances stay in cache).
 _CHUNK = 32768
+_TASK = 4096
 _BLOCK = 512
 log = logging.getLogger(__name__)
 
@@ -217,11 +219,12 @@ class GaussianMixtureModel(ArrayModel, ValidatedEstimator, DensityMixin, BaseEst
             variances[j] = xc[labels == j].var(axis=0)
         return weights, centers, variances
 
-    def _log_joint(self, xc, weights, means, variances):
-        """log(pi_k N(x_t | mu_k, sigma_k^2)) for all pairs (n, K), by the posterior routine."""
+    def _log_joint(self, xc, weights, means, variances, lhs=None):
+        """log(pi_k N(x_t | mu_k, sigma_k^2)) for all pairs (n, K), by the posterior routine
+        (``lhs``: [xc², xc] when the caller keeps it)."""
         log_w = np.where(weights > 0, np.log(np.maximum(weights, 1e-300)), -np.inf)
         log_norm = log_normaliser(log_w, np.sum(np.log(variances), axis=1), xc.shape[1])
-        return log_joint(xc, log_norm, means, 1.0 / variances)
+        return log_joint(xc, log_norm, means, 1.0 / variances, lhs)
 
     def _e_step(self, xc, weights, means, variances):
         """Sufficient statistics (N_k, sum gamma x, sum gamma x^2) and mean log-likelihood."""
@@ -232,11 +235,13 @@ class GaussianMixtureModel(ArrayModel, ValidatedEstimator, DensityMixin, BaseEst
         total = 0.0
         for start in range(0, xc.shape[0], self.chunk_size):
             block = xc[start:start + self.chunk_size]
-            resp, log_px = normalise(self._log_joint(block, weights, means, variances))
+            lhs = squared_lhs(block)
+            resp, log_px = normalise(self._log_joint(block, weights, means, variances, lhs))
             total += float(np.sum(log_px, dtype=np.float64))
             s0 += resp.sum(axis=0)
-            s1 += resp.T @ block
-            s2 += resp.T @ (block * block)
+            moments = resp.T @ lhs  # [Σγx², Σγx]
+            s2 += moments[:, :dim]
+            s1 += moments[:, dim:]
         return (s0, s1, s2), total / xc.shape[0]
 
     def _m_step(self, stats, n):
@@ -546,30 +551,36 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> int:
     float64 rounding of the float64 definition (but for the approximate terms of the
     normaliser, below threshold·e^-margin each), and descriptors far from every Gaussian
     (a float32 GEMM that loses every digit or overflows) make all their pairs candidates.
-    Blocks run on :func:`featpipe.backend.worker_threads` threads (one BLAS thread each);
-    their sums are added in block order, so the result does not depend on the thread count.
+    Tasks of ``_TASK`` descriptors run on :func:`featpipe.backend.worker_threads` threads (one
+    BLAS thread each); their sums are added in task order, so the result does not depend on
+    the thread count.
     """
     from featpipe.encode import _fisher_loop
 
     with np.errstate(over="ignore", invalid="ignore"):
         xc = np.asarray(x, dtype=np.float64) - gmm.center
-    blocks = [xc[start:start + _BLOCK] for start in range(0, xc.shape[0], _BLOCK)]
+    tasks = [xc[start:start + _TASK] for start in range(0, xc.shape[0], _TASK)]
 
-    def run(block):
-        with np.errstate(over="ignore", invalid="ignore"):
-            raw = mahalanobis_gemm(squared_lhs(block.astype(np.float32)), gmm.rhs)
-            finite = np.isfinite(np.sum(raw, axis=1))
+    def run(task):
         sums = (np.zeros_like(first), np.zeros_like(second), np.zeros_like(mass))
-        counts = _fisher_loop.accumulate(raw, finite, block, gmm.mc, gmm.inv_sigma,
-                                         gmm.log_norm, gmm.approx, gmm.limit, gmm.threshold,
-                                         *sums)
-        return sums, counts
+        n_exact = overflow = 0
+        for start in range(0, task.shape[0], _BLOCK):
+            block = task[start:start + _BLOCK]
+            with np.errstate(over="ignore", invalid="ignore"):
+                raw = mahalanobis_gemm(squared_lhs(block.astype(np.float32)), gmm.rhs)
+                finite = np.isfinite(np.sum(raw, axis=1))
+            counts = _fisher_loop.accumulate(raw, finite, block, gmm.mc, gmm.inv_sigma,
+                                             gmm.log_norm, gmm.approx, gmm.limit,
+                                             gmm.threshold, *sums)
+            n_exact += counts[0]
+            overflow += counts[1]
+        return sums, (n_exact, overflow)
 
     with single_threaded_blas():
-        if len(blocks) > 1 and worker_threads() > 1:
-            results = list(_thread_pool(worker_threads()).map(run, blocks))
+        if len(tasks) > 1 and worker_threads() > 1:
+            results = list(_thread_pool(worker_threads()).map(run, tasks))
         else:
-            results = [run(block) for block in blocks]
+            results = [run(task) for task in tasks]
     exact = 0
     for (u, v, m), (n_exact, overflow) in results:
         if overflow or not (np.all(np.isfinite(u)) and np.all(np.isfinite(v))):

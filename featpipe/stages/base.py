@@ -11,11 +11,16 @@ Rules every stage function follows:
 - every parameter is checked before the stage exists (:func:`check_name`, the estimators'
   constraints, :class:`RunOptions`): a bad value raises
   :class:`~featpipe.errors.ParameterError`, and no stage folder or name is touched;
-- a name moves to a stage only when that stage is complete (:func:`name_stage`): an
-  incomplete run says which name it did not move and why, and a name that moves from one
-  stage to another says so.  Until then the run is recorded as the name's *running* stage
-  (``STORE/names/.running/NAME``), which ``featpipe status NAME`` follows
-  (:func:`latest_stage`); inputs, ``cache gc`` and ``cache ls`` see only real names.
+- a run marks itself running when it starts (:func:`mark_running`): the stage records the
+  process (``running/<host>-<pid>``, ``cache gc`` keeps the stage while it lives) and a named
+  run is recorded as the name's *running* stage (``STORE/names/.running/NAME``), which
+  ``featpipe status NAME`` follows (:func:`latest_stage`) and ``cache gc`` keeps, also
+  after the process was killed;
+- a name moves to a stage only when its run went through (:func:`settle_name`): every item
+  done, or, with ``on_error='skip'``, every item done or failed (the failed ids are listed
+  by ``featpipe status`` and left out of the stages computed from it, which record them:
+  :func:`usable_items`); otherwise the run says which name it did not move and why, and a
+  name that moves from one stage to another says so.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from featpipe.errors import FeatpipeError, ParameterError
-from featpipe.fileio import atomic_write_bytes
+from featpipe.fileio import atomic_write_bytes, make_dirs
+from featpipe.manifest import Manifest
 from featpipe.parallel import ON_ERROR, Compute, RunSummary, parse_shard, plan, run_items
 from featpipe.store import NAME_PATTERN, Stage, Store
 
@@ -143,9 +149,13 @@ def announce(stage: Stage, name: str | None, reporter: Reporter) -> None:
     reporter.info(f"stage {stage.name}{label}")
 
 
-def _mark_running(store: Store, name: str | None, stage: Stage) -> None:
+def mark_running(store: Store, name: str | None, stage: Stage) -> None:
+    """A run of ``stage`` starts: its process marker (:meth:`Stage.mark_running`, removed by
+    :meth:`Stage.unmark_running` when the run ends) and, for a named run, the name's running
+    marker (removed when the name moves to the stage)."""
+    stage.mark_running()
     if name:
-        (store.names_dir / RUNNING).mkdir(parents=True, exist_ok=True)
+        make_dirs(store.names_dir / RUNNING)
         atomic_write_bytes(store.names_dir / RUNNING / name, (stage.name + "\n").encode())
 
 
@@ -188,7 +198,7 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
             reporter.info(f"would compute {item_id}")
         reporter.info(f"dry run: {len(todo)} to compute, {summary.skipped} already complete")
         return StageRun(stage, summary, todo)
-    _mark_running(store, name, stage)
+    mark_running(store, name, stage)
     todo, _ = plan(stage, ids, force=options.force, shard=shard)
     label = f"{stage.kind} {name}" if name else stage.kind
     try:
@@ -199,37 +209,78 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
                 executor=options.executor, scheduler=options.scheduler,
                 progress=progress.advance)
     except BaseException:
-        _name_left(stage, name, ids, reporter)
+        name_left(stage, name, ids, reporter)
         raise
+    finally:
+        stage.unmark_running()
     reporter.info(f"summary: {summary.line()}")
     for item_id, error in list(summary.failed.items())[:20]:
         reporter.error(f"failed: {item_id}: {error}")
-    if name:  # the ledgers are read again only when a name may move
-        done = stage.done_ids()
-        if set(ids) <= done:
-            name_stage(store, name, stage, reporter)
-        else:
-            _name_left(stage, name, ids, reporter, done)
+    settle_name(store, name, stage, ids, options.on_error, reporter)
     return StageRun(stage, summary)
 
 
-def _name_left(stage: Stage, name: str | None, ids: Sequence[str], reporter: Reporter,
-               done_ids: set[str] | None = None) -> None:
+def settle_name(store: Store, name: str | None, stage: Stage, ids: Sequence[str],
+                on_error: str, reporter: Reporter) -> None:
+    """After a run that ended: ``name`` moves to ``stage`` when every item of ``ids`` is done,
+    or, with ``on_error='skip'``, when every one is done or failed (said on stderr, with the
+    first failed id); else the name stays and the run says why."""
+    if not name:
+        return
+    done = stage.done_ids()
+    missing = [item_id for item_id in ids if item_id not in done]
+    if not missing:
+        name_stage(store, name, stage, reporter)
+        return
+    failed = stage.failed()
+    if on_error == "skip" and all(item_id in failed for item_id in missing):
+        name_stage(store, name, stage, reporter)
+        reporter.warn(f"name {name} points to stage {stage.name} with {len(missing)} failed "
+                      f"item(s) (first: {missing[0]!r}; `featpipe status {name}` lists them); "
+                      "stages computed from it leave them out")
+        return
+    name_left(stage, name, ids, reporter, done)
+
+
+def name_left(stage: Stage, name: str | None, ids: Sequence[str], reporter: Reporter,
+              done_ids: set[str] | None = None) -> None:
+    """Say that ``name`` did not move because ``stage`` is incomplete."""
     if name:
         done = len(set(ids) & (stage.done_ids() if done_ids is None else done_ids))
         reporter.warn(f"name {name} not moved: stage {stage.name} is incomplete ({done} of "
                       f"{len(ids)} items done); re-run the same command to finish it")
 
 
+def usable_items(source: Stage, reporter: Reporter) -> tuple[Manifest, list[str]]:
+    """The items of ``source`` a stage computed from it covers, and the ids it leaves out:
+    those whose latest state there is failed (a run with ``on_error='skip'``); the caller
+    records them in its key (``input_failed``), so a source whose items are fixed later
+    gives a new stage downstream."""
+    items = source.items
+    failed = source.failed()
+    left_out = [item_id for item_id in items.ids if item_id in failed]
+    if not left_out:
+        return items, []
+    reporter.warn(f"{len(left_out)} item(s) failed in {source.name} and are left out "
+                  f"(first: {left_out[0]!r}: {failed[left_out[0]]})")
+    return items.subset(set(items.ids) - set(left_out)), left_out
+
+
 def train_item_ids(source: Stage, split: int = 1) -> list[str]:
     """The train ids of ``split`` in ``source``, every one computed, or a one-line error.
 
     A model fitted on part of the train set would be silently different from the one asked
-    for, so missing train items are refused, not skipped.
+    for, so train items not computed yet are refused, not skipped; those that failed there
+    (``on_error='skip'``) are left out, and the fit stage's key records them
+    (``input_failed``).
     """
-    train = source.items.split_ids(split, "train")
+    failed = source.failed()
+    train = [i for i in source.items.split_ids(split, "train") if i not in failed]
     if not train:
-        raise FeatpipeError(f"input stage {source.name} has no train items in split {split}")
+        raise FeatpipeError(f"input stage {source.name} has no train items in split {split}"
+                            + (" (its failed items are left out)" if failed else ""))
+    if not source.exists:  # planned by a dry run: its items will be computed first
+        return train
     done = source.done_ids()
     missing = [item_id for item_id in train if item_id not in done]
     if missing:

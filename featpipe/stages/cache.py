@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.errors import FeatpipeError, ParameterError
-from featpipe.fileio import HOST, check_npy_header, writing
+from featpipe.fileio import check_npy_header, process_gone, writing
 from featpipe.io.importers import describe, signature
 from featpipe.progress import stage_progress
 from featpipe.stages.base import Reporter, running_names
@@ -268,14 +268,8 @@ def _is_stale_tmp(path: Path, max_age_s: float) -> bool:
     match = _TMP.search(path.name)
     if match is None:
         return False
-    host, pid = match.group(1), int(match.group(2))
-    if host == HOST and pid != os.getpid():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            pass
+    if process_gone(match.group(1), int(match.group(2))):
+        return True
     return time.time() - path.stat().st_mtime > max_age_s
 
 
@@ -305,8 +299,10 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
        reporter: Reporter | None = None) -> GcResult:
     """Remove unnamed stages that no named stage needs and stale temporary files.
 
-    A stage is needed when a name points to it or to a stage computed from it; one written to
-    in the last ``min_age`` minutes is kept (it may be in use).  A temporary file
+    A stage is needed when a name or the marker of an unfinished named run
+    (``names/.running/NAME``, also after its process was killed) points to it or to a stage
+    computed from it; a stage a live process is computing (its ``running/`` marker) is kept,
+    and so is one written to in the last ``min_age`` minutes (it may be in use).  A temporary file
     (``*.tmp.<host>.<pid>``) is stale when its process is gone (same host) or it is older than
     a day.  While a name or a needed stage cannot be read, no stage is removed.
     """
@@ -326,6 +322,10 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
     now = time.time()
     for stage in stages:
         if stage.name in keep or blocked:
+            continue
+        running = stage.running_processes()
+        if running:
+            reporter.info(f"kept stage {stage.name}: being computed by {', '.join(running)}")
             continue
         if now - _last_activity(stage.path) < min_age * 60:
             reporter.info(f"kept stage {stage.name}: written to less than {min_age:g} min ago")

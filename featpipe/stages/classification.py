@@ -106,6 +106,31 @@ def per_class_lines(results: Sequence[dict]) -> list[str]:
     return lines
 
 
+def check_arguments(inputs: Sequence[str], kernels: Sequence[str] = ("linear",), *,
+                    fusion: str = "average", weights: Sequence[float] | None = None,
+                    C: Sequence[float] = (1000.0,), cv: int | None = None,
+                    metric: str | None = None, ap_mode: str = "standard",
+                    solver: str = "libsvm", gamma: float | None = None, order: int = 1,
+                    normalize: str = "none", jobs: int = -1) -> None:
+    """Check :func:`classify`'s values (a :class:`ParameterError` for the first bad one);
+    needs no store, so ``featpipe run`` checks a pipeline's classify steps before any step."""
+    check_params(CONSTRAINTS, {"fusion": fusion, "cv": cv, "metric": metric,
+                               "ap_mode": ap_mode, "solver": solver, "normalize": normalize,
+                               "jobs": jobs})
+    if not C:
+        raise ParameterError("C", "needs at least one value")
+    for value in C:
+        OneVsRestSVC.check_param_values({"C": value})
+    for kernel in kernels:
+        PrecomputedKernel.check_param_values({"kernel": kernel, "gamma": gamma, "order": order})
+    check_solver(solver, kernels)
+    if weights:
+        normalised_weights(len(inputs), weights)
+    if len(kernels) not in (1, len(inputs)):
+        raise ParameterError("kernel", f"needs one value for all inputs or one per input, got "
+                             f"{len(kernels)} kernels for {len(inputs)} inputs")
+
+
 def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("linear",), *,
              fusion: str = "average", weights: Sequence[float] | None = None,
              C: Sequence[float] = (1000.0,), cv: int | None = None, split: str = "1",
@@ -125,21 +150,9 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
     and its key, the hash of that record and the inputs' keys, printed as ``classify KEY``.
     """
     reporter = reporter or Reporter()
-    check_params(CONSTRAINTS, {"fusion": fusion, "cv": cv, "metric": metric,
-                               "ap_mode": ap_mode, "solver": solver, "normalize": normalize,
-                               "jobs": jobs})
-    if not C:
-        raise ParameterError("C", "needs at least one value")
-    for value in C:
-        OneVsRestSVC.check_param_values({"C": value})
-    for kernel in kernels:
-        PrecomputedKernel.check_param_values({"kernel": kernel, "gamma": gamma, "order": order})
-    check_solver(solver, kernels)
-    if weights:
-        normalised_weights(len(inputs), weights)
-    if len(kernels) not in (1, len(inputs)):
-        raise ParameterError("kernel", f"needs one value for all inputs or one per input, got "
-                             f"{len(kernels)} kernels for {len(inputs)} inputs")
+    check_arguments(inputs, kernels, fusion=fusion, weights=weights, C=C, cv=cv,
+                    metric=metric, ap_mode=ap_mode, solver=solver, gamma=gamma, order=order,
+                    normalize=normalize, jobs=jobs)
     kernels = tuple(kernels) * len(inputs) if len(kernels) == 1 else tuple(kernels)
     Cs = tuple(C)
     if report:

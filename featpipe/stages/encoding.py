@@ -6,12 +6,20 @@ Methods and their parameters come from :mod:`featpipe.encode.registry`; model pa
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 
 from featpipe.encode.registry import EncodeMethod, load_methods, method_params
 from featpipe.errors import FeatpipeError, ItemError, ParameterError
 from featpipe.parallel import ItemOutput
-from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name, run_stage
+from featpipe.stages.base import (
+    Reporter,
+    RunOptions,
+    StageRun,
+    check_name,
+    run_stage,
+    usable_items,
+)
 from featpipe.store import Stage, Store
 
 
@@ -64,17 +72,26 @@ class EncodeCompute:
         return results
 
 
+def method_record(method: EncodeMethod, given: Mapping) -> dict:
+    """``method``'s canonical parameter record, checked (a :class:`ParameterError` naming an
+    unknown parameter, with the closest one, or a bad value); needs no store."""
+    unknown = sorted(set(given) - set(method.defaults))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(method.defaults), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ParameterError(unknown[0], f"does not apply to method {method.name}{hint}")
+    params = method_params(method, given)
+    method.validate(params)
+    return params
+
+
 def method_models(store: Store, method: EncodeMethod, given: Mapping
                   ) -> tuple[dict, dict[str, Stage]]:
     """``method``'s complete parameters, checked (a ParameterError before any stage exists),
     with each model parameter (``gmm``, ``model``...) resolved to its fitted stage (the
     parameter then holds the stage's folder name, so the stage key follows the model), and
     those stages by parameter.  ``encode`` and ``extract --encode`` both go through here."""
-    unknown = sorted(set(given) - set(method.defaults))
-    if unknown:
-        raise ParameterError(unknown[0], f"does not apply to method {method.name}")
-    params = method_params(method, given)
-    method.validate(params)
+    params = method_record(method, given)
     models = {}
     for option in method.model_options:
         if params[option]:
@@ -87,6 +104,9 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
            name: str | None = None, options: RunOptions | None = None,
            reporter: Reporter | None = None) -> StageRun:
     """Encode every item of stage ``input`` with ``method``; returns the run.
+
+    Items that failed in ``input`` (a run with ``on_error='skip'``) are left out and listed
+    in the stage's parameters (``input_failed``).
 
     ``params`` holds the method's parameters (missing ones take the method's defaults); a
     model parameter (``gmm``, ``model``...) names a fitted stage of ``store``.  Every value is
@@ -102,10 +122,11 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
     source = store.resolve(input)
     if not source.items.ids:
         raise FeatpipeError(f"input stage {source.name} has no items")
-    stage = store.stage("encode", {"method": method, **params},
-                        inputs=[source, *models.values()], items=source.items,
+    items, left_out = usable_items(source, reporter or Reporter())
+    record = {"method": method, **params, **({"input_failed": left_out} if left_out else {})}
+    stage = store.stage("encode", record, inputs=[source, *models.values()], items=items,
                         create=not (options and options.dry_run))
     compute = EncodeCompute(source.path, method, params, {k: s.path for k, s in models.items()})
     batch = chosen.batch_size(params) if callable(chosen.batch_size) else chosen.batch_size
-    return run_stage(stage, source.items.ids, compute, store=store, name=name, options=options,
+    return run_stage(stage, items.ids, compute, store=store, name=name, options=options,
                      reporter=reporter, batch_size=batch)

@@ -58,7 +58,17 @@ from featpipe.io.video import DecodePool, Sampling
 from featpipe.manifest import Manifest
 from featpipe.parallel import make_executor, parse_shard, plan, resolve_jobs
 from featpipe.parameters import parameter_record, typed_value
-from featpipe.stages.base import Reporter, RunOptions, StageRun, announce, check_name, run_stage
+from featpipe.stages.base import (
+    Reporter,
+    RunOptions,
+    StageRun,
+    announce,
+    check_name,
+    mark_running,
+    name_left,
+    run_stage,
+    settle_name,
+)
 from featpipe.store import Stage, Store
 
 #: the encode methods that take local features, offered by ``extract --encode``
@@ -305,11 +315,20 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
                 return run_stage(stage, manifest.ids, compute, store=store, name=name,
                                  options=options, reporter=reporter, batch_size=4)
             announce(stage, name, reporter)
-            extraction = _extraction(stage, pool, sampling, chosen, outputs, batch_size,
-                                     device, allow_partial)
-            run = _run(stage, extraction, todo, summary, paths, total, options, reporter, name)
-            if name and run.ok:  # a name moves to a stage whose run went through
-                store.set_name(name, stage)
+            mark_running(store, name, stage)
+            try:
+                extraction = _extraction(stage, pool, sampling, chosen, outputs, batch_size,
+                                         device, allow_partial)
+                run = _run(stage, extraction, todo, summary, paths, total, options, reporter,
+                           name)
+            except Interrupted:
+                raise  # its one line says how many items are left
+            except BaseException:
+                name_left(stage, name, manifest.ids, reporter)
+                raise
+            finally:
+                stage.unmark_running()
+            settle_name(store, name, stage, manifest.ids, options.on_error, reporter)
             return run
         except Interrupt as signal_:  # before any item ran (probing, loading the model)
             raise Interrupted(signal_.signum, summary.done, len(todo) - summary.done) from None

@@ -18,6 +18,7 @@ Descriptors for PCA and the GMM are sampled by :func:`sample_descriptors`.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
 from collections.abc import Sequence
@@ -30,7 +31,14 @@ from featpipe.errors import FeatpipeError, ItemError, ParameterError
 from featpipe.manifest import Manifest
 from featpipe.models import json_params
 from featpipe.parameters import estimator_parameters, parameter_record, typed_value
-from featpipe.stages.base import Reporter, announce, check_name, name_stage, train_item_ids
+from featpipe.stages.base import (
+    Reporter,
+    announce,
+    check_name,
+    mark_running,
+    name_stage,
+    train_item_ids,
+)
 from featpipe.store import Stage, Store
 
 log = logging.getLogger(__name__)
@@ -75,13 +83,50 @@ def _model_stage(store: Store, kind: str, record: dict, inputs: list[Stage], mod
     announced; and whether there is nothing to fit (the model is fitted and kept, the stage
     then named, or this is a dry run)."""
     key = {k: v for k, v in json_params(record).items() if k != "device"}
-    stage = store.stage(kind, {**key, **stage_params}, inputs=inputs, items=Manifest([]),
-                        create=not dry_run)
+    left_out = _input_failed(inputs[0], stage_params.get("split", 1))
+    stage = store.stage(kind, {**key, **stage_params, **left_out},
+                        inputs=inputs, items=Manifest([]), create=not dry_run)
     announce(stage, name, reporter)
-    return stage, _already(stage, model_name, force, store, name, reporter, dry_run)
+    nothing_to_fit = _already(stage, model_name, force, store, name, reporter, dry_run)
+    if not nothing_to_fit:
+        mark_running(store, name, stage)
+    return stage, nothing_to_fit
 
 
-def _estimator_params(cls, params: dict) -> dict:
+def _input_failed(source: Stage, split: int) -> dict:
+    """``{"input_failed": ids}`` for the train items of ``split`` that failed in ``source``
+    (left out of the fit by :func:`train_item_ids`), else nothing: part of the fit stage's
+    key."""
+    failed = source.failed() if source.items.ids else {}
+    left_out = [i for i in source.items.split_ids(split, "train") if i in failed] \
+        if failed else []
+    return {"input_failed": left_out} if left_out else {}
+
+
+def _fitted(store: Store, name: str | None, stage: Stage, reporter: Reporter) -> None:
+    """The model is saved: the name moves to the stage, which is no longer running."""
+    name_stage(store, name, stage, reporter)
+    stage.unmark_running()
+
+
+#: The estimator of each fit function (``module:class``), whose parameters it takes as
+#: keyword arguments (``fit_standardize`` takes none).
+ESTIMATORS = {
+    "fit_pca": "featpipe.extract.pca:PCAProjection",
+    "fit_gmm": "featpipe.encode.fisher:GaussianMixtureModel",
+    "fit_deep_gmm": "featpipe.learn.deep_fisher:DeepFisherKernel",
+    "fit_dhrp": "featpipe.learn.dhrp:DiscriminativeRankPooling",
+    "fit_gmsop": "featpipe.learn.gmsop:GatedMixtureSOP",
+}
+
+
+def estimator_of(function: str) -> type:
+    """The estimator class whose parameters fit function ``function`` takes."""
+    module, _, name = ESTIMATORS[function].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def estimator_record(cls, params: dict) -> dict:
     """The canonical record of ``cls``'s parameters (:func:`parameter_record`: every one,
     defaults filled, typed), checked against ``cls``'s declarations (unknown names refused)."""
     record = parameter_record(estimator_parameters(cls, exclude=("xp",)), params, cls.__name__)
@@ -145,7 +190,7 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, sample: int = 
                                          split=split)
     if sample < 0:
         raise ParameterError("sample", f"must be >= 0, got {sample}")
-    params = _estimator_params(PCAProjection, params)
+    params = estimator_record(PCAProjection, params)
     source = store.resolve(input)
     train = train_item_ids(source, split)
     pca = PCAProjection(**params)
@@ -158,7 +203,7 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, sample: int = 
     pca.fit(rows)
     stage.save_model(MODEL_NAME, pca, {"input": source.name, "n_samples": len(rows),
                                        "n_items": len(train), "input_dim": int(rows.shape[1])})
-    name_stage(store, name, stage, reporter)
+    _fitted(store, name, stage, reporter)
     kept = float(pca.explained_variance_ratio_.sum())
     reporter.info(f"PCA {rows.shape[1]} -> {pca.n_components} on {len(rows)} descriptors from "
                   f"{len(train)} train items ({100 * kept:.1f}% of the variance)")
@@ -190,7 +235,7 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
         PCAProjection.check_param_values({"n_components": pca_dim})
     if sample < 1:
         raise ParameterError("sample", f"must be >= 1, got {sample}")
-    params = _estimator_params(GaussianMixtureModel, params)
+    params = estimator_record(GaussianMixtureModel, params)
     gmm = GaussianMixtureModel(**params)
     source = store.resolve(input)
     ids = train_item_ids(source)
@@ -214,7 +259,7 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
     if projection is not None:
         stage.save_model(MODEL_NAME, projection, {"input": source.name})
     stage.save_model("gmm", gmm, meta)
-    name_stage(store, name, stage, reporter)
+    _fitted(store, name, stage, reporter)
     reporter.info(f"summary: K={gmm.n_components} D={x.shape[1]} on {x.shape[0]} descriptors "
                   f"from {len(ids)} items, {gmm.n_iter_} iterations, mean log-likelihood "
                   f"{meta['log_likelihood']:.4f}, {gmm.n_restarts_} restarts, {seconds:.1f}s")
@@ -250,7 +295,7 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
     val_fraction, split = _typed(val_fraction=val_fraction, split=split)
     if not 0 <= val_fraction < 1:
         raise ParameterError("val_fraction", f"must be in [0, 1), got {val_fraction}")
-    params = _estimator_params(DeepFisherKernel, params)
+    params = estimator_record(DeepFisherKernel, params)
     model = DeepFisherKernel(**params)
     if val_fraction == 0 and model.selection == "validation":
         raise ParameterError("val_fraction", "must be > 0 with selection validation")
@@ -289,7 +334,7 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
     if gmm_stage.has_model(MODEL_NAME):
         stage.save_model(MODEL_NAME, gmm_stage.load_model(MODEL_NAME, PCAProjection))
     stage.save_model("gmm", model, meta)
-    name_stage(store, name, stage, reporter)
+    _fitted(store, name, stage, reporter)
     for task, history in enumerate(model.history_):
         kept = history[[h["iteration"] for h in history].index(model.best_iteration_[task])]
         label = str(model.classes_[task]) if model.mode == "per-class" else "shared"
@@ -378,7 +423,7 @@ def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1,
     (split,) = _typed(split=split)
     if threads is not None and threads < 1:
         raise ParameterError("threads", f"must be >= 1, got {threads}")
-    params = _estimator_params(DiscriminativeRankPooling, params)
+    params = estimator_record(DiscriminativeRankPooling, params)
     model = DiscriminativeRankPooling(**params)
     if threads is not None:
         import torch
@@ -419,7 +464,7 @@ def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1,
     stage.save_model(MODEL_NAME, model, {"input": source.name, "split": split,
                                          "report": report, "device": model.device_})
     load_model(stage)  # the saved model must load back before the name points at it
-    name_stage(store, name, stage, reporter)
+    _fitted(store, name, stage, reporter)
     reporter.info("summary: 1 done, 0 skipped (already complete), 0 failed")
     return stage
 
@@ -437,7 +482,7 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
     reporter = reporter or Reporter()
     check_name(name)
     (split,) = _typed(split=split)
-    params = _estimator_params(GatedMixtureSOP, params)
+    params = estimator_record(GatedMixtureSOP, params)
     model = GatedMixtureSOP(**params)
     source = store.resolve(input)
     train = train_item_ids(source, split)
@@ -462,7 +507,7 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
     model.fit(maps, labels)
     stage.save_model(MODEL_NAME, model, {"train_items": len(maps)})
     accuracy = float(np.mean(model.predict(maps) == np.asarray(labels)))
-    name_stage(store, name, stage, reporter)
+    _fitted(store, name, stage, reporter)
     reporter.info(f"fitted on {len(maps)} train items: final loss {model.loss_curve_[-1]:.4f}, "
                   f"train accuracy {accuracy:.3f}")
     reporter.info("summary: 1 done, 0 skipped (already complete), 0 failed")
@@ -482,17 +527,19 @@ def fit_standardize(store: Store, input: str, *, name: str | None = None, split:
     (split,) = _typed(split=split)
     source = store.resolve(input)
     train = train_item_ids(source, split)
-    stage = store.stage("standardize", {"split": split}, inputs=[source],
-                        items=Manifest([], root=source.path), create=not dry_run)
+    stage = store.stage("standardize", {"split": split, **_input_failed(source, split)},
+                        inputs=[source], items=Manifest([], root=source.path),
+                        create=not dry_run)
     announce(stage, name, reporter)
     if dry_run:
         _already(stage, MODEL_NAME, False, store, name, reporter, dry_run)
         return stage
     if not stage.has_model(MODEL_NAME):
+        mark_running(store, name, stage)
         model = Standardizer().fit([source.read_item(i) for i in train])
         stage.save_model(MODEL_NAME, model, {"input": source.name, "split": split,
                                              "n_items": len(train)})
         reporter.info(f"standardize: {model.mean_.shape[0]} channels from {len(train)} "
                       "train items")
-    name_stage(store, name, stage, reporter)
+    _fitted(store, name, stage, reporter)
     return stage
