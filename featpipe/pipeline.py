@@ -30,7 +30,7 @@ Every other key of a step is a keyword argument of its function, as documented t
 file order.
 
 The whole file is checked before the first step runs (:func:`load_pipeline`; a problem is a
-usage error): the functions; every key, of the step and of its ``params``
+usage error): the functions; every key, of the step and of its ``params`` and
 ``sampling`` tables and the estimator parameters of a fit (an unknown one with the closest
 known name); the values, with the checks the command line runs; and the references: an
 ``input``, ``inputs``, ``gmm``, ``pca`` or model parameter (``params = { model = "std" }``)
