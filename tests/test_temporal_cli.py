@@ -57,7 +57,7 @@ def test_encode_cli_bad_item_is_named_and_others_kept(cli, store_dir, tmp_path):
     proc = cli("encode", "--store", store_dir, "--input", "feats", "--method", "rankpool",
                    "--on-error", "skip", "--name", "rp")
     assert proc.exit_code == 1
-    assert "name rp not moved: stage encode-" in proc.output  # incomplete: one item failed
+    assert "name rp points to stage encode-" in proc.output  # skip: named, one item failed
     stage = store.resolve(re.search(r"stage (encode-\w+)", proc.output).group(1))
     failed = stage.failed()
     done = stage.done_ids()

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from featpipe.content import ContentHashes
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.fileio import check_h5_dataset, check_npy_header, first_line, load_npy
 from featpipe.io import matlab
@@ -225,14 +226,45 @@ class H5Source:
             raise FeatpipeError(f"--from {self.path}: not a readable HDF5 file "
                                 f"({first_line(err)})") from None
 
+    @staticmethod
+    def dataset_path(item_id: str) -> str:
+        """The HDF5 path an id names, normalised: ``a//b``, ``./a/b``, ``a/b/`` and ``/a/b``
+        are ``/a/b`` (``..`` is refused: HDF5 has no parent links)."""
+        parts = [p for p in item_id.split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise ItemError(item_id, "'..' in an HDF5 dataset path")
+        return "/" + "/".join(parts)
+
     def locate(self, item: ManifestItem):
+        """The dataset of ``item``, or ``None``; a dataset whose data are in another file is
+        refused, naming the link or the storage."""
         import h5py
 
+        path = self.dataset_path(item.id)
+        if path == "/":
+            return None
+        group = self._file
         try:
-            node = self._file.get(item.id)
+            for part in path.strip("/").split("/"):
+                link = group.get(part, getlink=True)
+                if isinstance(link, h5py.ExternalLink):
+                    raise FeatpipeError(f"{self.path}: {group.name.rstrip('/')}/{part} is an "
+                                        f"external link to {link.filename}:{link.path} (item "
+                                        f"{item.id!r}); featpipe does not follow them (their "
+                                        "content is not keyed): copy the data into the file")
+                group = group.get(part)
+                if group is None:
+                    return None
         except (KeyError, ValueError, OSError):
             return None
-        return node if isinstance(node, h5py.Dataset) else None
+        if not isinstance(group, h5py.Dataset):
+            return None
+        if group.is_virtual or group.id.get_create_plist().get_external_count():
+            what = "a virtual dataset" if group.is_virtual else "stored in external files"
+            raise FeatpipeError(f"{self.path}: dataset {group.name} (item {item.id!r}) is "
+                                f"{what}; featpipe does not read data outside the file (their "
+                                "content is not keyed): copy the data into the file")
+        return group
 
     def header(self, item: ManifestItem):
         node = self.locate(item)
@@ -244,7 +276,7 @@ class H5Source:
     def read(self, item: ManifestItem) -> np.ndarray:
         node = self.locate(item)
         if node.dtype.kind not in "biuf":
-            raise ItemError(item.id, f"dataset {item.id!r} of {self.path} has non-numeric dtype "
+            raise ItemError(item.id, f"dataset {node.name!r} of {self.path} has non-numeric dtype "
                                      f"{node.dtype}")
         try:
             check_h5_dataset(node, item.id)
@@ -366,15 +398,35 @@ def ts_manifest(sources: Sequence[TsSource]) -> Manifest:
     return from_rows(rows, sources[0].path.resolve().parent, n_splits=1)
 
 
-def source_fingerprint(fmt: str, path: str | Path) -> dict:
-    """What identifies a source in a stage key: its absolute path, plus size and mtime for
-    files (a rewritten file gives a new stage; a folder is identified by its path)."""
-    path = Path(path).resolve()
-    entry = {"format": fmt, "path": str(path)}
-    if path.is_file():
-        info = path.stat()
-        entry.update(size=info.st_size, mtime_ns=info.st_mtime_ns)
-    return entry
+def source_fingerprint(source, manifest: Manifest, hashes: ContentHashes) -> dict:
+    """What identifies a source in a stage key: its format and the content of what it reads
+    (:mod:`featpipe.content`): for a folder, the file each item reads (by item id; a missing
+    one as missing), else the file itself.  Never the path: a moved or touched source keeps
+    its stages, a rewritten one gives new ones."""
+    if isinstance(source, NpyDirSource):
+        files = [(item.id, source.locate(item)) for item in manifest]
+    else:
+        files = [("file", source.path)]
+    return {"format": source.fmt, "content": hashes.digest(files)}
+
+
+def check_h5_items(sources: Sequence, manifest: Manifest) -> None:
+    """Refuse, before a stage exists, what an HDF5 source would read wrongly: two item ids
+    that name one dataset (``a//b``, ``./a/b``, ``/a/b`` and ``a/b`` are one path; a hard or
+    soft link is the same data), and a dataset whose data lie in another file (an external
+    link on its path, external storage, a virtual dataset): their content is not keyed."""
+    for source in sources:
+        if isinstance(source, H5Source):
+            claimed: dict = {}
+            for item in manifest:
+                node = source.locate(item)
+                if node is None:
+                    continue
+                other = claimed.setdefault(node.id, item.id)
+                if other != item.id:
+                    raise FeatpipeError(f"items {other!r} and {item.id!r} both name dataset "
+                                        f"{node.name} of {source.path}; give each item its "
+                                        "own dataset")
 
 
 def manifest_digest(manifest: Manifest) -> str:

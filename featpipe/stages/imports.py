@@ -6,9 +6,12 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from featpipe.content import CACHE_NAME, ContentHashes
 from featpipe.errors import FeatpipeError, ParameterError
+from featpipe.fileio import check_output_path
 from featpipe.io.importers import (
     ImportCompute,
+    check_h5_items,
     describe,
     detect_format,
     file_stamp,
@@ -41,9 +44,13 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     as the stage's ``items.csv`` (and at ``write_manifest`` when given).  ``transpose`` swaps
     the axes of every 2-D array (one frame per column, e.g. VLFeat's D x N descriptors);
     ``mat_variable`` names the variable of per-item ``.mat`` files that hold several.
+    The stage key holds the sources by content
+    (:func:`featpipe.io.importers.source_fingerprint`): a rewritten file gives a new stage.
     """
     reporter = reporter or Reporter()
     check_name(name)
+    if write_manifest:
+        check_output_path(write_manifest, "write_manifest", store.root)
     specs = tuple((detect_format(path), str(Path(path).resolve())) for path in sources)
     if len(set(specs)) < len(specs):
         twice = next(path for path, spec in zip(sources, specs, strict=True)
@@ -69,12 +76,16 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     if write_manifest:
         manifest.write(write_manifest)
         reporter.info(f"wrote manifest {write_manifest} ({len(manifest)} items)")
-    params = {"sources": [source_fingerprint(fmt, path) for fmt, path in specs],
+    check_h5_items(opened, manifest)
+    dry_run = bool(options and options.dry_run)
+    hashes = ContentHashes(store.root / CACHE_NAME)
+    params = {"sources": [source_fingerprint(source, manifest, hashes) for source in opened],
               "items": manifest_digest(manifest)}
+    if not dry_run:
+        hashes.save()
     params.update({"transpose": True} if transpose else {})
     params.update({"mat_variable": mat_variable} if mat_variable else {})
-    stage = store.stage("import", params, items=manifest, dtype=dtype,
-                        create=not (options and options.dry_run))
+    stage = store.stage("import", params, items=manifest, dtype=dtype, create=not dry_run)
     expected = reference_signature(opened, manifest, transpose)
     from_mat = mat_shapes(opened, manifest)
     if from_mat:
