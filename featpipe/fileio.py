@@ -131,11 +131,15 @@ def make_dirs(path: str | os.PathLike) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
 
 
-def check_output_path(path: str | os.PathLike, option: str) -> None:
+def check_output_path(path: str | os.PathLike, option: str,
+                      store_root: str | os.PathLike | None = None) -> None:
     """Refuse, before any work is done, an output file that cannot be written (a folder, a
-    parent that is a file, a folder that is read-only): a :class:`ParameterError` for
-    ``option``, so results are never computed and then lost."""
+    parent that is a file, a folder that is read-only) or that lies inside the store folder
+    ``store_root`` (a file in its ``names/`` or ``stages/`` breaks ``cache ls`` and ``gc``):
+    a :class:`ParameterError` for ``option``, so results are never computed and then lost."""
     path = Path(path)
+    if store_root is not None:
+        check_outside_store(path, option, store_root)
     if path.is_dir():
         raise ParameterError(option, f"{path} is a folder; give a file name")
     parent = path.parent
@@ -147,6 +151,16 @@ def check_output_path(path: str | os.PathLike, option: str) -> None:
         read_only = bool(os.statvfs(parent).f_flag & os.ST_RDONLY)
         raise ParameterError(option, f"cannot write {path}: {parent} is "
                              + ("on a read-only file system" if read_only else "not writable"))
+
+
+def check_outside_store(path: str | os.PathLike, option: str,
+                        store_root: str | os.PathLike) -> None:
+    """A :class:`ParameterError` for ``option`` when ``path`` is inside the store folder
+    ``store_root`` (links resolved): featpipe's own files are the only files a store holds."""
+    root = Path(store_root).resolve()
+    if Path(path).resolve().is_relative_to(root):
+        raise ParameterError(option, f"{path} is inside the store {store_root}; write it "
+                                     "outside the store folder")
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:

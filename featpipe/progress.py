@@ -14,6 +14,7 @@ is still alive (``<host>-<pid>.jsonl``), or a ledger of another host had a line 
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 import os
 import time
@@ -188,6 +189,17 @@ def format_duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60} min {seconds % 60:02d} s"
     return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def format_time(stamp: float | None) -> str:
+    """A POSIX time as ``2026-11-24 21:38:42`` (UTC); ``-`` for none; a value that is no date
+    (a corrupt ledger line or model record) is shown as itself, never raised on."""
+    if stamp is None:
+        return "-"
+    try:
+        return _dt.datetime.fromtimestamp(stamp, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError, TypeError):
+        return f"{stamp!r} (not a date)"
 
 
 def stage_progress(stage: Stage) -> StageProgress:

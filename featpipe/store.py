@@ -104,6 +104,10 @@ class LedgerEntry:
     time: float
 
 
+#: How far ahead of this host's clock a ledger line's time may be (another host's clock).
+_CLOCK_SKEW_S = 86400.0
+
+
 def _is_number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and \
         np.isfinite(value)
@@ -120,6 +124,10 @@ def _ledger_entry(raw) -> LedgerEntry | str:
     for key in ("seconds", "time"):
         if not _is_number(raw.get(key, 0.0)):
             return f"{key!r} must be a number, got {raw.get(key)!r}"
+        if raw.get(key, 0.0) < 0:
+            return f"{key!r} must be >= 0, got {raw.get(key)!r}"
+    if raw.get("time", 0.0) > time.time() + _CLOCK_SKEW_S:
+        return f"'time' {raw['time']!r} is in the future (a clock or a writer gone wrong)"
     if not isinstance(raw.get("error"), str | None):
         return "'error' must be a string or null"
     return LedgerEntry(raw["id"], raw["status"], float(raw.get("seconds", 0.0)),

@@ -13,7 +13,7 @@ import click
 from featpipe.cli import LazyGroup
 from featpipe.cli.common import ClickReporter, open_store, store_option
 from featpipe.fileio import human_bytes
-from featpipe.progress import format_duration
+from featpipe.progress import format_duration, format_time
 from featpipe.stages import cache as upkeep
 
 CACHE_COMMANDS = {"pack": "featpipe.cli.cache_pack:pack",
@@ -33,10 +33,9 @@ def _compact_bytes(n: int) -> str:
 def _created(text: str | None) -> str:
     """``2025-01-31T10:04:00+00:00`` -> ``2025-01-31T10:04Z``."""
     try:
-        stamp = _dt.datetime.fromisoformat(text)
-    except (TypeError, ValueError):
+        return _dt.datetime.fromisoformat(text).astimezone(_dt.UTC).strftime("%Y-%m-%dT%H:%MZ")
+    except (TypeError, ValueError, OverflowError, OSError):
         return "-"
-    return stamp.astimezone(_dt.UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
 def _params(params: dict, width: int | None = PARAMS_WIDTH) -> str:
@@ -157,9 +156,7 @@ def _echo_chain(nodes: list[dict], depth: int = 1) -> None:
 
 
 def _when(stamp: float | None) -> str:
-    if stamp is None:
-        return "-"
-    return _dt.datetime.fromtimestamp(stamp, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return "-" if stamp is None else f"{format_time(stamp)} UTC"
 
 
 @cache.command("show")

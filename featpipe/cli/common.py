@@ -10,6 +10,8 @@ import click
 
 from featpipe.cli import logfile
 from featpipe.cli.display import board, print_above
+from featpipe.errors import ParameterError
+from featpipe.fileio import check_outside_store
 from featpipe.parallel import resolve_jobs
 from featpipe.stages.base import Progress, Reporter, RunOptions, StageRun
 from featpipe.store import Store
@@ -67,6 +69,15 @@ def command_line() -> str:
 
 
 def open_store(store_path: str) -> Store:
+    """The store at ``store_path``; a ``--log-file`` inside it is a usage error (the file is
+    removed if this run made it): a stray file in the store breaks ``cache ls`` and ``gc``."""
+    log = logfile.log_path()
+    if log is not None:
+        try:
+            check_outside_store(log, "log_file", store_path)
+        except ParameterError:
+            logfile.discard()
+            raise
     return Store(store_path)
 
 

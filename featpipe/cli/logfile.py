@@ -29,16 +29,19 @@ OUTPUT = "featpipe.output"
 
 _handler: logging.FileHandler | None = None
 _started = time.monotonic()
+#: the file and the folders this run made (a refused --log-file leaves nothing behind)
+_created: list[Path] = []
 
 
 def open_log(path: str | os.PathLike, command: str) -> None:
     """Start writing the record of this run to ``path`` (appended; its folder is made)."""
-    global _handler, _started
+    global _handler, _started, _created
     path = Path(path).absolute()
     if _handler is not None and Path(_handler.baseFilename) == path:
         return
     close_log()
     try:
+        _created = [p for p in (path, *path.parents) if not p.exists()]
         path.parent.mkdir(parents=True, exist_ok=True)
         handler = logging.FileHandler(path, mode="a", encoding="utf-8")
     except OSError as err:
@@ -54,6 +57,22 @@ def open_log(path: str | os.PathLike, command: str) -> None:
 
 def active() -> bool:
     return _handler is not None
+
+
+def log_path() -> Path | None:
+    """The ``--log-file`` of this run, if any."""
+    return None if _handler is None else Path(_handler.baseFilename)
+
+
+def discard() -> None:
+    """Close the log of a refused ``--log-file``, removing the file and folders this run
+    made for it."""
+    close_log()
+    for path in _created:
+        try:
+            path.rmdir() if path.is_dir() else path.unlink(missing_ok=True)
+        except OSError:  # a folder something else has written into since
+            break
 
 
 def record(text: str, level: int = logging.INFO) -> None:

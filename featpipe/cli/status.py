@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 
 import click
 
 from featpipe.cli.common import open_store, store_option
-from featpipe.progress import format_duration, stage_progress
+from featpipe.progress import format_duration, format_time, stage_progress
 from featpipe.stages.base import latest_stage
 from featpipe.stages.cache import describe_stage
-
-
-def _when(stamp: float | None) -> str:
-    if stamp is None:
-        return "-"
-    return _dt.datetime.fromtimestamp(stamp, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _rate(rate: float | None) -> str:
@@ -34,7 +27,7 @@ def _model_status(stage, as_json: bool, check: bool) -> None:
         click.echo(f"stage {stage.name} ({stage.kind}): a fitted-model stage, no items")
         for model, detail in info["models"].items():
             arrays = ", ".join(f"{k} {tuple(v['shape'])}" for k, v in detail["arrays"].items())
-            click.echo(f"model {model}: written {_when(detail['written'])} UTC; {arrays}")
+            click.echo(f"model {model}: written {format_time(detail['written'])} UTC; {arrays}")
         click.echo(f"status: {'complete: model fitted' if fitted else 'incomplete: no model'}")
     if check and not fitted:
         raise click.exceptions.Exit(1)
@@ -64,7 +57,8 @@ def status(store_path, name, show_failed, show_ledgers, check, as_json):
     progress = stage_progress(stage)
     if as_json:
         click.echo(json.dumps({"stage": stage.name, "kind": stage.kind,
-                               **progress.to_dict()}, indent=1))
+                               **progress.to_dict(), "problems": stage.ledger_problems()},
+                              indent=1))
         if check and not progress.complete:
             raise click.exceptions.Exit(1)
         return
@@ -86,7 +80,7 @@ def status(store_path, name, show_failed, show_ledgers, check, as_json):
         click.echo(f"rate: {_rate(progress.rate)}")
     if progress.pending and progress.ledgers and not running:
         click.echo(f"running: no process is computing this stage now (last ledger line "
-                   f"{_when(max(p.last or 0.0 for p in progress.ledgers))} UTC); re-run its "
+                   f"{format_time(max(p.last or 0.0 for p in progress.ledgers))} UTC); re-run its "
                    f"command to compute the {progress.pending} pending item(s)")
     if progress.recomputed:
         click.echo(f"recomputed: {len(progress.recomputed)} item(s) have more than one done "
@@ -96,13 +90,16 @@ def status(store_path, name, show_failed, show_ledgers, check, as_json):
         recent = sorted(progress.ledgers, key=lambda p: p.last or 0.0, reverse=True)
         for ledger in recent[:show_ledgers]:
             click.echo(f"  {ledger.name}: {ledger.done} done, {ledger.failed} failed, "
-                       f"{_rate(ledger.rate)}, {_when(ledger.first)} .. {_when(ledger.last)} UTC")
+                       f"{_rate(ledger.rate)}, {format_time(ledger.first)} .. "
+                       f"{format_time(ledger.last)} UTC")
         if len(recent) > show_ledgers:
             click.echo(f"  ... and {len(recent) - show_ledgers} more")
     for item_id, reason in sorted(progress.failed.items())[:show_failed]:
         click.echo(f"failed: {item_id}: {reason}")
     if len(progress.failed) > show_failed:
         click.echo(f"failed: ... and {len(progress.failed) - show_failed} more")
+    for problem in stage.ledger_problems():
+        click.echo(f"problem: {problem}")
     state = "complete" if progress.complete else "incomplete"
     click.echo(f"status: {state}: {progress.done} done, {len(progress.failed)} failed, "
                f"{progress.pending} pending")

@@ -236,7 +236,8 @@ class GaussianMixtureModel(ArrayModel, ValidatedEstimator, DensityMixin, BaseEst
         for start in range(0, xc.shape[0], self.chunk_size):
             block = xc[start:start + self.chunk_size]
             lhs = squared_lhs(block)
-            resp, log_px = normalise(self._log_joint(block, weights, means, variances, lhs))
+            resp, log_px = normalise(self._log_joint(block, weights, means, variances, lhs),
+                                     overwrite=True)
             total += float(np.sum(log_px, dtype=np.float64))
             s0 += resp.sum(axis=0)
             moments = resp.T @ lhs  # [Σγx², Σγx]

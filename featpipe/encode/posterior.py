@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from featpipe.backend import namespace
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -82,18 +84,33 @@ def log_joint(xc, log_norm, mc, inv_var, lhs=None):
     :func:`log_normaliser`; rounding cannot make a distance negative)."""
     xp = namespace(xc, log_norm)
     maha = mahalanobis(xc, mc, inv_var, lhs)
+    if isinstance(maha, np.ndarray):  # numpy: in place on the fresh distances
+        np.maximum(maha, 0.0, out=maha)
+        maha *= -0.5
+        maha += log_norm
+        return maha
     return log_norm - 0.5 * xp.maximum(maha, xp.zeros_like(maha))
 
 
-def normalise(log_joint, axis: int = -1):
+def normalise(log_joint, axis: int = -1, overwrite: bool = False):
     """(γ, log Σ_k exp l_k): posteriors softmax(l) and log-evidence along ``axis``.
 
     The largest term is factored out (it contributes exp(0) = 1, so γ never underflows to all
     zeros even for log joints of −1e26); terms below ``_LOG_FLOOR`` relative to it are zero.
-    A row of −inf gives γ = 0 and −inf, never NaN."""
+    A row of −inf gives γ = 0 and −inf, never NaN.  ``overwrite`` (numpy): γ replaces
+    ``log_joint`` in place, five passes and no temporaries (EM's E-step; terms below the floor,
+    e^-600 of the largest in float64, then stay as exp gives them instead of 0)."""
     xp = namespace(log_joint)
     top = xp.max(log_joint, axis=axis, keepdims=True)
     top = xp.where(xp.isfinite(top), top, xp.zeros_like(top))
+    if overwrite and isinstance(log_joint, np.ndarray):
+        log_joint -= top
+        e = np.exp(log_joint, out=log_joint)
+        total = np.sum(e, axis=axis, keepdims=True)
+        positive = total > 0
+        e /= np.where(positive, total, 1.0)
+        with np.errstate(divide="ignore"):
+            return e, np.squeeze(top + np.log(total), axis=axis)
     shifted = log_joint - top
     floor = _LOG_FLOOR[xp.finfo(log_joint.dtype).bits // 8]
     keep = shifted >= floor

@@ -54,7 +54,7 @@ def export_stage(stage: Stage, output: str | Path, partial: bool = False
     """Write the export file of ``stage`` to ``output``; returns its arrays and the number of
     items not computed (an incomplete stage is refused unless ``partial``)."""
     fmt = export_format(output)
-    check_output_path(output, "output")
+    check_output_path(output, "output", stage.store.root)
     done = stage.done_ids()
     ids = [i for i in stage.items.ids if i in done]
     missing = len(stage.items) - len(ids)

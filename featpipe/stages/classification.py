@@ -156,7 +156,7 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
     kernels = tuple(kernels) * len(inputs) if len(kernels) == 1 else tuple(kernels)
     Cs = tuple(C)
     if report:
-        check_output_path(report, "report")
+        check_output_path(report, "report", store.root)
     stages = [store.resolve(name) for name in inputs]
     manifest = stages[0].items
     if len(manifest) == 0:

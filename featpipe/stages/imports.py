@@ -8,6 +8,7 @@ from pathlib import Path
 
 from featpipe.content import CACHE_NAME, ContentHashes
 from featpipe.errors import FeatpipeError, ParameterError
+from featpipe.fileio import check_output_path
 from featpipe.io.importers import (
     ImportCompute,
     check_h5_items,
@@ -48,6 +49,8 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     """
     reporter = reporter or Reporter()
     check_name(name)
+    if write_manifest:
+        check_output_path(write_manifest, "write_manifest", store.root)
     specs = tuple((detect_format(path), str(Path(path).resolve())) for path in sources)
     if len(set(specs)) < len(specs):
         twice = next(path for path, spec in zip(sources, specs, strict=True)
