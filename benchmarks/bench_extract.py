@@ -150,10 +150,10 @@ def bench_stream(every: int, components: list[int]) -> None:
         dsift = {"max_pixels": 76_800}  # sizes 4, 6, 8, 10; step 2
         print(f"streaming: dense SIFT (76,800 pixels, step 2) of bikes + bigbuckbunny, every "
               f"{every}th frame -> PCA 64 -> FV per frame; one job each")
-        timed_extract(store, manifest, sampling=sampling, dsift=dsift, sample=25_000,
+        timed_extract(store, manifest, sampling=sampling, params=dsift, sample=25_000,
                       name="sample")
         fit_pca(store, "sample", n_components=64, name="p64")
-        t_raw, raw = timed_extract(store, manifest, sampling=sampling, dsift=dsift,
+        t_raw, raw = timed_extract(store, manifest, sampling=sampling, params=dsift,
                                    name="raw")
         frames = frames_of(raw.stage)
         per_frame = len(raw.stage.read_item("bikes")) // len(raw.stage.read_extra(
@@ -166,7 +166,7 @@ def bench_stream(every: int, components: list[int]) -> None:
             fit_gmm(store, "sample", name=f"g{k}", n_components=k, pca="p64", sample=50_000,
                     max_iter=20)
             params = {"gmm": f"g{k}", "per_frame": True}
-            t_fused, fused = timed_extract(store, manifest, sampling=sampling, dsift=dsift,
+            t_fused, fused = timed_extract(store, manifest, sampling=sampling, params=dsift,
                                            encode="fisher", encode_params=params,
                                            name=f"fv{k}")
             start = time.perf_counter()
@@ -218,7 +218,7 @@ def bench_jobs(every: int, step: int, copies: int) -> None:
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 seconds, run = timed_extract(store, manifest,
                                              sampling=Sampling(every=sampled_every),
-                                             dsift={"max_pixels": 76_800, "step": step},
+                                             params={"max_pixels": 76_800, "step": step},
                                              options=RunOptions(jobs=jobs), **extra)
                 frames = sum(len(list(iter_frames(p, Sampling(every=sampled_every))))
                              for p in paths.values()) if extra else frames_of(run.stage)
@@ -251,13 +251,13 @@ class SleepModel:
 def pipeline_seconds(model, paths, sampling, jobs, batch_size, folder) -> tuple[float, int]:
     """Wall time of the extraction pipeline (warm workers) over ``paths``; frames done."""
     from featpipe.extract.streaming import CropProgram, Extraction, FrameSinks
-    from featpipe.extract.vgg import VGGPreprocess
+    from featpipe.extract.vgg import VGG16
     from featpipe.io.video import DecodePool
     from featpipe.store import Store
 
     manifest = manifest_of(folder, paths)
     stage = Store(tempfile.mkdtemp(dir=folder)).stage("extract", {"bench": 1}, items=manifest)
-    prep = VGGPreprocess()
+    prep = VGG16().preprocess()
     with DecodePool(jobs, program=CropProgram(prep)) as pool:
         # start the workers and load the program (once per stage, not per item)
         pool.submit([(f"warm-up{k}", path) for k, path in enumerate(paths.values())],
@@ -308,11 +308,11 @@ def bench_vgg(fps: float, batch_size: int, repeats: int, torch_threads: int | No
 
     if torch_threads:
         torch.set_num_threads(torch_threads)
-    from featpipe.extract.vgg import VGG16Features, VGGPreprocess, normalise_crops
+    from featpipe.extract.vgg import VGG16, VGG16Features, normalise_crops
 
     paths = clips()
     sampling = Sampling(fps=fps)
-    prep = VGGPreprocess()
+    prep = VGG16().preprocess()
     crops = [prep(f) for path in paths.values() for _, f in iter_frames(path, sampling)]
     print(f"VGG-16 fc6 (random weights): --fps {fps:g} on the 3 clips: {len(crops)} frames, "
           f"batch {batch_size}, {torch.get_num_threads()} torch threads, 1 decoding worker")

@@ -30,7 +30,7 @@ Every other key of a step is a keyword argument of its function, as documented t
 file order.
 
 The whole file is checked before the first step runs (:func:`load_pipeline`; a problem is a
-usage error): the functions; every key, of the step and of its ``params``, ``dsift`` and
+usage error): the functions; every key, of the step and of its ``params`` and
 ``sampling`` tables and the estimator parameters of a fit (an unknown one with the closest
 known name); the values, with the checks the command line runs; and the references: an
 ``input``, ``inputs``, ``gmm``, ``pca`` or model parameter (``params = { model = "std" }``)
@@ -232,15 +232,10 @@ def _check_method(method, params) -> None:
 
 
 def _check_extract(arguments: Mapping) -> None:
-    from featpipe.extract.dsift import DenseSIFT
     from featpipe.io.video import Sampling
-    from featpipe.parameters import estimator_parameters, parameter_record
-    from featpipe.stages.extraction import FEATURES
+    from featpipe.stages.extraction import choose_features
 
-    if arguments.get("features") not in FEATURES:
-        raise ParameterError("features", f"must be one of {', '.join(FEATURES)}, got "
-                             f"{arguments.get('features')!r}")
-    for table in ("sampling", "dsift", "encode_params"):
+    for table in ("sampling", "params", "encode_params"):
         if not isinstance(arguments.get(table) or {}, Mapping):
             raise ParameterError(table, f"must be a table, got {arguments[table]!r}")
     sampling = dict(arguments.get("sampling") or {})
@@ -252,10 +247,7 @@ def _check_extract(arguments: Mapping) -> None:
                 f" (did you mean {close[0]}?)" if close else f" (keys: {', '.join(known)})"))
     try:
         Sampling(**sampling).validate()
-        if arguments.get("dsift") is not None:
-            dsift = parameter_record(estimator_parameters(DenseSIFT), arguments["dsift"],
-                                     "dsift")
-            DenseSIFT(**dsift)._check()
+        choose_features(arguments.get("features"), arguments.get("params"))
     except ParameterError:
         raise
     except FeatpipeError as err:

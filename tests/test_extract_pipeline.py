@@ -110,7 +110,7 @@ def test_progress_counts_frames_and_jobs_share_the_work(tmp_path):
     for jobs in (1, 2):
         reporter = Recorder()
         run = extract(Store(tmp_path / f"s{jobs}"), manifest, "dsift",
-                      sampling=Sampling(every=3), dsift={"sizes": [8], "step": 8},
+                      sampling=Sampling(every=3), params={"sizes": [8], "step": 8},
                       options=RunOptions(jobs=jobs), reporter=reporter)
         assert run.ok and run.summary.done == 4
         assert reporter.bars == [(40, "extract", "frames")]  # 4 items x 10 sampled frames

@@ -164,7 +164,7 @@ FRAMES = "[steps.frames]\nstage = 'import_features'\nsources = ['x.ts']\n"
     (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'avg'\n"
      "on_error = 'skp'\n", "step 'a' (encode): on_error must be one of fail, skip"),
     ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
-     "dsift = { step = 0 }\n", "step 'x' (extract): "),
+     "params = { step = 0 }\n", "step 'x' (extract): "),
     ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'sift'\n",
      "step 'x' (extract): features must be one of"),
     (f"{FRAMES}[steps.c]\nstage = 'classify'\ninputs = ['frames']\nC = []\n",

@@ -3,7 +3,7 @@
 Every stage kind is asked for through the three entry points (the command line in-process,
 a pipeline file, the Python API) with equal values written differently: ints for float
 parameters and floats for int ones, defaults omitted or given, the short CLI aliases
-(``--dim``, ``--components``, ``--seed``) or scikit-learn's names, a partial ``dsift`` table.
+(``--dim``, ``--components``, ``--seed``) or scikit-learn's names, a partial ``params`` table.
 Each must give one key.  Dry runs compute the keys without computing anything, except for
 ``classify``, which runs (it has no dry run; its inputs are tiny).
 """
@@ -172,11 +172,11 @@ def test_extract_dsift_one_key_for_fps_5_and_5_0_and_a_partial_table(cli, world)
     key = cli_key(cli, "extract", "-m", root / "video.csv", "-s", store.root, "-f", "dsift",
                   "--fps", "5.0", "--sizes", "8", "--step", "4", "--dry-run")
     step = {"stage": "extract", "manifest": str(root / "video.csv"), "features": "dsift",
-            "sampling": {"fps": 5}, "dsift": {"sizes": [8], "step": 4.0}}
+            "sampling": {"fps": 5}, "params": {"sizes": [8], "step": 4.0}}
     assert pipeline_key(root, store, step) == key
     run = stages.extract(store, Manifest.read(root / "video.csv"), "dsift",
-                         sampling=Sampling(fps=5), dsift={"sizes": (8.0,), "step": 4,
-                                                          "contrast_threshold": 0.005},
+                         sampling=Sampling(fps=5), params={"sizes": (8.0,), "step": 4,
+                                                           "contrast_threshold": 0.005},
                          options=RunOptions(dry_run=True))
     assert python_key(run) == key
 
@@ -195,11 +195,12 @@ def test_extract_vgg_one_key(cli, world):
                   "vgg16-fc6", "--weights", "random:0", "--every", "2", "--crop", "32",
                   "--resize", "40", "--dry-run")
     step = {"stage": "extract", "manifest": str(root / "video.csv"), "features": "vgg16-fc6",
-            "weights": "random:0", "sampling": {"every": 2.0}, "crop": 32.0, "resize": 40}
+            "params": {"weights": "random:0", "crop": 32.0, "resize": 40},
+            "sampling": {"every": 2.0}}
     assert pipeline_key(root, store, step) == key
     run = stages.extract(store, Manifest.read(root / "video.csv"), "vgg16-fc6",
-                         weights="random:0", sampling=Sampling(every=2), crop=32,
-                         resize=40.0, options=RunOptions(dry_run=True))
+                         params={"weights": "random:0", "crop": 32, "resize": 40.0},
+                         sampling=Sampling(every=2), options=RunOptions(dry_run=True))
     assert python_key(run) == key
 
 

@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 
 from featpipe.errors import FeatpipeError  # noqa: E402
 from featpipe.extract.vgg import (  # noqa: E402
+    VGG16,
     VGG16Features,
-    VGGPreprocess,
     build_vgg16,
     conv5_3_positions,
     load_vgg16,
@@ -97,7 +97,7 @@ def test_preprocessing_matches_torchvision_recipe():
     rng = np.random.default_rng(0)
     frame = (rng.random((240, 320, 3)) * 255).astype(np.uint8)
     frame = np.asarray(Image.fromarray(frame).resize((80, 60)).resize((320, 240)))  # smooth
-    prep = VGGPreprocess()
+    prep = VGG16().preprocess()
     assert prep.geometry(240, 320) == (256, 341, 256 / 240, 16, 58)
     crop = prep(frame)
     assert crop.shape == (224, 224, 3) and crop.dtype == np.uint8
@@ -112,7 +112,7 @@ def test_preprocessing_matches_torchvision_recipe():
 
 
 def test_positions_map_cells_to_frame_pixels():
-    pos = conv5_3_positions(224, VGGPreprocess(), (240, 320))
+    pos = conv5_3_positions(224, VGG16().preprocess(), (240, 320))
     assert pos.shape == (196, 3)
     # cell (0, 0): centre 7.5 in the crop -> (7.5 + 58) / (256/240) in the frame
     np.testing.assert_allclose(pos[0], [(7.5 + 58) * 240 / 256, (7.5 + 16) * 240 / 256,

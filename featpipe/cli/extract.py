@@ -27,30 +27,36 @@ from featpipe.manifest import Manifest
 
 
 def table_source() -> dict:
-    """The feature kinds, the local-feature encoders and their generated options (as
-    ``featpipe encode``'s, less ``--device``, which extract has) (``options.json``)."""
+    """The feature methods and their generated options, the local-feature encoders and
+    theirs (as ``featpipe encode``'s, less ``--device``, which extract has); list-valued
+    parameters (``sizes``) by their defaults (``options.json``)."""
     from featpipe.encode.registry import load_methods
-    from featpipe.stages.extraction import DSIFT_FPS, FEATURES, LOCAL_ENCODERS
+    from featpipe.extract.features import load_features
+    from featpipe.stages.extraction import LOCAL_ENCODERS
 
+    features = load_features()
     methods = load_methods()
     specs = method_option_specs({name: methods[name] for name in LOCAL_ENCODERS})
-    return {"features": list(FEATURES), "dsift_fps": DSIFT_FPS,
+    lists = {p.name: type(p.default[0]).__name__ for m in features.values()
+             for p in m.parameters if isinstance(p.default, list | tuple) and p.default}
+    return {"features": [[m.name, m.summary] for m in features.values()],
+            "feature_options": method_option_specs(features), "lists": lists,
             "encoders": list(LOCAL_ENCODERS),
             "options": [s for s in specs if s["decls"][-1] != "device"]}
 
 
 TABLE = table_entry("extract")
+FEATURE_PARAMS = [spec["decls"][-1] for spec in TABLE["feature_options"]]
 
 
-def _parse_sizes(text: str) -> list[int]:
+def _listed(name: str, text: str) -> list:
+    """A list-valued parameter from the command line: ``4,6,8`` -> [4, 6, 8]."""
+    kind = {"int": int, "float": float}.get(TABLE["lists"][name], str)
     try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
+        return [kind(v) for v in str(text).split(",") if v.strip()]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {text!r}",
-                                 param_hint="--sizes") from None
-    if not sizes or min(sizes) < 1:
-        raise click.BadParameter(f"need positive bin sizes, got {text!r}", param_hint="--sizes")
-    return sizes
+        raise click.BadParameter(f"expected comma-separated {TABLE['lists'][name]} values, got "
+                                 f"{text!r}", param_hint=flag_of(name)) from None
 
 
 @click.command("extract", epilog=(
@@ -64,16 +70,16 @@ def _parse_sizes(text: str) -> list[int]:
 @click.option("--manifest", "-m", "manifest_path", required=True,
               type=click.Path(dir_okay=False), help="Manifest CSV (id,path,label,split1...).")
 @store_option
-@click.option("--features", "-f", required=True, type=click.Choice(TABLE["features"]),
-              help="vgg16-fc6 (per frame), vgg16-conv5_3 or dsift (local).")
+@click.option("--features", "-f", required=True,
+              type=click.Choice([name for name, _ in TABLE["features"]]),
+              help="Feature method: " + "; ".join(f"{n}: {s}" for n, s in TABLE["features"])
+              + ". Its options follow (each says which methods take it).")
 @click.option("--name", "-n", default=None, help="Name to give the stage.")
-@click.option("--weights", default=None,
-              help="VGG-16: torchvision's vgg16-397923af.pth, or random:SEED (tests/demos).")
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
               help="Where VGG-16 (and an --encode method with a device) runs.")
 @click.option("--fps", type=float, default=None,
-              help=f"Sample F frames per second [dsift on video: {TABLE['dsift_fps']:g}, since "
-                   "neighbouring frames give nearly the same descriptors; others: all frames].")
+              help="Sample F frames per second [dsift on video: 1, since neighbouring frames "
+                   "give nearly the same descriptors; others: all frames].")
 @click.option("--every", type=int, default=None, help="Keep every N-th frame (1: all).")
 @click.option("--frames", "n_frames", type=int, default=None,
               help="Keep N frames evenly spaced over the video.")
@@ -81,26 +87,6 @@ def _parse_sizes(text: str) -> list[int]:
               help="Frames per VGG-16 forward pass (frames of several items share one).")
 @click.option("--dtype", default="float32", show_default=True,
               type=click.Choice(["float32", "float16"]), help="Stored array type.")
-@click.option("--resize", default=256, show_default=True, type=int,
-              help="VGG-16: shorter side before the centre crop.")
-@click.option("--crop", default=224, show_default=True, type=int,
-              help="VGG-16: centre crop size (conv5_3 gives crop/16 cells a side).")
-@click.option("--sizes", default="4,6,8,10", show_default=True,
-              help="dsift: bin sizes in pixels.")
-@click.option("--step", default=2, show_default=True, type=int, help="dsift: grid step.")
-@click.option("--magnif", default=6.0, show_default=True, type=float,
-              help="dsift: smoothing sigma = size / magnif.")
-@click.option("--window-size", default=1.5, show_default=True, type=float,
-              help="dsift: flat-window Gaussian sigma in bins.")
-@click.option("--contrast-threshold", default=None, type=float,
-              help="dsift: low-contrast threshold [0.005; 0 for --engine opencv].")
-@click.option("--low-contrast", default="zero", show_default=True,
-              type=click.Choice(["zero", "drop"]), help="dsift: zero (VLFeat) or drop them.")
-@click.option("--root-sift", is_flag=True, help="dsift: RootSIFT (L1 then square root).")
-@click.option("--max-pixels", default=None, type=int,
-              help="dsift: rescale larger frames to at most this many pixels.")
-@click.option("--engine", default="featpipe", show_default=True,
-              type=click.Choice(["featpipe", "opencv"]), help="dsift engine.")
 @click.option("--positions/--no-positions", default=True, show_default=True,
               help="Store x, y, scale of each local feature.")
 @click.option("--pca", "pca_name", default=None,
@@ -122,13 +108,13 @@ def _parse_sizes(text: str) -> list[int]:
               help="Seconds a decoding worker may go without a frame before it is killed.")
 @item_parallel_options
 @click.pass_context
-def extract(ctx, manifest_path, store_path, features, name, weights, device, fps, every,
-            n_frames, batch_size, dtype, resize, crop, sizes, step, magnif, window_size,
-            contrast_threshold, low_contrast, root_sift, max_pixels, engine, positions,
-            pca_name, encode_method, sample, sample_seed, allow_partial, disk_check, decoder,
-            decode_timeout, **kwargs):
+def extract(ctx, manifest_path, store_path, features, name, device, fps, every, n_frames,
+            batch_size, dtype, positions, pca_name, encode_method, sample, sample_seed,
+            allow_partial, disk_check, decoder, decode_timeout, **kwargs):
     """Decode each manifest item and store its features (or their encoding)."""
     options = run_options(kwargs)
+    params = {k: kwargs.pop(k) for k in FEATURE_PARAMS if kwargs.get(k) is not None}
+    params.update({k: _listed(k, v) for k, v in params.items() if k in TABLE["lists"]})
     given = {k: v for k, v in kwargs.items() if v not in (None, ())}
     encode_params = None
     if encode_method is not None:  # checked as `featpipe encode` checks them
@@ -140,23 +126,15 @@ def extract(ctx, manifest_path, store_path, features, name, weights, device, fps
     elif given:
         flags = ", ".join(flag_of(k) for k in given)
         raise click.UsageError(f"{flags} applies to --encode only")
-    dsift = {"sizes": _parse_sizes(sizes), "step": step, "magnif": magnif,
-             "window_size": window_size, "contrast_threshold": contrast_threshold,
-             "low_contrast": low_contrast, "root_sift": root_sift, "max_pixels": max_pixels,
-             "engine": engine}
-    if features != "dsift":
-        dsift = None
-    elif weights is not None:
-        raise click.UsageError("--weights applies to vgg16-* features only")
     from featpipe.stages.extraction import extract as extract_stage
 
     manifest = Manifest.read(manifest_path)
     try:
         run = extract_stage(
-            open_store(store_path), manifest, features, name=name,
-            sampling=Sampling(fps=fps, every=every, frames=n_frames), weights=weights,
-            device=device, batch_size=batch_size, dtype=dtype, resize=resize, crop=crop,
-            dsift=dsift, positions=positions, pca=pca_name, encode=encode_method,
+            open_store(store_path), manifest, features, name=name, params=params,
+            sampling=Sampling(fps=fps, every=every, frames=n_frames), device=device,
+            batch_size=batch_size, dtype=dtype, positions=positions, pca=pca_name,
+            encode=encode_method,
             encode_params=encode_params, sample=sample, sample_seed=sample_seed,
             allow_partial=allow_partial, disk_check=disk_check, decoder=decoder,
             decode_timeout=decode_timeout, options=options, reporter=ClickReporter())
@@ -166,4 +144,4 @@ def extract(ctx, manifest_path, store_path, features, name, weights, device, fps
     finish(run)
 
 
-extract.params.extend(make_option(spec) for spec in TABLE["options"])
+extract.params.extend(make_option(spec) for spec in TABLE["feature_options"] + TABLE["options"])

@@ -37,7 +37,7 @@ from featpipe.parameters import Parameter
 #: the precomputed table of generated options and choices
 TABLE_PATH = Path(__file__).with_name("options.json")
 #: table key -> "module:function" computing the entry (importing what it needs); entries
-#: marked True list encode methods, so encoder plugins make them live
+#: marked True list encode or feature methods, so plugins make them live
 TABLE_SOURCES: dict[str, tuple[str, bool]] = {
     "commands": ("featpipe.cli:table_source", False),
     "fit commands": ("featpipe.cli.fit:table_source", False),
@@ -117,6 +117,8 @@ def _grouped(uses: Mapping[str, Parameter], value) -> dict[str, list[str]]:
 def _shown(value) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
     return str(value)
 
 
@@ -192,8 +194,9 @@ _TABLE: dict | None = None
 
 def _plugins_configured() -> bool:
     from featpipe.encode.registry import plugin_modules
+    from featpipe.extract.features import plugin_modules as feature_plugins
 
-    return bool(plugin_modules())
+    return bool(plugin_modules() or feature_plugins())
 
 
 def live_entry(key: str):
@@ -220,7 +223,11 @@ def table_entry(key: str):
 
 
 def write_table(path: Path = TABLE_PATH) -> None:
-    """Compute every entry of the table and write it to ``path``."""
+    """Compute every entry of the table and write it to ``path`` (while computing, the
+    commands' modules see an empty table: their own entries are computed live too)."""
+    from featpipe.cli import options
+
+    options._TABLE = {}
     table = {key: live_entry(key) for key in TABLE_SOURCES}
     path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
-import inspect
 import json
 import os
 import re
@@ -196,7 +195,6 @@ class Runner:
     def extract(self, manifest_path: Path, features: str, name: str, frames: int | None = None,
                 every: int | None = None, weights: str | None = None, **dsift) -> None:
         """``featpipe extract``; ``dsift`` holds dense SIFT's options (``sizes`` a list)."""
-        from featpipe.extract.dsift import DenseSIFT
         from featpipe.io.video import Sampling
         from featpipe.manifest import Manifest
 
@@ -206,13 +204,11 @@ class Runner:
                 "--features", features, "--name", name,
                 *_flags({k: v for k, v in {**sampling, "weights": weights}.items() if v}),
                 *_flags(shown)]
-        options = None
-        if features == "dsift":  # what the command line gives: every option, defaults too
-            options = {key: arg.default for key, arg in
-                       inspect.signature(DenseSIFT).parameters.items() if key != "start"}
-            options.update(dsift)
+        params = dict(dsift)
+        if weights:
+            params["weights"] = weights
         self.run(args, stages.extract, Manifest.read(manifest_path), features, name=name,
-                 sampling=Sampling(**sampling), weights=weights, dsift=options)
+                 sampling=Sampling(**sampling), params=params)
 
     def stage_of(self, name: str) -> str:
         return self.store.resolve(name).name

@@ -41,9 +41,12 @@ from numbers import Integral, Real
 
 import cv2
 import numpy as np
+from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from featpipe.errors import InputError
+from featpipe.extract.features import FeatureMethod
+from featpipe.parameters import ValidatedEstimator
 
 NUM_BINS = 4
 NUM_ORIENTATIONS = 8
@@ -223,24 +226,34 @@ class DenseSIFTResult:
     positions: np.ndarray
 
 
-class DenseSIFT:
+class DenseSIFT(ValidatedEstimator, BaseEstimator):
     """Multi-scale dense SIFT (``vl_phow`` with ``'fast'``), scikit-learn style.
 
     Parameters
     ----------
-    sizes : bin sizes in pixels (``vl_phow``: 4, 6, 8, 10).
-    step : grid step in pixels (``vl_phow``: 2; the deep Fisher kernel paper: 4).
-    magnif : smoothing σ = size / magnif (6).
-    window_size : flat-window Gaussian σ in bins (1.5 as ``vl_phow``).
-    contrast_threshold : frames with contrast below it are zeroed or dropped (0.005; the
-        OpenCV engine has no contrast and requires 0 or ``None``).
-    low_contrast : ``'zero'`` (VLFeat: kept as zero vectors) or ``'drop'``.
-    root_sift : RootSIFT (L1 then square root) when true.
-    max_pixels : rescale larger images (area interpolation) to at most this many pixels;
-        positions are reported in the original image's pixels.
-    start : 0-based pixel where the largest size's grid starts (0 as MATLAB ``vl_phow``,
-        1 as cyvlfeat's ``phow``).
-    engine : ``'featpipe'`` (vectorised flat window) or ``'opencv'`` (cv2.SIFT on the grid).
+    sizes : list of int
+        Bin sizes in pixels (``vl_phow``: 4, 6, 8, 10).
+    step : int
+        Grid step in pixels (``vl_phow``: 2; the deep Fisher kernel paper: 4).
+    magnif : float
+        Smoothing sigma = size / magnif.
+    window_size : float
+        Flat-window Gaussian sigma in bins (1.5 as ``vl_phow``).
+    contrast_threshold : float or None
+        Descriptors with contrast below it are zeroed or dropped [0.005; 0 for the opencv
+        engine, which has no contrast measure].
+    low_contrast : {"zero", "drop"}
+        Low-contrast descriptors kept as zero vectors (VLFeat) or dropped.
+    root_sift : bool
+        RootSIFT (L1 then square root).
+    max_pixels : int or None
+        Rescale larger frames (area interpolation) to at most this many pixels; positions
+        stay in the original frame's pixels.
+    start : int
+        0-based pixel where the largest size's grid starts (0 as MATLAB ``vl_phow``, 1 as
+        cyvlfeat's ``phow``).
+    engine : {"featpipe", "opencv"}
+        featpipe's vectorised flat window, or cv2.SIFT on the grid.
     """
 
     #: the declared types (scikit-learn's vocabulary): they type the stage key's record
@@ -317,6 +330,21 @@ class DenseSIFT:
                       * _grid(offset, height - 1, size, int(self.step)))
         return total
 
+    def effective_params(self) -> dict:
+        """The parameters as used: the contrast threshold's default filled in (0.005, or 0
+        for the opencv engine); a bad value raises InputError."""
+        return {**self.get_params(deep=False), "contrast_threshold": self._check()}
+
+    @property
+    def n_features(self) -> int:
+        """Values per descriptor (4 x 4 bins x 8 orientations)."""
+        return DESCRIPTOR_SIZE
+
+    def minimum_size(self) -> str:
+        """The smallest frame with a descriptor, in words (for messages)."""
+        side = self.min_side()
+        return f"at least {side}x{side} with sizes {','.join(str(s) for s in self.sizes)}"
+
     def min_side(self) -> int:
         """The smallest side (pixels, after the ``max_pixels`` rescale) of an image with at
         least one descriptor: 4 bins of the size plus the size's grid offset."""
@@ -378,3 +406,11 @@ def root_sift(descriptors: np.ndarray) -> np.ndarray:
     descriptors = np.abs(np.asarray(descriptors, dtype=np.float32))
     l1 = descriptors.sum(axis=1, keepdims=True)
     return np.sqrt(descriptors / np.maximum(l1, _FLT_EPSILON))
+
+
+#: video dense SIFT samples one frame per second unless told otherwise: neighbouring frames at
+#: 25-30 fps give nearly the same descriptors, and every frame costs about 30 MB of raw
+#: descriptors (320x240, step 2) and 0.15 s of one core; 1 fps cuts both 25-30x and still
+#: gives a 7 s UCF101 clip 7 frames (ask for more with --fps, --every or --frames).
+FEATURE_METHODS = [FeatureMethod("dsift", "dense multi-scale SIFT (local, 128 values per "
+                                 "descriptor)", DenseSIFT, "dense SIFT", default_fps=1.0)]

@@ -255,22 +255,22 @@ class _Background:
 
 
 class LocalFeatureProgram:
-    """Dense SIFT in the decoding worker: each frame's descriptors (with positions and the
+    """A local feature method computed in the decoding worker (``method.runs == "worker"``,
+    :mod:`featpipe.extract.features`): each frame's descriptors (with positions and the
     frame's size) go to the item's :class:`FrameSinks` on a second thread."""
 
-    def __init__(self, dsift: Mapping, outputs: FrameSinks):
-        self.dsift = dict(dsift)
+    def __init__(self, method, record: Mapping, outputs: FrameSinks):
+        self.method = method
+        self.record = dict(record)
         self.outputs = outputs
-        self._sift = None
+        self._estimator = None
 
     def __getstate__(self):
-        return {"dsift": self.dsift, "outputs": self.outputs, "_sift": None}
+        return {**self.__dict__, "_estimator": None}
 
     def start(self, item_id: str) -> _LocalFeatureJob:
-        from featpipe.extract.dsift import DenseSIFT
-
-        if self._sift is None:
-            self._sift = DenseSIFT(**self.dsift)
+        if self._estimator is None:
+            self._estimator = self.method.build(self.record)
         return _LocalFeatureJob(self, item_id)
 
 
@@ -286,17 +286,17 @@ class _LocalFeatureJob:
         self.frames = 0
 
     def add(self, frame: np.ndarray, seconds: float):
-        sift = self.program._sift
-        if sift.count(*frame.shape[:2]) == 0:
-            side = sift.min_side()
+        estimator, label = self.program._estimator, self.program.method.label
+        if estimator.count(*frame.shape[:2]) == 0:
+            minimum = getattr(estimator, "minimum_size", None)
             raise RuntimeError(
                 f"frame {self.frames} is {frame.shape[1]}x{frame.shape[0]} pixels, smaller than "
-                f"one dense SIFT descriptor (at least {side}x{side} with sizes "
-                f"{','.join(str(s) for s in sift.sizes)}): no descriptors")
+                f"one {label} descriptor" + (f" ({minimum()})" if minimum else "")
+                + ": no descriptors")
         try:
-            result = sift.compute(frame)  # greys the frame itself
+            result = estimator.compute(frame)
         except Exception as err:
-            raise RuntimeError(f"dense SIFT failed on frame {self.frames}: {err}") from None
+            raise RuntimeError(f"{label} failed on frame {self.frames}: {err}") from None
         self.worker.put(Frame(result.descriptors, self.frames, seconds, result.positions,
                               tuple(frame.shape[:2])))
         self.frames += 1

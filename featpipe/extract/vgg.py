@@ -5,10 +5,11 @@ featpipe defines the network itself, with exactly torchvision's ``vgg16`` state-
 ``classifier.{0,3,6}`` for fc6, fc7, fc8), so torchvision's ImageNet checkpoint
 ``vgg16-397923af.pth`` loads unchanged with ``torch.load(weights_only=True)``.
 
-Preprocessing (torchvision's ``IMAGENET1K_V1`` transforms for these weights): resize the
-shorter side to 256 (bilinear, antialiased, longer side ``int(256·long/short)``), centre-crop
-224×224 (top-left at ``round((h − 224)/2)``), scale to [0, 1], subtract the ImageNet mean
-(0.485, 0.456, 0.406) and divide by the std (0.229, 0.224, 0.225).
+Preprocessing (torchvision's ``IMAGENET1K_V1`` transforms for these weights), owned by the
+feature method :class:`VGG16` (``resize`` and ``crop``, declared there once): resize the
+shorter side to ``resize`` (bilinear, antialiased, longer side ``int(resize·long/short)``),
+centre-crop ``crop``×``crop`` (top-left at ``round((h − crop)/2)``), scale to [0, 1], subtract
+the ImageNet mean (0.485, 0.456, 0.406) and divide by the std (0.229, 0.224, 0.225).
 
 Layers:
 
@@ -22,11 +23,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 
 import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.utils._param_validation import Interval, StrOptions
 
-from featpipe.errors import FeatpipeError, InputError
+from featpipe.errors import FeatpipeError, InputError, ParameterError
+from featpipe.extract.features import FeatureMethod
+from featpipe.parameters import ValidatedEstimator
 
 LAYERS = ("fc6", "conv5_3")
 #: channels per conv layer; "M" is a 2x2 max-pool (torchvision's cfg "D")
@@ -175,8 +181,8 @@ class VGGPreprocess:
     the central ``crop`` square.  Also returns the crop's geometry in frame pixels.
     """
 
-    resize: int = 256
-    crop: int = 224
+    resize: int
+    crop: int
 
     def geometry(self, height: int, width: int) -> tuple[int, int, float, int, int]:
         """(new_h, new_w, scale, top, left) for a frame of that size."""
@@ -306,3 +312,64 @@ class VGG16Features:
     def _layer(self, batch):
         return self.model_.fc6(batch) if self.layer == "fc6" else self.model_.conv5_3(batch)
 
+
+class VGG16(ValidatedEstimator, BaseEstimator):
+    """The VGG-16 feature method: one layer's output for each frame, with the preprocessing
+    of torchvision's weights (:class:`VGGPreprocess`, in the decoding workers) and the
+    network (:class:`VGG16Features`, in the parent).
+
+    Parameters
+    ----------
+    weights : str
+        torchvision's vgg16-397923af.pth, or random:SEED (tests, demos).
+    resize : int
+        Shorter side of the frame before the centre crop (torchvision's transforms: 256).
+    crop : int
+        Side of the centre crop (torchvision's transforms: 224; conv5_3 gives crop/16 cells a
+        side).
+    layer : {"fc6", "conv5_3"}
+        The layer whose output is the feature (fixed by the feature method's name).
+    """
+
+    _parameter_constraints = {
+        "weights": [str, None],
+        "resize": [Interval(Integral, 32, None, closed="left")],
+        "crop": [Interval(Integral, 32, None, closed="left")],
+        "layer": [StrOptions(set(LAYERS))],
+    }
+
+    def __init__(self, weights=None, resize=256, crop=224, layer="fc6"):
+        self.weights = weights
+        self.resize = resize
+        self.crop = crop
+        self.layer = layer
+
+    @classmethod
+    def _check_param_rules(cls, params):
+        if "crop" in params and "resize" in params and params["resize"] < params["crop"]:
+            raise ParameterError("crop", f"must be at most resize, got crop {params['crop']}, "
+                                 f"resize {params['resize']}")
+
+    @property
+    def n_features(self) -> int:
+        return 4096 if self.layer == "fc6" else 512
+
+    def count(self, height: int, width: int) -> int:
+        """Rows per frame: one fc6 vector, or (crop/16)² conv5_3 cells."""
+        return 1 if self.layer == "fc6" else (int(self.crop) // CONV5_3_STRIDE) ** 2
+
+    def preprocess(self) -> VGGPreprocess:
+        return VGGPreprocess(int(self.resize), int(self.crop))
+
+    def network(self, device: str = "cpu", batch_size: int = 16) -> VGG16Features:
+        """The network, loaded (``device``, frames per forward pass)."""
+        return VGG16Features(self.layer, self.weights, device, batch_size).fit()
+
+
+FEATURE_METHODS = [
+    FeatureMethod("vgg16-fc6", "VGG-16 fc6: one 4096-value vector per frame", VGG16,
+                  "VGG-16 fc6", local=False, runs="model", fixed=(("layer", "fc6"),)),
+    FeatureMethod("vgg16-conv5_3", "VGG-16 conv5_3: (crop/16)² local features of 512 values "
+                  "per frame", VGG16, "VGG-16 conv5_3", runs="model",
+                  fixed=(("layer", "conv5_3"),)),
+]

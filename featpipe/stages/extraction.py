@@ -16,7 +16,8 @@ What one item holds (``stage.read_item`` and its sidecars, :mod:`featpipe.items`
 
 With ``pca=NAME`` the features are projected by that fitted ``pca`` stage first.
 
-Video dense SIFT samples one frame per second unless told otherwise (:data:`DSIFT_FPS`).
+Video dense SIFT samples one frame per second unless told otherwise (its method's
+``default_fps``, :mod:`featpipe.extract.dsift`).
 Before anything runs the items are probed (frame count, rate, size) and the stage's size at
 rest is estimated; a stage that would not fit on the store's disk is refused
 (``disk_check=False`` overrides), and a dry run prints the estimate and creates nothing.
@@ -34,7 +35,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from featpipe.errors import FeatpipeError, ItemError, ParameterError
-from featpipe.extract.dsift import DESCRIPTOR_SIZE, DenseSIFT
 from featpipe.extract.estimate import (
     Layout,
     Totals,
@@ -46,6 +46,7 @@ from featpipe.extract.estimate import (
     probe_infos,
     sample_ids,
 )
+from featpipe.extract.features import FeatureMethod, load_features
 from featpipe.extract.streaming import (
     CropProgram,
     Extraction,
@@ -56,7 +57,7 @@ from featpipe.interrupts import Interrupt, Interrupted, interruptible
 from featpipe.io.video import DecodePool, Sampling
 from featpipe.manifest import Manifest
 from featpipe.parallel import make_executor, parse_shard, plan, resolve_jobs
-from featpipe.parameters import estimator_parameters, parameter_record, typed_value
+from featpipe.parameters import parameter_record, typed_value
 from featpipe.stages.base import (
     Reporter,
     RunOptions,
@@ -71,18 +72,10 @@ from featpipe.stages.base import (
 )
 from featpipe.store import Stage, Store
 
-FEATURES = ("vgg16-fc6", "vgg16-conv5_3", "dsift")
 #: the encode methods that take local features, offered by ``extract --encode``
 LOCAL_ENCODERS = ("fisher", "bilinear", "cov", "cbp-ts", "cbp-rm", "spatial-grid", "gmsop")
-#: video dense SIFT's default sampling: one frame per second.  Neighbouring frames at 25-30
-#: fps give nearly the same descriptors, and every frame costs about 30 MB of raw
-#: descriptors (320x240, step 2) and 0.15 s of one core; 1 fps cuts both 25-30x and still
-#: gives a 7 s UCF101 clip 7 frames (ask for more with --fps, --every or --frames).
-DSIFT_FPS = 1.0
 #: items probed to estimate a real run's size (a dry run probes every item)
 ESTIMATE_SAMPLE = 64
-#: feature dimension of each kind of feature
-FEATURE_DIM = {"dsift": DESCRIPTOR_SIZE, "vgg16-conv5_3": 512, "vgg16-fc6": 4096}
 
 
 def manifest_digest(manifest: Manifest) -> str:
@@ -100,18 +93,42 @@ class _Plan:
     inputs: list
     outputs: FrameSinks
     layout: Layout
-    feature_params: dict
 
 
-def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *,
-          weights, device, batch_size, dtype, resize, crop, dsift, positions, pca, encode,
-          encode_params, sample, sample_seed, decoder, decode_timeout) -> _Plan:
+@dataclasses.dataclass(frozen=True)
+class Chosen:
+    """The feature method and the canonical record of its parameters (picklable)."""
+
+    method: FeatureMethod
+    record: dict
+
+    def estimator(self):
+        return self.method.build(self.record)
+
+
+def choose_features(features: str, params: Mapping | None) -> Chosen:
+    """The method ``features`` (:mod:`featpipe.extract.features`) and its parameters' record:
+    declared names only, defaults filled, typed, validated (a ParameterError names the
+    parameter), with what the estimator resolves (dense SIFT's contrast threshold)."""
+    methods = load_features()
+    if features not in methods:
+        raise ParameterError("features", f"must be one of {', '.join(methods)}, got "
+                             f"{features!r}")
+    method = methods[features]
+    record = parameter_record(method.parameters, dict(params or {}), f"--features {features}")
+    method.estimator.check_param_values({**record, **dict(method.fixed)})
+    resolved = getattr(method.build(record), "effective_params", None)
+    if resolved is not None:
+        record = {k: v for k, v in resolved().items() if k in record}
+    return Chosen(method, record)
+
+
+def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling, *,
+          device, batch_size, dtype, positions, pca, encode, encode_params, sample,
+          sample_seed, decoder, decode_timeout) -> _Plan:
     """Validate every parameter (a bad one is a ParameterError: no stage, no decoding) and
     work out the stage's key and what its items hold."""
-    if features not in FEATURES:
-        raise ParameterError("features", f"must be one of {FEATURES}, got {features!r}")
-    if batch_size < 1:
-        raise ParameterError("batch_size", f"must be >= 1, got {batch_size}")
+    features, method = chosen.method.name, chosen.method
     if not decode_timeout > 0:
         raise ParameterError("decode_timeout", f"must be > 0, got {decode_timeout}")
     if encode is not None and sample is not None:
@@ -121,24 +138,16 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
     if encode is not None and encode not in LOCAL_ENCODERS:
         raise ParameterError("encode", f"must be one of {LOCAL_ENCODERS} (encoders of local "
                              f"features), got {encode!r}")
-    if encode is not None and features == "vgg16-fc6":
-        raise ParameterError("encode", "applies to local features (dsift, vgg16-conv5_3); "
-                             "encode fc6 sequences with `featpipe encode`")
+    if encode is not None and not method.local:
+        raise ParameterError("encode", f"applies to local features, not {features}; encode "
+                             "its per-frame vectors with `featpipe encode`")
     if not manifest.ids:
         raise FeatpipeError("the manifest has no items")
     params: dict = {"features": features, "manifest": manifest_digest(manifest),
                     "sampling": sampling.params(), "decoder": decoder}
-    if features == "dsift":
-        if weights is not None:
-            raise ParameterError("weights", "applies to vgg16-* features only")
-        dsift_params = parameter_record(estimator_parameters(DenseSIFT), dict(dsift or {}),
-                                        "dsift")
-        # a bad parameter fails before any decoding; the record holds the threshold used
-        dsift_params["contrast_threshold"] = DenseSIFT(**dsift_params)._check()
-        feature_params = {"dsift": dsift_params}
-        params["dsift"] = dsift_params
-        sift = DenseSIFT(**dsift_params)
-        rows_per_frame = sift.count
+    estimator = chosen.estimator()
+    if method.runs == "worker":
+        params[features] = chosen.record
     else:
         from featpipe.extract.vgg import weights_identity
 
@@ -148,18 +157,13 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
             if not torch.cuda.is_available():
                 raise ParameterError("device", "is cuda but torch sees no CUDA device; use "
                                      "--device cpu")
-        if crop < 32 or resize < crop:
-            raise ParameterError("crop", f"needs 32 <= crop <= resize, got crop {crop}, "
-                                 f"resize {resize}")
-        resize, crop = typed_value(resize, (int,)), typed_value(crop, (int,))
-        feature_params = {"weights": weights, "resize": resize, "crop": crop}
-        params.update({"weights": weights_identity(weights), "resize": resize, "crop": crop,
+        params.update({"weights": weights_identity(chosen.record["weights"]),
+                       "resize": chosen.record["resize"], "crop": chosen.record["crop"],
                        "precision": "fp16-autocast" if device == "cuda" else "fp32"})
-        cells = (crop // 16) ** 2 if features == "vgg16-conv5_3" else 1
-        rows_per_frame = lambda height, width: cells  # noqa: E731
+    rows_per_frame = estimator.count
     inputs: list[Stage] = []
-    dim = FEATURE_DIM[features]
-    pca_path, feature_dim = None, FEATURE_DIM[features]
+    dim = feature_dim = int(estimator.n_features)
+    pca_path = None
     if pca is not None:
         from featpipe.extract.pca import load_pca
 
@@ -174,7 +178,7 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
         inputs.append(pca_stage)
         pca_path = str(pca_stage.path)
     itemsize = np.dtype(dtype).itemsize
-    local = features != "vgg16-fc6"
+    local = method.local
     outputs = FrameSinks("", local=local, positions=positions, pca_path=pca_path)
     models: dict = {}
     if encode is not None:
@@ -193,7 +197,7 @@ def _plan(store: Store, manifest: Manifest, features: str, sampling: Sampling, *
         if local:
             params["positions"] = positions
         layout = Layout(rows_per_frame, dim, itemsize, local=local, positions=positions)
-    return _Plan(params, inputs, outputs, layout, feature_params)
+    return _Plan(params, inputs, outputs, layout)
 
 
 def _encoder_plan(store, method, given, outputs, rows_per_frame, dim, itemsize, chain):
@@ -248,9 +252,9 @@ def _check_projections(method, given, models, encoder, dim, features, feature_di
 
 
 def extract(store: Store, manifest: Manifest, features: str, *, name: str | None = None,
-            sampling: Sampling | None = None, weights: str | None = None, device: str = "cpu",
-            batch_size: int = 16, dtype: str = "float32", resize: int = 256, crop: int = 224,
-            dsift: Mapping | None = None, positions: bool = True, pca: str | None = None,
+            params: Mapping | None = None, sampling: Sampling | None = None,
+            device: str = "cpu", batch_size: int = 16, dtype: str = "float32",
+            positions: bool = True, pca: str | None = None,
             encode: str | None = None, encode_params: Mapping | None = None,
             sample: int | None = None, sample_seed: int = 0, allow_partial: bool = False,
             disk_check: bool = True, decoder: str = "opencv", decode_timeout: float = 600.0,
@@ -258,10 +262,12 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
     """Decode every item of ``manifest`` and store its ``features`` (or their encoding, or
     a sample of them); returns the run.
 
-    ``sampling`` picks the frames (video dense SIFT: one per second by default);
-    ``weights``, ``device``, ``batch_size``, ``resize`` and ``crop`` configure VGG-16;
-    ``dsift`` holds :class:`~featpipe.extract.dsift.DenseSIFT`'s parameters and
-    ``positions`` whether descriptor positions are stored; ``pca`` names a fitted ``pca``
+    ``features`` names a feature method (:func:`featpipe.extract.features.load_features`)
+    and ``params`` its parameters (those of its estimator, e.g.
+    :class:`~featpipe.extract.dsift.DenseSIFT`'s or :class:`~featpipe.extract.vgg.VGG16`'s;
+    the others take their defaults); ``sampling`` picks the frames (a method may have a
+    default rate: dense SIFT one per second); ``device`` and ``batch_size`` run a network;
+    ``positions`` says whether descriptor positions are stored; ``pca`` names a fitted ``pca``
     stage that projects the features first; ``encode`` and ``encode_params`` name an encode
     method for local features and its parameters (as ``featpipe encode``); ``sample`` keeps
     at most that many rows per item; ``allow_partial`` accepts truncated videos (with a
@@ -273,10 +279,13 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
     options = options or RunOptions()
     reporter = reporter or Reporter()
     sampling = (sampling or Sampling()).validate()
-    if features == "dsift" and sampling == Sampling():
-        sampling = Sampling(fps=DSIFT_FPS)
-    plan_ = _plan(store, manifest, features, sampling, weights=weights, device=device,
-                  batch_size=batch_size, dtype=dtype, resize=resize, crop=crop, dsift=dsift,
+    if batch_size < 1:
+        raise ParameterError("batch_size", f"must be >= 1, got {batch_size}")
+    chosen = choose_features(features, params)
+    if chosen.method.default_fps is not None and sampling == Sampling():
+        sampling = Sampling(fps=chosen.method.default_fps)
+    plan_ = _plan(store, manifest, chosen, sampling, device=device,
+                  batch_size=batch_size, dtype=dtype,
                   positions=positions, pca=pca, encode=encode, encode_params=encode_params,
                   sample=sample, sample_seed=sample_seed, decoder=decoder,
                   decode_timeout=decode_timeout)
@@ -301,9 +310,9 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
             outputs = dataclasses.replace(plan_.outputs, stage_path=str(stage.path))
             if options.executor == "dask":
                 pool.close()
-                compute = ExtractCompute(str(stage.path), paths, sampling, features,
-                                         plan_.feature_params, outputs, batch_size, device,
-                                         decoder, decode_timeout, allow_partial)
+                compute = ExtractCompute(str(stage.path), paths, sampling, chosen, outputs,
+                                         batch_size, device, decoder, decode_timeout,
+                                         allow_partial)
                 return run_stage(stage, manifest.ids, compute, store=store, name=name,
                                  options=options, reporter=reporter, batch_size=4)
             announce(stage, name, reporter)
@@ -312,9 +321,8 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
                 mark_running(store, name, stage)
                 todo, summary = plan(stage, manifest.ids, force=options.force, shard=shard)
                 try:
-                    extraction = _extraction(stage, pool, sampling, features,
-                                             plan_.feature_params, outputs, batch_size, device,
-                                             allow_partial)
+                    extraction = _extraction(stage, pool, sampling, chosen, outputs,
+                                             batch_size, device, allow_partial)
                     run = _run(stage, extraction, todo, summary, paths, total, options,
                                reporter, name)
                 except Interrupted:
@@ -370,30 +378,21 @@ def _check_disk(store, todo, pool, paths, sampling, layout, disk_check, reporter
     return totals
 
 
-def _extraction(stage, pool, sampling, features, feature_params, outputs, batch_size, device,
+def _extraction(stage, pool, sampling, chosen: Chosen, outputs, batch_size, device,
                 allow_partial, model=None, **kwargs) -> Extraction:
-    """The pipeline for ``features``: dense SIFT in the workers, or VGG-16 in this process
-    (``model``: one already loaded by :func:`_vgg_model`)."""
-    if features == "dsift":
-        pool.program = LocalFeatureProgram(feature_params["dsift"], outputs)
+    """The pipeline of the chosen method: in the workers, or a network in this process
+    (``model``: one already loaded)."""
+    if chosen.method.runs == "worker":
+        pool.program = LocalFeatureProgram(chosen.method, chosen.record, outputs)
         return Extraction(stage, pool, sampling, outputs=outputs, allow_partial=allow_partial,
                           **kwargs)
-    from featpipe.extract.vgg import VGGPreprocess
-
-    preprocess = VGGPreprocess(feature_params["resize"], feature_params["crop"])
+    estimator = chosen.estimator()
+    preprocess = estimator.preprocess()
     pool.program = CropProgram(preprocess)
-    model = model or _vgg_model(features, feature_params, device, batch_size)
-    return Extraction(stage, pool, sampling, model=model, outputs=outputs, features=features,
-                      preprocess=preprocess, batch_size=batch_size, allow_partial=allow_partial,
-                      **kwargs)
-
-
-def _vgg_model(features, feature_params, device, batch_size):
-    """The VGG-16 feature model of ``features`` (``vgg16-fc6`` or ``vgg16-conv5_3``), loaded."""
-    from featpipe.extract.vgg import VGG16Features
-
-    return VGG16Features(features.split("-", 1)[1], feature_params["weights"], device,
-                         batch_size).fit()
+    model = model or estimator.network(device, batch_size)
+    return Extraction(stage, pool, sampling, model=model, outputs=outputs,
+                      features=chosen.method.name, preprocess=preprocess,
+                      batch_size=batch_size, allow_partial=allow_partial, **kwargs)
 
 
 def _run(stage, extraction: Extraction, todo, summary, paths, total: Totals,
@@ -434,13 +433,12 @@ class ExtractCompute:
     The decoding worker and the VGG model are made by the first call on a machine and kept
     for the next batches there (they are not pickled)."""
 
-    def __init__(self, stage_path, paths, sampling, features, feature_params, outputs,
-                 batch_size, device, decoder, decode_timeout, allow_partial):
+    def __init__(self, stage_path, paths, sampling, chosen: Chosen, outputs, batch_size,
+                 device, decoder, decode_timeout, allow_partial):
         self.stage_path = stage_path
         self.paths = paths
         self.sampling = sampling
-        self.features = features
-        self.feature_params = feature_params
+        self.chosen = chosen
         self.outputs = outputs
         self.batch_size = batch_size
         self.device = device
@@ -458,13 +456,11 @@ class ExtractCompute:
         stage = Stage(self.stage_path)
         if self._pool is None:
             self._pool = DecodePool(1, self.decoder, self.decode_timeout)
-        if self.features != "dsift" and self._model is None:
-            self._model = _vgg_model(self.features, self.feature_params, self.device,
-                                     self.batch_size)
-        extraction = _extraction(stage, self._pool, self.sampling, self.features,
-                                 self.feature_params, self.outputs, self.batch_size,
-                                 self.device, self.allow_partial, model=self._model,
-                                 record_failures=False)
+        if self.chosen.method.runs == "model" and self._model is None:
+            self._model = self.chosen.estimator().network(self.device, self.batch_size)
+        extraction = _extraction(stage, self._pool, self.sampling, self.chosen, self.outputs,
+                                 self.batch_size, self.device, self.allow_partial,
+                                 model=self._model, record_failures=False)
         outcome = dict(extraction.run([(i, self.paths[i]) for i in ids]))
         return [WRITTEN if outcome.get(i, "not run") is None
                 else ItemError(i, outcome.get(i, "not run")) for i in ids]

@@ -1,0 +1,80 @@
+"""The ``featpipe extract --features`` registry: feature methods, declared as encoders are.
+
+Each feature module declares ``FEATURE_METHODS``, a list of :class:`FeatureMethod`; the
+modules are :data:`FEATURE_MODULES`, then any plugin module named by the
+``featpipe.features`` entry point group or by ``$FEATPIPE_FEATURES`` (module names separated
+by commas).  A method's parameters are those of its estimator class, declared once
+(signature, ``_parameter_constraints``, numpydoc: :func:`featpipe.parameters.
+estimator_parameters`); the command line's options and a pipeline step's ``params`` table
+come from them, and the stage key holds their canonical record
+(:func:`featpipe.parameters.parameter_record`).
+
+Where a method runs:
+
+* ``"worker"``: a local feature computed inside each decoding worker process.  Its
+  estimator has ``n_features`` (values per row), ``count(height, width)`` (rows per frame;
+  0 when the frame is too small for one), ``compute(rgb_frame)`` returning
+  ``.descriptors`` (N, n_features) and ``.positions`` (N, 3: x, y, scale in frame pixels),
+  and may have ``minimum_size()`` (words for the smallest frame that gives a row).
+* ``"model"``: a network in the parent process fed with crops from the workers (VGG-16,
+  :mod:`featpipe.extract.vgg`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from importlib import metadata
+
+from featpipe.parameters import Parameter, estimator_parameters
+
+#: Modules that define FEATURE_METHODS.
+FEATURE_MODULES: list[str] = ["featpipe.extract.vgg", "featpipe.extract.dsift"]
+#: Entry point group of plugin modules; environment variable listing plugin modules.
+ENTRY_POINT_GROUP = "featpipe.features"
+PLUGIN_VARIABLE = "FEATPIPE_FEATURES"
+
+
+@dataclass(frozen=True)
+class FeatureMethod:
+    """One ``--features`` value: ``estimator`` (a class) with the ``fixed`` values it always
+    gets (``layer="fc6"``); ``local`` (rows per frame) or one vector per frame; where it
+    ``runs``; ``label`` names it in messages; ``default_fps`` is its video sampling when
+    none is asked for (None: every frame)."""
+
+    name: str
+    summary: str
+    estimator: type
+    label: str
+    local: bool = True
+    runs: str = "worker"
+    default_fps: float | None = None
+    fixed: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def parameters(self) -> tuple[Parameter, ...]:
+        return estimator_parameters(self.estimator, exclude=dict(self.fixed))
+
+    def build(self, record: dict):
+        """The estimator with the parameters of ``record`` (and the fixed ones)."""
+        return self.estimator(**record, **dict(self.fixed))
+
+
+def plugin_modules() -> list[str]:
+    """The plugin modules: ``featpipe.features`` entry points, then ``$FEATPIPE_FEATURES``."""
+    names = [ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    names += [n.strip() for n in os.environ.get(PLUGIN_VARIABLE, "").split(",") if n.strip()]
+    return names
+
+
+def load_features() -> dict[str, FeatureMethod]:
+    """Every registered feature method by name."""
+    methods: dict[str, FeatureMethod] = {}
+    for module_name in FEATURE_MODULES + plugin_modules():
+        for method in importlib.import_module(module_name).FEATURE_METHODS:
+            if method.name in methods:
+                raise RuntimeError(f"feature method {method.name!r} is registered twice "
+                                   f"(again by {module_name})")
+            methods[method.name] = method
+    return methods

@@ -1,0 +1,74 @@
+"""A feature method added as one module and one registry line (tests/_grey_grid.py, loaded
+through ``$FEATPIPE_FEATURES``) runs through the command line and a pipeline file, with its
+options generated from its declarations, and gives the literal values."""
+
+from __future__ import annotations
+
+import json
+
+import cv2
+import numpy as np
+from conftest import run_cli
+from test_video import write_video
+
+from featpipe.io.video import iter_frames
+from featpipe.store import Store
+
+PLUGIN = {"FEATPIPE_FEATURES": "tests._grey_grid"}
+
+
+def literal_cells(rgb: np.ndarray, cell: int) -> np.ndarray:
+    """Each cell's grey values (mean of R, G, B over 255), cells row-major, pixels row-major."""
+    grey = rgb.astype(np.float64).mean(axis=2) / 255
+    rows, cols = rgb.shape[0] // cell, rgb.shape[1] // cell
+    return np.array([grey[r * cell:(r + 1) * cell, c * cell:(c + 1) * cell].ravel()
+                     for r in range(rows) for c in range(cols)])
+
+
+def test_a_toy_feature_method_through_the_cli_and_a_pipeline_file(tmp_path):
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (13, 18, 3), np.uint8)  # 3 x 4 cells of 4 (the rest cut)
+    cv2.imwrite(str(tmp_path / "a.png"), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+    write_video(tmp_path / "v.mp4", n_frames=6, size=(16, 8))
+    (tmp_path / "m.csv").write_text("id,path,label,split1\na,a.png,x,train\nv,v.mp4,y,test\n")
+    helped = run_cli("extract", "--help", env=PLUGIN)
+    assert "grey-grid" in helped.stdout and "--cell INTEGER" in helped.stdout
+    assert "Side of the square cells in pixels" in helped.stdout
+    assert "--cell" not in run_cli("extract", "--help").stdout  # only with the plugin
+    bad = run_cli("extract", "-m", tmp_path / "m.csv", "-s", tmp_path / "s", "-f", "grey-grid",
+                  "--cell", "0", env=PLUGIN, check=False)
+    assert bad.returncode == 2 and "error: --cell must be an int in the range [1, inf)" in \
+        bad.stderr
+    wrong = run_cli("extract", "-m", tmp_path / "m.csv", "-s", tmp_path / "s", "-f", "dsift",
+                    "--cell", "4", env=PLUGIN, check=False)
+    assert wrong.returncode == 2 and "--cell is not a parameter of --features dsift" in \
+        wrong.stderr
+    assert not (tmp_path / "s").exists()  # usage errors: no stage
+    done = run_cli("extract", "-m", tmp_path / "m.csv", "-s", tmp_path / "s", "-f",
+                   "grey-grid", "--cell", "4", "-n", "cells", env=PLUGIN)
+    assert "summary: 2 done" in done.stdout
+    stage = Store(tmp_path / "s").resolve("cells")
+    assert stage.params["grey-grid"] == {"cell": 4}
+    np.testing.assert_allclose(stage.read_item("a"), literal_cells(image, 4), atol=1e-6)
+    np.testing.assert_array_equal(stage.read_extra("a", "positions")[:2],
+                                  [[2, 2, 4], [6, 2, 4]])
+    frames = list(iter_frames(tmp_path / "v.mp4"))
+    video = stage.read_item("v")
+    assert video.shape == (6 * 2 * 4, 16)  # 6 frames of 2 x 4 cells, 16 values each
+    np.testing.assert_allclose(video, np.concatenate([literal_cells(f, 4) for _, f in frames]),
+                               atol=1e-6)
+    # a pipeline file with the same step: the same stage key, nothing to compute
+    (tmp_path / "p.toml").write_text(f"""
+[pipeline]
+store = "{tmp_path / 's'}"
+
+[steps.cells]
+stage = "extract"
+manifest = "{tmp_path / 'm.csv'}"
+features = "grey-grid"
+params = {{ cell = 4.0 }}
+""")
+    again = run_cli("run", tmp_path / "p.toml", env=PLUGIN)
+    assert "summary: 0 done, 2 skipped (already complete)" in again.stdout
+    assert json.loads((stage.path / "stage.json").read_text())["params"]["grey-grid"] == \
+        {"cell": 4}
