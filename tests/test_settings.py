@@ -163,3 +163,20 @@ def test_fusing_inputs_with_different_items_names_them_or_intersects(cli, store)
     assert lines and lines == [line for line in reference.stdout.splitlines()
                                if line.startswith("split 1:")]
     assert "7 train / 2 test items" in lines[0]
+
+
+def test_float16_underflow_to_zero_is_warned_with_the_count(cli, tmp_path):
+    (tmp_path / "m.csv").write_text("id,path,label,split1\na,a.npy,x,train\nb,b.npy,y,test\n")
+    small = np.array([[1e-9, 2e-8, 0.0, 1.0], [5e-8, -1e-10, 3.0, 0.5]])  # 3 below 6e-8 / 2
+    np.savez(tmp_path / "f.npz", a=small, b=np.ones((2, 4)))
+    result = cli("import", "--manifest", tmp_path / "m.csv", "--from", tmp_path / "f.npz",
+                 "--store", tmp_path / "s", "--dtype", "float16", "--name", "h")
+    assert result.exit_code == 0, result.output
+    assert "a: 3 of 7 nonzero values are below the smallest float16 (6e-08) and are stored " \
+        "as 0" in result.stderr
+    assert "b:" not in result.stderr
+    stored = Store(tmp_path / "s").resolve("h").read_item("a")
+    assert stored.dtype == np.float16 and np.count_nonzero(stored) == 4
+    big = cli("import", "--manifest", tmp_path / "m.csv", "--from", tmp_path / "f.npz",
+              "--store", tmp_path / "s", "--name", "f32")  # float32 holds them: no warning
+    assert big.exit_code == 0 and "stored as 0" not in big.stderr
