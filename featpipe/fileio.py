@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import logging
 import math
 import os
 import re
@@ -289,16 +290,25 @@ def check_sidecar_name(name: str) -> None:
 def checked_result(item_id: str, array, dtype) -> np.ndarray:
     """An item's result as the stage stores it: numeric, floats cast to ``dtype``; a NaN or
     Inf, or a value that overflows ``dtype``, is refused (a silently wrong number must never
-    reach the disk)."""
+    reach the disk); nonzero values that the cast turns into 0 (below float16's smallest
+    subnormal, 6e-8) are stored with a warning naming the item and their count."""
     array = np.asarray(array)
     if array.dtype.kind not in "biuf":
         raise ItemError(item_id, f"result has non-numeric dtype {array.dtype}")
     if array.dtype.kind == "f":
         if not np.all(np.isfinite(array)):
             raise ItemError(item_id, "result contains NaN or Inf; nothing was written")
-        if array.dtype != dtype:  # only a cast can overflow
-            with np.errstate(over="ignore"):
-                array = array.astype(dtype)
-            if not np.all(np.isfinite(array)):
+        if array.dtype != dtype:  # only a cast can overflow or underflow
+            with np.errstate(over="ignore", under="ignore"):
+                cast = array.astype(dtype)
+            if not np.all(np.isfinite(cast)):
                 raise ItemError(item_id, f"result overflows {dtype}; nothing was written")
+            if np.finfo(dtype).tiny > np.finfo(array.dtype).tiny:  # a narrower type
+                lost = int(np.count_nonzero((cast == 0) & (array != 0)))
+                if lost:
+                    logging.getLogger("featpipe").warning(
+                        "%s: %d of %d nonzero values are below the smallest %s (%.2g) and are "
+                        "stored as 0", item_id, lost, int(np.count_nonzero(array)), dtype,
+                        np.finfo(dtype).smallest_subnormal)
+            array = cast
     return array

@@ -117,3 +117,66 @@ def test_an_output_file_inside_the_store_is_refused(cli, store, command, flag, w
     assert _state(store) == before and not list(store.root.rglob("report.*"))
     listing = cli("cache", "ls", "--store", store.root)
     assert listing.exit_code == 0 and "problem" not in listing.output
+
+
+def _vectors(store, name, ids, seed):
+    """A stage ``name`` of 4-d vectors for ``ids`` (train: t0..t7, test: the rest)."""
+    rng = np.random.default_rng(seed)
+    rows = [(i, f"{i}.mp4", ["up" if int(i[1:]) % 2 else "down"],
+             ["train" if int(i[1:]) < 8 else "test"]) for i in ids]
+    stage = store.stage("import", {"vectors": name}, items=from_rows(rows, root=store.root))
+    for i in ids:
+        stage.write_item(i, (rng.random(4) + (int(i[1:]) % 2)).astype(np.float32))
+    store.set_name(name, stage)
+    return stage
+
+
+def test_fusing_inputs_with_different_items_names_them_or_intersects(cli, store):
+    every = [f"t{i}" for i in range(12)]
+    a = _vectors(store, "a", [i for i in every if i != "t3"] + ["t12"], 1)
+    b = _vectors(store, "b", [i for i in every if i not in ("t10", "t11")], 2)
+    fuse = ["classify", "--store", store.root, "--input", "a", "--input", "b"]
+    refused = cli(*fuse)
+    assert refused.exit_code == 1
+    assert (f"error: the fused inputs hold different items (13 in all): input a ({a.name}) "
+            f"lacks 1 of them ('t3'); input b ({b.name}) lacks 3 of them ('t10', 't11', "
+            f"'t12'); --intersect classifies the 9 items they share") in refused.stderr
+    fused = cli(*fuse, "--intersect")
+    assert fused.exit_code == 0, fused.output
+    assert f"--intersect: 3 of the 12 items of input a ({a.name}) are not in every input" \
+        in fused.stderr
+    assert f"--intersect: 1 of the 10 items of input b ({b.name}) are not in every input" \
+        in fused.stderr
+    # the same numbers as two inputs that hold only the shared items
+    common = [i for i in every if i not in ("t3", "t10", "t11")]
+    for name, stage in (("a2", a), ("b2", b)):
+        copy = store.stage("import", {"vectors": name},
+                           items=from_rows([(i, f"{i}.mp4", stage.items[i].labels,
+                                             ["train" if int(i[1:]) < 8 else "test"])
+                                            for i in common], root=store.root))
+        for i in common:
+            copy.write_item(i, stage.read_item(i))
+        store.set_name(name, copy)
+    reference = cli("classify", "--store", store.root, "--input", "a2", "--input", "b2")
+    assert reference.exit_code == 0, reference.output
+    lines = [line for line in fused.stdout.splitlines() if line.startswith("split 1:")]
+    assert lines and lines == [line for line in reference.stdout.splitlines()
+                               if line.startswith("split 1:")]
+    assert "7 train / 2 test items" in lines[0]
+
+
+def test_float16_underflow_to_zero_is_warned_with_the_count(cli, tmp_path):
+    (tmp_path / "m.csv").write_text("id,path,label,split1\na,a.npy,x,train\nb,b.npy,y,test\n")
+    small = np.array([[1e-9, 2e-8, 0.0, 1.0], [5e-8, -1e-10, 3.0, 0.5]])  # 3 below 6e-8 / 2
+    np.savez(tmp_path / "f.npz", a=small, b=np.ones((2, 4)))
+    result = cli("import", "--manifest", tmp_path / "m.csv", "--from", tmp_path / "f.npz",
+                 "--store", tmp_path / "s", "--dtype", "float16", "--name", "h")
+    assert result.exit_code == 0, result.output
+    assert "a: 3 of 7 nonzero values are below the smallest float16 (6e-08) and are stored " \
+        "as 0" in result.stderr
+    assert "b:" not in result.stderr
+    stored = Store(tmp_path / "s").resolve("h").read_item("a")
+    assert stored.dtype == np.float16 and np.count_nonzero(stored) == 4
+    big = cli("import", "--manifest", tmp_path / "m.csv", "--from", tmp_path / "f.npz",
+              "--store", tmp_path / "s", "--name", "f32")  # float32 holds them: no warning
+    assert big.exit_code == 0 and "stored as 0" not in big.stderr

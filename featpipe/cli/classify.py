@@ -92,8 +92,11 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
               help="Threads for the chi-square kernels (capped at the cores; -1: all cores).")
 @click.option("--report", "report_path", default=None, type=click.Path(dir_okay=False),
               help="Write REPORT.json, a Markdown summary and PNG plots beside it.")
+@click.option("--intersect", is_flag=True,
+              help="Fuse inputs that hold different items on the items they share, saying "
+                   "how many each input loses (default: refuse, naming the missing ids).")
 def classify(store_path, inputs, kernels, fusion, weights, C_values, cv, split, metric,
-             ap_mode, solver, gamma, order, normalize, jobs, report_path):
+             ap_mode, solver, gamma, order, normalize, jobs, report_path, intersect):
     """Train one-vs-rest kernel SVMs on encoded items and report accuracy or mAP."""
     from featpipe.stages.classification import classify as classify_stage
 
@@ -101,5 +104,5 @@ def classify(store_path, inputs, kernels, fusion, weights, C_values, cv, split, 
                    weights=_numbers([weights], "--weights") if weights else None,
                    C=_numbers(C_values, "--C"), cv=cv, split=split, metric=metric,
                    ap_mode=ap_mode, solver=solver, gamma=gamma, order=order,
-                   normalize=normalize, jobs=jobs, report=report_path,
+                   normalize=normalize, jobs=jobs, report=report_path, intersect=intersect,
                    command=command_line(), reporter=ClickReporter())

@@ -45,9 +45,9 @@ def fit_deep_gmm(store_path, input_name, gmm_name, name, val_fraction, split, fo
 
     Reports the validation AP of every class and the mAP, from the SVMs of the initial and of
     the learned GMM(s) (the paper's Table 2a).  --C is the C of `classify --C` (libsvm's: the
-    weight of the summed loss against ½‖w‖²), here with the squared hinge loss; the paper's
-    C/n is n times smaller.  Kernel transfer (Table 2b): `encode --method fisher --gmm NAME`,
-    then `classify`.
+    weight of the summed loss against ½‖w‖²), here with the squared hinge loss; the paper
+    writes (C/n)·Σ over n items, so its C is n times this one.  Kernel transfer (Table 2b):
+    `encode --method fisher --gmm NAME`, then `classify`.
     """
     from featpipe.stages.fitting import fit_deep_gmm as fit_deep_gmm_stage
 

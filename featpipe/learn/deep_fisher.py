@@ -300,8 +300,8 @@ class DeepFisherKernel(ArrayModel, ValidatedEstimator, BaseEstimator):
     ----------
     C : float
         SVM cost C in 1/2||w||^2 + C sum of squared hinge losses (liblinear -c C): the
-        meaning of ``classify --C`` (libsvm's C, hinge loss); the paper's C/n with a mean
-        loss is n times smaller.
+        meaning of ``classify --C`` (libsvm's C, hinge loss); the paper writes (C/n)·Σ over
+        n items, so its C is n times this one.
     mode : {"shared", "per-class"}
         One multi-task GMM, or one GMM per class (one-vs-rest).
     max_iter : int

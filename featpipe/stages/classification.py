@@ -28,6 +28,7 @@ from featpipe.classify.metrics import AP_MODES
 from featpipe.classify.svm import OneVsRestSVC
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import check_output_path
+from featpipe.manifest import Manifest
 from featpipe.parameters import check_params, typed_value
 from featpipe.stages.base import Reporter
 from featpipe.store import Stage, Store, stage_key
@@ -106,6 +107,41 @@ def per_class_lines(results: Sequence[dict]) -> list[str]:
     return lines
 
 
+#: How many missing ids :func:`common_items` names per input.
+SHOWN_IDS = 5
+
+
+def common_items(inputs: Sequence[str], stages: Sequence[Stage], intersect: bool,
+                 reporter: Reporter) -> Manifest:
+    """The items to classify: the first input's manifest (labels and splits) when every
+    input holds the same items.  Else an error naming, per input, how many and which of the
+    others' items it lacks; with ``intersect`` the items all inputs hold, with a warning of
+    how many each input loses."""
+    first = stages[0].items
+    held = [set(stage.items.ids) for stage in stages]
+    common = set.intersection(*held)
+    if all(len(ids) == len(common) for ids in held):
+        return first
+    every = list(dict.fromkeys(i for stage in stages for i in stage.items.ids))
+    if intersect:
+        for name, stage, ids in zip(inputs, stages, held, strict=True):
+            if len(ids) > len(common):
+                reporter.warn(f"--intersect: {len(ids) - len(common)} of the {len(ids)} items "
+                              f"of input {name} ({stage.name}) are not in every input and are "
+                              "left out")
+        return first.subset(common)
+    lacks = []
+    for name, stage, ids in zip(inputs, stages, held, strict=True):
+        missing = [i for i in every if i not in ids]
+        if missing:
+            shown = ", ".join(repr(i) for i in missing[:SHOWN_IDS])
+            lacks.append(f"input {name} ({stage.name}) lacks {len(missing)} of them ({shown}"
+                         + (", ..." if len(missing) > SHOWN_IDS else "") + ")")
+    raise FeatpipeError(f"the fused inputs hold different items ({len(every)} in all): "
+                        + "; ".join(lacks) + f"; --intersect classifies the {len(common)} "
+                        "items they share")
+
+
 def check_arguments(inputs: Sequence[str], kernels: Sequence[str] = ("linear",), *,
                     fusion: str = "average", weights: Sequence[float] | None = None,
                     C: Sequence[float] = (1000.0,), cv: int | None = None,
@@ -136,14 +172,15 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
              C: Sequence[float] = (1000.0,), cv: int | None = None, split: str = "1",
              metric: str | None = None, ap_mode: str = "standard", solver: str = "libsvm",
              gamma: float | None = None, order: int = 1, normalize: str = "none",
-             jobs: int = -1, report: str | None = None, command: str | None = None,
-             reporter: Reporter | None = None) -> dict:
+             jobs: int = -1, report: str | None = None, intersect: bool = False,
+             command: str | None = None, reporter: Reporter | None = None) -> dict:
     """Train and test on each split; returns ``{"splits": [...], "summary": {...}}``.
 
     ``kernels`` is one kernel for all inputs or one per input; several ``C`` are chosen among
     by ``cv``-fold cross-validation on the train split (default 5, fewer when a class has
     fewer train items: :func:`~featpipe.classify.experiment.fold_count`); ``split`` is a
-    number or ``'all'``.
+    number or ``'all'``.  Fused inputs must hold the same items (:func:`common_items`), or
+    with ``intersect`` the items they share are classified.
     Every parameter is checked before any input is read (:class:`ParameterError`).
     ``command`` is the command line recorded in the report (None for a library call).
     The result (and the report) holds the run's canonical record (:func:`classify_record`)
@@ -158,7 +195,7 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
     if report:
         check_output_path(report, "report", store.root)
     stages = [store.resolve(name) for name in inputs]
-    manifest = stages[0].items
+    manifest = common_items(inputs, stages, intersect, reporter)
     if len(manifest) == 0:
         raise FeatpipeError(f"input {inputs[0]!r} ({stages[0].name}) has no items (labels "
                             "and splits come from the first input's manifest)")
@@ -202,6 +239,7 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
                   "inputs": list(inputs),
                   "stages": [s.name for s in stages], "kernels": list(kernels),
                   "fusion": fusion, "weights": list(weights) if weights else None,
+                  "intersect": intersect, "n_items": len(manifest),
                   "C": list(Cs), "cv": used[0] if len(used) == 1 else used, "split": split,
                   "metric": metric, "ap": ap_mode,
                   "solver": solver, "gamma": gamma, "order": order, "normalize": normalize}

@@ -66,6 +66,7 @@ from featpipe.stages.base import (
     check_name,
     mark_running,
     name_left,
+    one_run_at_a_time,
     run_stage,
     settle_name,
 )
@@ -363,18 +364,23 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
                 return run_stage(stage, manifest.ids, compute, store=store, name=name,
                                  options=options, reporter=reporter, batch_size=4)
             announce(stage, name, reporter)
-            mark_running(store, name, stage)
-            try:
-                extraction = _extraction(stage, pool, sampling, chosen, outputs, settings)
-                run = _run(stage, extraction, todo, summary, paths, total, options, reporter,
-                           name)
-            except Interrupted:
-                raise  # its one line says how many items are left
-            except BaseException:
-                name_left(stage, name, manifest.ids, reporter)
-                raise
-            finally:
-                stage.unmark_running()
+            with one_run_at_a_time(stage, manifest.ids, shard, options.force,
+                                   reporter) as reused:
+                mark_running(store, name, stage)
+                todo, summary = plan(stage, manifest.ids, force=options.force, shard=shard)
+                try:
+                    extraction = _extraction(stage, pool, sampling, chosen, outputs,
+                                             settings)
+                    run = _run(stage, extraction, todo, summary, paths, total, options,
+                               reporter, name)
+                except Interrupted:
+                    raise  # its one line says how many items are left
+                except BaseException:
+                    name_left(stage, name, manifest.ids, reporter)
+                    raise
+                finally:
+                    stage.unmark_running()
+            reused(run.summary)
             settle_name(store, name, stage, manifest.ids, options.on_error, reporter)
             return run
         except Interrupt as signal_:  # before any item ran (probing, loading the model)
