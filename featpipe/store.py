@@ -35,7 +35,7 @@ import os
 import re
 import time
 import zipfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -452,6 +452,30 @@ class Stage:
             if host == HOST or age < max_age_s:
                 live.append(marker.name)
         return live
+
+    @contextlib.contextmanager
+    def exclusive(self, label: str, waiting: Callable[[], None]) -> Iterator[None]:
+        """Hold this stage's lock ``locks/<label>`` (``fcntl.flock``) while the block runs:
+        a second identical run (same stage, same shard) waits for the first, calling
+        ``waiting()`` first, then finds its items done.  Where the file system has no locks
+        (some network file systems) the block runs unlocked."""
+        import fcntl
+
+        self._check_on_disk()
+        make_dirs(self.path / "locks")
+        with writing(self.path / "locks" / label):
+            handle = open(self.path / "locks" / label, "a+b")  # noqa: SIM115 - held below
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                waiting()
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            except OSError:
+                pass  # no locking here: the ledger still keeps two runs correct
+            yield
+        finally:
+            handle.close()
 
     # -- models -----------------------------------------------------------------------------
     def save_model(self, name: str, model, meta: Mapping | None = None) -> None:

@@ -25,6 +25,7 @@ Rules every stage function follows:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -198,26 +199,53 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
             reporter.info(f"would compute {item_id}")
         reporter.info(f"dry run: {len(todo)} to compute, {summary.skipped} already complete")
         return StageRun(stage, summary, todo)
-    mark_running(store, name, stage)
-    todo, _ = plan(stage, ids, force=options.force, shard=shard)
-    label = f"{stage.kind} {name}" if name else stage.kind
-    try:
-        with reporter.progress(len(todo), label) as progress:
-            summary = run_items(
-                stage, ids, compute, jobs=options.jobs, on_error=options.on_error,
-                force=options.force, shard=shard, batch_size=batch_size,
-                executor=options.executor, scheduler=options.scheduler,
-                progress=progress.advance)
-    except BaseException:
-        name_left(stage, name, ids, reporter)
-        raise
-    finally:
-        stage.unmark_running()
+    with one_run_at_a_time(stage, ids, shard, options.force, reporter) as reused:
+        mark_running(store, name, stage)
+        todo, _ = plan(stage, ids, force=options.force, shard=shard)
+        label = f"{stage.kind} {name}" if name else stage.kind
+        try:
+            with reporter.progress(len(todo), label) as progress:
+                summary = run_items(
+                    stage, ids, compute, jobs=options.jobs, on_error=options.on_error,
+                    force=options.force, shard=shard, batch_size=batch_size,
+                    executor=options.executor, scheduler=options.scheduler,
+                    progress=progress.advance)
+        except BaseException:
+            name_left(stage, name, ids, reporter)
+            raise
+        finally:
+            stage.unmark_running()
+    reused(summary)
     reporter.info(f"summary: {summary.line()}")
     for item_id, error in list(summary.failed.items())[:20]:
         reporter.error(f"failed: {item_id}: {error}")
     settle_name(store, name, stage, ids, options.on_error, reporter)
     return StageRun(stage, summary)
+
+
+@contextlib.contextmanager
+def one_run_at_a_time(stage: Stage, ids: Sequence[str], shard: tuple[int, int] | None,
+                      force: bool, reporter: Reporter):
+    """Run the block holding the stage's lock for ``shard`` (:meth:`Stage.exclusive`): an
+    identical run already computing the stage is waited for (said on stderr), and the block
+    then finds its items done.  Yields ``reused(summary)``, which says how many items the
+    other run computed meanwhile (after a wait; ``force`` recomputes them)."""
+    waited: list[int] = []
+
+    def waiting() -> None:
+        waited.append(len(stage.done_ids() & set(ids)))
+        who = ", ".join(stage.running_processes()) or "another process"
+        reporter.warn(f"stage {stage.name} is being computed by {who}; waiting for it, then "
+                      "reusing its items")
+
+    def reused(summary: RunSummary) -> None:
+        if waited and not force:
+            reporter.info(f"reused {max(summary.skipped - waited[0], 0)} item(s) the other "
+                          "run computed meanwhile")
+
+    label = "all" if shard is None else f"shard-{shard[0]}-of-{shard[1]}"
+    with stage.exclusive(label, waiting):
+        yield reused
 
 
 def settle_name(store: Store, name: str | None, stage: Stage, ids: Sequence[str],

@@ -1,0 +1,68 @@
+"""Two identical runs started together (issue 22 section 4): the second waits for the first
+(the stage's lock for its shard) and reuses the items it computed instead of computing them
+again; other shards of the same stage are not held up."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from featpipe import stages
+from featpipe.stages import Reporter, RunOptions
+from featpipe.store import Store
+from tests._stores import write_npy_dataset
+
+
+class Lines(Reporter):
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def info(self, text):
+        self.lines.append(text)
+
+    def warn(self, text):
+        self.lines.append(text)
+
+
+def test_a_second_identical_encode_waits_and_reuses_the_first_ones_items(tmp_path):
+    store = Store(tmp_path / "store")
+    stages.import_features(store, [str(tmp_path / "npy")], str(write_npy_dataset(tmp_path)),
+                           name="frames")
+    planned = stages.encode(store, "frames", "avg", options=RunOptions(dry_run=True)).stage
+    stage = store.stage("encode", planned.params, inputs=planned.inputs(), items=planned.items)
+    assert stage.name == planned.name
+    lines, result = Lines(), {}
+    with stage.exclusive("all", lambda: None):  # the first run holds the stage
+        second = threading.Thread(target=lambda: result.update(run=stages.encode(
+            store, "frames", "avg", name="avg", reporter=lines)))
+        second.start()
+        deadline = time.monotonic() + 60
+        while not any("waiting for it" in line for line in lines.lines):
+            assert time.monotonic() < deadline and second.is_alive(), lines.lines
+            time.sleep(0.02)
+        for item_id in stage.items.ids:  # ... and computes every item meanwhile
+            source = store.resolve("frames").read_item(item_id)
+            stage.write_item(item_id, source.mean(axis=0))
+        assert second.is_alive()  # still waiting
+    second.join(60)
+    run = result["run"]
+    assert run.summary.done == 0 and run.summary.skipped == 12
+    assert f"stage {stage.name} is being computed by another process; waiting for it, then " \
+        "reusing its items" in lines.lines
+    assert "reused 12 item(s) the other run computed meanwhile" in lines.lines
+    assert store.resolve("avg") == stage
+    np.testing.assert_allclose(stage.read_item("v03"),
+                               store.resolve("frames").read_item("v03").mean(axis=0))
+
+
+def test_another_shard_of_the_stage_is_not_held_up(tmp_path):
+    store = Store(tmp_path / "store")
+    stages.import_features(store, [str(tmp_path / "npy")], str(write_npy_dataset(tmp_path)),
+                           name="frames")
+    planned = stages.encode(store, "frames", "max", options=RunOptions(dry_run=True)).stage
+    stage = store.stage("encode", planned.params, inputs=planned.inputs(), items=planned.items)
+    with stage.exclusive("shard-0-of-2", lambda: None):
+        run = stages.encode(store, "frames", "max", options=RunOptions(shard="1/2"))
+    assert run.summary.done + run.summary.not_in_shard == 12 and run.summary.done > 0
