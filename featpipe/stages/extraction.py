@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from featpipe.content import CACHE_NAME, ContentHashes
 from featpipe.errors import FeatpipeError, ItemError, ParameterError
 from featpipe.extract.estimate import (
     Layout,
@@ -78,10 +79,15 @@ LOCAL_ENCODERS = ("fisher", "bilinear", "cov", "cbp-ts", "cbp-rm", "spatial-grid
 ESTIMATE_SAMPLE = 64
 
 
-def manifest_digest(manifest: Manifest) -> str:
-    """sha256 of the manifest rows (id, absolute path, labels, splits), in order."""
-    rows = [[it.id, str(manifest.resolve_path(it)), list(it.labels), list(it.splits)]
-            for it in manifest]
+def manifest_digest(manifest: Manifest, hashes: ContentHashes) -> str:
+    """sha256 of the manifest rows, in order: id, the content of its file (size and SHA-256,
+    :mod:`featpipe.content`; a missing file as missing), labels, splits.  A rewritten video
+    gives a new stage; a moved or touched one keeps it."""
+    rows = []
+    for it in manifest:
+        path = manifest.resolve_path(it)
+        content = list(hashes.file_hash(path)) if path.is_file() else None
+        rows.append([it.id, content, list(it.labels), list(it.splits)])
     return hashlib.sha256(json.dumps(rows, ensure_ascii=True).encode()).hexdigest()[:16]
 
 
@@ -123,7 +129,8 @@ def choose_features(features: str, params: Mapping | None) -> Chosen:
     return Chosen(method, record)
 
 
-def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling, *,
+def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling,
+          hashes: ContentHashes, *,
           device, batch_size, dtype, positions, pca, encode, encode_params, sample,
           sample_seed, decoder, decode_timeout) -> _Plan:
     """Validate every parameter (a bad one is a ParameterError: no stage, no decoding) and
@@ -143,7 +150,7 @@ def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling, 
                              "its per-frame vectors with `featpipe encode`")
     if not manifest.ids:
         raise FeatpipeError("the manifest has no items")
-    params: dict = {"features": features, "manifest": manifest_digest(manifest),
+    params: dict = {"features": features, "manifest": manifest_digest(manifest, hashes),
                     "sampling": sampling.params(), "decoder": decoder}
     estimator = chosen.estimator()
     if method.runs == "worker":
@@ -284,11 +291,14 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
     chosen = choose_features(features, params)
     if chosen.method.default_fps is not None and sampling == Sampling():
         sampling = Sampling(fps=chosen.method.default_fps)
-    plan_ = _plan(store, manifest, chosen, sampling, device=device,
+    hashes = ContentHashes(store.root / CACHE_NAME)
+    plan_ = _plan(store, manifest, chosen, sampling, hashes, device=device,
                   batch_size=batch_size, dtype=dtype,
                   positions=positions, pca=pca, encode=encode, encode_params=encode_params,
                   sample=sample, sample_seed=sample_seed, decoder=decoder,
                   decode_timeout=decode_timeout)
+    if not options.dry_run:
+        hashes.save()
     shard = parse_shard(options.shard)
     if options.executor != "dask":
         make_executor(options.executor).check_shard(shard)
