@@ -129,82 +129,134 @@ def choose_features(features: str, params: Mapping | None) -> Chosen:
     return Chosen(method, record)
 
 
-def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling,
-          hashes: ContentHashes, *,
-          device, batch_size, dtype, positions, pca, encode, encode_params, sample,
-          sample_seed, decoder, decode_timeout) -> _Plan:
-    """Validate every parameter (a bad one is a ParameterError: no stage, no decoding) and
-    work out the stage's key and what its items hold."""
-    features, method = chosen.method.name, chosen.method
-    if not decode_timeout > 0:
-        raise ParameterError("decode_timeout", f"must be > 0, got {decode_timeout}")
-    if encode is not None and sample is not None:
-        raise ParameterError("sample_descriptors", "cannot be combined with --encode")
-    if sample is not None and sample < 1:
-        raise ParameterError("sample_descriptors", f"must be >= 1, got {sample}")
-    if encode is not None and encode not in LOCAL_ENCODERS:
-        raise ParameterError("encode", f"must be one of {LOCAL_ENCODERS} (encoders of local "
-                             f"features), got {encode!r}")
-    if encode is not None and not method.local:
-        raise ParameterError("encode", f"applies to local features, not {features}; encode "
-                             "its per-frame vectors with `featpipe encode`")
-    if not manifest.ids:
-        raise FeatpipeError("the manifest has no items")
-    params: dict = {"features": features, "manifest": manifest_digest(manifest, hashes),
-                    "sampling": sampling.params(), "decoder": decoder}
-    estimator = chosen.estimator()
-    if method.runs == "worker":
-        params[features] = chosen.record
-    else:
-        from featpipe.extract.vgg import weights_identity
+@dataclasses.dataclass(frozen=True)
+class Product:
+    """What each item holds (part of the stage key): the stored ``dtype``; local features'
+    ``positions``; the ``pca`` stage that projects the features first; then the features
+    themselves, or their encoding by ``encode`` with ``encode_params``, or ``sample`` rows
+    drawn with ``sample_seed``."""
 
-        if device == "cuda":
+    dtype: str = "float32"
+    positions: bool = True
+    pca: str | None = None
+    encode: str | None = None
+    encode_params: Mapping | None = None
+    sample: int | None = None
+    sample_seed: int = 0
+
+    def check(self, method: FeatureMethod) -> None:
+        """Raise ParameterError for a combination that cannot be made."""
+        if self.encode is not None and self.sample is not None:
+            raise ParameterError("sample_descriptors", "cannot be combined with --encode")
+        if self.sample is not None and self.sample < 1:
+            raise ParameterError("sample_descriptors", f"must be >= 1, got {self.sample}")
+        if self.encode is not None and self.encode not in LOCAL_ENCODERS:
+            raise ParameterError("encode", f"must be one of {LOCAL_ENCODERS} (encoders of "
+                                 f"local features), got {self.encode!r}")
+        if self.encode is not None and not method.local:
+            raise ParameterError("encode", f"applies to local features, not {method.name}; "
+                                 "encode its per-frame vectors with `featpipe encode`")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How the stage runs: a network's ``device`` and ``batch_size`` (frames per forward
+    pass), the ``decoder`` (part of the key) and its ``decode_timeout``, whether damaged
+    videos' decodable frames are kept (``allow_partial``), whether the disk is checked."""
+
+    device: str = "cpu"
+    batch_size: int = 16
+    decoder: str = "opencv"
+    decode_timeout: float = 600.0
+    allow_partial: bool = False
+    disk_check: bool = True
+
+    def check(self) -> None:
+        if self.batch_size < 1:
+            raise ParameterError("batch_size", f"must be >= 1, got {self.batch_size}")
+        if not self.decode_timeout > 0:
+            raise ParameterError("decode_timeout", f"must be > 0, got {self.decode_timeout}")
+        if self.device == "cuda":
             import torch
 
             if not torch.cuda.is_available():
                 raise ParameterError("device", "is cuda but torch sees no CUDA device; use "
                                      "--device cpu")
+
+
+def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling,
+          product: Product, settings: Settings, hashes: ContentHashes) -> _Plan:
+    """Validate every parameter (a bad one is a ParameterError: no stage, no decoding) and
+    work out the stage's key and what its items hold: the features' part of the key, the
+    projection, then the items' layout."""
+    product.check(chosen.method)
+    if not manifest.ids:
+        raise FeatpipeError("the manifest has no items")
+    params = _feature_key(manifest, chosen, sampling, settings, hashes)
+    estimator = chosen.estimator()
+    dim, pca_stage = _projection(store, product.pca, chosen.method.name,
+                                 int(estimator.n_features))
+    inputs = [pca_stage] if pca_stage is not None else []
+    sinks = FrameSinks("", local=chosen.method.local, positions=product.positions,
+                       pca_path=None if pca_stage is None else str(pca_stage.path))
+    layout, sinks, made, models = _items(store, chosen, product, estimator, dim, sinks)
+    params.update(made)
+    return _Plan(params, inputs + list(models.values()), sinks, layout)
+
+
+def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: Settings,
+                 hashes: ContentHashes) -> dict:
+    """The stage key's record of the inputs and the features: the manifest (its files by
+    content), the sampling, the decoder, and the method's parameters (a network's weights by
+    their identity)."""
+    params: dict = {"features": chosen.method.name,
+                    "manifest": manifest_digest(manifest, hashes),
+                    "sampling": sampling.params(), "decoder": settings.decoder}
+    if chosen.method.runs == "worker":
+        params[chosen.method.name] = chosen.record
+    else:
+        from featpipe.extract.vgg import weights_identity
+
         params.update({"weights": weights_identity(chosen.record["weights"]),
                        "resize": chosen.record["resize"], "crop": chosen.record["crop"],
-                       "precision": "fp16-autocast" if device == "cuda" else "fp32"})
-    rows_per_frame = estimator.count
-    inputs: list[Stage] = []
-    dim = feature_dim = int(estimator.n_features)
-    pca_path = None
-    if pca is not None:
-        from featpipe.extract.pca import load_pca
+                       "precision": "fp16-autocast" if settings.device == "cuda" else "fp32"})
+    return params
 
-        pca_stage = store.resolve(pca)
-        if pca_stage.kind != "pca":
-            raise FeatpipeError(f"--pca {pca} is a {pca_stage.kind} stage, not a pca stage")
-        projection = load_pca(pca_stage)
-        if projection.mean_.shape[0] != dim:
-            raise FeatpipeError(f"--pca {pca} projects {projection.mean_.shape[0]}-dim rows; "
-                                f"{features} gives {dim}")
-        dim = int(projection.components_.shape[0])
-        inputs.append(pca_stage)
-        pca_path = str(pca_stage.path)
-    itemsize = np.dtype(dtype).itemsize
-    local = method.local
-    outputs = FrameSinks("", local=local, positions=positions, pca_path=pca_path)
-    models: dict = {}
-    if encode is not None:
-        outputs, layout, models, encoded = _encoder_plan(
-            store, encode, encode_params or {}, outputs, rows_per_frame, dim, itemsize,
-            chain=(features, feature_dim, pca))
-        params["encode"] = encoded
-        inputs += list(models.values())
-    elif sample is not None:
-        sample, sample_seed = typed_value(sample, (int,)), typed_value(sample_seed, (int,))
-        outputs = dataclasses.replace(outputs, kind="sample", sample=int(sample),
-                                      seed=int(sample_seed))
-        params["sample"] = {"rows": int(sample), "seed": int(sample_seed)}
-        layout = Layout(rows_per_frame, dim, 4, kind="sample", sample=int(sample))
-    else:
-        if local:
-            params["positions"] = positions
-        layout = Layout(rows_per_frame, dim, itemsize, local=local, positions=positions)
-    return _Plan(params, inputs, outputs, layout)
+
+def _projection(store: Store, pca: str | None, features: str, dim: int):
+    """(dimension after the ``pca`` stage, that stage) or (``dim``, None) without one."""
+    if pca is None:
+        return dim, None
+    from featpipe.extract.pca import load_pca
+
+    pca_stage = store.resolve(pca)
+    if pca_stage.kind != "pca":
+        raise FeatpipeError(f"--pca {pca} is a {pca_stage.kind} stage, not a pca stage")
+    projection = load_pca(pca_stage)
+    if projection.mean_.shape[0] != dim:
+        raise FeatpipeError(f"--pca {pca} projects {projection.mean_.shape[0]}-dim rows; "
+                            f"{features} gives {dim}")
+    return int(projection.components_.shape[0]), pca_stage
+
+
+def _items(store, chosen: Chosen, product: Product, estimator, dim: int, sinks: FrameSinks):
+    """What an item holds: (its size layout, the sinks, the key's record of it, the model
+    stages an encoder reads)."""
+    rows_per_frame, local = estimator.count, chosen.method.local
+    itemsize = np.dtype(product.dtype).itemsize
+    if product.encode is not None:
+        sinks, layout, models, encoded = _encoder_plan(
+            store, product.encode, product.encode_params or {}, sinks, rows_per_frame, dim,
+            itemsize, chain=(chosen.method.name, int(estimator.n_features), product.pca))
+        return layout, sinks, {"encode": encoded}, models
+    if product.sample is not None:
+        rows, seed = int(typed_value(product.sample, (int,))), \
+            int(typed_value(product.sample_seed, (int,)))
+        sinks = dataclasses.replace(sinks, kind="sample", sample=rows, seed=seed)
+        layout = Layout(rows_per_frame, dim, 4, kind="sample", sample=rows)
+        return layout, sinks, {"sample": {"rows": rows, "seed": seed}}, {}
+    layout = Layout(rows_per_frame, dim, itemsize, local=local, positions=product.positions)
+    return layout, sinks, ({"positions": product.positions} if local else {}), {}
 
 
 def _encoder_plan(store, method, given, outputs, rows_per_frame, dim, itemsize, chain):
@@ -286,17 +338,14 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
     options = options or RunOptions()
     reporter = reporter or Reporter()
     sampling = (sampling or Sampling()).validate()
-    if batch_size < 1:
-        raise ParameterError("batch_size", f"must be >= 1, got {batch_size}")
+    settings = Settings(device, batch_size, decoder, decode_timeout, allow_partial, disk_check)
+    settings.check()
     chosen = choose_features(features, params)
     if chosen.method.default_fps is not None and sampling == Sampling():
         sampling = Sampling(fps=chosen.method.default_fps)
+    product = Product(dtype, positions, pca, encode, encode_params, sample, sample_seed)
     hashes = ContentHashes(store.root / CACHE_NAME)
-    plan_ = _plan(store, manifest, chosen, sampling, hashes, device=device,
-                  batch_size=batch_size, dtype=dtype,
-                  positions=positions, pca=pca, encode=encode, encode_params=encode_params,
-                  sample=sample, sample_seed=sample_seed, decoder=decoder,
-                  decode_timeout=decode_timeout)
+    plan_ = _plan(store, manifest, chosen, sampling, product, settings, hashes)
     if not options.dry_run:
         hashes.save()
     shard = parse_shard(options.shard)
@@ -310,19 +359,20 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
     with interruptible():
         pool = DecodePool(resolve_jobs(options.jobs), decoder, decode_timeout)
         try:
+            # frames sampled and the size estimated from what the containers say (all items
+            # for a dry run, a sample otherwise), the disk checked, then the items scheduled
+            probed = todo if options.dry_run else sample_ids(todo, ESTIMATE_SAMPLE)
+            estimates = _estimates(pool, paths, probed, sampling, plan_.layout)
             if options.dry_run:
-                return _dry_run(store, stage, name, todo, summary, pool, paths,
-                                sampling, plan_.layout, reporter)
-            total = _check_disk(store, todo, pool, paths, sampling, plan_.layout, disk_check,
-                                reporter)
+                return _dry_run(store, stage, name, estimates, summary, reporter)
+            total = _check_disk(store, estimates, len(todo), disk_check)
             stage = store.stage("extract", plan_.params, inputs=plan_.inputs, items=manifest,
                                 dtype=dtype)
             outputs = dataclasses.replace(plan_.outputs, stage_path=str(stage.path))
             if options.executor == "dask":
                 pool.close()
                 compute = ExtractCompute(str(stage.path), paths, sampling, chosen, outputs,
-                                         batch_size, device, decoder, decode_timeout,
-                                         allow_partial)
+                                         settings)
                 return run_stage(stage, manifest.ids, compute, store=store, name=name,
                                  options=options, reporter=reporter, batch_size=4)
             announce(stage, name, reporter)
@@ -332,7 +382,7 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
                 todo, summary = plan(stage, manifest.ids, force=options.force, shard=shard)
                 try:
                     extraction = _extraction(stage, pool, sampling, chosen, outputs,
-                                             batch_size, device, allow_partial)
+                                             settings)
                     run = _run(stage, extraction, todo, summary, paths, total, options,
                                reporter, name)
                 except Interrupted:
@@ -351,18 +401,23 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
             pool.close()
 
 
-def _dry_run(store, stage, name, todo, summary, pool, paths, sampling, layout,
-             reporter) -> StageRun:
+def _estimates(pool, paths, ids, sampling, layout) -> list:
+    """Each item's estimate (frames, rows, bytes) from its container's frame count, rate and
+    size (probed by the decoding workers)."""
+    infos = probe_infos(pool, paths, ids)
+    return [estimate_item(i, infos[i], sampling, layout) for i in ids]
+
+
+def _dry_run(store, stage, name, estimates, summary, reporter) -> StageRun:
     """List the work with its estimate; create nothing."""
     label = f" as {name!r}" if name else ""
     created = (stage.path / "stage.json").exists()
     reporter.info(f"stage {stage.name}{label}" + ("" if created else
                                                    " (not created: dry run)"))
-    infos = probe_infos(pool, paths, todo)
-    estimates = [estimate_item(i, infos[i], sampling, layout) for i in todo]
     for estimate in estimates:
         reporter.info(f"would compute {estimate.item_id}: {describe(estimate)}")
     totals = Totals.of(estimates)
+    todo = [e.item_id for e in estimates]
     reporter.info(f"dry run: {len(todo)} to compute, {summary.skipped} already complete; "
                   f"about {totals.frames:,} frames, {totals.rows:,} rows, "
                   f"{human_bytes(totals.bytes)} at rest (free on the store's disk: "
@@ -370,39 +425,38 @@ def _dry_run(store, stage, name, todo, summary, pool, paths, sampling, layout,
     return StageRun(stage, summary, todo)
 
 
-def _check_disk(store, todo, pool, paths, sampling, layout, disk_check, reporter) -> Totals:
-    """Estimate the stage from a sample of items; refuse it if the disk is too small."""
-    if not todo:
+def _check_disk(store, estimates, n_todo: int, disk_check: bool) -> Totals:
+    """The stage's size from the estimates of a sample of its ``n_todo`` items; refused if
+    the disk is too small."""
+    if not n_todo:
         return Totals(0, 0, 0, 0)
-    probed = sample_ids(todo, ESTIMATE_SAMPLE)
-    infos = probe_infos(pool, paths, probed)
-    totals = Totals.of([estimate_item(i, infos[i], sampling, layout) for i in probed],
-                       len(todo))
+    totals = Totals.of(estimates, n_todo)
     free = free_bytes(store.root)
     if disk_check and totals.bytes > free:
         raise FeatpipeError(
-            f"this stage needs about {human_bytes(totals.bytes)} for {len(todo)} items "
+            f"this stage needs about {human_bytes(totals.bytes)} for {n_todo} items "
             f"({totals.frames:,} frames) but the store's disk has {human_bytes(free)} free: "
             "sample fewer frames (--fps/--every/--frames), shrink them (--max-pixels, "
             "--step), encode while extracting (--encode), or pass --no-disk-check")
     return totals
 
 
-def _extraction(stage, pool, sampling, chosen: Chosen, outputs, batch_size, device,
-                allow_partial, model=None, **kwargs) -> Extraction:
+def _extraction(stage, pool, sampling, chosen: Chosen, sinks, settings: Settings,
+                model=None, **kwargs) -> Extraction:
     """The pipeline of the chosen method: in the workers, or a network in this process
     (``model``: one already loaded)."""
     if chosen.method.runs == "worker":
-        pool.program = LocalFeatureProgram(chosen.method, chosen.record, outputs)
-        return Extraction(stage, pool, sampling, outputs=outputs, allow_partial=allow_partial,
-                          **kwargs)
+        pool.program = LocalFeatureProgram(chosen.method, chosen.record, sinks)
+        return Extraction(stage, pool, sampling, outputs=sinks,
+                          allow_partial=settings.allow_partial, **kwargs)
     estimator = chosen.estimator()
     preprocess = estimator.preprocess()
     pool.program = CropProgram(preprocess)
-    model = model or estimator.network(device, batch_size)
-    return Extraction(stage, pool, sampling, model=model, outputs=outputs,
+    model = model or estimator.network(settings.device, settings.batch_size)
+    return Extraction(stage, pool, sampling, model=model, outputs=sinks,
                       features=chosen.method.name, preprocess=preprocess,
-                      batch_size=batch_size, allow_partial=allow_partial, **kwargs)
+                      batch_size=settings.batch_size, allow_partial=settings.allow_partial,
+                      **kwargs)
 
 
 def _run(stage, extraction: Extraction, todo, summary, paths, total: Totals,
@@ -443,18 +497,14 @@ class ExtractCompute:
     The decoding worker and the VGG model are made by the first call on a machine and kept
     for the next batches there (they are not pickled)."""
 
-    def __init__(self, stage_path, paths, sampling, chosen: Chosen, outputs, batch_size,
-                 device, decoder, decode_timeout, allow_partial):
+    def __init__(self, stage_path, paths, sampling, chosen: Chosen, sinks,
+                 settings: Settings):
         self.stage_path = stage_path
         self.paths = paths
         self.sampling = sampling
         self.chosen = chosen
-        self.outputs = outputs
-        self.batch_size = batch_size
-        self.device = device
-        self.decoder = decoder
-        self.decode_timeout = decode_timeout
-        self.allow_partial = allow_partial
+        self.sinks = sinks
+        self.settings = settings
         self._pool = self._model = None
 
     def __getstate__(self) -> dict:
@@ -464,13 +514,13 @@ class ExtractCompute:
         from featpipe.parallel import WRITTEN
 
         stage = Stage(self.stage_path)
+        settings = self.settings
         if self._pool is None:
-            self._pool = DecodePool(1, self.decoder, self.decode_timeout)
+            self._pool = DecodePool(1, settings.decoder, settings.decode_timeout)
         if self.chosen.method.runs == "model" and self._model is None:
-            self._model = self.chosen.estimator().network(self.device, self.batch_size)
-        extraction = _extraction(stage, self._pool, self.sampling, self.chosen, self.outputs,
-                                 self.batch_size, self.device, self.allow_partial,
-                                 model=self._model, record_failures=False)
+            self._model = self.chosen.estimator().network(settings.device, settings.batch_size)
+        extraction = _extraction(stage, self._pool, self.sampling, self.chosen, self.sinks,
+                                 settings, model=self._model, record_failures=False)
         outcome = dict(extraction.run([(i, self.paths[i]) for i in ids]))
         return [WRITTEN if outcome.get(i, "not run") is None
                 else ItemError(i, outcome.get(i, "not run")) for i in ids]
