@@ -151,14 +151,19 @@ def check_output_path(path: str | os.PathLike, option: str,
                              + ("on a read-only file system" if read_only else "not writable"))
 
 
+#: The folder of a store that holds log files (``featpipe submit``'s default task logs).
+STORE_LOGS = "logs"
+
+
 def check_outside_store(path: str | os.PathLike, option: str,
                         store_root: str | os.PathLike) -> None:
     """A :class:`ParameterError` for ``option`` when ``path`` is inside the store folder
-    ``store_root`` (links resolved): featpipe's own files are the only files a store holds."""
-    root = Path(store_root).resolve()
-    if Path(path).resolve().is_relative_to(root):
+    ``store_root`` (links resolved) but not in its :data:`STORE_LOGS` folder: featpipe's own
+    files are the only files a store holds."""
+    root, target = Path(store_root).resolve(), Path(path).resolve()
+    if target.is_relative_to(root) and not target.is_relative_to(root / STORE_LOGS):
         raise ParameterError(option, f"{path} is inside the store {store_root}; write it "
-                                     "outside the store folder")
+                                     f"outside the store folder (or in its {STORE_LOGS}/)")
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:

@@ -72,3 +72,31 @@ params = {{ cell = 4.0 }}
     assert "summary: 0 done, 2 skipped (already complete)" in again.stdout
     assert json.loads((stage.path / "stage.json").read_text())["params"]["grey-grid"] == \
         {"cell": 4}
+
+
+def test_feature_methods_are_estimators_with_declared_parameters():
+    """Every registered method's estimator follows scikit-learn's contract (get_params,
+    clone) and declares each parameter once; a bad value names it before anything runs."""
+    import pytest
+    from sklearn.base import clone
+
+    from featpipe.errors import ParameterError
+    from featpipe.extract.features import load_features
+    from featpipe.stages.extraction import choose_features
+
+    methods = load_features()
+    assert {"dsift", "vgg16-fc6", "vgg16-conv5_3"} <= set(methods)
+    for method in methods.values():
+        defaults = {p.name: p.default for p in method.parameters}
+        estimator = method.build(defaults)
+        assert clone(estimator).get_params() == estimator.get_params()
+        assert all(p.help for p in method.parameters)
+    vgg = choose_features("vgg16-conv5_3", {"weights": "random:0"})
+    assert vgg.record == {"weights": "random:0", "resize": 256, "crop": 224}
+    assert vgg.estimator().count(480, 640) == 14 * 14 and vgg.estimator().n_features == 512
+    sift = choose_features("dsift", {"sizes": (8.0,), "step": 4})
+    assert sift.record["sizes"] == [8] and sift.record["contrast_threshold"] == 0.005
+    with pytest.raises(ParameterError, match="crop must be at most resize"):
+        choose_features("vgg16-fc6", {"weights": "random:0", "resize": 100, "crop": 224})
+    with pytest.raises(ParameterError, match="step must be an int in the range"):
+        choose_features("dsift", {"step": 0})

@@ -212,3 +212,22 @@ def test_one_posterior_routine_in_the_source_tree():
     assert not found, "a second posterior implementation:\n" + "\n".join(found)
     text = (root / "encode/posterior.py").read_text()
     assert len(re.findall(r"xp\.exp\(", text)) == 1  # the one exponential of the routine
+
+
+def test_em_e_step_equals_the_dense_float64_e_step(real_sift):
+    """The E-step (the encoder's pass, posteriors below 1e-10 left out of the sums) against
+    dense float64 posteriors of every pair (scipy's softmax and logsumexp)."""
+    projected, gmm = real_sift
+    x = projected[1].astype(np.float64) - gmm.center_
+    means = gmm.means_ - gmm.center_
+    (s0, s1, s2), loglik = gmm._e_step(x, gmm.weights_, means, gmm.variances_)
+    per_pair = np.stack([np.log(w) - 0.5 * np.sum(np.log(2 * np.pi * v) + (x - m) ** 2 / v,
+                                                  axis=1)
+                         for w, m, v in zip(gmm.weights_, means, gmm.variances_,
+                                            strict=True)], axis=1)
+    gamma = scipy.special.softmax(per_pair, axis=1)
+    assert loglik == pytest.approx(np.mean(scipy.special.logsumexp(per_pair, axis=1)),
+                                   rel=1e-12)
+    np.testing.assert_allclose(s0, gamma.sum(axis=0), rtol=1e-8, atol=1e-6)
+    np.testing.assert_allclose(s1, gamma.T @ x, rtol=1e-8, atol=1e-6)
+    np.testing.assert_allclose(s2, gamma.T @ (x * x), rtol=1e-8, atol=1e-6)

@@ -119,6 +119,14 @@ def test_an_output_file_inside_the_store_is_refused(cli, store, command, flag, w
     assert listing.exit_code == 0 and "problem" not in listing.output
 
 
+def test_a_log_file_in_the_store_logs_folder_is_allowed(cli, store):
+    result = cli("status", "seq", "--store", store.root, "--log-file",
+                 store.root / "logs" / "status.log")
+    assert result.exit_code == 0, result.output
+    assert "exit status 0" in (store.root / "logs" / "status.log").read_text()
+    assert cli("cache", "ls", "--store", store.root).exit_code == 0
+
+
 def _vectors(store, name, ids, seed):
     """A stage ``name`` of 4-d vectors for ``ids`` (train: t0..t7, test: the rest)."""
     rng = np.random.default_rng(seed)
@@ -180,3 +188,4 @@ def test_float16_underflow_to_zero_is_warned_with_the_count(cli, tmp_path):
     big = cli("import", "--manifest", tmp_path / "m.csv", "--from", tmp_path / "f.npz",
               "--store", tmp_path / "s", "--name", "f32")  # float32 holds them: no warning
     assert big.exit_code == 0 and "stored as 0" not in big.stderr
+

@@ -59,6 +59,15 @@ def test_help_of_every_command_imports_no_heavy_stack():
     assert {k: v for k, v in found.items() if v} == {}
 
 
+def test_featpipe_help_imports_not_even_numpy():
+    code = ("import sys\nfrom featpipe.cli import cli\ntry:\n    cli.main(args=['--help'], "
+            "prog_name='featpipe', standalone_mode=False)\nexcept SystemExit:\n    pass\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'click'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    assert out.splitlines()[-1] == "['click']"
+
+
 @pytest.mark.parametrize("key", sorted(TABLE_SOURCES))
 def test_the_precomputed_option_table_is_current(key):
     table = json.loads(TABLE_PATH.read_text(encoding="utf-8"))

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from featpipe import __version__
 from featpipe.errors import FeatpipeError
-from featpipe.fileio import HOST
 
 #: The logger of the reported lines: written to the log file only.
 OUTPUT = "featpipe.output"
@@ -52,6 +51,8 @@ def open_log(path: str | os.PathLike, command: str) -> None:
     logging.getLogger().addHandler(handler)
     _handler, _started = handler, time.monotonic()
     logging.getLogger("featpipe").setLevel(logging.DEBUG)
+    from featpipe.fileio import HOST  # (fileio brings numpy: not at `featpipe --help`)
+
     record(f"{command} (host {HOST}, pid {os.getpid()}, featpipe {__version__})")
 
 

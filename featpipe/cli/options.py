@@ -28,11 +28,14 @@ import sys
 from collections.abc import Iterable, Mapping
 from numbers import Integral
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from featpipe.flags import FLAG_ALIASES, flag_of, off_flag_of
-from featpipe.parameters import Parameter
+
+if TYPE_CHECKING:
+    from featpipe.parameters import Parameter
 
 #: the precomputed table of generated options and choices
 TABLE_PATH = Path(__file__).with_name("options.json")

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from featpipe.cli.common import open_store, verbosity
+from featpipe.fileio import STORE_LOGS
 from featpipe.progress import stage_progress
 from featpipe.slurm import (
     ArrayJob,
@@ -79,7 +80,7 @@ def submit(backend, tasks, partition, time_limit, mem, gpus, cpus_per_task, arra
     store = option_value(argv, "--store", "-s") or os.environ.get("FEATPIPE_STORE")
     name = option_value(argv, "--name", "-n")
     if log_dir is None:
-        log_dir = Path(store) / "logs" if store else Path("featpipe-logs")
+        log_dir = Path(store) / STORE_LOGS if store else Path("featpipe-logs")
     log_dir = Path(log_dir).resolve()
     subcommand = next((a for a in command[1:] if not a.startswith("-")), "stage")
     job = ArrayJob(

@@ -104,7 +104,8 @@ def _rest(upper, lower, top_low, cut):  # pragma: no cover (compiled)
 def accumulate(raw, finite, xc, mc, inv_sigma, log_norm, approx, limit, threshold,
                u_sum, v_sum, mass):  # pragma: no cover (compiled)
     """Add Σ γ d, Σ γ d² and Σ γ per component (float64) for the descriptors ``xc`` (N, D),
-    float64, centred; returns (pairs computed exactly, descriptors whose distances overflow).
+    float64, centred; returns (pairs computed exactly, descriptors whose distances overflow,
+    Σ_t log Σ_k exp l_tk: the log-evidence of the descriptors without −D/2·log 2π).
 
     raw (N, K) float32: the GEMM part of the Mahalanobis terms, m ≈ raw + bias; ``finite``
     (N,): rows without inf or NaN in raw.  ``approx`` = (bias, high, low, c_high, c_low) in
@@ -127,6 +128,7 @@ def accumulate(raw, finite, xc, mc, inv_sigma, log_norm, approx, limit, threshol
     d = np.empty((k_total, dim))
     n_exact = 0
     overflow = 0
+    evidence = 0.0
     for t in range(n):
         rest = 0.0
         n_cand = 0
@@ -157,6 +159,7 @@ def accumulate(raw, finite, xc, mc, inv_sigma, log_norm, approx, limit, threshol
         for j in range(n_cand):
             exact[j] = math.exp(exact[j] - top)
             norm += exact[j]
+        evidence += top + math.log(norm)
         for j in range(n_cand):
             g = exact[j] / norm
             if g < threshold:
@@ -164,4 +167,4 @@ def accumulate(raw, finite, xc, mc, inv_sigma, log_norm, approx, limit, threshol
             k = cand[j]
             mass[k] += g
             _add(g, d, j, u_sum, v_sum, k)
-    return n_exact, overflow
+    return n_exact, overflow, evidence

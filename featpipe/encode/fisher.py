@@ -1,12 +1,14 @@
 """Diagonal Gaussian mixtures (EM) and Fisher vectors, with VLFeat's conventions.
 
 GMM (VLFeat ``vl_gmm``): diagonal covariances, k-means++ / k-means initialisation, E-step in
-log space, a variance floor ``max(data variance) * variance_floor`` applied after every M-step,
-stop when the relative change of the mean log-likelihood is below ``tol`` or after
-``max_iter`` iterations; a component whose mass falls below ``1e-2 * max(1, n / K)``
-(VLFeat's rule) is restarted instead of dividing by zero: the component with the largest
-entropy contribution is split in two along its largest-variance dimension (VLFeat splits the
-same component there by reassigning its points on either side of the mean).
+log space (the Fisher encoder's pass, :func:`_accumulate`; posteriors below 1e-10 left out of
+the sums, as VLFeat leaves out those below 1e-2 / K), a variance floor
+``max(data variance) * variance_floor`` applied after every M-step, stop when the relative
+change of the mean log-likelihood is below ``tol`` or after ``max_iter`` iterations; a
+component whose mass falls below ``1e-2 * max(1, n / K)`` (VLFeat's rule) is restarted
+instead of dividing by zero: the component with the largest entropy contribution is split in
+two along its largest-variance dimension (VLFeat splits the same component there by
+reassigning its points on either side of the mean).
 
 Fisher vector (Perronnin, Sánchez, Mensink ECCV'10; Sánchez et al. IJCV'13; VLFeat
 ``vl_fisher``).  With d_tk = (x_t - mu_k) / sigma_k and posteriors gamma_tk::
@@ -77,6 +79,8 @@ _MARGIN = 0.5
 #: float32 distances stay in cache).
 _CHUNK = 32768
 _TASK = 4096
+#: EM's posterior cut-off in the sums (the log-likelihood keeps every pair).
+_EM_POSTERIOR = 1e-10
 _BLOCK = 512
 log = logging.getLogger(__name__)
 
@@ -227,23 +231,25 @@ class GaussianMixtureModel(ArrayModel, ValidatedEstimator, DensityMixin, BaseEst
         return log_joint(xc, log_norm, means, 1.0 / variances, lhs)
 
     def _e_step(self, xc, weights, means, variances):
-        """Sufficient statistics (N_k, sum gamma x, sum gamma x^2) and mean log-likelihood."""
+        """Sufficient statistics (N_k, sum gamma x, sum gamma x^2) and mean log-likelihood.
+
+        The encoder's pass (:func:`_accumulate`: float32 GEMM with a per-pair rounding bound,
+        float64 log joints wherever γ may reach ``_EM_POSTERIOR``, float64 sums): posteriors
+        below 1e-10 are left out of the sums (VLFeat leaves out those below 1e-2 / K) but
+        not out of the log-likelihood; the centred sums Σγd, Σγd² (d = (x − μ)/σ) give the
+        raw ones."""
         k, dim = means.shape
-        s0 = np.zeros(k)
-        s1 = np.zeros((k, dim))
-        s2 = np.zeros((k, dim))
+        fast = _FastGMM(np.asarray(weights, np.float64), np.asarray(means, np.float64),
+                        np.asarray(variances, np.float64), _EM_POSTERIOR)
+        sd, sdd, s0 = np.zeros((k, dim)), np.zeros((k, dim)), np.zeros(k)
         total = 0.0
         for start in range(0, xc.shape[0], self.chunk_size):
-            block = xc[start:start + self.chunk_size]
-            lhs = squared_lhs(block)
-            resp, log_px = normalise(self._log_joint(block, weights, means, variances, lhs),
-                                     overwrite=True)
-            total += float(np.sum(log_px, dtype=np.float64))
-            s0 += resp.sum(axis=0)
-            moments = resp.T @ lhs  # [Σγx², Σγx]
-            s2 += moments[:, :dim]
-            s1 += moments[:, dim:]
-        return (s0, s1, s2), total / xc.shape[0]
+            total += _accumulate(xc[start:start + self.chunk_size], fast, sd, sdd, s0)[1]
+        mu = fast.center + fast.mc
+        sigma = 1.0 / fast.inv_sigma
+        s1 = s0[:, None] * mu + sigma * sd
+        s2 = s0[:, None] * mu * mu + 2.0 * mu * sigma * sd + sigma * sigma * sdd
+        return (s0, s1, s2), total / xc.shape[0] - 0.5 * dim * _LOG_2PI
 
     def _m_step(self, stats, n):
         s0, s1, s2 = stats
@@ -482,7 +488,7 @@ class FisherAccumulator:
         x = _check_descriptors(x, self.means.shape[1])
         for start in range(0, x.shape[0], _CHUNK):  # bounded memory
             self.exact_pairs += _accumulate(x[start:start + _CHUNK], self.gmm, self.first,
-                                            self.second, self.mass)
+                                            self.second, self.mass)[0]
         self.count += x.shape[0]
         return self
 
@@ -531,9 +537,10 @@ class _FastGMM:
         self.threshold = threshold
 
 
-def _accumulate(x, gmm: _FastGMM, first, second, mass) -> int:
+def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
     """Add the sums Σ γ d, Σ γ d² and Σ γ of descriptors ``x`` into ``first``, ``second``,
-    ``mass`` (float64 (K, D), (K, D), (K,)); returns the number of pairs computed exactly.
+    ``mass`` (float64 (K, D), (K, D), (K,)); returns the number of pairs computed exactly and
+    the descriptors' summed log-evidence Σ_t log Σ_k π_k N(x_t) + N·D/2·log 2π.
 
     The posterior routine (:mod:`featpipe.encode.posterior`) in two precisions:
 
@@ -565,6 +572,7 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> int:
     def run(task):
         sums = (np.zeros_like(first), np.zeros_like(second), np.zeros_like(mass))
         n_exact = overflow = 0
+        evidence = 0.0
         for start in range(0, task.shape[0], _BLOCK):
             block = task[start:start + _BLOCK]
             with np.errstate(over="ignore", invalid="ignore"):
@@ -575,15 +583,16 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> int:
                                              gmm.threshold, *sums)
             n_exact += counts[0]
             overflow += counts[1]
-        return sums, (n_exact, overflow)
+            evidence += counts[2]
+        return sums, (n_exact, overflow, evidence)
 
     with single_threaded_blas():
         if len(tasks) > 1 and worker_threads() > 1:
             results = list(_thread_pool(worker_threads()).map(run, tasks))
         else:
             results = [run(task) for task in tasks]
-    exact = 0
-    for (u, v, m), (n_exact, overflow) in results:
+    exact, evidence = 0, 0.0
+    for (u, v, m), (n_exact, overflow, log_evidence) in results:
         if overflow or not (np.all(np.isfinite(u)) and np.all(np.isfinite(v))):
             raise InputError(f"descriptors too large to encode: largest |value| "
                              f"{np.max(np.abs(x)):.3g} overflows float64 (distance squared)")
@@ -591,7 +600,8 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> int:
         second += v
         mass += m
         exact += n_exact
-    return exact
+        evidence += log_evidence
+    return exact, evidence
 
 
 @functools.cache
