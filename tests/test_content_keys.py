@@ -102,3 +102,31 @@ def test_external_links_and_external_storage_are_refused_naming_them(tmp_path, c
         assert result.exit_code == 1 and message in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "s" / "stages").exists()
+
+
+def test_extract_keys_its_videos_by_content(tmp_path, cli):
+    import shutil
+
+    import cv2
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    cv2.imwrite(str(data / "a.png"), rng.integers(0, 255, (40, 48, 3), np.uint8))
+    (data / "m.csv").write_text("id,path,label,split1\na,a.png,x,train\n")
+
+    def key(folder):
+        result = cli("extract", "-m", folder / "m.csv", "-s", tmp_path / "store", "-f",
+                     "dsift", "--sizes", "8", "--step", "8", "--dry-run")
+        assert result.exit_code == 0, result.output
+        return result.output.split("stage extract-")[1][:16]
+
+    first = key(data)
+    os.utime(data / "a.png")  # touched: same content
+    assert key(data) == first
+    moved = tmp_path / "moved"
+    shutil.copytree(data, moved)  # the same files elsewhere
+    assert key(moved) == first
+    cv2.imwrite(str(data / "a.png"), rng.integers(0, 255, (40, 48, 3), np.uint8))  # rewritten
+    assert key(data) != first
+    assert not (tmp_path / "store").exists()  # dry runs create nothing, not even the cache

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from featpipe.content import CACHE_NAME, ContentHashes
 from featpipe.errors import FeatpipeError, ItemError, ParameterError
 from featpipe.extract.estimate import (
     Layout,
@@ -78,10 +79,15 @@ LOCAL_ENCODERS = ("fisher", "bilinear", "cov", "cbp-ts", "cbp-rm", "spatial-grid
 ESTIMATE_SAMPLE = 64
 
 
-def manifest_digest(manifest: Manifest) -> str:
-    """sha256 of the manifest rows (id, absolute path, labels, splits), in order."""
-    rows = [[it.id, str(manifest.resolve_path(it)), list(it.labels), list(it.splits)]
-            for it in manifest]
+def manifest_digest(manifest: Manifest, hashes: ContentHashes) -> str:
+    """sha256 of the manifest rows, in order: id, the content of its file (size and SHA-256,
+    :mod:`featpipe.content`; a missing file as missing), labels, splits.  A rewritten video
+    gives a new stage; a moved or touched one keeps it."""
+    rows = []
+    for it in manifest:
+        path = manifest.resolve_path(it)
+        content = list(hashes.file_hash(path)) if path.is_file() else None
+        rows.append([it.id, content, list(it.labels), list(it.splits)])
     return hashlib.sha256(json.dumps(rows, ensure_ascii=True).encode()).hexdigest()[:16]
 
 
@@ -179,14 +185,14 @@ class Settings:
 
 
 def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling,
-          product: Product, settings: Settings) -> _Plan:
+          product: Product, settings: Settings, hashes: ContentHashes) -> _Plan:
     """Validate every parameter (a bad one is a ParameterError: no stage, no decoding) and
     work out the stage's key and what its items hold: the features' part of the key, the
     projection, then the items' layout."""
     product.check(chosen.method)
     if not manifest.ids:
         raise FeatpipeError("the manifest has no items")
-    params = _feature_key(manifest, chosen, sampling, settings)
+    params = _feature_key(manifest, chosen, sampling, settings, hashes)
     estimator = chosen.estimator()
     dim, pca_stage = _projection(store, product.pca, chosen.method.name,
                                  int(estimator.n_features))
@@ -198,10 +204,13 @@ def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling,
     return _Plan(params, inputs + list(models.values()), sinks, layout)
 
 
-def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: Settings) -> dict:
-    """The stage key's record of the inputs and the features: the manifest, the sampling,
-    the decoder, and the method's parameters (a network's weights by their identity)."""
-    params: dict = {"features": chosen.method.name, "manifest": manifest_digest(manifest),
+def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: Settings,
+                 hashes: ContentHashes) -> dict:
+    """The stage key's record of the inputs and the features: the manifest (its files by
+    content), the sampling, the decoder, and the method's parameters (a network's weights by
+    their identity)."""
+    params: dict = {"features": chosen.method.name,
+                    "manifest": manifest_digest(manifest, hashes),
                     "sampling": sampling.params(), "decoder": settings.decoder}
     if chosen.method.runs == "worker":
         params[chosen.method.name] = chosen.record
@@ -335,7 +344,10 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
     if chosen.method.default_fps is not None and sampling == Sampling():
         sampling = Sampling(fps=chosen.method.default_fps)
     product = Product(dtype, positions, pca, encode, encode_params, sample, sample_seed)
-    plan_ = _plan(store, manifest, chosen, sampling, product, settings)
+    hashes = ContentHashes(store.root / CACHE_NAME)
+    plan_ = _plan(store, manifest, chosen, sampling, product, settings, hashes)
+    if not options.dry_run:
+        hashes.save()
     shard = parse_shard(options.shard)
     if options.executor != "dask":
         make_executor(options.executor).check_shard(shard)
