@@ -180,7 +180,10 @@ class StageProgress:
 
 
 def format_duration(seconds: float) -> str:
-    """``42 s``, ``5 min 03 s``, ``2 h 10 min``; under a second is ``less than 1 s``."""
+    """``42 s``, ``5 min 03 s``, ``2 h 10 min``; under a second is ``less than 1 s``; a
+    duration that is not finite is ``an unknown time``."""
+    if not math.isfinite(seconds):
+        return "an unknown time"
     if seconds < 1:
         return "less than 1 s"
     seconds = round(seconds)

@@ -128,6 +128,8 @@ def _ledger_entry(raw) -> LedgerEntry | str:
             return f"{key!r} must be >= 0, got {raw.get(key)!r}"
     if raw.get("time", 0.0) > time.time() + _CLOCK_SKEW_S:
         return f"'time' {raw['time']!r} is in the future (a clock or a writer gone wrong)"
+    if raw.get("seconds", 0.0) > time.time():
+        return f"'seconds' {raw['seconds']!r} is more than the time since 1970"
     if not isinstance(raw.get("error"), str | None):
         return "'error' must be a string or null"
     return LedgerEntry(raw["id"], raw["status"], float(raw.get("seconds", 0.0)),

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from featpipe.manifest import from_rows
-from featpipe.progress import format_time
+from featpipe.progress import format_duration, format_time
 from featpipe.store import Store
 from tests.conftest import one_line_error, run_cli
 
@@ -75,7 +75,8 @@ def test_good_settings_run(cli, store, monkeypatch):
     ("time", -5.0, "'time' must be >= 0, got -5.0"),
     ("time", float("nan"), "'time' must be a number, got nan"),
     ("time", "yesterday", "'time' must be a number, got 'yesterday'"),
-    ("seconds", -3.0, "'seconds' must be >= 0, got -3.0")])
+    ("seconds", -3.0, "'seconds' must be >= 0, got -3.0"),
+    ("seconds", 1e308, "'seconds' 1e+308 is more than the time since 1970")])
 def test_an_absurd_ledger_value_is_a_problem_line_in_status(cli, store, field, value, reason):
     stage = store.resolve("seq")
     ledger = next((stage.path / "ledger").glob("*.jsonl"))
@@ -99,6 +100,7 @@ def test_an_absurd_ledger_value_is_a_problem_line_in_status(cli, store, field, v
                                           (float("inf"), "inf (not a date)")])
 def test_format_time_never_raises(stamp, shown):
     assert format_time(stamp) == shown
+    assert format_duration(float("inf")) == "an unknown time"
 
 
 @pytest.mark.parametrize("where", ["names/report.json", "stages/x/report.json", "report.json"])
@@ -216,3 +218,14 @@ def test_a_bad_slurm_task_variable_is_shown_with_its_value(cli, store, monkeypat
     assert "error: --shard must be I/N with 0 <= I < N (e.g. 0/4), got " \
         "SLURM_ARRAY_TASK_ID='x', SLURM_ARRAY_TASK_COUNT='4'" in result.stderr
     assert _state(store) == before
+
+
+def test_submit_log_dir_inside_the_store_is_refused_outside_logs(cli, store):
+    command = ["submit", "--backend", "slurm", "--tasks", "2", "--dry-run", "--log-dir"]
+    wrapped = ["--", "featpipe", "encode", "--store", str(store.root), "--input", "seq",
+               "--method", "avg"]
+    refused = cli(*command, store.root / "names", *wrapped)
+    assert refused.exit_code == 2
+    assert f"error: --log-dir {store.root / 'names'} is inside the store {store.root}" \
+        in refused.stderr
+    assert cli(*command, store.root / "logs" / "slurm", *wrapped).exit_code == 0

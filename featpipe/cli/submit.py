@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from featpipe.cli.common import open_store, verbosity
-from featpipe.fileio import STORE_LOGS
+from featpipe.fileio import STORE_LOGS, check_outside_store
 from featpipe.progress import stage_progress
 from featpipe.slurm import (
     ArrayJob,
@@ -81,6 +81,8 @@ def submit(backend, tasks, partition, time_limit, mem, gpus, cpus_per_task, arra
     name = option_value(argv, "--name", "-n")
     if log_dir is None:
         log_dir = Path(store) / STORE_LOGS if store else Path("featpipe-logs")
+    elif store:
+        check_outside_store(log_dir, "log_dir", store)
     log_dir = Path(log_dir).resolve()
     subcommand = next((a for a in command[1:] if not a.startswith("-")), "stage")
     job = ArrayJob(
