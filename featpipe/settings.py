@@ -7,11 +7,13 @@ they are used (:func:`featpipe.backend.worker_threads`, :func:`featpipe.backend.
 the progress display), which may be late or never; :func:`check_environment` reads them all
 once, so the command line turns a bad value into a usage error (exit 2) before any stage
 exists, whatever the command.  Each parser returns ``None`` when its variable is unset or
-empty.
+empty.  Plugin modules (``FEATPIPE_ENCODERS``, ``FEATPIPE_FEATURES``) are imported when their
+methods are needed (:func:`plugin_attribute`), with the same kind of error.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 
@@ -80,6 +82,21 @@ def progress_interval_setting() -> float | None:
     if not (math.isfinite(seconds) and seconds >= 0):
         raise SettingError(f"{PROGRESS_ENV} must be a number of seconds >= 0, got {value!r}")
     return seconds
+
+
+def plugin_attribute(module_name: str, variable: str, attribute: str):
+    """``attribute`` of plugin module ``module_name`` (named by ``variable`` or an entry
+    point): a module that cannot be imported or lacks ``attribute`` is a
+    :class:`SettingError` naming it, not a traceback."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise SettingError(f"{variable} (or an entry point) must name importable modules, got "
+                           f"{module_name!r} ({err})") from None
+    if not hasattr(module, attribute):
+        raise SettingError(f"{variable} (or an entry point) must name modules that define "
+                           f"{attribute}, got {module_name!r}")
+    return getattr(module, attribute)
 
 
 def check_environment() -> None:

@@ -14,6 +14,7 @@ import pytest
 from featpipe.manifest import from_rows
 from featpipe.progress import format_time
 from featpipe.store import Store
+from tests.conftest import one_line_error, run_cli
 
 
 @pytest.fixture
@@ -189,3 +190,29 @@ def test_float16_underflow_to_zero_is_warned_with_the_count(cli, tmp_path):
               "--store", tmp_path / "s", "--name", "f32")  # float32 holds them: no warning
     assert big.exit_code == 0 and "stored as 0" not in big.stderr
 
+
+
+@pytest.mark.parametrize("variable, value, command, cause", [
+    ("FEATPIPE_ENCODERS", "no_such_plugin", ["encode", "--input", "seq", "--method", "avg"],
+     "must name importable modules, got 'no_such_plugin' (No module named 'no_such_plugin')"),
+    ("FEATPIPE_ENCODERS", "json", ["encode", "--input", "seq", "--method", "avg"],
+     "must name modules that define ENCODE_METHODS, got 'json'"),
+    ("FEATPIPE_FEATURES", "no_such_plugin", ["extract", "--manifest", "m.csv", "--features",
+                                             "dsift"],
+     "must name importable modules, got 'no_such_plugin'")])
+def test_a_bad_plugin_variable_is_a_usage_error(store, variable, value, command, cause):
+    before = _state(store)
+    proc = run_cli(*command, "--store", store.root, env={variable: value}, check=False)
+    assert f"error: {variable} (or an entry point) {cause}" in one_line_error(proc, code=2)
+    assert _state(store) == before
+
+
+def test_a_bad_slurm_task_variable_is_shown_with_its_value(cli, store, monkeypatch):
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "x")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "4")
+    before = _state(store)
+    result = cli("encode", "--store", store.root, "--input", "seq", "--method", "avg")
+    assert result.exit_code == 2
+    assert "error: --shard must be I/N with 0 <= I < N (e.g. 0/4), got " \
+        "SLURM_ARRAY_TASK_ID='x', SLURM_ARRAY_TASK_COUNT='4'" in result.stderr
+    assert _state(store) == before

@@ -26,6 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from featpipe.parameters import Parameter, check_parameter_values, parameter_record
+from featpipe.settings import plugin_attribute
 
 #: Modules that define ENCODE_METHODS (plugins: the ``featpipe.encoders`` entry points and
 #: ``$FEATPIPE_ENCODERS``).
@@ -93,8 +94,11 @@ def plugin_modules() -> list[str]:
 
 def load_methods() -> dict[str, EncodeMethod]:
     methods: dict[str, EncodeMethod] = {}
-    for module_name in METHOD_MODULES + plugin_modules():
-        for method in importlib.import_module(module_name).ENCODE_METHODS:
+    found = [(name, importlib.import_module(name).ENCODE_METHODS) for name in METHOD_MODULES]
+    found += [(name, plugin_attribute(name, PLUGIN_VARIABLE, "ENCODE_METHODS"))
+              for name in plugin_modules()]
+    for module_name, module_methods in found:
+        for method in module_methods:
             if method.name in methods:
                 raise RuntimeError(f"encode method {method.name!r} is registered twice "
                                    f"(again by {module_name})")

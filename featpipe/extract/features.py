@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from featpipe.parameters import Parameter, estimator_parameters
+from featpipe.settings import plugin_attribute
 
 #: Modules that define FEATURE_METHODS.
 FEATURE_MODULES: list[str] = ["featpipe.extract.vgg", "featpipe.extract.dsift"]
@@ -71,8 +72,11 @@ def plugin_modules() -> list[str]:
 def load_features() -> dict[str, FeatureMethod]:
     """Every registered feature method by name."""
     methods: dict[str, FeatureMethod] = {}
-    for module_name in FEATURE_MODULES + plugin_modules():
-        for method in importlib.import_module(module_name).FEATURE_METHODS:
+    found = [(name, importlib.import_module(name).FEATURE_METHODS) for name in FEATURE_MODULES]
+    found += [(name, plugin_attribute(name, PLUGIN_VARIABLE, "FEATURE_METHODS"))
+              for name in plugin_modules()]
+    for module_name, module_methods in found:
+        for method in module_methods:
             if method.name in methods:
                 raise RuntimeError(f"feature method {method.name!r} is registered twice "
                                    f"(again by {module_name})")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -96,7 +97,9 @@ class RunOptions:
         try:
             parse_shard(self.shard)
         except FeatpipeError:
-            given = "SLURM_ARRAY_TASK_ID/COUNT" if self.shard is None else repr(self.shard)
+            given = repr(self.shard) if self.shard is not None else \
+                "SLURM_ARRAY_TASK_ID={!r}, SLURM_ARRAY_TASK_COUNT={!r}".format(
+                    *(os.environ.get(f"SLURM_ARRAY_TASK_{v}") for v in ("ID", "COUNT")))
             raise ParameterError("shard", f"must be I/N with 0 <= I < N (e.g. 0/4), got "
                                  f"{given}") from None
         if self.on_error not in ON_ERROR:
