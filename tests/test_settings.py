@@ -229,3 +229,11 @@ def test_submit_log_dir_inside_the_store_is_refused_outside_logs(cli, store):
     assert f"error: --log-dir {store.root / 'names'} is inside the store {store.root}" \
         in refused.stderr
     assert cli(*command, store.root / "logs" / "slurm", *wrapped).exit_code == 0
+
+
+def test_intersect_must_be_a_boolean(store):
+    from featpipe.errors import ParameterError
+    from featpipe.stages.classification import classify
+
+    with pytest.raises(ParameterError, match="intersect must be true or false, got 'yes'"):
+        classify(store, ["seq"], intersect="yes")

@@ -147,12 +147,14 @@ def check_arguments(inputs: Sequence[str], kernels: Sequence[str] = ("linear",),
                     C: Sequence[float] = (1000.0,), cv: int | None = None,
                     metric: str | None = None, ap_mode: str = "standard",
                     solver: str = "libsvm", gamma: float | None = None, order: int = 1,
-                    normalize: str = "none", jobs: int = -1) -> None:
+                    normalize: str = "none", jobs: int = -1, intersect: bool = False) -> None:
     """Check :func:`classify`'s values (a :class:`ParameterError` for the first bad one);
     needs no store, so ``featpipe run`` checks a pipeline's classify steps before any step."""
     check_params(CONSTRAINTS, {"fusion": fusion, "cv": cv, "metric": metric,
                                "ap_mode": ap_mode, "solver": solver, "normalize": normalize,
                                "jobs": jobs})
+    if not isinstance(intersect, bool):
+        raise ParameterError("intersect", f"must be true or false, got {intersect!r}")
     if not C:
         raise ParameterError("C", "needs at least one value")
     for value in C:
@@ -189,7 +191,7 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
     reporter = reporter or Reporter()
     check_arguments(inputs, kernels, fusion=fusion, weights=weights, C=C, cv=cv,
                     metric=metric, ap_mode=ap_mode, solver=solver, gamma=gamma, order=order,
-                    normalize=normalize, jobs=jobs)
+                    normalize=normalize, jobs=jobs, intersect=intersect)
     kernels = tuple(kernels) * len(inputs) if len(kernels) == 1 else tuple(kernels)
     Cs = tuple(C)
     if report:
