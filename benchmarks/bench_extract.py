@@ -37,6 +37,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from featpipe.extract.dsift import DenseSIFT, dsift, to_grey, vlfeat_smooth  # noqa: E402
+from featpipe.extract.settings import ExtractSettings  # noqa: E402
 from featpipe.io.video import Sampling, iter_frames  # noqa: E402
 
 
@@ -150,8 +151,8 @@ def bench_stream(every: int, components: list[int]) -> None:
         dsift = {"max_pixels": 76_800}  # sizes 4, 6, 8, 10; step 2
         print(f"streaming: dense SIFT (76,800 pixels, step 2) of bikes + bigbuckbunny, every "
               f"{every}th frame -> PCA 64 -> FV per frame; one job each")
-        timed_extract(store, manifest, sampling=sampling, params=dsift, sample=25_000,
-                      name="sample")
+        timed_extract(store, manifest, sampling=sampling, params=dsift,
+                      settings=ExtractSettings(sample_descriptors=25_000), name="sample")
         fit_pca(store, "sample", n_components=64, name="p64")
         t_raw, raw = timed_extract(store, manifest, sampling=sampling, params=dsift,
                                    name="raw")
@@ -166,9 +167,9 @@ def bench_stream(every: int, components: list[int]) -> None:
             fit_gmm(store, "sample", name=f"g{k}", n_components=k, pca="p64", sample=50_000,
                     max_iter=20)
             params = {"gmm": f"g{k}", "per_frame": True}
-            t_fused, fused = timed_extract(store, manifest, sampling=sampling, params=dsift,
-                                           encode="fisher", encode_params=params,
-                                           name=f"fv{k}")
+            t_fused, fused = timed_extract(
+                store, manifest, sampling=sampling, params=dsift, name=f"fv{k}",
+                settings=ExtractSettings(encode="fisher", encode_params=params))
             start = time.perf_counter()
             encode(store, "raw", "fisher", params, name=f"two{k}")
             t_encode = time.perf_counter() - start
@@ -207,7 +208,7 @@ def bench_jobs(every: int, step: int, copies: int) -> None:
                  for k in range(copies) for name, path in paths.items()}
         manifest = manifest_of(folder, paths)
         variants = [("sampled (all descriptors computed, 1,000 per item stored)",
-                     every, {"sample": 1000}),
+                     every, {"settings": ExtractSettings(sample_descriptors=1000)}),
                     ("raw descriptors stored (disk-heavy)", 3 * every, {})]
         for label, sampled_every, extra in variants:
             print(f"dense SIFT stage (76,800 pixels, step {step}, every {sampled_every}th "
@@ -250,7 +251,7 @@ class SleepModel:
 
 def pipeline_seconds(model, paths, sampling, jobs, batch_size, folder) -> tuple[float, int]:
     """Wall time of the extraction pipeline (warm workers) over ``paths``; frames done."""
-    from featpipe.extract.streaming import CropProgram, Extraction, FrameSinks
+    from featpipe.extract.streaming import CropProgram, Extraction, FrameSinks, Network
     from featpipe.extract.vgg import VGG16
     from featpipe.io.video import DecodePool
     from featpipe.store import Store
@@ -265,10 +266,9 @@ def pipeline_seconds(model, paths, sampling, jobs, batch_size, folder) -> tuple[
         while pool.busy:
             pool.poll(None)
         frames = [0]
-        extraction = Extraction(stage, pool, sampling, model=model,
-                                outputs=FrameSinks(str(stage.path), local=False),
-                                features="vgg16-fc6", preprocess=prep, batch_size=batch_size,
-                                on_frames=lambda n: frames.__setitem__(0, frames[0] + n))
+        extraction = Extraction(stage, pool, sampling, FrameSinks(str(stage.path), local=False),
+                                network=Network(model, prep, batch_size))
+        extraction.on_frames = lambda n: frames.__setitem__(0, frames[0] + n)
         start = time.perf_counter()
         outcome = dict(extraction.run(list(paths.items())))
         seconds = time.perf_counter() - start

@@ -26,14 +26,22 @@ int parameter is ``20``), so equal values written differently give one key.  A b
 raises a ParameterError, and ``_check_params`` adds the rules that tie two parameters together
 (``emit_layer <= depth``).
 
+A stage's run settings that are not an estimator's (``extract``'s frame sampling, stored
+dtype, decoder...) are a dataclass whose fields are declared with :func:`declared` (default,
+help, choices; the type is the field's annotation); :func:`record_parameters` gives their
+:class:`Parameter` records, so the command line and pipeline files read them as they read an
+estimator's.
+
 scikit-learn is imported only when a value is checked or typed, so that the command line can read
 :class:`Parameter` records (``featpipe --help``) without it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
+import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -214,6 +222,36 @@ def estimator_parameters(cls, include: Iterable[str] | None = None,
                             "(see featpipe.parameters)")
         default = None if arg.default is inspect.Parameter.empty else arg.default
         out.append(Parameter(name, default, tuple(constraints[name]), docs[name], owner=cls))
+    return tuple(out)
+
+
+def declared(default, help: str, *, choices: Iterable[str] = (), model: Iterable[str] = ()):
+    """A dataclass field declared as a parameter: its ``default``, ``help`` (one sentence),
+    the ``choices`` of a text value, the ``featpipe fit`` commands making the stage a
+    ``model`` parameter names; its type is the field's annotation."""
+    return dataclasses.field(default=default, metadata={
+        "help": help, "choices": tuple(choices), "model": tuple(model)})
+
+
+def record_parameters(cls) -> tuple[Parameter, ...]:
+    """The :class:`Parameter` of each :func:`declared` field of dataclass ``cls``, in order
+    (other fields are not parameters); constraints in scikit-learn's vocabulary from the
+    annotation (``int | None`` -> ``(int, None)``, ``bool`` -> ``"boolean"``) or the choices."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for field_ in dataclasses.fields(cls):
+        if "help" not in field_.metadata:
+            continue
+        types = typing.get_args(hints[field_.name]) or (hints[field_.name],)
+        if field_.metadata["choices"]:
+            from sklearn.utils._param_validation import StrOptions
+
+            constraints = [StrOptions(set(field_.metadata["choices"]))]
+        else:
+            constraints = ["boolean" if t is bool else t for t in types if t is not type(None)]
+        constraints += [None] if type(None) in types else []
+        out.append(Parameter(field_.name, field_.default, tuple(constraints),
+                             field_.metadata["help"], model=field_.metadata["model"]))
     return tuple(out)
 
 

@@ -26,8 +26,10 @@ stage keys make a rerun compute only what is missing, as for the single commands
 
 Every other key of a step is a keyword argument of its function, as documented there
 (``help(featpipe.stages.encode)``).  ``name`` defaults to the step name; ``manifest`` of
-``extract`` is a manifest path and ``sampling`` a table (``{ fps = 5 }``).  Steps run in
-file order.
+``extract`` is a manifest path, ``sampling`` a table (``{ fps = 5 }``) and the fields of its
+``settings`` record are keys of the step (``dtype = "float16"``, ``encode = "fisher"``,
+``encode_params = { gmm = "g" }``: :class:`~featpipe.extract.settings.ExtractSettings`).
+Steps run in file order.
 
 The whole file is checked before the first step runs (:func:`load_pipeline`; a problem is a
 usage error): the functions; every key, of the step and of its ``params`` and
@@ -168,11 +170,24 @@ def _signature(function: str) -> inspect.Signature:
     return inspect.signature(getattr(stages, function))
 
 
+def _flat_record(function: str) -> tuple[str, type] | None:
+    """(parameter, record class) of a stage function whose record's fields a step gives as
+    keys of its own: ``extract``'s ``settings``."""
+    if function == "extract":
+        from featpipe.extract.settings import ExtractSettings
+
+        return "settings", ExtractSettings
+    return None
+
+
 def check_arguments(step: Step, path: Path) -> None:
     """Refuse arguments the stage function does not take (with the closest one it takes),
     and missing required ones."""
     signature = _signature(step.function)
     accepted = set(signature.parameters) - {"store", "reporter", "options", "command"}
+    record = _flat_record(step.function)
+    if record is not None:
+        accepted = accepted - {record[0]} | {f.name for f in fields(record[1])}
     if "options" in signature.parameters:
         accepted |= set(RUN_OPTIONS)
     takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
@@ -247,7 +262,8 @@ def _check_extract(arguments: Mapping) -> None:
                 f" (did you mean {close[0]}?)" if close else f" (keys: {', '.join(known)})"))
     try:
         Sampling(**sampling).validate()
-        choose_features(arguments.get("features"), arguments.get("params"))
+        chosen = choose_features(arguments.get("features"), arguments.get("params"))
+        _record_of(arguments, "extract")["settings"].check(chosen.method)
     except ParameterError:
         raise
     except FeatpipeError as err:
@@ -304,10 +320,22 @@ def check_references(steps: list[Step], path: Path) -> None:
                                 usage=True)
 
 
+def _record_of(arguments: Mapping, function: str) -> dict:
+    """``arguments`` with the fields of the function's flat record (:func:`_flat_record`)
+    made into that record, under its parameter's name."""
+    arguments = dict(arguments)
+    record = _flat_record(function)
+    if record is not None:
+        parameter, cls = record
+        arguments[parameter] = cls(**{f.name: arguments.pop(f.name) for f in fields(cls)
+                                      if f.name in arguments})
+    return arguments
+
+
 def _converted(step: Step, dry_run: bool) -> dict:
     """The keyword arguments of the step's function call."""
     signature = _signature(step.function)
-    arguments = dict(step.arguments)
+    arguments = _record_of(step.arguments, step.function)
     if "name" in signature.parameters:
         arguments.setdefault("name", step.name)
     if "options" in signature.parameters:

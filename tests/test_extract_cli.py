@@ -115,6 +115,59 @@ def test_usage_errors(small_set, tmp_path, cli):
     assert bad_engine.exit_code == 1 and "no contrast measure" in bad_engine.output
 
 
+#: every flag `featpipe extract` has had for its sampling and run settings
+SETTINGS_FLAGS = ["--fps", "--every", "--frames", "--device", "--batch-size", "--dtype",
+                  "--positions", "--no-positions", "--pca", "--encode", "--sample-descriptors",
+                  "--sample-seed", "--allow-partial", "--disk-check", "--no-disk-check",
+                  "--decoder", "--decode-timeout"]
+
+
+def test_settings_options_are_generated_from_the_declarations():
+    from featpipe.cli.extract import extract
+    from featpipe.extract.settings import ExtractSettings
+    from featpipe.parameters import record_parameters
+
+    options = {p.name: p for p in extract.params}
+    declared = record_parameters(Sampling) + record_parameters(ExtractSettings)
+    assert [p.name for p in declared] == [
+        "fps", "every", "frames", "device", "batch_size", "dtype", "positions", "pca",
+        "encode", "sample_descriptors", "sample_seed", "allow_partial", "disk_check",
+        "decoder", "decode_timeout"]  # encode_params: the --encode method's own options
+    for param in declared:
+        option = options[param.name]
+        assert (option.default, option.help) == (param.default, param.help)
+    assert options["batch_size"].default == 16 and options["decode_timeout"].default == 600.0
+    assert sorted(options["encode"].type.choices) == sorted(ExtractSettings.__dataclass_fields__[
+        "encode"].metadata["choices"])
+    flags = {flag for option in extract.params for flag in option.opts + option.secondary_opts}
+    assert set(SETTINGS_FLAGS) <= flags
+
+
+def test_settings_give_one_key_from_the_cli_a_pipeline_file_and_python(small_set, tmp_path,
+                                                                        cli):
+    from featpipe import stages
+    from featpipe.extract.settings import ExtractSettings
+    from featpipe.manifest import Manifest
+    from featpipe.stages import RunOptions
+    from tests.test_stage_keys import cli_key, pipeline_key, python_key
+
+    store = Store(tmp_path / "store")
+    args = ("extract", "-m", small_set, "-s", store.root, "-f", "dsift", *DSIFT_FAST,
+            "--dry-run")
+    plain = cli_key(cli, *args)
+    key = cli_key(cli, *args, "--dtype", "float16", "--no-positions", "--batch-size", "4")
+    assert key != plain  # the stored dtype and the positions are part of the key
+    step = {"stage": "extract", "manifest": str(small_set), "features": "dsift",
+            "params": {"sizes": [8], "step": 8}, "dtype": "float16", "positions": False,
+            "batch_size": 4}
+    assert pipeline_key(tmp_path, store, step) == key
+    run = stages.extract(store, Manifest.read(small_set), "dsift",
+                         params={"sizes": [8], "step": 8},
+                         settings=ExtractSettings(dtype="float16", positions=False),
+                         options=RunOptions(dry_run=True))
+    assert python_key(run) == key
+
+
 def test_vgg_fc6_items_match_the_library(small_set, tmp_path, cli):
     """Seeded random weights, 64-pixel crops (fc6 keeps its meaning through the 7x7 pool)."""
     torch = pytest.importorskip("torch")
@@ -142,7 +195,7 @@ def test_vgg_fc6_items_match_the_library(small_set, tmp_path, cli):
 def test_vgg_conv5_3_items_carry_positions_and_frames(tmp_path):
     """conv5_3 through the extraction pipeline (the network built once, with seeded weights)."""
     torch = pytest.importorskip("torch")
-    from featpipe.extract.streaming import CropProgram, Extraction, FrameSinks
+    from featpipe.extract.streaming import CropProgram, Extraction, FrameSinks, Network
     from featpipe.extract.vgg import (
         VGG16Features,
         VGGPreprocess,
@@ -161,9 +214,8 @@ def test_vgg_conv5_3_items_carry_positions_and_frames(tmp_path):
     stage = Store(tmp_path / "store").stage("extract", {"test": "conv5_3"}, items=Manifest(
         [ManifestItem("a", str(path), ("x",), ("train",))], root=tmp_path))
     with DecodePool(1, program=CropProgram(prep)) as pool:
-        extraction = Extraction(stage, pool, Sampling(every=5), model=layer,
-                                outputs=FrameSinks(str(stage.path)), features="vgg16-conv5_3",
-                                preprocess=prep, batch_size=2)
+        extraction = Extraction(stage, pool, Sampling(every=5), FrameSinks(str(stage.path)),
+                                network=Network(layer, prep, 2))
         assert list(extraction.run([("a", str(path))])) == [("a", None)]
     array, extras = stage.read_item("a"), stage.extras_of("a")
     assert array.shape == (3 * 16, 512)  # 3 frames of 4x4 cells
@@ -212,3 +264,37 @@ def test_wrong_container_frame_count_is_corrected(small_set, tmp_path, cli):
     np.testing.assert_allclose(stage.extras_of("b")["timestamps"], [0.0, 0.6, 1.3, 1.9],
                                atol=1e-6)
     assert stage.extras_of("b")["frame_index"].max() == 3
+
+
+def test_no_extraction_function_takes_more_than_eight_parameters():
+    """Issue 26: parameters are grouped in the estimators and the settings records.  Allowed
+    beyond 8: an estimator's ``__init__`` (its parameters are its declarations) and the stage
+    function (store, manifest, features, params, sampling, settings, name, options,
+    reporter)."""
+    import ast
+    from pathlib import Path
+
+    import featpipe
+
+    root = Path(featpipe.__file__).parent
+    files = [root / "stages" / "extraction.py", root / "io" / "video.py",
+             root / "cli" / "extract.py", *sorted((root / "extract").glob("*.py"))]
+    counts = {}
+    for path in files:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        estimators = {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+                      and any(getattr(b, "id", "") == "BaseEstimator" for b in node.bases)}
+        for node in ast.walk(tree):
+            body = getattr(node, "body", [])
+            for func in body if isinstance(body, list) else []:
+                if not isinstance(func, ast.FunctionDef) or (
+                        func.name == "__init__" and getattr(node, "name", "") in estimators):
+                    continue
+                args = func.args
+                names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+                names += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+                counts[f"{path.name}:{func.name}"] = len([n for n in names
+                                                          if n not in ("self", "cls")])
+    assert counts["extraction.py:extract"] == 9
+    assert counts["dsift.py:dsift"] <= 8  # a function of the module (it is counted)
+    assert {k: n for k, n in counts.items() if n > 8} == {"extraction.py:extract": 9}

@@ -10,7 +10,7 @@ import pytest
 from test_extract_cli import write_manifest
 from test_video import write_video
 
-from featpipe.extract.streaming import CropProgram, Extraction, FrameSinks
+from featpipe.extract.streaming import CropProgram, Extraction, FrameSinks, Network
 from featpipe.io.video import DecodePool, Sampling, iter_frames
 from featpipe.manifest import Manifest
 from featpipe.stages.base import Progress, Reporter, RunOptions
@@ -65,10 +65,10 @@ def test_batches_span_items_and_one_model_serves_all_workers(tmp_path):
             if model.batches and sum(frames) - model.batches[0] >= 8:
                 model.gate.set()  # a whole batch was packed while the model computed
 
-        extraction = Extraction(stage, pool, Sampling(every=4), model=model,
-                                outputs=FrameSinks(str(stage.path), local=False),
-                                features="vgg16-fc6", preprocess=prep, batch_size=8,
-                                on_frames=counted)
+        extraction = Extraction(stage, pool, Sampling(every=4),
+                                FrameSinks(str(stage.path), local=False),
+                                network=Network(model, prep, 8))
+        extraction.on_frames = counted
         outcome = dict(extraction.run(list(paths.items())))
     assert outcome == {i: None for i in paths}
     assert len(pids) == 2  # two decoding processes ...

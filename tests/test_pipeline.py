@@ -167,6 +167,16 @@ FRAMES = "[steps.frames]\nstage = 'import_features'\nsources = ['x.ts']\n"
      "params = { step = 0 }\n", "step 'x' (extract): "),
     ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'sift'\n",
      "step 'x' (extract): features must be one of"),
+    # extract's settings are keys of the step, checked as the command line checks them
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\nsample = 9\n",
+     "step 'x' (extract) has no parameter 'sample' (did you mean 'sample_descriptors'? "),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
+     "batch_size = 0\n", "step 'x' (extract): batch_size must be >= 1, got 0"),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
+     "encode_params = { per_frame = true }\n",
+     "step 'x' (extract): per_frame applies to --encode only"),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'vgg16-fc6'\n"
+     "encode = 'fisher'\n", "step 'x' (extract): encode applies to local features"),
     (f"{FRAMES}[steps.c]\nstage = 'classify'\ninputs = ['frames']\nC = []\n",
      "step 'c' (classify): C needs at least one value"),
     # references: earlier steps only

@@ -93,7 +93,28 @@ def _spec(name: str, params: list[Parameter], default, help_text: str,
         spec["type"] = "int" if names == {"int"} else "float"
     if "flag" not in names and any(p.model for p in params):
         spec["metavar"] = "NAME"
+    items = [type(p.default[0]).__name__ for p in params
+             if isinstance(p.default, list | tuple) and p.default]
+    if items:  # given as "4,6,8"
+        spec["list"] = items[0]
     return spec
+
+
+def _list_of(kind: str):
+    """The callback of a list-valued option: ``"4,6,8"`` -> ``[4, 6, 8]`` (items of type
+    ``kind``: int, float or str)."""
+    convert = {"int": int, "float": float}.get(kind, str)
+
+    def split(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            return [convert(v) for v in str(value).split(",") if v.strip()]
+        except ValueError:
+            raise click.BadParameter(f"expected comma-separated {kind} values, got "
+                                     f"{value!r}") from None
+
+    return split
 
 
 def make_option(spec: Mapping) -> click.Option:
@@ -106,6 +127,8 @@ def make_option(spec: Mapping) -> click.Option:
         kwargs["type"] = {"int": int, "float": float}[spec["type"]]
     if "metavar" in spec:
         kwargs["metavar"] = spec["metavar"]
+    if "list" in spec:
+        kwargs["callback"] = _list_of(spec["list"])
     return click.Option(list(spec["decls"]), **kwargs)
 
 

@@ -438,41 +438,49 @@ class _Item:
     warning: str | None = None
 
 
+@dataclass(frozen=True)
+class Network:
+    """A network in the parent process (VGG-16): ``model.forward_crops(uint8 crops)`` gives
+    one row (a per-frame vector) or a map of local features per crop, of the crops the
+    workers' ``preprocess`` makes (its side is ``preprocess.crop``), ``batch_size`` crops per
+    forward pass."""
+
+    model: object
+    preprocess: object
+    batch_size: int = 16
+
+
 class Extraction:
     """Runs items through a :class:`~featpipe.io.video.DecodePool` (and for VGG-16 one
-    model); commits each item as it finishes.
+    :class:`Network`); commits each item as it finishes.
 
     ``run(items)`` yields ``(id, error or None)`` per item as it is done or failed (failures
     recorded in the ledger unless ``record_failures`` is off); ``on_frames(n)`` counts
-    decoded frames, ``on_warning(id, text)`` reports items accepted with lost frames.
+    decoded frames, ``on_warning(id, text)`` reports items accepted with lost frames (set
+    them as attributes).  ``allow_partial`` keeps damaged videos' decodable frames.
     Closing the generator early (an interrupt, a failure with ``--on-error fail``) kills the
     workers and removes the unfinished items' files: nothing half-written stays.
     """
 
-    def __init__(self, stage: Stage, pool, sampling, *, model=None, outputs: FrameSinks | None
-                 = None, features: str = "dsift", preprocess=None, batch_size: int = 16,
-                 allow_partial: bool = False, on_frames: Callable[[int], None] | None = None,
-                 on_warning: Callable[[str, str], None] | None = None,
+    def __init__(self, stage: Stage, pool, sampling, outputs: FrameSinks | None = None, *,
+                 network: Network | None = None, allow_partial: bool = False,
                  record_failures: bool = True):
         self.stage = stage
         self.pool = pool
         self.sampling = sampling
-        self.model = model
         self.outputs = outputs
-        self.features = features
-        self.preprocess = preprocess
-        self.batch_size = batch_size
+        self.network = network
         self.allow_partial = allow_partial
-        self.on_frames = on_frames or (lambda n: None)
-        self.on_warning = on_warning or (lambda item_id, text: None)
         self.record_failures = record_failures
+        self.on_frames: Callable[[int], None] = lambda n: None
+        self.on_warning: Callable[[str, str], None] = lambda item_id, text: None
         self.items: dict[str, _Item] = {}
 
     def run(self, items: Sequence[tuple[str, str]]) -> Iterator[tuple[str, str | None]]:
         self.pool.submit(items, self.sampling, self.allow_partial)
         finished = False
         try:
-            if self.model is None:
+            if self.network is None:
                 yield from self._run_workers()
             else:
                 yield from self._run_model()
@@ -518,7 +526,7 @@ class Extraction:
 
     def _item(self, item_id: str) -> _Item:
         if item_id not in self.items:
-            output = self.outputs.open(item_id) if self.model is not None else None
+            output = self.outputs.open(item_id) if self.network is not None else None
             self.items[item_id] = _Item(output, time.perf_counter())
         return self.items[item_id]
 
@@ -541,8 +549,10 @@ class Extraction:
         batch while the next is packed; frames go to their item's output in order."""
         from featpipe.extract.vgg import conv5_3_positions
 
-        model = ModelThread(self.model, self.batch_size, self.preprocess.crop,
-                            getattr(self.model, "device", "cpu"))
+        network = self.network
+        preprocess, batch_size = network.preprocess, network.batch_size
+        model = ModelThread(network.model, batch_size, preprocess.crop,
+                            getattr(network.model, "device", "cpu"))
         buffer, tags, packed_since = None, [], 0.0
         try:
             while self.pool.busy or tags or model.busy:
@@ -576,7 +586,7 @@ class Extraction:
                                          tuple(shape)))
                             item.frames += 1
                             item.pending += 1
-                            if len(tags) == self.batch_size:
+                            if len(tags) == batch_size:
                                 model.submit(buffer, len(tags), tags)
                                 buffer, tags = None, []
                         self.on_frames(len(event[3]))
@@ -591,11 +601,11 @@ class Extraction:
                         if item is None or item.generation != generation:
                             continue  # failed or restarted meanwhile
                         item.pending -= 1
-                        if self.features == "vgg16-fc6":
+                        if not self.outputs.local:  # one vector per frame (fc6)
                             frame = Frame(row[None], index, seconds)
                         else:
                             frame = Frame(row, index, seconds, conv5_3_positions(
-                                self.preprocess.crop, self.preprocess, shape), shape)
+                                preprocess.crop, preprocess, shape), shape)
                         try:
                             item.output.add(frame)
                         except Exception as err:

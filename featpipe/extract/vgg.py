@@ -16,7 +16,7 @@ Layers:
 * ``fc6``: the output of ``classifier.0`` *before* its ReLU (4096 values, negatives kept), on
   the 7×7 adaptive-average-pooled conv5 map (torchvision's ``avgpool``), flattened C·H·W;
 * ``conv5_3``: the output of ``features.28`` *after* its ReLU (``features.29``), 512 × 14 × 14
-  for a 224 input, returned as (H·W, 512) local features with the centre of each cell.
+  for the default crop, returned as (H·W, 512) local features with the centre of each cell.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ class VGGPreprocess:
             raise ValueError(f"resize {self.resize} is smaller than the crop {self.crop}")
         # torch's uint8 antialiased bilinear path (torchvision v2's): PIL's recipe, rounded
         # once; 0.7-0.9 ms against 5.9-10.3 ms for the float32 path and rounding after
-        # (1280 x 720 -> 256, one thread; benchmarks/RESULTS.md)
+        # (1280 x 720 resized to the default, one thread; benchmarks/RESULTS.md)
         tensor = torch.from_numpy(np.array(frame, dtype=np.uint8)).permute(2, 0, 1)[None]
         resized = F.interpolate(tensor, size=(new_h, new_w), mode="bilinear",
                                 align_corners=False, antialias=True)
@@ -323,9 +323,9 @@ class VGG16(ValidatedEstimator, BaseEstimator):
     weights : str
         torchvision's vgg16-397923af.pth, or random:SEED (tests, demos).
     resize : int
-        Shorter side of the frame before the centre crop (torchvision's transforms: 256).
+        Shorter side of the frame before the centre crop (the default is torchvision's).
     crop : int
-        Side of the centre crop (torchvision's transforms: 224; conv5_3 gives crop/16 cells a
+        Side of the centre crop (the default is torchvision's; conv5_3 gives crop/16 cells a
         side).
     layer : {"fc6", "conv5_3"}
         The layer whose output is the feature (fixed by the feature method's name).

@@ -69,6 +69,7 @@ import numpy as np
 
 from featpipe.errors import InputError, ItemError, describe_error
 from featpipe.io.images import is_image, read_image
+from featpipe.parameters import declared
 
 #: decoder name -> "module:attribute" of a class implementing :class:`Decoder`.
 DECODERS = {"opencv": "featpipe.io.video:OpenCVDecoder"}
@@ -85,9 +86,11 @@ MAX_DECLARED_FRAMES = 10**8
 class Sampling:
     """Which frames to keep: at most one of ``fps``, ``every``, ``frames`` (none: all)."""
 
-    fps: float | None = None
-    every: int | None = None
-    frames: int | None = None
+    fps: float | None = declared(
+        None, "Sample F frames per second [dsift on video: 1, since neighbouring frames give "
+        "nearly the same descriptors; others: all frames].")
+    every: int | None = declared(None, "Keep every N-th frame (1: all).")
+    frames: int | None = declared(None, "Keep N frames evenly spaced over the video.")
 
     def validate(self) -> Sampling:
         given = [name for name in ("fps", "every", "frames") if getattr(self, name) is not None]

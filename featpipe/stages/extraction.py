@@ -11,10 +11,11 @@ What one item holds (``stage.read_item`` and its sidecars, :mod:`featpipe.items`
 * with ``encode=METHOD`` (local features only): what ``featpipe encode --method METHOD``
   gives for that item (the same encoder, fed frame by frame; raw features are never
   written), e.g. a Fisher vector, or per frame with ``frame_index``/``timestamps``;
-* with ``sample=N``: at most N rows per item drawn uniformly (seeded by ``sample_seed`` and
-  the item id), the training set of ``fit pca`` and ``fit gmm``.
+* with ``sample_descriptors=N``: at most N rows per item drawn uniformly (seeded by
+  ``sample_seed`` and the item id), the training set of ``fit pca`` and ``fit gmm``.
 
-With ``pca=NAME`` the features are projected by that fitted ``pca`` stage first.
+With ``pca=NAME`` the features are projected by that fitted ``pca`` stage first.  These and
+the other run settings are one record, :class:`~featpipe.extract.settings.ExtractSettings`.
 
 Video dense SIFT samples one frame per second unless told otherwise (its method's
 ``default_fps``, :mod:`featpipe.extract.dsift`).
@@ -48,11 +49,13 @@ from featpipe.extract.estimate import (
     sample_ids,
 )
 from featpipe.extract.features import FeatureMethod, load_features
+from featpipe.extract.settings import ExtractSettings
 from featpipe.extract.streaming import (
     CropProgram,
     Extraction,
     FrameSinks,
     LocalFeatureProgram,
+    Network,
 )
 from featpipe.interrupts import Interrupt, Interrupted, interruptible
 from featpipe.io.video import DecodePool, Sampling
@@ -73,8 +76,6 @@ from featpipe.stages.base import (
 )
 from featpipe.store import Stage, Store
 
-#: the encode methods that take local features, offered by ``extract --encode``
-LOCAL_ENCODERS = ("fisher", "bilinear", "cov", "cbp-ts", "cbp-rm", "spatial-grid", "gmsop")
 #: items probed to estimate a real run's size (a dry run probes every item)
 ESTIMATE_SAMPLE = 64
 
@@ -129,82 +130,26 @@ def choose_features(features: str, params: Mapping | None) -> Chosen:
     return Chosen(method, record)
 
 
-@dataclasses.dataclass(frozen=True)
-class Product:
-    """What each item holds (part of the stage key): the stored ``dtype``; local features'
-    ``positions``; the ``pca`` stage that projects the features first; then the features
-    themselves, or their encoding by ``encode`` with ``encode_params``, or ``sample`` rows
-    drawn with ``sample_seed``."""
-
-    dtype: str = "float32"
-    positions: bool = True
-    pca: str | None = None
-    encode: str | None = None
-    encode_params: Mapping | None = None
-    sample: int | None = None
-    sample_seed: int = 0
-
-    def check(self, method: FeatureMethod) -> None:
-        """Raise ParameterError for a combination that cannot be made."""
-        if self.encode is not None and self.sample is not None:
-            raise ParameterError("sample_descriptors", "cannot be combined with --encode")
-        if self.sample is not None and self.sample < 1:
-            raise ParameterError("sample_descriptors", f"must be >= 1, got {self.sample}")
-        if self.encode is not None and self.encode not in LOCAL_ENCODERS:
-            raise ParameterError("encode", f"must be one of {LOCAL_ENCODERS} (encoders of "
-                                 f"local features), got {self.encode!r}")
-        if self.encode is not None and not method.local:
-            raise ParameterError("encode", f"applies to local features, not {method.name}; "
-                                 "encode its per-frame vectors with `featpipe encode`")
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """How the stage runs: a network's ``device`` and ``batch_size`` (frames per forward
-    pass), the ``decoder`` (part of the key) and its ``decode_timeout``, whether damaged
-    videos' decodable frames are kept (``allow_partial``), whether the disk is checked."""
-
-    device: str = "cpu"
-    batch_size: int = 16
-    decoder: str = "opencv"
-    decode_timeout: float = 600.0
-    allow_partial: bool = False
-    disk_check: bool = True
-
-    def check(self) -> None:
-        if self.batch_size < 1:
-            raise ParameterError("batch_size", f"must be >= 1, got {self.batch_size}")
-        if not self.decode_timeout > 0:
-            raise ParameterError("decode_timeout", f"must be > 0, got {self.decode_timeout}")
-        if self.device == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ParameterError("device", "is cuda but torch sees no CUDA device; use "
-                                     "--device cpu")
-
-
 def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling,
-          product: Product, settings: Settings, hashes: ContentHashes) -> _Plan:
-    """Validate every parameter (a bad one is a ParameterError: no stage, no decoding) and
-    work out the stage's key and what its items hold: the features' part of the key, the
-    projection, then the items' layout."""
-    product.check(chosen.method)
+          settings: ExtractSettings, hashes: ContentHashes) -> _Plan:
+    """Work out the stage's key and what its items hold (a bad parameter is a
+    ParameterError: no stage, no decoding): the features' part of the key, the projection,
+    then the items' layout."""
     if not manifest.ids:
         raise FeatpipeError("the manifest has no items")
     params = _feature_key(manifest, chosen, sampling, settings, hashes)
     estimator = chosen.estimator()
-    dim, pca_stage = _projection(store, product.pca, chosen.method.name,
+    dim, pca_stage = _projection(store, settings.pca, chosen.method.name,
                                  int(estimator.n_features))
     inputs = [pca_stage] if pca_stage is not None else []
-    sinks = FrameSinks("", local=chosen.method.local, positions=product.positions,
+    sinks = FrameSinks("", local=chosen.method.local, positions=settings.positions,
                        pca_path=None if pca_stage is None else str(pca_stage.path))
-    layout, sinks, made, models = _items(store, chosen, product, estimator, dim, sinks)
+    layout, sinks, made, models = _items(store, chosen, settings, estimator, dim, sinks)
     params.update(made)
     return _Plan(params, inputs + list(models.values()), sinks, layout)
 
 
-def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: Settings,
+def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: ExtractSettings,
                  hashes: ContentHashes) -> dict:
     """The stage key's record of the inputs and the features: the manifest (its files by
     content), the sampling, the decoder, and the method's parameters (a network's weights by
@@ -239,33 +184,41 @@ def _projection(store: Store, pca: str | None, features: str, dim: int):
     return int(projection.components_.shape[0]), pca_stage
 
 
-def _items(store, chosen: Chosen, product: Product, estimator, dim: int, sinks: FrameSinks):
+def _items(store, chosen: Chosen, settings: ExtractSettings, estimator, dim: int,
+           sinks: FrameSinks):
     """What an item holds: (its size layout, the sinks, the key's record of it, the model
     stages an encoder reads)."""
     rows_per_frame, local = estimator.count, chosen.method.local
-    itemsize = np.dtype(product.dtype).itemsize
-    if product.encode is not None:
+    itemsize = np.dtype(settings.dtype).itemsize
+    if settings.encode is not None:
         sinks, layout, models, encoded = _encoder_plan(
-            store, product.encode, product.encode_params or {}, sinks, rows_per_frame, dim,
-            itemsize, chain=(chosen.method.name, int(estimator.n_features), product.pca))
+            store, settings, sinks, (rows_per_frame, dim, itemsize),
+            chain=(chosen.method.name, int(estimator.n_features), settings.pca))
         return layout, sinks, {"encode": encoded}, models
-    if product.sample is not None:
-        rows, seed = int(typed_value(product.sample, (int,))), \
-            int(typed_value(product.sample_seed, (int,)))
+    if settings.sample_descriptors is not None:
+        rows = int(typed_value(settings.sample_descriptors, (int,)))
+        seed = int(typed_value(settings.sample_seed, (int,)))
         sinks = dataclasses.replace(sinks, kind="sample", sample=rows, seed=seed)
         layout = Layout(rows_per_frame, dim, 4, kind="sample", sample=rows)
         return layout, sinks, {"sample": {"rows": rows, "seed": seed}}, {}
-    layout = Layout(rows_per_frame, dim, itemsize, local=local, positions=product.positions)
-    return layout, sinks, ({"positions": product.positions} if local else {}), {}
+    layout = Layout(rows_per_frame, dim, itemsize, local=local, positions=settings.positions)
+    return layout, sinks, ({"positions": settings.positions} if local else {}), {}
 
 
-def _encoder_plan(store, method, given, outputs, rows_per_frame, dim, itemsize, chain):
-    """The encoder of ``extract --encode``: ``featpipe encode``'s method, parameters and
-    model stages (so its stage key says the same), checked on a synthetic frame."""
+def _encoder_plan(store, settings: ExtractSettings, outputs, shape, chain):
+    """The encoder of ``extract --encode``: ``featpipe encode``'s method, parameters (an
+    encoder with a device runs on ``settings.device`` unless told otherwise) and model
+    stages (so its stage key says the same), checked on a synthetic frame; ``shape`` is
+    (rows per frame, dimension, item size) of the features."""
     from featpipe.encode.registry import load_methods
     from featpipe.stages.encoding import method_models
 
+    rows_per_frame, dim, itemsize = shape
+    method = settings.encode
     chosen = load_methods()[method]
+    given = dict(settings.encode_params or {})
+    if "device" in chosen.defaults:
+        given.setdefault("device", settings.device)
     params, models = method_models(store, chosen, given)
     encoder = chosen.build(dict(params), models)
     _check_projections(method, given, models, encoder, dim, *chain)
@@ -310,14 +263,10 @@ def _check_projections(method, given, models, encoder, dim, features, feature_di
                         f"{got} {dim}{hint}")
 
 
-def extract(store: Store, manifest: Manifest, features: str, *, name: str | None = None,
-            params: Mapping | None = None, sampling: Sampling | None = None,
-            device: str = "cpu", batch_size: int = 16, dtype: str = "float32",
-            positions: bool = True, pca: str | None = None,
-            encode: str | None = None, encode_params: Mapping | None = None,
-            sample: int | None = None, sample_seed: int = 0, allow_partial: bool = False,
-            disk_check: bool = True, decoder: str = "opencv", decode_timeout: float = 600.0,
-            options: RunOptions | None = None, reporter: Reporter | None = None) -> StageRun:
+def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping | None = None,
+            sampling: Sampling | None = None, settings: ExtractSettings | None = None,
+            name: str | None = None, options: RunOptions | None = None,
+            reporter: Reporter | None = None) -> StageRun:
     """Decode every item of ``manifest`` and store its ``features`` (or their encoding, or
     a sample of them); returns the run.
 
@@ -325,12 +274,11 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
     and ``params`` its parameters (those of its estimator, e.g.
     :class:`~featpipe.extract.dsift.DenseSIFT`'s or :class:`~featpipe.extract.vgg.VGG16`'s;
     the others take their defaults); ``sampling`` picks the frames (a method may have a
-    default rate: dense SIFT one per second); ``device`` and ``batch_size`` run a network;
-    ``positions`` says whether descriptor positions are stored; ``pca`` names a fitted ``pca``
-    stage that projects the features first; ``encode`` and ``encode_params`` name an encode
-    method for local features and its parameters (as ``featpipe encode``); ``sample`` keeps
-    at most that many rows per item; ``allow_partial`` accepts truncated videos (with a
-    warning); ``disk_check`` refuses a stage whose estimate exceeds the free disk.
+    default rate: dense SIFT one per second); ``settings``
+    (:class:`~featpipe.extract.settings.ExtractSettings`) says what each item holds (the
+    stored dtype, positions, a ``pca`` projection, an ``encode`` method for local features
+    and its parameters, or a sample of ``sample_descriptors`` rows) and how the stage runs
+    (device, batch size, decoder, ``allow_partial`` for truncated videos, ``disk_check``).
     Raises :class:`~featpipe.interrupts.Interrupted` after SIGINT/SIGTERM (finished items
     kept).
     """
@@ -338,14 +286,13 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
     options = options or RunOptions()
     reporter = reporter or Reporter()
     sampling = (sampling or Sampling()).validate()
-    settings = Settings(device, batch_size, decoder, decode_timeout, allow_partial, disk_check)
-    settings.check()
+    settings = settings or ExtractSettings()
     chosen = choose_features(features, params)
+    settings.check(chosen.method)
     if chosen.method.default_fps is not None and sampling == Sampling():
         sampling = Sampling(fps=chosen.method.default_fps)
-    product = Product(dtype, positions, pca, encode, encode_params, sample, sample_seed)
     hashes = ContentHashes(store.root / CACHE_NAME)
-    plan_ = _plan(store, manifest, chosen, sampling, product, settings, hashes)
+    plan_ = _plan(store, manifest, chosen, sampling, settings, hashes)
     if not options.dry_run:
         hashes.save()
     shard = parse_shard(options.shard)
@@ -354,10 +301,11 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
     paths = {it.id: str(manifest.resolve_path(it)) for it in manifest}
     # the stage as planned (nothing on disk yet): a dry run and the disk check come first
     stage = store.stage("extract", plan_.params, inputs=plan_.inputs, items=manifest,
-                        dtype=dtype, create=False)
+                        dtype=settings.dtype, create=False)
     todo, summary = plan(stage, manifest.ids, force=options.force, shard=shard)
     with interruptible():
-        pool = DecodePool(resolve_jobs(options.jobs), decoder, decode_timeout)
+        pool = DecodePool(resolve_jobs(options.jobs), settings.decoder,
+                          settings.decode_timeout)
         try:
             # frames sampled and the size estimated from what the containers say (all items
             # for a dry run, a sample otherwise), the disk checked, then the items scheduled
@@ -365,9 +313,9 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
             estimates = _estimates(pool, paths, probed, sampling, plan_.layout)
             if options.dry_run:
                 return _dry_run(store, stage, name, estimates, summary, reporter)
-            total = _check_disk(store, estimates, len(todo), disk_check)
+            total = _check_disk(store, estimates, len(todo), settings.disk_check)
             stage = store.stage("extract", plan_.params, inputs=plan_.inputs, items=manifest,
-                                dtype=dtype)
+                                dtype=settings.dtype)
             outputs = dataclasses.replace(plan_.outputs, stage_path=str(stage.path))
             if options.executor == "dask":
                 pool.close()
@@ -383,8 +331,8 @@ def extract(store: Store, manifest: Manifest, features: str, *, name: str | None
                 try:
                     extraction = _extraction(stage, pool, sampling, chosen, outputs,
                                              settings)
-                    run = _run(stage, extraction, todo, summary, paths, total, options,
-                               reporter, name)
+                    run = _run(stage, extraction, [(i, paths[i]) for i in todo], summary,
+                               total, options, reporter, name)
                 except Interrupted:
                     raise  # its one line says how many items are left
                 except BaseException:
@@ -441,30 +389,30 @@ def _check_disk(store, estimates, n_todo: int, disk_check: bool) -> Totals:
     return totals
 
 
-def _extraction(stage, pool, sampling, chosen: Chosen, sinks, settings: Settings,
-                model=None, **kwargs) -> Extraction:
+def _extraction(stage, pool, sampling, chosen: Chosen, sinks, settings: ExtractSettings,
+                model=None, record_failures: bool = True) -> Extraction:
     """The pipeline of the chosen method: in the workers, or a network in this process
     (``model``: one already loaded)."""
     if chosen.method.runs == "worker":
         pool.program = LocalFeatureProgram(chosen.method, chosen.record, sinks)
-        return Extraction(stage, pool, sampling, outputs=sinks,
-                          allow_partial=settings.allow_partial, **kwargs)
+        return Extraction(stage, pool, sampling, sinks, allow_partial=settings.allow_partial,
+                          record_failures=record_failures)
     estimator = chosen.estimator()
     preprocess = estimator.preprocess()
     pool.program = CropProgram(preprocess)
     model = model or estimator.network(settings.device, settings.batch_size)
-    return Extraction(stage, pool, sampling, model=model, outputs=sinks,
-                      features=chosen.method.name, preprocess=preprocess,
-                      batch_size=settings.batch_size, allow_partial=settings.allow_partial,
-                      **kwargs)
+    return Extraction(stage, pool, sampling, sinks,
+                      network=Network(model, preprocess, settings.batch_size),
+                      allow_partial=settings.allow_partial, record_failures=record_failures)
 
 
-def _run(stage, extraction: Extraction, todo, summary, paths, total: Totals,
+def _run(stage, extraction: Extraction, todo: list[tuple[str, str]], summary, total: Totals,
          options: RunOptions, reporter: Reporter, name: str | None) -> StageRun:
-    """Run the items in this process's pipeline: progress in frames, one summary line,
-    the first failure ends the run with ``on_error='fail'``; a signal ends it cleanly."""
+    """Run the items ``todo`` (id, path) in this process's pipeline: progress in frames, one
+    summary line, the first failure ends the run with ``on_error='fail'``; a signal ends it
+    cleanly."""
     extraction.on_warning = lambda item_id, text: reporter.warn(f"warning: {item_id}: {text}")
-    runs = extraction.run([(i, paths[i]) for i in todo])
+    runs = extraction.run(todo)
     try:
         label = f"{stage.kind} {name}" if name else stage.kind
         with reporter.progress(total.frames if todo else 0, label,
@@ -498,7 +446,7 @@ class ExtractCompute:
     for the next batches there (they are not pickled)."""
 
     def __init__(self, stage_path, paths, sampling, chosen: Chosen, sinks,
-                 settings: Settings):
+                 settings: ExtractSettings):
         self.stage_path = stage_path
         self.paths = paths
         self.sampling = sampling

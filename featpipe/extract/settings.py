@@ -1,0 +1,80 @@
+"""The run settings of the ``extract`` stage besides its feature method and frame sampling:
+what each item holds and how the stage runs, one record (:class:`ExtractSettings`).
+
+Each field is declared once (:func:`featpipe.parameters.declared`: type, default, help):
+``featpipe extract``'s options and an extract step's keys in a pipeline file are made from
+these declarations, as the feature methods' options are made from their estimators.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from featpipe.errors import ParameterError
+from featpipe.parameters import declared
+
+#: the encode methods that take local features, offered by ``extract --encode``
+LOCAL_ENCODERS = ("fisher", "bilinear", "cov", "cbp-ts", "cbp-rm", "spatial-grid", "gmsop")
+
+
+@dataclass(frozen=True)
+class ExtractSettings:
+    """What each item holds (part of the stage key): the stored ``dtype``; local features'
+    ``positions``; the ``pca`` stage that projects the features first; then the features
+    themselves, or their encoding by ``encode`` with ``encode_params`` (``featpipe encode``'s
+    parameters of that method), or ``sample_descriptors`` rows drawn with ``sample_seed``.
+    How the stage runs: a network's ``device`` and ``batch_size``, the ``decoder`` (part of
+    the key) and its ``decode_timeout``, ``allow_partial`` and ``disk_check``."""
+
+    device: str = declared("cpu", "Where VGG-16 (and an --encode method with a device) runs.",
+                           choices=("cpu", "cuda"))
+    batch_size: int = declared(
+        16, "Frames per VGG-16 forward pass (frames of several items share one).")
+    dtype: str = declared("float32", "Stored array type.", choices=("float32", "float16"))
+    positions: bool = declared(True, "Store x, y, scale of each local feature.")
+    pca: str | None = declared(
+        None, "Project the features with this fitted pca stage (featpipe fit pca).",
+        model=("fit pca",))
+    encode: str | None = declared(
+        None, "Store only this encoding of the local features (as featpipe encode --method; "
+        "its options below).", choices=LOCAL_ENCODERS)
+    encode_params: Mapping | None = None
+    sample_descriptors: int | None = declared(
+        None, "Store only N rows per item, drawn uniformly (for fit pca / fit gmm).")
+    sample_seed: int = declared(0, "Seed of --sample-descriptors (with the item id).")
+    allow_partial: bool = declared(
+        False, "Keep truncated or damaged videos' decodable frames (warned per item) instead "
+        "of failing them.")
+    disk_check: bool = declared(
+        True, "Refuse a stage whose estimated size exceeds the store's free disk.")
+    decoder: str = declared("opencv", "Video decoder.")
+    decode_timeout: float = declared(
+        600.0, "Seconds a decoding worker may go without a frame before it is killed.")
+
+    def check(self, method) -> None:
+        """Raise ParameterError for a value or a combination that cannot be made with the
+        feature ``method`` (:class:`~featpipe.extract.features.FeatureMethod`)."""
+        if self.batch_size < 1:
+            raise ParameterError("batch_size", f"must be >= 1, got {self.batch_size}")
+        if not self.decode_timeout > 0:
+            raise ParameterError("decode_timeout", f"must be > 0, got {self.decode_timeout}")
+        if self.encode is None and self.encode_params:
+            raise ParameterError(next(iter(self.encode_params)), "applies to --encode only")
+        if self.encode is not None and self.sample_descriptors is not None:
+            raise ParameterError("sample_descriptors", "cannot be combined with --encode")
+        if self.sample_descriptors is not None and self.sample_descriptors < 1:
+            raise ParameterError("sample_descriptors",
+                                 f"must be >= 1, got {self.sample_descriptors}")
+        if self.encode is not None and self.encode not in LOCAL_ENCODERS:
+            raise ParameterError("encode", f"must be one of {LOCAL_ENCODERS} (encoders of "
+                                 f"local features), got {self.encode!r}")
+        if self.encode is not None and not method.local:
+            raise ParameterError("encode", f"applies to local features, not {method.name}; "
+                                 "encode its per-frame vectors with `featpipe encode`")
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ParameterError("device", "is cuda but torch sees no CUDA device; use "
+                                     "--device cpu")
