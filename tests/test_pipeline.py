@@ -168,8 +168,9 @@ FRAMES = "[steps.frames]\nstage = 'import_features'\nsources = ['x.ts']\n"
     ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'sift'\n",
      "step 'x' (extract): features must be one of"),
     # extract's settings are keys of the step, checked as the command line checks them
-    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\nsample = 9\n",
-     "step 'x' (extract) has no parameter 'sample' (did you mean 'sample_descriptors'? "),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
+     "sample_descriptor = 9\n", "step 'x' (extract) has no parameter 'sample_descriptor' "
+     "(did you mean 'sample_descriptors'? "),
     ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
      "batch_size = 0\n", "step 'x' (extract): batch_size must be >= 1, got 0"),
     ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
