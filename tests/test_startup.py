@@ -1,9 +1,11 @@
-"""The command line starts at once: ``--help`` of every command imports no heavy stack.
+"""The command line starts at once: ``--help`` of every command imports no numpy.
 
-scikit-learn alone takes 1.5-2 s to import here (it brings SciPy, pandas and joblib), so the
-help of a command must not read the estimators: what it shows comes from the precomputed
-table ``featpipe/cli/options.json`` (:mod:`featpipe.cli.options`), which must equal what the
-estimators declare now.  Time is measured by ``benchmarks/bench_startup.py``, not here.
+scikit-learn alone takes 1.5-2 s to import here (it brings SciPy, pandas and joblib), and
+numpy 0.1-0.3 s, so the help of a command must not read the estimators nor the store: what it
+shows comes from the precomputed table ``featpipe/cli/options.json``
+(:mod:`featpipe.cli.options`), which must equal what the estimators declare now, and the
+commands import the store, the stages and the progress display inside their callbacks.  Time
+is measured by ``benchmarks/bench_startup.py``, not here.
 """
 
 import json
@@ -16,8 +18,8 @@ import pytest
 from featpipe.cli import COMMANDS, cli
 from featpipe.cli.options import TABLE_PATH, TABLE_SOURCES, live_entry
 
-#: packages a command's --help must not import (numpy is allowed)
-HEAVY = ("sklearn", "scipy", "pandas", "torch", "cv2", "joblib", "h5py", "dask",
+#: packages a command's --help must not import
+HEAVY = ("numpy", "sklearn", "scipy", "pandas", "torch", "cv2", "joblib", "h5py", "dask",
          "distributed", "matplotlib", "aeon")
 
 
@@ -33,39 +35,43 @@ def _command_paths() -> list[list[str]]:
     return paths
 
 
+#: prints ``featpipe ARGS --help``, then the heavy packages it imported (a JSON list)
 PROBE = """
 import json, sys
 from featpipe.cli import cli
-found = {}
-for path in json.loads(sys.argv[1]):
-    before = set(sys.modules)
-    try:
-        cli.main(args=[*path, "--help"], prog_name="featpipe", standalone_mode=False)
-    except SystemExit:
-        pass
-    new = {m.split(".")[0] for m in set(sys.modules) - before}
-    found[" ".join(path) or "featpipe"] = sorted(new & set(json.loads(sys.argv[2])))
+try:
+    cli.main(args=[*json.loads(sys.argv[1]), "--help"], prog_name="featpipe")
+except SystemExit:
+    pass
+found = sorted({m.split(".")[0] for m in sys.modules} & set(json.loads(sys.argv[2])))
 print(json.dumps(found))
 """
 
-
-def test_help_of_every_command_imports_no_heavy_stack():
-    paths = [[]] + _command_paths()
-    assert ["fit", "gmm"] in paths and ["encode"] in paths and len(paths) > 15
-    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(paths), json.dumps(HEAVY)],
-                         capture_output=True, text=True, check=True, timeout=300).stdout
-    found = json.loads(out.splitlines()[-1])
-    assert len(found) == len(paths)
-    assert {k: v for k, v in found.items() if v} == {}
+#: commands whose module still imports numpy at module level, owned by another branch
+NOT_YET_LIGHT = {"extract": "featpipe/cli/extract.py imports featpipe.io.video and "
+                            "featpipe.manifest at module level (the extract-thin branch moves "
+                            "them): remove this entry when it lands"}
 
 
-def test_featpipe_help_imports_not_even_numpy():
-    code = ("import sys\nfrom featpipe.cli import cli\ntry:\n    cli.main(args=['--help'], "
-            "prog_name='featpipe', standalone_mode=False)\nexcept SystemExit:\n    pass\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'click'}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=120).stdout
-    assert out.splitlines()[-1] == "['click']"
+def _marked(path: list[str]):
+    reason = NOT_YET_LIGHT.get(" ".join(path))
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    return pytest.param(path, id=" ".join(path) or "featpipe", marks=marks)
+
+
+def test_every_command_is_probed():
+    paths = _command_paths()
+    assert ["fit", "gmm"] in paths and ["encode"] in paths and ["cache", "pack"] in paths
+    assert len(paths) > 25
+
+
+@pytest.mark.parametrize("path", [_marked(p) for p in [[], *_command_paths()]])
+def test_help_imports_no_numpy(path):
+    """A fresh process per command: what one --help imports cannot hide another's."""
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(path), json.dumps(HEAVY)],
+                          capture_output=True, text=True, check=True, timeout=120)
+    assert "Usage: featpipe" in done.stdout
+    assert json.loads(done.stdout.splitlines()[-1]) == []
 
 
 @pytest.mark.parametrize("key", sorted(TABLE_SOURCES))

@@ -21,12 +21,13 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Protocol
 
 from featpipe.parameters import Parameter, check_parameter_values, parameter_record
 from featpipe.settings import plugin_attribute
+
+if TYPE_CHECKING:  # numpy is imported where items are encoded: ``encode --help`` needs none
+    import numpy as np
 
 #: Modules that define ENCODE_METHODS (plugins: the ``featpipe.encoders`` entry points and
 #: ``$FEATPIPE_ENCODERS``).
@@ -136,6 +137,8 @@ class BatchTransformer:
 
     def encode_batch(self, arrays: Sequence[np.ndarray],
                      extras: Sequence[Mapping[str, np.ndarray]]) -> list[np.ndarray]:
+        import numpy as np
+
         if not arrays:
             return []
         if getattr(self.transformer, "n_features_in_", None) is None:
