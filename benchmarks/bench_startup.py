@@ -3,12 +3,16 @@ against ``python -c pass`` (the interpreter alone) and ``python -c "import numpy
 in the same run.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PYTHONPATH=. \
-        python benchmarks/bench_startup.py [--repeat 7] [--command "encode --method hrp ..."]
+        python benchmarks/bench_startup.py [--repeat 7] [--import sklearn.base] \
+        [--command "encode --store S --input X --method hrp --name Y --force"]
 
-Each line is the median over ``--repeat`` fresh processes of the wall time and of the CPU
-time (user + system) of the process; on a loaded machine the CPU time is the steadier one.
-The load average is printed before and after.  The goal (issue 26): ``--help`` under 0.3 s on
-a quiet machine.  ``--command`` also times a full command line (run in the current folder).
+Run it from the checkout to time: ``python -m featpipe`` imports featpipe from the current
+folder first (the first line says which featpipe was timed).  Each line is the median over
+``--repeat`` fresh processes of the wall time and of the CPU time (user + system) of the
+process; on a loaded machine the CPU time is the steadier one.  The load average is printed
+before and after.  The goal (issue 26): ``--help`` under 0.3 s on a quiet machine.
+``--import MODULE`` adds ``python -c "import MODULE"`` as a reference, ``--command`` a full
+command line (e.g. an encode with ``--force``, so that every run computes).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import time
 #: every command and subcommand of ``featpipe``, as argument lists
 LIST_COMMANDS = """
 import json, click
+import featpipe
 from featpipe.cli import cli
 ctx = click.Context(cli)
 paths = [[]]
@@ -33,7 +38,7 @@ for name in cli.list_commands(ctx):
     command = cli.get_command(ctx, name)
     if isinstance(command, click.Group):
         paths += [[name, sub] for sub in command.list_commands(ctx)]
-print(json.dumps(paths))
+print(json.dumps({"featpipe": featpipe.__file__, "paths": paths}))
 """
 
 
@@ -64,21 +69,25 @@ def _blas() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--import", dest="modules", action="append", default=[],
+                        help="A module whose import to time as a reference (repeatable).")
     parser.add_argument("--command", action="append", default=[],
                         help="A full featpipe command line to time as well (repeatable).")
     args = parser.parse_args()
     python = [sys.executable]
-    paths = json.loads(subprocess.run(python + ["-c", LIST_COMMANDS], check=True,
+    found = json.loads(subprocess.run(python + ["-c", LIST_COMMANDS], check=True,
                                       capture_output=True, text=True).stdout)
     import numpy  # noqa: F401  (for the BLAS line only; the timed processes are fresh)
 
+    print(f"featpipe: {found['featpipe']}")
     print(f"load average {os.getloadavg()[0]:.2f}; {os.cpu_count()} cores; BLAS: {_blas()}")
     print(f"{'':40s} {'wall':>7s} {'cpu':>7s}  cpu above python")
     bare_wall, bare_cpu = _medians(python + ["-c", "pass"], args.repeat)
-    rows = [("python -c pass", ["-c", "pass"]), ("python -c 'import numpy'",
-                                                  ["-c", "import numpy"])]
+    rows = [("python -c pass", ["-c", "pass"])]
+    rows += [(f"python -c 'import {module}'", ["-c", f"import {module}"])
+             for module in ["numpy", *args.modules]]
     rows += [(" ".join(["featpipe", *path, "--help"]), ["-m", "featpipe", *path, "--help"])
-             for path in paths]
+             for path in found["paths"]]
     rows += [(f"featpipe {line}", ["-m", "featpipe", *shlex.split(line)])
              for line in args.command]
     for label, argv in rows:

@@ -9,6 +9,7 @@ is measured by ``benchmarks/bench_startup.py``, not here.
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -17,6 +18,8 @@ import pytest
 
 from featpipe.cli import COMMANDS, cli
 from featpipe.cli.options import TABLE_PATH, TABLE_SOURCES, live_entry
+from tests._stores import write_npy_dataset
+from tests.conftest import REPO, run_cli
 
 #: packages a command's --help must not import
 HEAVY = ("numpy", "sklearn", "scipy", "pandas", "torch", "cv2", "joblib", "h5py", "dask",
@@ -53,6 +56,14 @@ NOT_YET_LIGHT = {"extract": "featpipe/cli/extract.py imports featpipe.io.video a
                             "them): remove this entry when it lands"}
 
 
+def _python(code: str, *args) -> str:
+    """What ``python -c code ARGS`` prints (this checkout's featpipe; ARGS as JSON)."""
+    done = subprocess.run([sys.executable, "-c", code, *map(json.dumps, args)],
+                          capture_output=True, text=True, check=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    return done.stdout
+
+
 def _marked(path: list[str]):
     reason = NOT_YET_LIGHT.get(" ".join(path))
     marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
@@ -68,10 +79,9 @@ def test_every_command_is_probed():
 @pytest.mark.parametrize("path", [_marked(p) for p in [[], *_command_paths()]])
 def test_help_imports_no_numpy(path):
     """A fresh process per command: what one --help imports cannot hide another's."""
-    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(path), json.dumps(HEAVY)],
-                          capture_output=True, text=True, check=True, timeout=120)
-    assert "Usage: featpipe" in done.stdout
-    assert json.loads(done.stdout.splitlines()[-1]) == []
+    out = _python(PROBE, path, HEAVY)
+    assert "Usage: featpipe" in out
+    assert json.loads(out.splitlines()[-1]) == []
 
 
 @pytest.mark.parametrize("key", sorted(TABLE_SOURCES))
@@ -106,3 +116,53 @@ def test_generated_options_parse_as_before():
     gmm = {p.name: p for p in fit_gmm.params}
     assert gmm["n_components"].opts == ["--n-components", "--components"] and \
         gmm["n_components"].default == 256
+
+
+#: runs ``featpipe ARGS`` and prints the featpipe and heavy modules it imported (a JSON list)
+RUN_PROBE = """
+import json, sys
+from featpipe.cli import cli
+try:
+    cli.main(args=json.loads(sys.argv[1]), prog_name="featpipe")
+except SystemExit as stop:
+    assert not stop.code, stop.code
+loaded = {m for m in sys.modules if m.startswith("featpipe.")}
+loaded |= {m.split(".")[0] for m in sys.modules} & set(json.loads(sys.argv[2]))
+print(json.dumps(sorted(loaded)))
+"""
+
+
+def test_an_encode_run_imports_the_module_of_its_method_only(tmp_path):
+    from featpipe.encode.registry import METHOD_MODULES
+    from featpipe.store import Store
+
+    manifest, store = write_npy_dataset(tmp_path, n=4), tmp_path / "store"
+    run_cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store", store,
+            "--name", "feats")
+    args = ["encode", "--store", str(store), "--input", "feats", "--method", "avg",
+            "--name", "avg"]
+    loaded = set(json.loads(_python(RUN_PROBE, args, HEAVY).splitlines()[-1]))
+    assert len(Store(store).resolve("avg").items.ids) == 4
+    assert {"featpipe.encode.temporal", "numpy", "sklearn"} <= loaded
+    assert loaded & (set(METHOD_MODULES) - {"featpipe.encode.temporal"}) == set()
+    assert loaded & {"torch", "cv2", "h5py", "dask", "distributed", "matplotlib", "aeon"} == set()
+
+
+def test_load_method_gives_the_method_load_methods_lists():
+    from featpipe.encode.registry import METHOD_MODULES, load_method, load_methods
+
+    methods = load_methods()
+    assert sorted(methods) == sorted(n for names in METHOD_MODULES.values() for n in names)
+    for name, method in methods.items():
+        assert load_method(name) is method
+    with pytest.raises(KeyError):
+        load_method("no-such-method")
+
+
+def test_a_method_index_that_disagrees_with_its_module_is_an_error(monkeypatch):
+    from featpipe.encode import registry
+
+    monkeypatch.setitem(registry.METHOD_MODULES, "featpipe.encode.fisher", ("fisher", "vlad"))
+    with pytest.raises(RuntimeError, match=r"featpipe.encode.fisher defines the encode "
+                                           r"methods \('fisher',\), but METHOD_MODULES lists"):
+        registry.load_method("fisher")
