@@ -13,11 +13,11 @@ import zipfile
 import h5py
 import numpy as np
 import pytest
-from conftest import object_npy_bytes, one_line_error, run_cli
 
 from featpipe.errors import FeatpipeError
 from featpipe.manifest import Manifest, from_rows
 from featpipe.store import Store
+from tests.conftest import object_npy_bytes, one_line_error, run_cli
 
 
 def huge_npy(path, shape=(10**12, 3)):
@@ -237,7 +237,7 @@ def test_16_16_jobs_zero_or_below_minus_one_is_a_usage_error_before_any_stage(tm
 def test_16_16_jobs_above_the_available_cores_is_capped_with_a_warning(tmp_path):
     import subprocess
 
-    from conftest import REPO
+    from tests.conftest import REPO
 
     cpu = min(os.sched_getaffinity(0))
     env = dict(os.environ, PYTHONPATH=str(REPO))

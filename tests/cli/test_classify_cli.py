@@ -127,7 +127,8 @@ def test_normalize_l2_matches_an_independent_reference(motions, cli, tmp_path):
 def test_fusion_cv_and_liblinear(motions, cli):
     from sklearn.metrics import average_precision_score
     from sklearn.svm import LinearSVC
-    from test_pipeline import literal_chi2
+
+    from tests.cli.test_pipeline import literal_chi2
 
     store, manifest, means, (y_train, y_test) = motions
     X_train = np.array([means[i] for i in manifest.split_ids(1, "train")], np.float64)

@@ -8,11 +8,11 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, run_cli
 
 from featpipe import __version__
 from featpipe.cli import COMMANDS
 from featpipe.manifest import from_rows
+from tests.conftest import REPO, run_cli
 
 
 def test_version(cli):

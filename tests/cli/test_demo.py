@@ -4,7 +4,8 @@ import re
 import shlex
 
 import pytest
-from conftest import REPO
+
+from tests.conftest import REPO
 
 pytest.importorskip("aeon")
 pytest.importorskip("skvideo")

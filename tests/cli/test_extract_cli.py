@@ -5,11 +5,11 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
-from test_video import corrupt_inputs, write_video
 
 from featpipe.extract.dsift import DenseSIFT, to_grey
 from featpipe.io.video import Sampling, iter_frames
 from featpipe.store import Store
+from tests.unit.test_video import corrupt_inputs, write_video
 
 DSIFT_FAST = ("--sizes", "8", "--step", "8")
 

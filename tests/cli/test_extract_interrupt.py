@@ -17,12 +17,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_extract_cli import write_manifest
-from test_video import write_video
 
 from featpipe.io.video import OpenCVDecoder
 from featpipe.store import Store
+from tests.cli.test_extract_cli import write_manifest
 from tests.conftest import REPO
+from tests.unit.test_video import write_video
 
 ITEMS = 6
 

@@ -8,11 +8,11 @@ import json
 
 import cv2
 import numpy as np
-from conftest import run_cli
-from test_video import write_video
 
 from featpipe.io.video import iter_frames
 from featpipe.store import Store
+from tests.conftest import run_cli
+from tests.unit.test_video import write_video
 
 PLUGIN = {"FEATPIPE_FEATURES": "tests._grey_grid"}
 

@@ -8,12 +8,12 @@ import h5py
 import numpy as np
 import pytest
 import scipy.io
-from conftest import run_cli
 
 from featpipe.io import matlab
 from featpipe.io.export import load_export
 from featpipe.manifest import Manifest, ManifestItem
 from featpipe.store import Store
+from tests.conftest import run_cli
 
 RNG = np.random.default_rng(0)
 IDS = ["run/a", "run/b", "walk/c", "walk/d"]

@@ -7,11 +7,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import object_npy_bytes
 
 from featpipe.io.export import load_export
 from featpipe.manifest import Manifest, from_rows
 from tests._stores import named_or_only_stage
+from tests.conftest import object_npy_bytes
 
 RNG = np.random.default_rng(0)
 TOY_TS = """\

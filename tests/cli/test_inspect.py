@@ -13,12 +13,12 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO, run_cli
 
 from featpipe.fileio import HOST
 from featpipe.parallel import available_cores
 from featpipe.store import Store
 from tests._stores import write_npy_dataset
+from tests.conftest import REPO, run_cli
 
 
 def pipeline(tmp_path):

@@ -3,11 +3,11 @@
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 
 from featpipe.datasets import from_folder, from_hmdb51, from_hollywood2, from_ucf101, from_voc
 from featpipe.errors import FeatpipeError
 from featpipe.manifest import Manifest
+from tests.conftest import run_cli
 
 
 def touch(path: Path, text: str = "x") -> Path:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
 
 from featpipe.pipeline import PipelineError, load_pipeline, run_pipeline
 from featpipe.store import Store
+from tests.conftest import run_cli
 
 aeon = pytest.importorskip("aeon")
 DATA = Path(aeon.__file__).parent / "datasets" / "data" / "BasicMotions"

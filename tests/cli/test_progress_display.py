@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
 
 from featpipe.cli.display import StatusBoard, format_clock
 from featpipe.progress import RATE_TAU_S, WARMUP_S, RateEstimate, format_duration
+from tests.conftest import run_cli
 
 
 class FakeClock:
@@ -258,7 +258,7 @@ def test_deep_gmm_and_gmsop_log_their_iterations(caplog):
 
 
 def test_a_real_terminal_shows_count_rate_and_percentage(tmp_path, ts_store):
-    from test_cli import run_with_tty_stderr
+    from tests.cli.test_cli import run_with_tty_stderr
 
     store, (train, test) = ts_store
     code, stdout, terminal = run_with_tty_stderr(

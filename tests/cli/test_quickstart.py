@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO
+from tests.conftest import REPO
 
 
 def quickstart() -> str:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO
+from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "bin"))
 import missing  # noqa: E402  (bin/missing.py, which both scripts call)

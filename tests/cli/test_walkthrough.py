@@ -4,7 +4,7 @@ package, run dry, run, and run again."""
 
 import re
 
-from conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli
 
 
 def accuracy(stdout: str, step: str) -> float:

@@ -73,8 +73,8 @@ def test_dask_failed_item_and_resume(scheduler, tmp_path):
 
 def test_dask_extract_equals_local_run(scheduler, cli, tmp_path):
     """Extraction on dask workers: each batch runs the pipeline there and writes its items."""
-    from tests.test_extract_cli import write_manifest
-    from tests.test_video import write_video
+    from tests.cli.test_extract_cli import write_manifest
+    from tests.unit.test_video import write_video
 
     for k in range(4):
         write_video(tmp_path / f"v{k}.mp4", n_frames=10 + k, size=(96, 80))

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
+
+from tests.conftest import REPO
 
 TEMPLATE = "featpipe/templates/featpipe-array.sbatch"
 PIPELINE = "featpipe/templates/pipeline.toml"
@@ -114,7 +115,7 @@ def test_shell_completion(installed):
 
 def test_a_small_pipeline_runs_from_the_installed_wheel(installed):
     pytest.importorskip("aeon")
-    from test_pipeline import (  # BasicMotions: import, standardize, encode, classify
+    from tests.cli.test_pipeline import (  # BasicMotions: import, standardize, encode, classify
         PIPELINE,
         printed_accuracy,
         reference_accuracy,

@@ -17,7 +17,7 @@ from featpipe.content import CACHE_NAME, ContentHashes, sha256_of
 from featpipe.errors import FeatpipeError
 from featpipe.store import Store
 from tests._stores import write_npy_dataset
-from tests.test_import_export import write_manifest
+from tests.cli.test_import_export import write_manifest
 
 
 def _import(store, folder, manifest):

@@ -16,10 +16,10 @@ import sys
 
 import cv2
 import numpy as np
-from test_extract_cli import write_manifest
 
 from featpipe.extract.dsift import DenseSIFT
 from featpipe.store import Store
+from tests.cli.test_extract_cli import write_manifest
 from tests.conftest import REPO
 
 SIZE = (160, 120)

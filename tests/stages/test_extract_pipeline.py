@@ -7,14 +7,14 @@ import threading
 
 import numpy as np
 import pytest
-from test_extract_cli import write_manifest
-from test_video import write_video
 
 from featpipe.extract.streaming import CropProgram, Extraction, FrameSinks
 from featpipe.io.video import DecodePool, Sampling, iter_frames
 from featpipe.manifest import Manifest
 from featpipe.stages.base import Progress, Reporter, RunOptions
 from featpipe.store import Store
+from tests.cli.test_extract_cli import write_manifest
+from tests.unit.test_video import write_video
 
 torch = pytest.importorskip("torch")
 

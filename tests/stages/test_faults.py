@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from conftest import REPO, run_cli
 
 from featpipe.fileio import shard_of
 from featpipe.manifest import from_rows
 from featpipe.store import Store
+from tests.conftest import REPO, run_cli
 
 N_ITEMS = 40
 SLOW_WRITER = """

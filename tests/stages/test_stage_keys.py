@@ -25,7 +25,7 @@ from featpipe.pipeline import load_pipeline, run_pipeline
 from featpipe.stages import Reporter, RunOptions
 from featpipe.store import Stage, Store
 from tests._stores import write_npy_dataset
-from tests.test_video import write_video
+from tests.unit.test_video import write_video
 
 KEY_LINE = re.compile(r"^(?:stage [a-z][a-z0-9-]*-([0-9a-f]{16})|classify ([0-9a-f]{16}))",
                       re.M)

@@ -4,12 +4,12 @@ import json
 
 import numpy as np
 import pytest
-from conftest import object_npy_bytes
 
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.fileio import load_npy, safe_stem
 from featpipe.manifest import from_rows
 from featpipe.store import Store
+from tests.conftest import object_npy_bytes
 
 
 def small_manifest(tmp_path, ids):

@@ -13,13 +13,13 @@ import time
 
 import numpy as np
 import pytest
-from conftest import one_line_error, run_cli
 
 from featpipe.errors import FeatpipeError, WriteError
 from featpipe.fileio import atomic_write_bytes
 from featpipe.manifest import from_rows
 from featpipe.pack import pack_stage
 from featpipe.store import Store
+from tests.conftest import one_line_error, run_cli
 
 
 def make_stage(store: Store, kind: str, n: int = 3, name: str | None = None, shape=(4, 3)):

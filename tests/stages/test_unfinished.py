@@ -13,9 +13,6 @@ import time
 import cv2
 import numpy as np
 import pytest
-from test_extract_cli import write_manifest
-from test_extract_interrupt import ITEMS, command, environment
-from test_video import write_video
 
 from featpipe import stages
 from featpipe.fileio import HOST
@@ -24,6 +21,9 @@ from featpipe.stages.base import RUNNING
 from featpipe.stages.cache import gc
 from featpipe.store import Store
 from tests._stores import write_npy_dataset
+from tests.cli.test_extract_cli import write_manifest
+from tests.cli.test_extract_interrupt import ITEMS, command, environment
+from tests.unit.test_video import write_video
 
 
 def test_a_killed_extract_is_followed_kept_and_finished(tmp_path, cli):

@@ -7,7 +7,6 @@ import array_api_compat.torch as torch_xp
 import array_api_strict
 import numpy as np
 import pytest
-from fisher_data import digits_descriptors, single_thread_blas
 from scipy.optimize import minimize
 
 from featpipe.encode.fisher import FisherItemEncoder, GaussianMixtureModel, fisher_vector
@@ -21,6 +20,7 @@ from featpipe.learn.deep_fisher import (
 )
 from featpipe.manifest import Manifest, ManifestItem
 from featpipe.store import Store
+from tests.fisher_data import digits_descriptors, single_thread_blas
 
 
 @pytest.fixture(autouse=True, scope="module")

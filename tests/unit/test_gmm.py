@@ -6,13 +6,13 @@ import re
 
 import numpy as np
 import pytest
-from fisher_data import digits_descriptors, single_thread_blas
 from sklearn.mixture import GaussianMixture
 
 from featpipe.encode.fisher import GaussianMixtureModel, fisher_vector
 from featpipe.errors import InputError
 from featpipe.manifest import Manifest, ManifestItem
 from featpipe.store import Store
+from tests.fisher_data import digits_descriptors, single_thread_blas
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from featpipe.learn.gmsop import GatedMixtureSOP  # noqa: E402
 from featpipe.nn.functional import balance_loss, top_k_softmax  # noqa: E402
-from tests.test_bilinear import fill_store, ns_transcription  # noqa: E402
+from tests.unit.test_bilinear import fill_store, ns_transcription  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")

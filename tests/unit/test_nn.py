@@ -19,7 +19,7 @@ from featpipe.nn.fisher import FisherVectorLayer  # noqa: E402
 from featpipe.nn.functional import RankPoolArgmin  # noqa: E402
 from featpipe.nn.rank_pool import HierarchicalRankPool, RankPool  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
-from tests.test_dhrp import one_torch_thread  # noqa: E402, F401  (autouse: one thread)
+from tests.unit.test_dhrp import one_torch_thread  # noqa: E402, F401  (autouse: one thread)
 
 F64 = torch.float64
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
-from conftest import run_cli
 
 from featpipe.classify import metrics
 from featpipe.classify.report import (
@@ -18,6 +17,7 @@ from featpipe.classify.report import (
     row_normalised,
     write_report,
 )
+from tests.conftest import run_cli
 
 CONFIG = {"store": "S", "inputs": ["hrp", "avg"], "kernels": ["chi2+ser", "linear"],
           "fusion": "average", "weights": None, "C": [1000.0], "cv": 5, "split": "1",

@@ -19,7 +19,7 @@ from featpipe.encode.temporal import (
     arp_coefficients,
 )
 from featpipe.errors import FeatpipeError, InputError
-from tests.test_maps import literal_l2, literal_ser
+from tests.unit.test_maps import literal_l2, literal_ser
 
 # ---------------------------------------------------------------------------------------------
 # the slow reference: loops, the literal maps, one liblinear -s 11 -e 1e-8 call per window

@@ -8,13 +8,6 @@ import array_api_strict
 import numpy as np
 import pytest
 import torch
-from test_temporal import (
-    assert_close_vectors,
-    ref_hrp,
-    ref_hrp_layer,
-    ref_rank_pool_directions,
-    sequences,
-)
 
 import featpipe.encode.temporal as temporal
 from featpipe.encode.svr import rank_svr, rank_svr_dual, rank_svr_primal
@@ -29,6 +22,13 @@ from featpipe.encode.temporal import (
     sequence_rows,
 )
 from featpipe.errors import InputError
+from tests.unit.test_temporal import (
+    assert_close_vectors,
+    ref_hrp,
+    ref_hrp_layer,
+    ref_rank_pool_directions,
+    sequences,
+)
 
 TO_ARRAY = {"torch": torch.from_numpy, "array_api_strict": array_api_strict.asarray}
 

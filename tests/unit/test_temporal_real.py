@@ -6,7 +6,7 @@ section 4).  Reference numbers of an independent implementation: GunPoint avg 0.
 rankpool (both) 0.62, hrp (window 10) 0.73; BasicMotions avg 0.83, max 0.85, rankpool 0.90.
 Measured here (benchmarks/RESULTS.md): the same, with rankpool ψ = SER on BasicMotions (0.85
 with VideoDarwin's SSR).  The tests compare each accuracy with the same protocol run on
-encodings of the literal references of tests/test_temporal.py (numpy mean and max; one
+encodings of the literal references of tests/unit/test_temporal.py (numpy mean and max; one
 liblinear -s 11 call per rank-pooled window), not with numbers measured before.
 """
 
@@ -17,7 +17,6 @@ import functools
 import numpy as np
 import pytest
 from sklearn.svm import SVC
-from test_temporal import ref_hrp, ref_rank_pool_directions
 
 from featpipe.encode.temporal import (
     AveragePooling,
@@ -25,6 +24,7 @@ from featpipe.encode.temporal import (
     MaxPooling,
     RankPooling,
 )
+from tests.unit.test_temporal import ref_hrp, ref_rank_pool_directions
 
 
 @functools.cache

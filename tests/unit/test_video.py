@@ -8,12 +8,12 @@ import time
 import cv2
 import numpy as np
 import pytest
-from _avi import write_avi
 
 from featpipe.errors import InputError, ItemError
 from featpipe.io import video
 from featpipe.io.images import read_image
 from featpipe.io.video import DecodePool, Sampling, evenly_spaced, iter_frames
+from tests._avi import write_avi
 
 
 def write_video(path, n_frames=12, size=(64, 48), fps=10.0):
