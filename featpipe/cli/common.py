@@ -2,7 +2,7 @@
 
 A command's ``--help`` imports this module, so it imports click and featpipe's light modules
 only; the store, the executors and the progress display (numpy) are imported where a running
-command uses them (``tests/test_startup.py``).
+command uses them (``tests/cli/test_startup.py``).
 """
 
 from __future__ import annotations
