@@ -447,7 +447,7 @@ class Network:
 
     model: object
     preprocess: object
-    batch_size: int = 16
+    batch_size: int
 
 
 class Extraction:

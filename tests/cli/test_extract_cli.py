@@ -149,7 +149,7 @@ def test_settings_give_one_key_from_the_cli_a_pipeline_file_and_python(small_set
     from featpipe.extract.settings import ExtractSettings
     from featpipe.manifest import Manifest
     from featpipe.stages import RunOptions
-    from tests.test_stage_keys import cli_key, pipeline_key, python_key
+    from tests.stages.test_stage_keys import cli_key, pipeline_key, python_key
 
     store = Store(tmp_path / "store")
     args = ("extract", "-m", small_set, "-s", store.root, "-f", "dsift", *DSIFT_FAST,

@@ -50,12 +50,6 @@ found = sorted({m.split(".")[0] for m in sys.modules} & set(json.loads(sys.argv[
 print(json.dumps(found))
 """
 
-#: commands whose module still imports numpy at module level, owned by another branch
-NOT_YET_LIGHT = {"extract": "featpipe/cli/extract.py imports featpipe.io.video and "
-                            "featpipe.manifest at module level (the extract-thin branch moves "
-                            "them): remove this entry when it lands"}
-
-
 def _python(code: str, *args) -> str:
     """What ``python -c code ARGS`` prints (this checkout's featpipe; ARGS as JSON)."""
     done = subprocess.run([sys.executable, "-c", code, *map(json.dumps, args)],
@@ -64,19 +58,14 @@ def _python(code: str, *args) -> str:
     return done.stdout
 
 
-def _marked(path: list[str]):
-    reason = NOT_YET_LIGHT.get(" ".join(path))
-    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-    return pytest.param(path, id=" ".join(path) or "featpipe", marks=marks)
-
-
 def test_every_command_is_probed():
     paths = _command_paths()
     assert ["fit", "gmm"] in paths and ["encode"] in paths and ["cache", "pack"] in paths
     assert len(paths) > 25
 
 
-@pytest.mark.parametrize("path", [_marked(p) for p in [[], *_command_paths()]])
+@pytest.mark.parametrize("path", [pytest.param(p, id=" ".join(p) or "featpipe")
+                                  for p in [[], *_command_paths()]])
 def test_help_imports_no_numpy(path):
     """A fresh process per command: what one --help imports cannot hide another's."""
     out = _python(PROBE, path, HEAVY)
