@@ -101,6 +101,12 @@ def test_usage_errors(small_set, tmp_path, cli):
     both = cli("extract", "-m", small_set, "-s", store, "-f", "dsift", "--fps", "1",
                "--every", "2")
     assert both.exit_code == 1 and "mutually exclusive" in both.output
+    bad_sizes = cli("extract", "-m", small_set, "-s", store, "-f", "dsift", "--sizes", "4,x")
+    assert bad_sizes.exit_code == 2
+    assert "'--sizes': expected comma-separated int values, got '4,x'" in bad_sizes.output
+    not_encoded = cli("extract", "-m", small_set, "-s", store, "-f", "dsift", "--per-frame")
+    assert not_encoded.exit_code == 2 and "--per-frame applies to --encode only" in \
+        not_encoded.output
     no_weights = cli("extract", "-m", small_set, "-s", store, "-f", "vgg16-fc6")
     assert no_weights.exit_code == 1 and "vgg16-397923af.pth" in no_weights.output
     torch = pytest.importorskip("torch")
