@@ -44,6 +44,26 @@ def test_a_rewritten_file_in_a_folder_gives_a_new_stage_a_touched_one_does_not(t
     assert (store.root / CACHE_NAME).is_file()
 
 
+def test_a_moved_dataset_keeps_its_import_stage_a_relabelled_one_does_not(tmp_path):
+    manifest = write_npy_dataset(tmp_path / "here", n=4)
+    store = Store(tmp_path / "store")
+    first = _import(store, tmp_path / "here" / "npy", manifest).stage
+    (tmp_path / "here").rename(tmp_path / "moved")  # the manifest and its folder together
+    moved = _import(store, tmp_path / "moved" / "npy", tmp_path / "moved" / "m.csv")
+    assert moved.stage == first and moved.summary.skipped == 4
+    # what the stage holds besides the arrays (its items' labels, their order) is keyed
+    text = (tmp_path / "moved" / "m.csv").read_text()
+    (tmp_path / "moved" / "m.csv").write_text(text.replace(",c1,", ",c2,"))
+    relabelled = _import(store, tmp_path / "moved" / "npy", tmp_path / "moved" / "m.csv")
+    assert relabelled.stage != first
+    assert [it.label for it in relabelled.stage.items if it.id == "v01"] == ["c2"]
+    header, *rows = text.splitlines()
+    (tmp_path / "moved" / "m.csv").write_text("\n".join([header, *rows[::-1]]) + "\n")
+    reordered = _import(store, tmp_path / "moved" / "npy", tmp_path / "moved" / "m.csv")
+    assert reordered.stage not in (first, relabelled.stage)
+    assert reordered.stage.items.ids == ["v03", "v02", "v01", "v00"]
+
+
 def test_the_cache_reads_a_file_again_only_when_its_stat_changes(tmp_path):
     path = tmp_path / "f.bin"
     path.write_bytes(b"abc")
