@@ -202,6 +202,17 @@ def test_extract_vgg_one_key(cli, world):
                          params={"weights": "random:0", "crop": 32, "resize": 40.0},
                          sampling=Sampling(every=2), options=RunOptions(dry_run=True))
     assert python_key(run) == key
+    # torchvision's 256/224 omitted, given, and given the other way
+    default = cli_key(cli, "extract", "-m", root / "video.csv", "-s", store.root, "-f",
+                      "vgg16-fc6", "--weights", "random:0", "--dry-run")
+    assert default != key
+    step = {"stage": "extract", "manifest": str(root / "video.csv"), "features": "vgg16-fc6",
+            "params": {"weights": "random:0", "crop": 224, "resize": 256.0}}
+    assert pipeline_key(root, store, step) == default
+    run = stages.extract(store, Manifest.read(root / "video.csv"), "vgg16-fc6",
+                         params={"weights": "random:00", "crop": 224.0},
+                         options=RunOptions(dry_run=True))
+    assert python_key(run) == default
 
 
 FITS = [
