@@ -189,6 +189,23 @@ def test_extract_dsift_default_sampling_is_one_frame_per_second(cli, world):
                    "--sizes", "8", "--fps", "1", "--dry-run") == key
 
 
+def test_extract_of_images_keys_no_sampling_and_no_decoder(cli, world):
+    import cv2
+
+    root, store = world
+    cv2.imwrite(str(root / "still.png"), np.full((32, 48, 3), 90, np.uint8))
+    (root / "images.csv").write_text("id,path,label,split1\nstill,still.png,a,train\n")
+    args = ["extract", "-m", root / "images.csv", "-s", store.root, "-f", "dsift", "--sizes",
+            "8", "--dry-run"]
+    key = cli_key(cli, *args)
+    for other in (["--fps", "5"], ["--every", "1"], ["--frames", "3"],
+                  ["--decoder", "tests.test_extract_interrupt:SlowDecoder"]):
+        assert cli_key(cli, *args, *other) == key, other  # an image is read whole
+    video = ["extract", "-m", root / "video.csv", "-s", store.root, "-f", "dsift", "--sizes",
+             "8", "--dry-run"]
+    assert cli_key(cli, *video, "--every", "1") != cli_key(cli, *video)
+
+
 def test_extract_vgg_one_key(cli, world):
     root, store = world
     key = cli_key(cli, "extract", "-m", root / "video.csv", "-s", store.root, "-f",
