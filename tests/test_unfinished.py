@@ -20,7 +20,7 @@ from test_video import write_video
 
 from featpipe import stages
 from featpipe.fileio import HOST
-from featpipe.manifest import Manifest
+from featpipe.manifest import Manifest, from_rows
 from featpipe.stages.base import RUNNING
 from featpipe.stages.cache import gc
 from featpipe.store import Store
@@ -151,6 +151,26 @@ def test_skip_names_the_stage_and_downstream_stages_leave_the_failed_items_out(
     again = stages.encode(store, "sift", "cov", name="cov")
     assert again.stage != cov and "input_failed" not in again.stage.params
     assert sorted(again.stage.items.ids) == ["bad", "i0", "i1", "i2"]
+
+
+def test_an_encode_with_a_failed_item_under_skip_takes_its_name(tmp_path, cli):
+    store = Store(tmp_path / "store")
+    rows = [(f"t{i}", "", ["a"], ["train"]) for i in range(4)]
+    seq = store.stage("import", {"seq": 1}, items=from_rows(rows, root=tmp_path))
+    for i in range(4):  # t2 has 4 features per frame, the others 3
+        seq.write_item(f"t{i}", np.full((5, 4 if i == 2 else 3), i, np.float32))
+    store.set_name("seq", seq)
+    result = cli("encode", "-s", store.root, "-i", "seq", "-m", "avg", "-n", "e",
+                 "--on-error", "skip")
+    assert result.exit_code == 1
+    stage = store.resolve("e")
+    assert set(stage.failed()) == {"t2"} and stage.done_ids() == {"t0", "t1", "t3"}
+    assert "name e points to stage" in result.stderr and "1 failed item(s)" in result.stderr
+    assert not (store.names_dir / RUNNING / "e").exists()
+    status = cli("status", "-s", store.root, "e")
+    assert "failed: t2: " in status.output and "3 done, 1 failed, 0 pending" in status.output
+    failing = cli("encode", "-s", store.root, "-i", "seq", "-m", "max", "-n", "m")
+    assert failing.exit_code == 1 and "m" not in store.names()  # without skip: no name
 
 
 def test_gc_keeps_a_stage_a_live_process_computes(tmp_path):
