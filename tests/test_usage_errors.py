@@ -58,9 +58,10 @@ def test_bad_encode_values_are_usage_errors_before_any_stage(cli, store, flag, v
 
 
 @pytest.mark.parametrize("flag, value", [("--fps", "inf"), ("--fps", "nan"), ("--fps", "0"),
-                                         ("--every", "0"), ("--frames", "0")])
-def test_bad_extract_sampling_is_a_usage_error_before_any_stage(cli, store, tmp_path, flag,
-                                                               value):
+                                         ("--every", "0"), ("--frames", "0"),
+                                         ("--decode-timeout", "inf")])
+def test_bad_extract_sampling_or_timeout_is_a_usage_error_before_any_stage(
+        cli, store, tmp_path, flag, value):
     manifest = tmp_path / "m.csv"
     manifest.write_text("id,path,label,split1\nclip,clip.mp4,a,train\n")
     for dry_run in ([], ["--dry-run"]):

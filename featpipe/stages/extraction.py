@@ -76,6 +76,8 @@ from featpipe.store import Stage, Store
 
 #: the encode methods that take local features, offered by ``extract --encode``
 LOCAL_ENCODERS = ("fisher", "bilinear", "cov", "cbp-ts", "cbp-rm", "spatial-grid", "gmsop")
+#: the longest --decode-timeout, in seconds (11.6 days; an infinite one overflows the waits)
+MAX_DECODE_TIMEOUT = 1e6
 #: items probed to estimate a real run's size (a dry run probes every item)
 ESTIMATE_SAMPLE = 64
 
@@ -175,8 +177,9 @@ class Settings:
     def check(self) -> None:
         if self.batch_size < 1:
             raise ParameterError("batch_size", f"must be >= 1, got {self.batch_size}")
-        if not self.decode_timeout > 0:
-            raise ParameterError("decode_timeout", f"must be > 0, got {self.decode_timeout}")
+        if not 0 < self.decode_timeout <= MAX_DECODE_TIMEOUT:  # inf overflows the waits
+            raise ParameterError("decode_timeout", f"must be > 0 and at most "
+                                 f"{MAX_DECODE_TIMEOUT:g} seconds, got {self.decode_timeout}")
         if self.device == "cuda":
             import torch
 
