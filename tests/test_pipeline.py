@@ -163,6 +163,9 @@ FRAMES = "[steps.frames]\nstage = 'import_features'\nsources = ['x.ts']\n"
      "step 'a' (encode): window must be an int in the range [1, inf), got 0"),
     (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'avg'\n"
      "on_error = 'skp'\n", "step 'a' (encode): on_error must be one of fail, skip"),
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'hrp'\n"
+     "params = { stride = true }\n",
+     "step 'a' (encode): stride must be an int in the range [1, inf), got True"),
     ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
      "params = { step = 0 }\n", "step 'x' (extract): "),
     ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"

@@ -300,7 +300,25 @@ def test_the_record_fills_defaults_types_values_and_suggests_names():
         parameter_record(estimator_parameters(GaussianMixtureModel), {"n_component": 2},
                          "GaussianMixtureModel")
     assert typed_value(20.5, (int,)) == 20.5  # left for validation to refuse
-    assert typed_value(True, (float,)) is True
+    assert typed_value(True, (float,)) is True  # ... and so is a bool for a number
+
+
+@pytest.mark.parametrize("call", [
+    lambda store: stages.encode(store, "frames", "hrp", {"stride": True},
+                                options=RunOptions(dry_run=True)),
+    lambda store: stages.encode(store, "frames", "hrp", {"C": True},
+                                options=RunOptions(dry_run=True)),
+    lambda store: stages.fit_gmm(store, "frames", name="m", n_components=True, dry_run=True),
+    lambda store: stages.fit_pca(store, "frames", name="m", random_state=False, dry_run=True),
+    lambda store: stages.classify(store, ["avg"], C=[True]),
+], ids=["stride", "C", "n_components", "random_state", "classify C"])
+def test_a_bool_is_no_number(world, call):
+    """True == 1 in Python: taken for a number it would be a second key for stride = 1."""
+    from featpipe.errors import ParameterError
+
+    root, store = world
+    with pytest.raises(ParameterError, match=r"must be .*, got (True|False)$"):
+        call(store)
 
 
 def test_cache_show_prints_the_record(cli, world):
