@@ -1,9 +1,11 @@
 """A slow encode method, registered as a plugin (``FEATPIPE_ENCODERS=tests._slow_mean``): the
 mean frame of each item, one item per batch, after a pause, so that a test can kill a real
-``featpipe encode`` between two items."""
+``featpipe encode`` between two items; with ``$SLOW_MEAN_GATE`` set, no item is computed
+before that file exists."""
 
 from __future__ import annotations
 
+import os
 import time
 from numbers import Real
 
@@ -35,6 +37,9 @@ class SlowMean(ValidatedEstimator, TransformerMixin, BaseEstimator):
         return self
 
     def transform(self, sequences):
+        gate = os.environ.get("SLOW_MEAN_GATE")
+        while gate and not os.path.exists(gate):
+            time.sleep(0.01)
         out = []
         for x in sequences:
             time.sleep(self.seconds)
