@@ -4,18 +4,19 @@ again; other shards of the same stage are not held up."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
 import time
 
 import numpy as np
-from test_extract_interrupt import environment
 
 from featpipe import stages
 from featpipe.stages import Reporter, RunOptions
 from featpipe.store import Store
 from tests._stores import done_lines, write_npy_dataset
+from tests.conftest import REPO
 
 
 class Lines(Reporter):
@@ -78,7 +79,8 @@ def test_two_identical_encode_commands_started_together_compute_each_item_once(t
     command = [sys.executable, "-m", "featpipe", "encode", "-s", str(store.root), "-i",
                "frames", "-m", "slow-mean", "--seconds", "0", "-n", "mean"]
     gate = tmp_path / "go"  # no item is computed before it exists
-    env = dict(environment(), FEATPIPE_ENCODERS="tests._slow_mean", SLOW_MEAN_GATE=str(gate))
+    env = dict(os.environ, PYTHONPATH=str(REPO), FEATPIPE_ENCODERS="tests._slow_mean",
+               SLOW_MEAN_GATE=str(gate))
     first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
     second = None

@@ -199,7 +199,7 @@ def test_extract_of_images_keys_no_sampling_and_no_decoder(cli, world):
             "8", "--dry-run"]
     key = cli_key(cli, *args)
     for other in (["--fps", "5"], ["--every", "1"], ["--frames", "3"],
-                  ["--decoder", "tests.test_extract_interrupt:SlowDecoder"]):
+                  ["--decoder", "tests.cli.test_extract_interrupt:SlowDecoder"]):
         assert cli_key(cli, *args, *other) == key, other  # an image is read whole
     video = ["extract", "-m", root / "video.csv", "-s", store.root, "-f", "dsift", "--sizes",
              "8", "--dry-run"]
