@@ -106,7 +106,7 @@ def test_a_hard_or_soft_link_is_the_same_dataset(tmp_path, link):
         stages.import_features(Store(tmp_path / "s"), [str(tmp_path / "f.h5")], str(manifest))
 
 
-def test_external_links_and_external_storage_are_refused_naming_them(tmp_path, cli):
+def test_external_links_storage_and_virtual_datasets_are_refused_naming_them(tmp_path, cli):
     with h5py.File(tmp_path / "other.h5", "w") as handle:
         handle["x"] = np.ones((2, 3))
     raw = tmp_path / "raw.bin"
