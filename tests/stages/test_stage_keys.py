@@ -189,6 +189,24 @@ def test_extract_dsift_default_sampling_is_one_frame_per_second(cli, world):
                    "--sizes", "8", "--fps", "1", "--dry-run") == key
 
 
+def test_extract_with_an_encoding_has_one_key(cli, world):
+    root, store = world
+    key = cli_key(cli, "extract", "-m", root / "video.csv", "-s", store.root, "-f", "dsift",
+                  "--sizes", "8", "--encode", "cov", "--dry-run")
+    assert cli_key(cli, "extract", "-m", root / "video.csv", "-s", store.root, "-f", "dsift",
+                   "--sizes", "8", "--encode", "cov", "--ns-iters", "5", "--run-eta", "0.6",
+                   "--seed", "0", "--dry-run") == key
+    step = {"stage": "extract", "manifest": str(root / "video.csv"), "features": "dsift",
+            "params": {"sizes": [8.0]}, "encode": "cov",
+            "encode_params": {"ns_iters": 5.0, "norm": "ssr", "random_state": 0.0}}
+    assert pipeline_key(root, store, step) == key
+    run = stages.extract(store, Manifest.read(root / "video.csv"), "dsift",
+                         params={"sizes": [8]}, encode="cov",
+                         encode_params={"run_eta": 0.6, "log_eps": 1e-6},
+                         options=RunOptions(dry_run=True))
+    assert python_key(run) == key
+
+
 def test_extract_of_images_keys_no_sampling_and_no_decoder(cli, world):
     import cv2
 
