@@ -334,6 +334,36 @@ def window_running_sums(X, first: int, n: int, M: int, stride: int):
     return sums
 
 
+def pool_windows(X, starts, M, stride, psi="ser", C=1.0, epsilon=0.1, solver="newton",
+                 nonnegative=None):
+    """Rank-pool the windows of M rows of X (T, D) that start at ``starts`` (``stride``
+    apart) -> (n, D').
+
+    numpy float32/float64 with the Newton solver: the compiled passes of
+    :mod:`featpipe.encode._window_loop` form each window's running sums and ψ in the cache
+    (Gram matrices, then the pooled vectors) and never store them; otherwise (and as the
+    reference) :func:`window_running_sums` and :func:`rank_pool_sums`.
+    """
+    if not (array_is_numpy(X) and solver == "newton" and X.dtype in (np.float32, np.float64)):
+        sums = window_running_sums(X, starts[0], len(starts), M, stride)
+        return rank_pool_sums(sums, psi, C, epsilon, solver, nonnegative=nonnegative)
+    from featpipe.encode import _window_loop
+
+    if nonnegative is None:
+        nonnegative = bool(np.all(X >= 0))
+    mode = _window_loop.mode(psi, nonnegative)
+    block = _window_loop.block_columns(M, X.itemsize, mode)
+    starts = np.asarray(starts, dtype=np.int64)
+    G = np.empty((len(starts), M, M))
+    _window_loop.window_grams(X, starts, M, mode, block, G)
+    beta = rank_svr_unit_gram(G, C, epsilon).astype(X.dtype)
+    U = np.zeros((len(starts), psi_dim(psi, X.shape[1])), dtype=X.dtype)
+    # SER of non-negative sums: the negative half stays zero
+    _window_loop.window_pool(X, starts, M, mode, block, beta,
+                             U[:, : X.shape[1]] if mode == _window_loop.ROOT else U)
+    return U
+
+
 def _itemsize(xp, X) -> int:
     return xp.finfo(X.dtype).bits // 8
 
@@ -353,13 +383,15 @@ def hrp_layer(X, window=20, stride=1, psi="ser", C=1.0, epsilon=0.1, solver="new
     M = min(window, T)
     starts = window_starts(T, window, stride)
     on_cpu = array_is_numpy(X)
+    if on_cpu:
+        X = np.ascontiguousarray(X)  # one layout for the compiled passes
     threads = (threads or worker_threads()) if on_cpu else 1
     per_chunk = max(1, int(chunk_bytes // threads // window_bytes(M, D, _itemsize(xp, X))))
     nonnegative = bool(xp.all(X >= 0))  # then every window sum is, too
 
     def pool_chunk(c):
-        sums = window_running_sums(X, starts[c], len(starts[c: c + per_chunk]), M, stride)
-        return rank_pool_sums(sums, psi, C, epsilon, solver, nonnegative=nonnegative)
+        return pool_windows(X, starts[c: c + per_chunk], M, stride, psi, C, epsilon, solver,
+                            nonnegative)
 
     chunks = range(0, len(starts), per_chunk)
     threads = min(len(chunks), threads)
