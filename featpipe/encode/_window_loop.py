@@ -136,7 +136,8 @@ def window_grams(X, starts, M, psi_mode, block, G):  # pragma: no cover (compile
 @numba.njit(cache=True, nogil=True, fastmath=_FAST)
 def window_pool(X, starts, M, psi_mode, block, beta, U):  # pragma: no cover (compiled)
     """U[w] = Σ_t beta[w, t] ψ(s_t) for the windows of :func:`window_grams` (beta in X's
-    dtype; U (n, D), or (n, 2·D) for SER: [positive half, negative half])."""
+    dtype): columns 0 .. D − 1 of U, and D .. 2·D − 1 for SER (the negative half); other
+    columns are left as they are."""
     D = X.shape[1]
     halves = 2 if psi_mode == SER else 1
     row = np.empty(halves * block, X.dtype)
