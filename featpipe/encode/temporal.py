@@ -51,6 +51,8 @@ from featpipe.encode.maps import (
 )
 from featpipe.encode.registry import EncodeMethod, estimator_builder
 from featpipe.encode.svr import (
+    MAX_NEWTON_ITER,
+    check_svr_params,
     gram,
     rank_svr_dual,
     rank_svr_liblinear,
@@ -339,27 +341,28 @@ def pool_windows(X, starts, M, stride, psi="ser", C=1.0, epsilon=0.1, solver="ne
     """Rank-pool the windows of M rows of X (T, D) that start at ``starts`` (``stride``
     apart) -> (n, D').
 
-    numpy float32/float64 with the Newton solver: the compiled passes of
-    :mod:`featpipe.encode._window_loop` form each window's running sums and ψ in the cache
-    (Gram matrices, then the pooled vectors) and never store them; otherwise (and as the
-    reference) :func:`window_running_sums` and :func:`rank_pool_sums`.
+    numpy float32/float64 with the Newton solver: the compiled pass
+    :func:`featpipe.encode._window_loop.pool_windows` (running sums, ψ, Gram matrix, SVR and
+    pooling one window at a time in the cache: the (n, M, D) sums never go to memory);
+    otherwise, and as its reference, :func:`window_running_sums` and :func:`rank_pool_sums`.
     """
     if not (array_is_numpy(X) and solver == "newton" and X.dtype in (np.float32, np.float64)):
         sums = window_running_sums(X, starts[0], len(starts), M, stride)
         return rank_pool_sums(sums, psi, C, epsilon, solver, nonnegative=nonnegative)
     from featpipe.encode import _window_loop
 
+    C, epsilon = check_svr_params(C, epsilon)
     if nonnegative is None:
         nonnegative = bool(np.all(X >= 0))
     mode = _window_loop.mode(psi, nonnegative)
-    block = _window_loop.block_columns(M, X.itemsize, mode)
-    starts = np.asarray(starts, dtype=np.int64)
-    G = np.empty((len(starts), M, M))
-    _window_loop.window_grams(X, starts, M, mode, block, G)
-    beta = rank_svr_unit_gram(G, C, epsilon).astype(X.dtype)
     # SER of non-negative sums (mode ROOT): the negative half stays zero
     U = np.zeros((len(starts), psi_dim(psi, X.shape[1])), dtype=X.dtype)
-    _window_loop.window_pool(X, starts, M, mode, block, beta, U)
+    failed = _window_loop.pool_windows(X, np.asarray(starts, dtype=np.int64), M, mode,
+                                       _window_loop.block_columns(M, X.itemsize, mode), C,
+                                       epsilon, U)
+    if failed:
+        raise RuntimeError(f"rank_svr_dual: active-set Newton did not settle in "
+                           f"{MAX_NEWTON_ITER} iterations for {failed} windows")
     return U
 
 
