@@ -9,8 +9,9 @@ does for a batch of them:
    :func:`featpipe.encode.temporal.window_running_sums` does, and their ψ rows, into one
    window buffer (M × D, or M × 2·D for SER: 320 KiB for 20 × 4096 float32, so it stays in
    the L2 cache; the (n, M, D) sums of a layer never go to memory);
-2. the Gram matrix of the ψ rows (float64; each sum over a block of columns that stays in the
-   L1 cache is formed in X's dtype, as the float32 GEMM of the array-API path does);
+2. the Gram matrix of the ψ rows (float64; each sum over a block of columns, formed right
+   after the block's rows while they are in cache, is in X's dtype, as the float32 GEMM of
+   the array-API path);
 3. the SVR of the L2-normalised rows in Gram space (:func:`featpipe.encode.svr.rank_svr_unit_gram`)
    by :func:`_dual`, the same semismooth Newton as :func:`featpipe.encode.svr.rank_svr_dual`,
    step for step, for one window (a Cholesky solve in place of the batched ``solve``);
@@ -33,9 +34,10 @@ NONE, ROOT, SSR, SER = 0, 1, 2, 3
 
 #: finite inputs (checked on entry); the dot products may be reassociated so they vectorise
 _FAST = {"nnan", "ninf", "nsz", "reassoc", "contract"}
-#: bytes of the ψ rows of one window and column block: they stay in the L1 cache (a block of
-#: 32 KiB measured 1.2x faster than 16 KiB on the 2-core Zen 4, whose L1 holds 32 KiB)
-_BLOCK_BYTES = 32768
+#: bytes of the ψ rows of one window and column block, formed and then multiplied while they
+#: are in the L1/L2 caches (measured on the 2-core Zen 4, 32 KiB L1: 16 KiB 1.2x slower than
+#: 32 KiB, 64 KiB 1.1x faster: fewer, longer dot products)
+_BLOCK_BYTES = 65536
 
 
 def mode(psi: str, nonnegative: bool) -> int:
