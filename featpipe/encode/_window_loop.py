@@ -20,7 +20,7 @@ does for a batch of them:
 ψ by mode: :data:`NONE` s; :data:`ROOT` √s (SER or SSR of non-negative sums: SER's negative
 half is zero); :data:`SSR` sign(s)·√|s|; :data:`SER` [√max(s, 0), √max(−s, 0)] (2·D columns).
 The array-API path of :mod:`featpipe.encode.temporal` is the reference this is tested against
-(tests/test_temporal.py::test_compiled_window_passes_match_the_array_api_path).
+(tests/unit/test_temporal.py::test_compiled_window_passes_match_the_array_api_path).
 """
 
 from __future__ import annotations
