@@ -383,7 +383,6 @@ def fill_store(store_dir, items):
 
 
 def test_cli_encode_bilinear_run_on_a_store(store_dir, cli):
-    from tests.conftest import run_cli
 
     rng = np.random.default_rng(15)
     images = {f"img{i}": (np.abs(rng.standard_normal((30 + i, 6))).astype(np.float32), {})
@@ -392,8 +391,8 @@ def test_cli_encode_bilinear_run_on_a_store(store_dir, cli):
     images["video/0"] = (video, {"frame_index": np.repeat([0, 2], 10)})
     store = fill_store(store_dir, images)
 
-    proc = run_cli("encode", "--store", store_dir, "--input", "feats", "--method", "bilinear",
-                   "--norm", "run", "--name", "bl")
+    proc = cli("encode", "--store", store_dir, "--input", "feats", "--method", "bilinear",
+               "--norm", "run", "--name", "bl", check=True)
     assert "3 done" not in proc.stdout and "4 done, 0 skipped" in proc.stdout
     stage = store.resolve("bl")
     encoder = so.SecondOrderPooling("bilinear", "run")
