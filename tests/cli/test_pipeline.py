@@ -163,8 +163,20 @@ FRAMES = "[steps.frames]\nstage = 'import_features'\nsources = ['x.ts']\n"
      "step 'a' (encode): window must be an int in the range [1, inf), got 0"),
     (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'avg'\n"
      "on_error = 'skp'\n", "step 'a' (encode): on_error must be one of fail, skip"),
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'hrp'\n"
+     "params = { stride = true }\n",
+     "step 'a' (encode): stride must be an int in the range [1, inf), got True"),
     ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
      "params = { step = 0 }\n", "step 'x' (extract): "),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
+     "sampling = { fps = '5' }\n", "step 'x' (extract): fps must be a finite number > 0, got "
+     "'5'"),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
+     "sampling = { every = 2.5 }\n", "step 'x' (extract): every must be a whole number >= 1, "
+     "got 2.5"),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
+     "sampling = { frames = true }\n", "step 'x' (extract): frames must be a whole number "
+     ">= 1, got True"),
     ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'sift'\n",
      "step 'x' (extract): features must be one of"),
     (f"{FRAMES}[steps.c]\nstage = 'classify'\ninputs = ['frames']\nC = []\n",
