@@ -364,7 +364,7 @@ def test_an_all_zero_sequence_still_encodes_to_the_full_width():
     X = np.zeros((30, 8), np.float32)
     u = HierarchicalRankPooling(window=5).transform([X])[0]
     v = HierarchicalRankPooling(window=5).transform([array_api_strict.asarray(X)])[0]
-    assert u.shape == (32,) and np.all(np.isfinite(u))
+    assert u.shape == (32,) and not np.any(u)  # zero frames: v_t = 0, so u* = 0
     np.testing.assert_array_equal(u, np.asarray(v))
 
 
