@@ -16,6 +16,8 @@ from featpipe.parameters import declared
 
 #: the encode methods that take local features, offered by ``extract --encode``
 LOCAL_ENCODERS = ("fisher", "bilinear", "cov", "cbp-ts", "cbp-rm", "spatial-grid", "gmsop")
+#: the longest --decode-timeout, in seconds (11.6 days; an infinite one overflows the waits)
+MAX_DECODE_TIMEOUT = 1e6
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,9 @@ class ExtractSettings:
         feature ``method`` (:class:`~featpipe.extract.features.FeatureMethod`)."""
         if self.batch_size < 1:
             raise ParameterError("batch_size", f"must be >= 1, got {self.batch_size}")
-        if not self.decode_timeout > 0:
-            raise ParameterError("decode_timeout", f"must be > 0, got {self.decode_timeout}")
+        if not 0 < self.decode_timeout <= MAX_DECODE_TIMEOUT:  # inf overflows the waits
+            raise ParameterError("decode_timeout", f"must be > 0 and at most "
+                                 f"{MAX_DECODE_TIMEOUT:g} seconds, got {self.decode_timeout}")
         if self.encode is None and self.encode_params:
             raise ParameterError(next(iter(self.encode_params)), "applies to --encode only")
         if self.encode is not None and self.sample_descriptors is not None:

@@ -58,6 +58,7 @@ from featpipe.extract.streaming import (
     Network,
 )
 from featpipe.interrupts import Interrupt, Interrupted, interruptible
+from featpipe.io.images import is_image
 from featpipe.io.video import DecodePool, Sampling
 from featpipe.manifest import Manifest
 from featpipe.parallel import make_executor, parse_shard, plan, resolve_jobs
@@ -152,11 +153,14 @@ def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling,
 def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: ExtractSettings,
                  hashes: ContentHashes) -> dict:
     """The stage key's record of the inputs and the features: the manifest (its files by
-    content), the sampling, the decoder, and the method's parameters (a network's weights by
-    their identity)."""
+    content), the sampling and the decoder (none when every item is an image, read whole
+    whatever they say), and the method's parameters (a network's weights by their
+    identity)."""
+    videos = any(not is_image(manifest.resolve_path(it)) for it in manifest)
     params: dict = {"features": chosen.method.name,
                     "manifest": manifest_digest(manifest, hashes),
-                    "sampling": sampling.params(), "decoder": settings.decoder}
+                    "sampling": sampling.params() if videos else None,
+                    "decoder": settings.decoder if videos else None}
     if chosen.method.runs == "worker":
         params[chosen.method.name] = chosen.record
     else:
