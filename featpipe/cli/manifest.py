@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from featpipe.cli import LazyGroup
 from featpipe.cli.common import warn
 from featpipe.datasets import (
     IMAGE_EXTENSIONS,
@@ -36,7 +37,7 @@ def split_warnings(manifest: Manifest) -> list[str]:
     return found
 
 
-@click.group()
+@click.group(cls=LazyGroup)
 def manifest():
     """Build a manifest (id,path,label,split1..) or check one."""
 
