@@ -56,6 +56,24 @@ def test_every_link_reaches_a_file_and_heading_of_the_repository():
             document.name
 
 
+def test_every_cited_repository_path_and_test_exists():
+    """A path of the repository in backticks (`bin/demo`, `tests/test_x.py::test_y`) names a
+    file that exists, and a test that file defines; patterns (`*`, `<topic>`) are not paths."""
+    cited = re.compile(r"`((?:bin|tests|benchmarks|docs|featpipe|manifests|examples)/[^`\s]+)`")
+    checked = 0
+    for document in DOCUMENTS:
+        for path in cited.findall(document.read_text(encoding="utf-8")):
+            if re.search(r"[*<{]", path):
+                continue
+            file, _, test = path.partition("::")
+            assert (REPO / file).exists(), f"{document.name}: {path}"
+            if test:
+                assert f"def {test}(" in (REPO / file).read_text("utf-8"), \
+                    f"{document.name}: {path}"
+            checked += 1
+    assert checked > 50
+
+
 def test_readme_is_a_front_page():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert readme.startswith("# featpipe\n\n```bash\nbin/demo    # runs the main job end to end "
