@@ -82,3 +82,7 @@ def test_readme_is_a_front_page():
     for doc in ("cli", "encoders", "extraction", "store", "cluster", "python-api"):
         assert f"](docs/{doc}.md)" in readme
     assert "](benchmarks/RESULTS.md)" in readme
+    # issue 23's new commands and options are on the front page
+    for shown in ("`cache refs --store S NAME`", "`cache rm --store S NAME [--dry-run]`",
+                  "`cache ls [--wide]", "[--log-file PATH]", "[--transpose]", ".mat"):
+        assert shown in readme, shown
