@@ -74,6 +74,39 @@ def test_every_cited_repository_path_and_test_exists():
     assert checked > 50
 
 
+
+def test_every_documented_import_and_dotted_name_resolves():
+    """Every ``from featpipe... import ...`` line of README, CONTRIBUTING and docs/ runs, and
+    every `featpipe.a.b` in backticks is a module or an attribute of one (or a plugin entry
+    point group); tests/test_nn.py checks featpipe.nn's lines in detail."""
+    import importlib
+
+    from featpipe.encode.registry import ENTRY_POINT_GROUP as ENCODERS
+    from featpipe.extract.features import ENTRY_POINT_GROUP as FEATURES
+
+    lines, names = set(), set()
+    for document in [REPO / "README.md", REPO / "CONTRIBUTING.md",
+                     *sorted((REPO / "docs").glob("*.md"))]:
+        text = document.read_text(encoding="utf-8")
+        lines |= {m.strip().rstrip("\\") for m in re.findall(
+            r"^\s*(from featpipe\S* import [^\n`#]+|import featpipe\S*)", text, re.M)}
+        names |= set(re.findall(r"`(featpipe(?:\.\w+)+)", text)) - {ENCODERS, FEATURES}
+    assert len(lines) >= 5 and len(names) >= 15
+    for line in sorted(lines):
+        exec(line, {})  # noqa: S102 - the documented import itself
+    for name in sorted(names):
+        parts = name.split(".")
+        for n in range(len(parts), 0, -1):
+            try:
+                found = importlib.import_module(".".join(parts[:n]))
+            except ModuleNotFoundError:
+                continue
+            for attribute in parts[n:]:
+                assert hasattr(found, attribute), name
+                found = getattr(found, attribute)
+            break
+
+
 def test_readme_is_a_front_page():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert readme.startswith("# featpipe\n\n```bash\nbin/demo    # runs the main job end to end "
