@@ -41,8 +41,8 @@ import click
 
 from featpipe.cli import logfile
 from featpipe.progress import RateEstimate, format_duration
+from featpipe.reporting import Progress
 from featpipe.settings import progress_interval_setting
-from featpipe.stages.base import Progress
 
 #: Seconds between plain progress lines off a terminal (``-v``).
 DEFAULT_INTERVAL = 10.0
