@@ -69,8 +69,8 @@ def status(store_path, name, show_failed, show_ledgers, check, as_json):
     share = 100.0 * progress.done / progress.total if progress.total else 100.0
     click.echo(f"items: {progress.total} total, {progress.done} done, "
                f"{len(progress.failed)} failed, {progress.pending} pending ({share:.1f}% done)")
-    processes = stage.running_processes()
-    running = progress.running() or bool(processes)
+    processes = progress.processes
+    running = progress.running()
     if processes:
         click.echo(f"running: computed now by {', '.join(processes)} (host-pid)")
     eta = progress.eta_seconds()

@@ -16,9 +16,10 @@ import pytest
 
 from featpipe.fileio import HOST
 from featpipe.parallel import available_cores
+from featpipe.stages.base import latest_stage
 from featpipe.store import Store
 from tests._stores import write_npy_dataset
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO
 
 
 def pipeline(tmp_path, run):
@@ -78,13 +79,23 @@ def test_13_5_ls_json_and_show_of_item_and_fit_stages(tmp_path, cli):
 
 
 def test_13_5_status_json_and_status_of_a_fit_stage(tmp_path, cli):
-    # a process that wrote a ledger and still lives counts as running: computed by processes
-    # that have ended, the stages are not running
-    store = pipeline(tmp_path, run_cli)
+    # computed in this process, which lives on (as a notebook or a dask worker would): the
+    # finished stages are not running; while a run marks one, it is
+    store = pipeline(tmp_path, cli)
     data = json.loads(cli("status", "--store", store.root, "seq", "--json", check=True).stdout)
     assert data["total"] == 12 and data["done"] == 12 and data["complete"] is True
     assert data["running"] is False and data["eta_seconds"] is None
     assert len(data["ledgers"]) == 1 and data["ledgers"][0]["done"] == 12
+    assert data["ledgers"][0]["active"] is False
+    stage = latest_stage(store, "seq")
+    stage.mark_running()
+    try:
+        data = json.loads(cli("status", "--store", store.root, "seq", "--json").stdout)
+        assert data["running"] is True and data["ledgers"][0]["active"] is True
+        text = cli("status", "--store", store.root, "seq").stdout
+        assert f"running: computed now by {HOST}-{os.getpid()}" in text
+    finally:
+        stage.unmark_running()
     fit = cli("status", "--store", store.root, "std", "--check", check=True)
     assert "a fitted-model stage, no items" in fit.stdout
     assert "status: complete: model fitted" in fit.stdout and "0 total" not in fit.stdout

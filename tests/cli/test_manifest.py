@@ -389,3 +389,16 @@ def test_missing_train_or_test_rows_warn_on_stderr(tmp_path, cli):
     checked = cli("manifest", "check", out, check=True)
     assert "split1 has no test rows" in checked.stderr
     assert "split2 has no test rows" in checked.stderr
+
+
+def test_a_folder_scan_lists_every_image_extract_reads(tmp_path):
+    """One list of image suffixes: what `extract` reads as an image (webp included), a folder
+    scan lists."""
+    from featpipe.io.images import IMAGE_SUFFIXES, is_image
+
+    for suffix in IMAGE_SUFFIXES:
+        (tmp_path / "cls").mkdir(exist_ok=True)
+        (tmp_path / "cls" / f"x{suffix[1:]}{suffix.upper()}").write_bytes(b"")
+    manifest = from_folder(tmp_path)
+    assert len(manifest.ids) == len(IMAGE_SUFFIXES)
+    assert all(is_image(item.path) for item in manifest)
