@@ -212,8 +212,8 @@ class ProgressDisplay(Progress):
     def plain(self, now: float) -> str:
         """The log-file form: ``encode 32/80 items (40%), 4.1 items/s, about 12 s left``."""
         text = f"{self.label} {self.count()}"
-        if self.total:
-            text += f" ({100 * self.done / self.total:.0f}%)"
+        if self.total:  # more units than declared (a video's frames) stay at 100 %
+            text += f" ({100 * min(self.done, self.total) / self.total:.0f}%)"
         rate, eta = self.rate(now), self.eta(now)
         if rate is not None:
             text += f", {format_rate(rate)} {self.unit}/s"

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from featpipe.cli import LazyGroup
 from featpipe.cli.common import warn
 from featpipe.cli.options import table_entry
 
@@ -37,7 +38,7 @@ def split_warnings(manifest: Manifest) -> list[str]:
     return found
 
 
-@click.group()
+@click.group(cls=LazyGroup)
 def manifest():
     """Build a manifest (id,path,label,split1..) or check one."""
 
