@@ -264,7 +264,8 @@ def test_wrong_container_frame_count_is_corrected(small_set, tmp_path, cli):
     write_video(tmp_path / "b.mp4", n_frames=20, size=(96, 80), fps=10.0)
     manifest = write_manifest(tmp_path, [("b", "b.mp4", "x", "train")])
     result = cli("extract", "-m", manifest, "-s", tmp_path / "store", "-f", "dsift", "-n", "d",
-                 "--frames", "4", "--decoder", "tests.unit.test_video:WrongCountDecoder", *DSIFT_FAST)
+                 "--frames", "4", "--decoder", "tests.unit.test_video:WrongCountDecoder",
+                 *DSIFT_FAST)
     assert result.exit_code == 0, result.output
     stage = Store(tmp_path / "store").resolve("d")
     np.testing.assert_allclose(stage.extras_of("b")["timestamps"], [0.0, 0.6, 1.3, 1.9],
