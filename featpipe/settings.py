@@ -99,6 +99,29 @@ def plugin_attribute(module_name: str, variable: str, attribute: str):
     return getattr(module, attribute)
 
 
+def plugin_modules(group: str, variable: str) -> list[str]:
+    """The plugin modules of a registry: entry points of ``group``, then the comma-separated
+    module names of environment variable ``variable``."""
+    from importlib import metadata
+
+    names = [ep.value for ep in metadata.entry_points(group=group)]
+    names += [n.strip() for n in os.environ.get(variable, "").split(",") if n.strip()]
+    return names
+
+
+def registry(found, kind: str) -> dict:
+    """Methods by name from ``(module name, methods)`` pairs, in order; a name registered
+    twice is an error naming the module that registered it again (``kind``: what they are)."""
+    methods: dict = {}
+    for module_name, module_methods in found:
+        for method in module_methods:
+            if method.name in methods:
+                raise RuntimeError(f"{kind} {method.name!r} is registered twice (again by "
+                                   f"{module_name})")
+            methods[method.name] = method
+    return methods
+
+
 def check_environment() -> None:
     """Read every setting once: raise :class:`SettingError` for the first bad one."""
     threads_setting()

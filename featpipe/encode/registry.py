@@ -17,14 +17,12 @@ The stage key hashes the method name and its canonical parameter record.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import TYPE_CHECKING, Protocol
 
+from featpipe import settings
 from featpipe.parameters import Parameter, check_parameter_values, parameter_record
-from featpipe.settings import plugin_attribute
 
 if TYPE_CHECKING:  # numpy is imported where items are encoded: ``encode --help`` needs none
     import numpy as np
@@ -90,9 +88,7 @@ class EncodeMethod:
 
 def plugin_modules() -> list[str]:
     """The plugin modules: ``featpipe.encoders`` entry points, then ``$FEATPIPE_ENCODERS``."""
-    names = [ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
-    names += [n.strip() for n in os.environ.get(PLUGIN_VARIABLE, "").split(",") if n.strip()]
-    return names
+    return settings.plugin_modules(ENTRY_POINT_GROUP, PLUGIN_VARIABLE)
 
 
 def _module_methods(module_name: str) -> list[EncodeMethod]:
@@ -116,17 +112,10 @@ def load_method(name: str) -> EncodeMethod:
 
 def load_methods() -> dict[str, EncodeMethod]:
     """Every method by name: the built-in modules', then the plugins'."""
-    methods: dict[str, EncodeMethod] = {}
     found = [(name, _module_methods(name)) for name in METHOD_MODULES]
-    found += [(name, plugin_attribute(name, PLUGIN_VARIABLE, "ENCODE_METHODS"))
+    found += [(name, settings.plugin_attribute(name, PLUGIN_VARIABLE, "ENCODE_METHODS"))
               for name in plugin_modules()]
-    for module_name, module_methods in found:
-        for method in module_methods:
-            if method.name in methods:
-                raise RuntimeError(f"encode method {method.name!r} is registered twice "
-                                   f"(again by {module_name})")
-            methods[method.name] = method
-    return methods
+    return settings.registry(found, "encode method")
 
 
 def method_params(method: EncodeMethod, given: Mapping[str, object]) -> dict:

@@ -23,12 +23,10 @@ Where a method runs:
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass
-from importlib import metadata
 
+from featpipe import settings
 from featpipe.parameters import Parameter, estimator_parameters
-from featpipe.settings import plugin_attribute
 
 #: Modules that define FEATURE_METHODS.
 FEATURE_MODULES: list[str] = ["featpipe.extract.vgg", "featpipe.extract.dsift"]
@@ -64,21 +62,12 @@ class FeatureMethod:
 
 def plugin_modules() -> list[str]:
     """The plugin modules: ``featpipe.features`` entry points, then ``$FEATPIPE_FEATURES``."""
-    names = [ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
-    names += [n.strip() for n in os.environ.get(PLUGIN_VARIABLE, "").split(",") if n.strip()]
-    return names
+    return settings.plugin_modules(ENTRY_POINT_GROUP, PLUGIN_VARIABLE)
 
 
 def load_features() -> dict[str, FeatureMethod]:
     """Every registered feature method by name."""
-    methods: dict[str, FeatureMethod] = {}
     found = [(name, importlib.import_module(name).FEATURE_METHODS) for name in FEATURE_MODULES]
-    found += [(name, plugin_attribute(name, PLUGIN_VARIABLE, "FEATURE_METHODS"))
+    found += [(name, settings.plugin_attribute(name, PLUGIN_VARIABLE, "FEATURE_METHODS"))
               for name in plugin_modules()]
-    for module_name, module_methods in found:
-        for method in module_methods:
-            if method.name in methods:
-                raise RuntimeError(f"feature method {method.name!r} is registered twice "
-                                   f"(again by {module_name})")
-            methods[method.name] = method
-    return methods
+    return settings.registry(found, "feature method")

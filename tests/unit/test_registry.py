@@ -21,3 +21,15 @@ def test_a_method_index_that_disagrees_with_its_module_is_an_error(monkeypatch):
     with pytest.raises(RuntimeError, match=r"featpipe.encode.fisher defines the encode "
                                            r"methods \('fisher',\), but METHOD_MODULES lists"):
         registry.load_method("fisher")
+
+
+def test_a_method_registered_twice_is_an_error_naming_the_second_module():
+    from types import SimpleNamespace
+
+    from featpipe.settings import registry
+
+    first, again = SimpleNamespace(name="avg"), SimpleNamespace(name="avg")
+    assert registry([("mod_a", [first])], "encode method") == {"avg": first}
+    with pytest.raises(RuntimeError, match=r"encode method 'avg' is registered twice "
+                                           r"\(again by mod_b\)"):
+        registry([("mod_a", [first]), ("mod_b", [again])], "encode method")
