@@ -198,8 +198,13 @@ def test_rm_refuses_a_name_whose_run_is_computing(filled, cli):
     marker = store.names_dir / ".running" / "enc"
     marker.parent.mkdir()
     marker.write_text(orphan.name + "\n")
-    orphan.record("v/1", "done")  # this process's ledger: a live run
-    result = cli("cache", "rm", "--store", store.root, "enc")
+    orphan.record("v/1", "done")  # this process's ledger, but no run marks the stage
+    assert cli("cache", "rm", "--store", store.root, "enc", "--dry-run").exit_code == 0
+    orphan.mark_running()  # this process, alive: a live run
+    try:
+        result = cli("cache", "rm", "--store", store.root, "enc")
+    finally:
+        orphan.unmark_running()
     assert result.exit_code == 1
     assert f"a run for 'enc' is computing stage {orphan.name} now" in result.output
     assert marker.exists() and "enc" in store.names()
