@@ -565,20 +565,22 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
     """
     from featpipe.encode import _fisher_loop
 
-    with np.errstate(over="ignore", invalid="ignore"):
-        xc = np.asarray(x, dtype=np.float64) - gmm.center
-    tasks = [xc[start:start + _TASK] for start in range(0, xc.shape[0], _TASK)]
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    tasks = [x[start:start + _TASK] for start in range(0, x.shape[0], _TASK)]
 
     def run(task):
         sums = (np.zeros_like(first), np.zeros_like(second), np.zeros_like(mass))
+        lhs = np.empty((min(_BLOCK, task.shape[0]), 2 * task.shape[1]), np.float32)
         n_exact = overflow = 0
         evidence = 0.0
         for start in range(0, task.shape[0], _BLOCK):
             block = task[start:start + _BLOCK]
+            operand = lhs[:block.shape[0]]
+            _fisher_loop.squared_operand(block, gmm.center, operand)
             with np.errstate(over="ignore", invalid="ignore"):
-                raw = mahalanobis_gemm(squared_lhs(block.astype(np.float32)), gmm.rhs)
-                finite = np.isfinite(np.sum(raw, axis=1))
-            counts = _fisher_loop.accumulate(raw, finite, block, gmm.mc, gmm.inv_sigma,
+                raw = mahalanobis_gemm(operand, gmm.rhs)
+            counts = _fisher_loop.accumulate(raw, block, gmm.center, gmm.mc, gmm.inv_sigma,
                                              gmm.log_norm, gmm.approx, gmm.limit,
                                              gmm.threshold, *sums)
             n_exact += counts[0]
