@@ -99,7 +99,7 @@ def _perturbed_gemm(scale, seed):
     rng = np.random.default_rng(seed)
     exact = posterior.mahalanobis_gemm
 
-    def gemm(lhs, rhs):
+    def gemm(lhs, rhs, out=None):  # the perturbed values in a fresh array (out unused)
         raw = exact(lhs, rhs)
         dim = lhs.shape[-1] // 2
         g = (2 * dim + 8) * 2.0**-24

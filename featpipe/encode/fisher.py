@@ -571,7 +571,9 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
 
     def run(task):
         sums = (np.zeros_like(first), np.zeros_like(second), np.zeros_like(mass))
-        lhs = np.empty((min(_BLOCK, task.shape[0]), 2 * task.shape[1]), np.float32)
+        rows = min(_BLOCK, task.shape[0])
+        lhs = np.empty((rows, 2 * task.shape[1]), np.float32)
+        gemm = np.empty((rows, gmm.rhs.shape[1]), np.float32)
         n_exact = overflow = 0
         evidence = 0.0
         for start in range(0, task.shape[0], _BLOCK):
@@ -579,7 +581,7 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
             operand = lhs[:block.shape[0]]
             _fisher_loop.squared_operand(block, gmm.center, operand)
             with np.errstate(over="ignore", invalid="ignore"):
-                raw = mahalanobis_gemm(operand, gmm.rhs)
+                raw = mahalanobis_gemm(operand, gmm.rhs, out=gemm[:block.shape[0]])
             counts = _fisher_loop.accumulate(raw, block, gmm.center, gmm.mc, gmm.inv_sigma,
                                              gmm.log_norm, gmm.approx, gmm.limit,
                                              gmm.threshold, *sums)
