@@ -33,13 +33,17 @@ _SUMS = {"reassoc", "contract"}
 def squared_operand(x, center, lhs):  # pragma: no cover (compiled)
     """lhs (N, 2D) float32 = [xc², xc] (:func:`featpipe.encode.posterior.squared_lhs`) with
     xc = float32(x − center), the difference taken in float64: one pass over x, no float64
-    copy of the block."""
+    copy of the block.  Returns whether every value of x is finite (Σ x·0 is not NaN)."""
     dim = x.shape[1]
+    check = 0.0
     for t in range(x.shape[0]):
         for i in range(dim):
-            v = np.float32(np.float64(x[t, i]) - center[i])
+            value = np.float64(x[t, i])
+            check += value * 0.0
+            v = np.float32(value - center[i])
             lhs[t, i] = v * v
             lhs[t, dim + i] = v
+    return check == 0.0
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
