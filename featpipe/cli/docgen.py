@@ -5,7 +5,7 @@ its usage line, its help text as ``--help`` prints it and a table of its options
 metavar, help with default).  The text is rendered at a fixed width, with no plugin encoders
 (``$FEATPIPE_ENCODERS`` is ignored; an installed ``featpipe.encoders`` entry point
 would add its methods), so the file depends on the code only;
-``tests/test_docs.py`` fails when the committed file differs from this output.
+``tests/cli/test_docs.py`` fails when the committed file differs from this output.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ WIDTH = 100
 HEADER = """# Command reference
 
 Generated from the commands by `python -m featpipe.cli.docgen > docs/cli.md`; do not edit by
-hand (`tests/test_docs.py` fails when this file is stale). Exit codes, verbosity and the
+hand (`tests/cli/test_docs.py` fails when this file is stale). Exit codes, verbosity and the
 options the item commands share: [command-line.md](command-line.md).
 """
 

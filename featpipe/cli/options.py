@@ -14,7 +14,7 @@ An option is first a spec (a JSON-able dict, :func:`make_option` turns it into a
 ``click.Option``).  Reading the declarations imports the estimators, and with them
 scikit-learn, SciPy and pandas (1-2 s); so the specs of every command are precomputed in
 ``options.json`` beside this module (:data:`TABLE_SOURCES` says what computes each entry;
-``python -m featpipe.cli.options`` rewrites it, and ``tests/test_startup.py`` fails when it
+``python -m featpipe.cli.options`` rewrites it, and ``tests/cli/test_startup.py`` fails when it
 is stale).  A command reads its entry with :func:`table_entry`; with encoder plugins
 configured (``FEATPIPE_ENCODERS``, entry points), entries that list encode methods are
 computed live instead.  This module imports neither scikit-learn nor the estimators.

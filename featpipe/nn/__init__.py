@@ -19,7 +19,7 @@ read :mod:`featpipe.nn.choices` without it.
   pooling and its classifier head), trained by :class:`featpipe.learn.gmsop.GatedMixtureSOP`.
 
 Every module and function is checked with ``torch.autograd.gradcheck`` in the tests
-(``tests/test_nn.py``), at inputs with exact zeros, repeated frames and a single frame.
+(``tests/unit/test_nn.py``), at inputs with exact zeros, repeated frames and a single frame.
 """
 
 from __future__ import annotations

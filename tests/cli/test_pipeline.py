@@ -1,0 +1,214 @@
+"""``featpipe run PIPELINE.toml``: a declared sequence of stages, end to end on real data
+(aeon's BasicMotions: import -> fit standardize -> encode -> classify), dry runs, reruns that
+compute nothing, and bad pipeline files."""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from featpipe.pipeline import PipelineError, load_pipeline, run_pipeline
+from featpipe.store import Store
+from tests.conftest import run_cli
+
+aeon = pytest.importorskip("aeon")
+DATA = Path(aeon.__file__).parent / "datasets" / "data" / "BasicMotions"
+
+PIPELINE = f"""
+[pipeline]
+store = "store"
+
+[steps.frames]
+stage = "import_features"
+sources = ["{DATA / 'BasicMotions_TRAIN.ts'}", "{DATA / 'BasicMotions_TEST.ts'}"]
+
+[steps.std]
+stage = "fit_standardize"
+input = "frames"
+
+[steps.frames-std]
+stage = "encode"
+input = "frames"
+method = "standardize"
+params = {{ model = "std" }}
+
+[steps.avg]
+stage = "encode"
+input = "frames-std"
+method = "avg"
+jobs = 2
+
+[steps.result]
+stage = "classify"
+inputs = ["avg"]
+kernels = ["chi2"]
+report = "reports/avg.json"
+"""
+
+
+def literal_chi2(A, B):
+    """Σ_i 2 a_i b_i / (|a_i| + |b_i|) (VLFeat's signed rule; 0 where both are 0)."""
+    num = 2 * A[:, None, :] * B[None, :, :]
+    den = np.abs(A)[:, None, :] + np.abs(B)[None, :, :]
+    return np.where(den > 0, num / np.where(den > 0, den, 1), 0).sum(axis=2)
+
+
+def reference_accuracy() -> float:
+    """PIPELINE's accuracy recomputed without featpipe: channels standardised with the train
+    frames' mean and std, averaged over time, a literal chi-square kernel, scikit-learn's
+    libsvm one-vs-rest at C = 1000 (classify's default), the highest decision value wins."""
+    from aeon.datasets import load_basic_motions
+    from sklearn.svm import SVC
+
+    Xtr, ytr = load_basic_motions(split="train")
+    Xte, yte = load_basic_motions(split="test")
+    frames = np.concatenate([x.T for x in Xtr]).astype(np.float64)
+    mean, std = frames.mean(axis=0), frames.std(axis=0)
+    Ztr = np.stack([((x.T - mean) / std).mean(axis=0) for x in Xtr])
+    Zte = np.stack([((x.T - mean) / std).mean(axis=0) for x in Xte])
+    Ktr, Kte = literal_chi2(Ztr, Ztr), literal_chi2(Zte, Ztr)
+    classes = np.unique(ytr)
+    scores = np.column_stack([SVC(kernel="precomputed", C=1000).fit(Ktr, ytr == c)
+                              .decision_function(Kte) for c in classes])
+    return float(np.mean(classes[scores.argmax(1)] == yte))
+
+
+def printed_accuracy(stdout: str) -> float:
+    return float(re.search(r"split 1: accuracy ([0-9.]+)", stdout).group(1))
+
+
+@pytest.fixture
+def pipeline_file(tmp_path):
+    path = tmp_path / "pipeline.toml"
+    path.write_text(PIPELINE)
+    return path
+
+
+def test_a_pipeline_runs_end_to_end_and_a_rerun_computes_nothing(tmp_path, pipeline_file):
+    plan = run_cli("run", pipeline_file, "--dry-run", cwd=tmp_path)
+    lines = plan.stdout.splitlines()
+    assert lines.count("dry run: 80 to compute, 0 already complete") == 3
+    assert sum(line.startswith("would compute ") for line in lines) == 9  # 3 per item step
+    assert "dry run: would fit" in lines and "dry run: would run classify on avg" in lines
+    assert "would run after" not in plan.stdout  # every step planned on the earlier ones
+    planned = [line for line in lines if line.startswith("stage ")]
+    assert len(planned) == 4  # frames, std, frames-std, avg: each step's stage and key
+    assert not (tmp_path / "store").exists()  # a dry run creates nothing
+    first = run_cli("run", pipeline_file, cwd=tmp_path)
+    assert [line for line in first.stdout.splitlines() if line.startswith("stage ")] == \
+        planned  # the keys the dry run printed are the stages computed
+    assert first.stdout.count("summary: 80 done, 0 skipped") == 3
+    assert "step 5/5: result (classify)" in first.stdout
+    assert printed_accuracy(first.stdout) == pytest.approx(reference_accuracy(), abs=1e-4)
+    store = Store(tmp_path / "store")
+    assert sorted(store.names()) == ["avg", "frames", "frames-std", "std"]
+    report = json.loads((tmp_path / "reports" / "avg.json").read_text())
+    assert report["command"] == f"featpipe run {pipeline_file} (step result)"
+    assert [e["kind"] for e in report["inputs_chain"]] == ["import", "standardize", "encode",
+                                                             "encode"]
+    again = run_cli("run", pipeline_file, cwd=tmp_path)
+    assert again.stdout.count("summary: 0 done, 80 skipped (already complete)") == 3
+    assert again.stdout.split("split 1: ")[1].splitlines()[0] == \
+        first.stdout.split("split 1: ")[1].splitlines()[0]
+    plan = run_cli("run", pipeline_file, "--dry-run", cwd=tmp_path)
+    assert plan.stdout.count("dry run: 0 to compute, 80 already complete") == 3
+    assert "dry run: model already fitted" in plan.stdout
+    assert "would run after" not in plan.stdout
+
+
+def test_the_same_steps_through_the_library(tmp_path, pipeline_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    pipeline = load_pipeline(pipeline_file)
+    assert [s.name for s in pipeline.steps] == ["frames", "std", "frames-std", "avg", "result"]
+    results = run_pipeline(pipeline, Store(tmp_path / "lib"))
+    assert results[3].summary.done == 80 and results[4]["summary"]["metric"] == "accuracy"
+    # the command line gives the same numbers
+    cli = run_cli("run", pipeline_file, "--store", tmp_path / "cli", cwd=tmp_path)
+    assert f"accuracy {results[4]['splits'][0]['score']:.4f}" in cli.stdout
+    only = run_cli("run", pipeline_file, "--store", tmp_path / "cli", "--step", "avg",
+                   cwd=tmp_path)
+    assert "step 4/5: avg (encode)" in only.stdout and "step 1/5" not in only.stdout
+
+
+FRAMES = "[steps.frames]\nstage = 'import_features'\nsources = ['x.ts']\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[steps.a]\nstage = 'encoder'\n", "stage = 'encoder' is not one of import_features"),
+    ("[steps.a]\nstage = 'encode'\ninput = 'x'\nmethod = 'avg'\nwindw = 3\n",
+     "step 'a' (encode) has no parameter 'windw'"),
+    ("[steps.a]\nstage = 'encode'\ninput = 'x'\n", "step 'a' (encode) needs method"),
+    ("[steps.a\n", "not a TOML file"),
+    ("[pipeline]\nstore = 's'\n", "no steps"),
+    ("[pipline]\n[steps.a]\nstage = 'encode'\n", "expected a [pipeline] table"),
+    # unknown keys, with the closest known one
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninptu = 'frames'\nmethod = 'avg'\n",
+     "step 'a' (encode) has no parameter 'inptu' (did you mean 'input'? "),
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'hrp'\n"
+     "params = { windw = 3 }\n",
+     "step 'a' (encode): windw does not apply to method hrp (did you mean window?)"),
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'hpr'\n",
+     "step 'a' (encode): method must be one of"),
+    (f"{FRAMES}[steps.p]\nstage = 'fit_pca'\ninput = 'frames'\nn_component = 3\n",
+     "step 'p' (fit_pca): n_component is not a parameter of PCAProjection (did you mean "
+     "n_components?)"),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
+     "sampling = { fsp = 5 }\n", "step 'x' (extract): sampling has no key 'fsp' (did you "
+     "mean fps?)"),
+    # values, checked as the command line checks them
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'hrp'\n"
+     "params = { window = 0 }\n",
+     "step 'a' (encode): window must be an int in the range [1, inf), got 0"),
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'avg'\n"
+     "on_error = 'skp'\n", "step 'a' (encode): on_error must be one of fail, skip"),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
+     "params = { step = 0 }\n", "step 'x' (extract): "),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'sift'\n",
+     "step 'x' (extract): features must be one of"),
+    (f"{FRAMES}[steps.c]\nstage = 'classify'\ninputs = ['frames']\nC = []\n",
+     "step 'c' (classify): C needs at least one value"),
+    # references: earlier steps only
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'b'\nmethod = 'avg'\n"
+     "[steps.b]\nstage = 'encode'\ninput = 'frames'\nmethod = 'max'\n",
+     "step 'a' (encode): input names step 'b', which comes later in the file"),
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'fram'\nmethod = 'avg'\n",
+     "step 'a' (encode): input names 'fram', which is no earlier step of this file (did you "
+     "mean 'frames'? earlier steps: frames)"),
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'a'\nmethod = 'avg'\n",
+     "step 'a' (encode): input names the step itself (a cycle)"),
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'standardize'\n"
+     "params = { model = 'std' }\n[steps.std]\nstage = 'fit_standardize'\n"
+     "input = 'frames'\n", "step 'a' (encode): model names step 'std', which comes later"),
+    (f"{FRAMES}[steps.c]\nstage = 'classify'\ninputs = ['frames', 'later']\n"
+     "[steps.later]\nstage = 'encode'\ninput = 'frames'\nmethod = 'avg'\n",
+     "step 'c' (classify): inputs names step 'later', which comes later"),
+])
+def test_bad_pipeline_files_are_usage_errors_before_anything_runs(tmp_path, text, message):
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(PipelineError, match=re.escape(message)):
+        load_pipeline(path)
+    proc = run_cli("run", path, "--store", tmp_path / "s", check=False)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_failing_step_names_itself_and_stops_the_pipeline(tmp_path, pipeline_file):
+    broken = PIPELINE.replace('inputs = ["avg"]', 'inputs = ["nope"]')
+    path = tmp_path / "broken.toml"
+    path.write_text(broken)
+    proc = run_cli("run", path, cwd=tmp_path, check=False)
+    assert proc.returncode == 2  # checked before any step runs: nothing computed
+    assert "step 'result' (classify): inputs names 'nope', which is no earlier step" in \
+        proc.stderr and not (tmp_path / "store").exists()
+    bad_value = PIPELINE.replace('method = "avg"', 'method = "hrp"\nparams = { window = 0 }')
+    path.write_text(bad_value)
+    proc = run_cli("run", path, "--store", tmp_path / "other", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "step 'avg' (encode): window must be" in proc.stderr
+    assert not (tmp_path / "other").exists()
+    missing = run_cli("run", tmp_path / "none.toml", check=False)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+    unknown = run_cli("run", pipeline_file, "--step", "nope", check=False)
+    assert unknown.returncode == 2 and "no step 'nope'" in unknown.stderr

@@ -1,0 +1,295 @@
+"""Progress display and verbosity: count, rate and ETA; -q, -v, -vv the same for every command.
+
+The terminal form is tested on a StatusBoard with a fake clock and a list as its stream (a
+test process has no terminal); the log-file form and the verbosity levels through real
+subprocesses, whose stderr is a pipe exactly as in a SLURM log.
+"""
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from featpipe.cli.display import StatusBoard, format_clock
+from featpipe.progress import RATE_TAU_S, WARMUP_S, RateEstimate, format_duration
+from tests.conftest import run_cli
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def board(tty, verbosity=0, interval=10.0):
+    clock, out = FakeClock(), []
+    return StatusBoard(tty, verbosity, interval=interval, write=out.append, clock=clock), \
+        clock, out
+
+
+def test_durations_and_clock_format():
+    assert format_duration(45.4) == "45 s"
+    assert format_duration(82) == "1 min 22 s"
+    assert format_duration(7380) == "2 h 03 min"
+    assert format_duration(0.4) == "less than 1 s"
+    assert format_clock(12) == "0:12" and format_clock(3723) == "1:02:03"
+
+
+def test_terminal_line_counts_every_item_with_rate_and_eta():
+    status, clock, out = board(tty=True)
+    progress = status.open(80, "encode", "items")
+    for _ in range(32):
+        clock.now += 0.25  # 4 items/s, one update per item
+        progress.advance(1)
+    drawn = [text for text in out if text.startswith("\r")]
+    assert len(drawn) == 32  # updates 0.25 s apart: every one is drawn
+    last = drawn[-1]
+    assert "encode [" in last and "32/80 items" in last
+    assert "4 items/s" in last and "ETA 0:12" in last  # 48 left at 4/s
+    progress.close()
+    assert out[-1] == "\n" and "32/80 items" in out[-2]  # the final state stays on screen
+
+
+def test_terminal_redraws_at_most_ten_times_a_second_and_shares_the_line():
+    status, clock, out = board(tty=True)
+    items = status.open(8, "extract", "items")
+    frames = status.open(None, "frames", "frames")
+    for _ in range(100):
+        clock.now += 0.01
+        frames.advance(3)
+    assert 9 <= len([t for t in out if t.startswith("\r")]) <= 11
+    clock.now += 5.0  # past the warm-up, which the ETA ignores
+    items.advance(1)
+    clock.now += 2.0
+    items.advance(1)
+    clock.now += 0.2
+    frames.advance(3)
+    line = out[-1]
+    assert "extract [" in line and "2/8 items" in line and " | frames  303 frames" in line
+    assert "ETA" in line.split(" | ")[0] and "ETA" not in line.split(" | ")[1]  # no total
+    status.print_above("INFO something")
+    assert out[-3:-1] == ["\r\x1b[K", "INFO something\n"] and out[-1].startswith("\r")
+    frames.close()
+    items.close()
+
+
+def test_log_file_lines_at_v_every_interval_and_a_final_line():
+    status, clock, out = board(tty=False, verbosity=1, interval=10.0)
+    progress = status.open(100, "encode fc6", "items")
+    for _ in range(100):
+        clock.now += 0.5
+        progress.advance(1)
+    progress.close()
+    lines = [text.rstrip("\n") for text in out]
+    assert len(lines) == 5  # at 10, 20, 30, 40 s, then the final line (not "100/100" twice)
+    assert lines[0] == "progress: encode fc6 20/100 items (20%), 2 items/s, about 40 s left"
+    assert lines[-1] == "progress: encode fc6 100/100 items in 50 s (2 items/s)"
+    quiet, clock, out = board(tty=False, verbosity=0)
+    progress = quiet.open(10, "encode", "items")
+    progress.advance(10)
+    progress.close()
+    assert out == []
+    debug, clock, out = board(tty=False, verbosity=2)
+    progress = debug.open(None, "frames", "frames")
+    clock.now += 2
+    progress.advance(60)
+    progress.advance(60)
+    progress.close()
+    assert out == ["progress: frames 60 frames, 30 frames/s\n",
+                   "progress: frames 120 frames, 60 frames/s\n",
+                   "progress: frames 120 frames in 2 s (60 frames/s)\n"]
+
+
+def _burst_then_steady(estimate, start, burst=500, rate=50.0, step=0.2, until=60.0):
+    """A decoding pipeline filling its queues: ``burst`` units at once after 0.5 s, then
+    ``rate`` units/s in updates ``step`` s apart until ``until`` s."""
+    estimate.add(burst, start + 0.5)
+    t = 0.5
+    while t + step <= until + 1e-9:
+        t += step
+        estimate.add(round(rate * step), start + t)
+    return start + t
+
+
+def test_eta_ignores_the_warm_up_burst_where_the_average_is_optimistic():
+    """Issue 23: at the start of a long extract the ETA was far too optimistic (the average
+    since the start counts the queues' burst); after the warm-up the smoothed rate is the
+    steady one exactly."""
+    start, total = 100.0, 50_000
+    estimate = RateEstimate(start)
+    assert estimate.rate(start + 1) is None and estimate.eta(start + 1, total) is None
+    _burst_then_steady(estimate, start, until=WARMUP_S - 0.2)
+    now = start + WARMUP_S - 0.2
+    assert estimate.eta(now, total) is None  # warm-up: no ETA at all
+    estimate = RateEstimate(start)
+    now = _burst_then_steady(estimate, start, until=20.0)  # 97 updates of 10 after the burst
+    assert estimate.done == 500 + 970 and now == pytest.approx(start + 19.9)
+    true_left = (total - estimate.done) / 50.0
+    assert estimate.rate(now) == pytest.approx(50.0, rel=1e-9)
+    assert estimate.eta(now, total) == pytest.approx(true_left, rel=1e-9)
+    average = estimate.average(now)  # what the line used before: 1,470 frames in 19.9 s
+    assert average == pytest.approx(1470 / 19.9)
+    assert (total - estimate.done) / average < 0.7 * true_left  # 32 % too optimistic
+
+
+def test_rate_is_smoothed_with_its_time_constant_and_a_stall_lowers_it():
+    start = 0.0
+    estimate = RateEstimate(start)
+    t = 0.0
+    while t < 60.0 - 1e-9:  # 50 units/s for a minute
+        t += 0.5
+        estimate.add(25, start + t)
+    assert estimate.rate(t) == pytest.approx(50.0, rel=1e-12)
+    for _ in range(int(RATE_TAU_S / 0.5)):  # then 25 units/s for one time constant
+        t += 0.5
+        estimate.add(12.5, t)
+    # each update mixes in 1 - e^(-dt/τ): after τ seconds 25 + (50 - 25) e^-1
+    expected = 25.0 + 25.0 * np.exp(-1.0)
+    assert estimate.rate(t) == pytest.approx(expected, rel=1e-12)
+    # nothing for 30 s more: read then, the rate includes the stall (0 units/s)
+    assert estimate.rate(t + RATE_TAU_S) == pytest.approx(expected * np.exp(-1.0), rel=1e-12)
+    assert estimate.eta(t + RATE_TAU_S, estimate.done + 100) == pytest.approx(
+        100 / (expected * np.exp(-1.0)), rel=1e-12)
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_finished_run_ends_at_100_percent_with_the_real_total(tty):
+    """Issue 23: 5,000 frames declared (estimated before decoding), 4,910 decoded: the run
+    ends at 100 % with 4,910 and names the declared total; an interrupted run does not."""
+    status, clock, out = board(tty=tty, verbosity=1)
+    with status.open(5000, "extract", "frames") as progress:
+        for _ in range(491):
+            clock.now += 0.1
+            progress.advance(10)
+    if tty:
+        assert "100%  4,910/4,910 frames" in out[-2] and out[-1] == "\n"
+    else:
+        assert out[-1] == "progress: extract 4,910/4,910 frames in 49 s (100 frames/s; " \
+                          "5,000 declared)\n"
+    status, clock, out = board(tty=tty, verbosity=1)
+    with pytest.raises(KeyboardInterrupt), status.open(5000, "extract", "frames") as progress:
+        clock.now += 1.0
+        progress.advance(4910)
+        raise KeyboardInterrupt
+    assert "4,910/5,000 frames" in (out[-2] if tty else out[-1])
+    assert "declared" not in "".join(out)
+
+
+@pytest.fixture
+def ts_store(tmp_path):
+    """A store path and aeon's GunPoint files (real; 50 train + 150 test series)."""
+    aeon = pytest.importorskip("aeon")
+    data = Path(aeon.__file__).parent / "datasets" / "data" / "GunPoint"
+    return tmp_path / "store", [data / "GunPoint_TRAIN.ts", data / "GunPoint_TEST.ts"]
+
+
+def test_verbosity_levels_are_the_same_for_every_command(tmp_path, ts_store):
+    store, (train, test) = ts_store
+    base = ("import", "--from", train, "--from", test, "--store", store)
+    default = run_cli(*base, "--name", "gp")
+    assert "summary: 200 done" in default.stdout
+    assert "progress:" not in default.stderr and "INFO" not in default.stderr
+    verbose = run_cli("-v", *base, "--name", "gp", "--force")
+    assert "progress: import gp 200/200 items in" in verbose.stderr
+    assert "featpipe.stages.imports: source" in verbose.stderr  # log lines at -v
+    assert "summary: 200 done" in verbose.stdout
+    # -q: errors only on stderr, the results stay on stdout
+    for args in [("-q", *base, "--name", "gp", "--force"),
+                 ("-q", "encode", "--store", store, "--input", "gp", "--method", "avg",
+                  "--name", "avg"),
+                 ("-q", "classify", "--store", store, "--input", "avg"),
+                 ("-q", "manifest", "check", store / "stages" / next(
+                     p.name for p in (store / "stages").iterdir() if p.name.startswith(
+                         "import")) / "items.csv", "--no-files")]:
+        proc = run_cli(*args)
+        assert proc.stderr == "", (args, proc.stderr)
+        assert proc.stdout.strip(), args
+    failed = run_cli("-q", "encode", "--store", store, "--input", "nope", "--method", "avg",
+                     "--name", "x", check=False)
+    assert failed.returncode == 1 and failed.stderr.startswith("error: no stage named 'nope'")
+    both = run_cli("-q", "-v", "cache", "ls", "--store", store, check=False)
+    assert both.returncode == 2 and "exclude each other" in both.stderr
+
+
+def test_fit_gmm_logs_em_iterations_with_the_objective_at_v(tmp_path):
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    rows = ["id,path,label,split1"]
+    for i in range(6):
+        np.save(folder / f"i{i}.npy", rng.normal(size=(200, 4)).astype(np.float32))
+        rows.append(f"i{i},,{'ab'[i % 2]},{'train' if i < 4 else 'test'}")
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("\n".join(rows) + "\n")
+    store = tmp_path / "store"
+    run_cli("import", "--manifest", manifest, "--from", folder, "--store", store, "--name", "d")
+    fit = ("fit", "gmm", "--store", store, "--input", "d", "--components", 3, "--name", "g")
+    silent = run_cli(*fit)
+    assert "EM iteration" not in silent.stderr
+    verbose = run_cli("-v", *fit, "--force")
+    lines = [line for line in verbose.stderr.splitlines() if "EM iteration" in line]
+    assert lines and "featpipe.encode.fisher: EM iteration 1/100: mean log-likelihood" in \
+        lines[0]
+    assert "initialising K=3 by kmeans on 800 descriptors" in verbose.stderr
+
+
+def test_deep_gmm_and_gmsop_log_their_iterations(caplog):
+    from featpipe.encode.fisher import GaussianMixtureModel
+    from featpipe.learn.deep_fisher import DeepFisherKernel
+    from featpipe.learn.gmsop import GatedMixtureSOP
+
+    rng = np.random.default_rng(0)
+    sets = [rng.normal(size=(30, 3)) + (i % 2) for i in range(12)]
+    labels = np.array(["a", "b"] * 6)
+    gmm = GaussianMixtureModel(2, random_state=0).fit(np.concatenate(sets))
+    with caplog.at_level(logging.INFO, logger="featpipe"):
+        DeepFisherKernel(max_iter=2, subsample=1.0).fit(
+            sets[:8], labels[:8], sets[8:], labels[8:],
+            (gmm.weights_, gmm.means_, gmm.variances_))
+        GatedMixtureSOP(n_components=2, top_k=1, dim=2, epochs=2, batch_size=4).fit(
+            [rng.normal(size=(5, 3)).astype(np.float32) for _ in range(8)], labels[:8])
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("iteration 1/2: objective ") for m in messages), messages
+    assert [m.split(":")[0] for m in messages if m.startswith("epoch")] == ["epoch 1/2",
+                                                                             "epoch 2/2"]
+
+
+def test_a_real_terminal_shows_count_rate_and_percentage(tmp_path, ts_store):
+    from tests.cli.test_cli import run_with_tty_stderr
+
+    store, (train, test) = ts_store
+    code, stdout, terminal = run_with_tty_stderr(
+        ["import", "--from", train, "--from", test, "--store", store, "--name", "gp"])
+    assert code == 0 and "summary: 200 done" in stdout
+    assert "import gp [" in terminal and "100%  200/200 items" in terminal
+    assert "items/s" in terminal
+
+
+def test_the_demo_shows_each_stages_progress(tmp_path):
+    """Issue 23: the demo's stages (VGG-16's extract among them) report progress through
+    the command line's progress line; here an encode stage's, counted in full."""
+    from featpipe.demo.runner import Runner
+    from featpipe.manifest import from_rows
+    from featpipe.store import Store
+
+    store = Store(tmp_path / "demo" / "store")
+    ids = [f"s{i}" for i in range(5)]
+    stage = store.stage("import", {"n": 5},
+                        items=from_rows([(i, "", ["a"], ["train"]) for i in ids], tmp_path))
+    for i in ids:
+        stage.write_item(i, np.ones((4, 3), np.float32))
+    store.set_name("seq", stage)
+    status, clock, out = board(tty=False, verbosity=1)
+    opened = []
+
+    def progress(total, label, unit="items"):
+        opened.append((total, label, unit))
+        return status.open(total, label, unit)
+
+    Runner(tmp_path / "demo", echo=lambda text: None, progress=progress).encode(
+        "seq", "avg", "seq-avg")
+    assert opened == [(5, "encode seq-avg", "items")]
+    assert out[-1].startswith("progress: encode seq-avg 5/5 items in ")

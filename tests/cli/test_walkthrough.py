@@ -1,0 +1,47 @@
+"""The walkthrough (docs/walkthrough.md), command for command: rendered clips in class folders, a
+manifest with a generated stratified split, the example pipeline file that ships with the
+package, run dry, run, and run again."""
+
+import re
+
+from tests.conftest import REPO, run_cli
+
+
+def accuracy(stdout: str, step: str) -> float:
+    section = stdout.split(f": {step} (classify)")[1]
+    return float(re.search(r"split 1: accuracy ([0-9.]+)", section).group(1))
+
+
+def test_walkthrough(tmp_path):
+    walkthrough = (REPO / "docs" / "walkthrough.md").read_text(encoding="utf-8")
+    block = re.search(r"```bash\n(.*?)```", walkthrough, flags=re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines()]
+    assert commands[:3] == ["featpipe example clips clips",
+                            "featpipe manifest build clips -o clips.csv --test-fraction 0.5 "
+                            "--seed 0", "featpipe example pipeline > pipeline.toml"]
+    clips = run_cli("example", "clips", "clips", cwd=tmp_path)
+    assert clips.stdout == "40 clips of 24 frames in clips/ (away, left, right, towards)\n"
+    assert not (tmp_path / "clips" / "manifest.csv").exists()
+    built = run_cli("manifest", "build", "clips", "-o", "clips.csv", "--test-fraction", "0.5",
+                    "--seed", "0", cwd=tmp_path)
+    assert "split1: 20 train, 20 test" in built.stdout and built.stderr == ""
+    shipped = run_cli("example", "pipeline", cwd=tmp_path).stdout
+    assert shipped == (REPO / "featpipe" / "templates" / "pipeline.toml").read_text("utf-8")
+    (tmp_path / "pipeline.toml").write_text(shipped, encoding="utf-8")
+    plan = run_cli("run", "pipeline.toml", "--dry-run", cwd=tmp_path)
+    assert "dry run: 40 to compute, 0 already complete" in plan.stdout
+    assert plan.stdout.count("dry run: 40 to compute, 0 already complete") == 4
+    planned = re.findall(r"^stage (\S+)", plan.stdout, re.M)
+    first = run_cli("run", "pipeline.toml", cwd=tmp_path)
+    assert re.findall(r"^stage (\S+)", first.stdout, re.M) == planned and len(planned) == 4
+    avg, hrp = accuracy(first.stdout, "avg-result"), accuracy(first.stdout, "hrp-result")
+    # reversed classes share their frames: order-blind pooling is far below rank pooling
+    assert hrp >= avg + 0.3, (avg, hrp)
+    stated = re.search(r"prints `split 1: accuracy ([0-9.]+) \(\d+/20\)` for average pooling "
+                       r"and `([0-9.]+) \(\d+/20\)` for\s+hierarchical rank pooling", walkthrough)
+    assert (avg, hrp) == (float(stated.group(1)), float(stated.group(2)))
+    report = (tmp_path / "reports" / "hrp.md").read_text()
+    assert "![Confusion matrix (rows normalised), split 1](hrp.split1.confusion.png)" in report
+    again = run_cli("run", "pipeline.toml", cwd=tmp_path)
+    assert again.stdout.count("summary: 0 done, 40 skipped (already complete)") == 4
+    assert accuracy(again.stdout, "hrp-result") == hrp

