@@ -565,9 +565,11 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
     float64 rounding of the float64 definition (but for the approximate terms of the
     normaliser, below threshold·e^-margin each), and descriptors far from every Gaussian
     (a float32 GEMM that loses every digit or overflows) make all their pairs candidates.
-    Tasks of ``_TASK`` descriptors run on :func:`featpipe.backend.worker_threads` threads (one
-    BLAS thread each); their sums are added in task order, so the result does not depend on
-    the thread count.
+    Equal tasks of at most ``_TASK`` descriptors run on :func:`featpipe.backend.worker_threads`
+    threads of one pool (one BLAS thread each, the compiled code without the GIL), each into
+    its own zeroed sums (:class:`_Workspace`); the sums are added in task order once every
+    task is known to be valid (finite descriptors, no overflow), so the result does not depend
+    on the thread count and a refused part leaves the caller's sums as they were.
     """
     from featpipe.encode import _fisher_loop
 
