@@ -70,7 +70,7 @@ def main(argv=None):
              f"hrp{repeat}", "--force", "-q"]))
         results["imports only"].append(child_run(
             [sys.executable, "-c", "import featpipe.cli.encode, featpipe.stages.encoding, "
-             "featpipe.encode.temporal"]))
+             "featpipe.encode.temporal, featpipe.encode._window_loop"]))
     best = {k: (min(w for w, _ in v), min(c for _, c in v)) for k, v in results.items()}
     for name, (wall, cpu) in best.items():
         print(f"{name:16s} wall {wall:6.2f} s   CPU {cpu:6.2f} s   (best of {args.repeats})")

@@ -7,8 +7,10 @@
 2. ``rankpool --directions both`` on N sequences of 100 × 4096; liblinear runs on the first
    ``--ref-sequences`` of them and its time is extrapolated per sequence (said in the output).
 
-Prints frames/s for both sides, the speed ratio, and how close the results are (cosine to the
-liblinear result; liblinear at -e 0.001 is itself only approximately optimal).
+Prints frames/s for both sides, the speed ratio (wall time; for hrp also process CPU time, the
+per-core comparison on a loaded machine), and how close the results are (cosine to the
+liblinear result; liblinear at -e 0.001 is itself only approximately optimal), and the BLAS
+in use (threadpoolctl).
 
     python benchmarks/bench_rankpool.py [--sequences 1000] [--ref-sequences 20] [--blas-threads 1]
 
@@ -26,12 +28,17 @@ import numpy as np
 from featpipe.encode.temporal import HierarchicalRankPooling, RankPooling
 
 
-def timed(fn, repeat=1):
-    best, out = float("inf"), None
+def timed(fn, repeat=1, cpu=None):
+    """Least wall seconds of ``repeat`` runs and fn's last result; with a list ``cpu``, the
+    least process CPU seconds (all threads) is appended to it."""
+    best, best_cpu, out = float("inf"), float("inf"), None
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         out = fn()
         best = min(best, time.perf_counter() - start)
+        best_cpu = min(best_cpu, time.process_time() - start_cpu)
+    if cpu is not None:
+        cpu.append(best_cpu)
     return best, out
 
 
@@ -40,13 +47,18 @@ def cosines(A, B):
     return np.sum(A * B, -1) / (np.linalg.norm(A, axis=-1) * np.linalg.norm(B, axis=-1))
 
 
-def report(name, frames, ours_s, ref_s, cos, note="", before_after=None):
+def report(name, frames, ours_s, ref_s, cos, note="", before_after=None, cpu=None):
     if before_after:
         print(f"  (featpipe before the reference {before_after[0]:.3f} s, after "
               f"{before_after[1]:.3f} s; the slower counts)")
     print(f"{name}: featpipe {ours_s:.3f} s ({frames / ours_s:,.0f} frames/s), "
           f"liblinear {ref_s:.3f} s ({frames / ref_s:,.1f} frames/s){note}")
     print(f"  speed-up {ref_s / ours_s:.1f}x; cosine to liblinear: min {np.min(cos):.6f}")
+    if cpu:
+        ours_cpu, ref_cpu = max(cpu[0], cpu[2]), cpu[1]
+        print(f"  process CPU time (all threads): featpipe {ours_cpu:.3f} s (the slower of "
+              f"{cpu[0]:.3f} / {cpu[2]:.3f}), liblinear {ref_cpu:.3f} s: "
+              f"{ref_cpu / ours_cpu:.1f}x")
 
 
 def main(argv=None):
@@ -62,8 +74,9 @@ def main(argv=None):
                         help="also encode one T x --dim sequence with hrp (streaming) and "
                              "report its peak memory (run alone: peak RSS is per process)")
     args = parser.parse_args(argv)
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import threadpool_info, threadpool_limits
 
+    print("BLAS:", [(i["internal_api"], i.get("architecture")) for i in threadpool_info()])
     with threadpool_limits(args.blas_threads):
         run(args)
 
@@ -82,12 +95,13 @@ def run(args):
         ours.transform([X])  # warm-up (imports, allocator)
         # featpipe timed before and after liblinear; the slower of the two counts, so a load
         # change during the long reference run cannot flatter the ratio
-        before_s, u = timed(lambda: ours.transform([X]), repeat=3)
-        ref_s, r = timed(lambda: ref.transform([X]))
-        after_s, _ = timed(lambda: ours.transform([X]), repeat=3)
+        cpu = []
+        before_s, u = timed(lambda: ours.transform([X]), repeat=3, cpu=cpu)
+        ref_s, r = timed(lambda: ref.transform([X]), cpu=cpu)
+        after_s, _ = timed(lambda: ours.transform([X]), repeat=3, cpu=cpu)
         ours_s = max(before_s, after_s)
         report(f"hrp defaults, 1 x {args.frames} x {args.dim} float32", args.frames, ours_s,
-               ref_s, cosines(u, r), before_after=(before_s, after_s))
+               ref_s, cosines(u, r), before_after=(before_s, after_s), cpu=cpu)
 
     if "rankpool" not in args.skip:
         seqs = [np.maximum(np.cumsum(rng.standard_normal((args.length, args.dim)), axis=0), 0)

@@ -2,39 +2,46 @@
 300 × 4096 float32 sequence, one thread, against the flops the method needs.
 
 CPU time per part from cProfile (``time.process_time``, cumulative per function), averaged
-over ``--repeats`` runs: window running sums, ψ (√, sign), Gram matrices, the dual SVR
-solve, the pooling u = Σ β ψ(s), and the rest (the profiler's own cost included).  The Gram
-flops are counted from the shapes the encoder really uses (after its all-zero columns are
-left out), so the achieved GFLOP/s of that part can be set against a float32 GEMM measured
+over ``--repeats`` runs, with ``FEATPIPE_THREADS=1`` (the profiler sees the main thread only):
+layer one's compiled pass over its 281 windows (running sums, ψ, Gram matrices, SVRs and
+pooled vectors, one window at a time), the final layer's running sums, ψ, Gram matrix (BLAS),
+dual solve and pooling, the all-zero columns left out, and the rest (the profiler's own cost
+included).  The Gram flops are counted from the shapes the encoder really
+uses (lower triangles; the final layer without its all-zero columns), so the achieved
+GFLOP/s (for layer one: of its whole compiled pass) can be set against a float32 GEMM measured
 in the same run.
 
-    python benchmarks/profile_hrp.py [--repeats 10]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PYTHONPATH=. \
+        python benchmarks/profile_hrp.py [--repeats 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import time
 
 import numpy as np
 
-#: featpipe functions (none calls another) -> the part their cumulative time counts for
-PARTS = {"window_running_sums": "window sums", "running_sum": "window sums",
-         "psi_parts": "psi (sqrt, sign)", "gram": "Gram matrices",
-         "rank_svr_unit_gram": "dual SVR solve", "psi_pool": "pooling u = sum beta psi",
-         "used_columns": "zero columns"}
+#: (featpipe file, function) -> the part its cumulative time counts for (none calls another)
+PARTS = {("temporal.py", "pool_windows"): "layer 1, compiled (sums, psi, Gram, SVR, pooling)",
+         ("svr.py", "rank_svr_unit_gram"): "final layer: dual SVR solve",
+         ("maps.py", "running_sum"): "final layer: sums",
+         ("temporal.py", "psi_parts"): "final layer: psi",
+         ("svr.py", "gram"): "final layer: Gram (BLAS)",
+         ("temporal.py", "psi_pool"): "final layer: pooling",
+         ("temporal.py", "used_columns"): "zero columns"}
 
 
 def gram_flops(T: int, D: int, window: int, nonnegative: bool) -> tuple[float, dict]:
-    """2·M²·D per window and part: layer 1 (one part for non-negative input), layer 2 (two
-    parts: SER of signed sums; D columns, the zero half left out), final (two parts, T'×T')."""
-    n1 = T - window + 1
-    n2 = n1 - window + 1
-    layers = {"layer 1": n1 * 2 * window**2 * D * (1 if nonnegative else 2),
-              "layer 2": n2 * 2 * window**2 * D * 2,
-              "final": 2 * n2**2 * D * 2}
+    """Gram flops of depth 2: layer 1, n windows × M(M+1)/2 dot products of D (2·D for SER of
+    signed input) columns; the final layer, the lower triangle of n × n on the D used columns
+    of SER of the signed layer output, two parts (2·D)."""
+    n = T - window + 1
+    layers = {"layer 1": n * window * (window + 1) * D * (1 if nonnegative else 2),
+              "final": n * (n + 1) * D * 2}
     return sum(layers.values()), layers
 
 
@@ -42,6 +49,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args(argv)
+    os.environ["FEATPIPE_THREADS"] = "1"  # every chunk on the profiled (main) thread
     from threadpoolctl import threadpool_info, threadpool_limits
 
     from featpipe.encode.temporal import HierarchicalRankPooling
@@ -71,19 +79,22 @@ def main(argv=None):
         peak = 2 * 2048**3 / (time.process_time() - start) / 1e9
     seconds: dict[str, float] = {}
     for (path, _, name), (_, _, _, cumulative, _) in pstats.Stats(profile).stats.items():
-        if name in PARTS and "featpipe" in path:
-            seconds[PARTS[name]] = seconds.get(PARTS[name], 0.0) + cumulative / args.repeats
+        part = PARTS.get((path.rsplit("/", 1)[-1], name)) if "featpipe" in path else None
+        if part:
+            seconds[part] = seconds.get(part, 0.0) + cumulative / args.repeats
     seconds["rest (Python, numpy glue, profiler)"] = profiled - sum(seconds.values())
     flops, layers = gram_flops(300, 4096, 20, nonnegative=True)
     print(f"hrp defaults, 1 x 300 x 4096 float32, one thread: {total * 1e3:.1f} ms CPU "
           f"({profiled * 1e3:.1f} ms under the profiler)")
     for part, s in sorted(seconds.items(), key=lambda kv: -kv[1]):
         print(f"  {part:36s} {s * 1e3:7.1f} ms  {100 * s / profiled:5.1f} %")
-    gram_s = seconds.get("Gram matrices", float("nan"))
-    print(f"Gram flops {flops / 1e9:.2f} G (" + ", ".join(f"{k} {v / 1e9:.2f} G"
-                                                    for k, v in layers.items())
-          + f"): {flops / gram_s / 1e9:.0f} GFLOP/s; a 2048^3 float32 GEMM here: "
-          f"{peak:.0f} GFLOP/s")
+    print(f"Gram flops {flops / 1e9:.2f} G; a 2048^3 float32 GEMM here: {peak:.0f} GFLOP/s")
+    for (name, layer_flops), part in zip(layers.items(), (PARTS["temporal.py", "pool_windows"],
+                                                          PARTS["svr.py", "gram"]), strict=True):
+        part_s = seconds.get(part, float("nan"))
+        print(f"  {name}: {layer_flops / 1e9:.2f} GFLOP in {part_s * 1e3:.1f} ms, "
+              f"{layer_flops / part_s / 1e9:.0f} GFLOP/s ({layer_flops / peak / 1e6:.1f} ms "
+              "at the GEMM rate)")
 
 
 if __name__ == "__main__":

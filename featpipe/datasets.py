@@ -38,10 +38,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from featpipe.errors import FeatpipeError
+from featpipe.io.images import IMAGE_SUFFIXES as IMAGE_EXTENSIONS
 from featpipe.manifest import Manifest, ManifestItem, from_rows
 
 VIDEO_EXTENSIONS = (".avi", ".mp4", ".mkv", ".mov", ".webm", ".mpg", ".mpeg", ".m4v")
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".ppm", ".pgm")
 SPLIT_FORMATS = ("ucf101", "hmdb51", "hollywood2", "voc")
 #: Top-level folder names (lower case) that a folder scan reads as splits.
 SPLIT_FOLDERS = {"train": "train", "test": "test", "val": "val", "valid": "val",

@@ -57,10 +57,22 @@ def check_value(name: str, value, constraints: Iterable) -> None:
     from sklearn.utils._param_validation import make_constraint
 
     made = [make_constraint(c) for c in constraints]
-    if any(c.is_satisfied_by(value) for c in made):
-        return
+    # a bool is an int to Python (True == 1) but no number to a user: only a parameter
+    # declared boolean takes one, so that stride = true is no second spelling of stride = 1
+    if not isinstance(value, bool) or any(_takes_bool(c) for c in made):
+        if any(c.is_satisfied_by(value) for c in made):
+            return
     shown = [describe(c) for c in made if not c.hidden]
     raise ParameterError(name, f"must be {' or '.join(shown)}, got {value!r}")
+
+
+def _takes_bool(constraint) -> bool:
+    """Whether a made constraint accepts a bool as such (``"boolean"``, ``bool``), not as the
+    number 0 or 1."""
+    from sklearn.utils._param_validation import _Booleans, _InstancesOf
+
+    return isinstance(constraint, _Booleans) or (isinstance(constraint, _InstancesOf)
+                                                 and constraint.type is bool)
 
 
 def check_params(constraints: Mapping[str, Iterable], values: Mapping[str, object]) -> None:

@@ -7,9 +7,12 @@ array exists (:meth:`featpipe.store.Stage.done_ids`).
 
 :class:`RateEstimate` is the rate and time left of a run while it goes (the progress line).
 
-Whether a stage is still being computed: a ledger of this host is written by a process that
-is still alive (``<host>-<pid>.jsonl``), or a ledger of another host had a line in the last
-:data:`RECENT_S` seconds (or ten times its mean item time).  Only then is a time left shown.
+Whether a stage is still being computed: a live run marker says so (every run marks the stage
+it computes, :meth:`featpipe.store.Stage.running_processes`), or a ledger of another host had a
+line in the last :data:`RECENT_S` seconds (or ten times its mean item time), since a process
+there cannot be checked from here.  A ledger of this host counts as active only while its
+process lives and a run marks the stage: a process that finished the stage and lives on (a
+notebook, a dask worker) is not computing it.  Only while it runs is a time left shown.
 """
 
 from __future__ import annotations
@@ -110,10 +113,13 @@ class LedgerProgress:
             return None
         return (self.done + self.failed - 1) / (self.last - self.first)
 
-    def active(self, now: float) -> bool:
-        """Whether its process is still computing (see the module docstring)."""
+    def active(self, now: float, marked: bool) -> bool:
+        """Whether its process is still computing (see the module docstring); ``marked``:
+        whether a live run marks the stage."""
         host, _, pid = self.name.rpartition("-")
         if host == HOST and pid.isdigit():
+            if not marked:
+                return False
             try:
                 os.kill(int(pid), 0)
             except ProcessLookupError:
@@ -136,6 +142,7 @@ class StageProgress:
     done_lines: int
     ledgers: list[LedgerProgress] = field(default_factory=list)
     recomputed: list[str] = field(default_factory=list)  # ids with more than one done line
+    processes: list[str] = field(default_factory=list)  # live run markers (host-pid)
 
     @property
     def pending(self) -> int:
@@ -158,7 +165,7 @@ class StageProgress:
     def running(self, now: float | None = None) -> bool:
         """Whether any process is still computing this stage."""
         now = time.time() if now is None else now
-        return any(ledger.active(now) for ledger in self.ledgers)
+        return bool(self.processes) or any(ledger.active(now, False) for ledger in self.ledgers)
 
     def eta_seconds(self, now: float | None = None) -> float | None:
         """Seconds left at the current rate, only while the stage is running."""
@@ -175,7 +182,7 @@ class StageProgress:
                 "running": self.running(now), "items_per_second": self.rate,
                 "eta_seconds": self.eta_seconds(now), "done_lines": self.done_lines,
                 "recomputed": self.recomputed, "failed_items": self.failed,
-                "ledgers": [dict(asdict(p), rate=p.rate, active=p.active(now))
+                "ledgers": [dict(asdict(p), rate=p.rate, active=p.active(now, bool(self.processes)))
                             for p in self.ledgers]}
 
 
@@ -230,4 +237,5 @@ def stage_progress(stage: Stage) -> StageProgress:
         total=len(ids), done=len(done), failed=failed,
         done_lines=sum(done_lines.values()), ledgers=list(per_file.values()),
         recomputed=sorted(k for k, n in done_lines.items() if n > 1),
+        processes=stage.running_processes(),
     )

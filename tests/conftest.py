@@ -46,22 +46,31 @@ def object_npy_bytes() -> bytes:
 
 
 def one_line_error(proc, code=1) -> str:
-    """The single ``error:`` line of a failed ``run_cli`` (exit ``code``, no traceback)."""
-    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    """The single ``error:`` line of a failed ``run_cli`` process or ``cli`` result (exit
+    ``code``, no traceback)."""
+    status = proc.returncode if hasattr(proc, "returncode") else proc.exit_code
+    assert status == code, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, proc.stderr
     return errors[0]
 
 
-@pytest.fixture
-def cli():
-    """In-process CLI runner: ``cli('encode', ...)`` -> click Result (exit_code, output)."""
+def invoke_cli(*args, check=False, env=None):
+    """Run ``featpipe ARGS`` in this process (click's CliRunner) -> click Result (exit_code,
+    stdout, stderr, output: both interleaved); ``check=True`` fails on a non-zero exit, as
+    ``run_cli`` does; ``env`` is set for the call only (not for what reads it at start-up).
+    Use it unless the process itself is what the test checks."""
     from featpipe.cli import cli as group
 
-    runner = CliRunner()
+    result = CliRunner().invoke(group, [str(a) for a in args], env=env, catch_exceptions=False)
+    if check and result.exit_code != 0:
+        raise AssertionError(f"featpipe {' '.join(map(str, args))} exited {result.exit_code}\n"
+                             f"{result.output}")
+    return result
 
-    def invoke(*args):
-        return runner.invoke(group, [str(a) for a in args], catch_exceptions=False)
 
-    return invoke
+@pytest.fixture
+def cli():
+    """:func:`invoke_cli`: ``cli('encode', ...)`` -> click Result."""
+    return invoke_cli

@@ -12,9 +12,6 @@ import click
 
 from featpipe.cli import LazyGroup
 from featpipe.cli.common import ClickReporter, open_store, store_option
-from featpipe.fileio import human_bytes
-from featpipe.progress import format_duration, format_time
-from featpipe.stages import cache as upkeep
 
 CACHE_COMMANDS = {"pack": "featpipe.cli.cache_pack:pack",
                   "refs": "featpipe.cli.cache_refs:refs", "rm": "featpipe.cli.cache_refs:rm"}
@@ -27,6 +24,8 @@ def cache():
 
 
 def _compact_bytes(n: int) -> str:
+    from featpipe.fileio import human_bytes
+
     return human_bytes(n).replace(" bytes", "B").replace(" ", "")
 
 
@@ -120,6 +119,8 @@ def ls(store_path, as_json, wide):
     `--wide` shows everything.  A stage that cannot be read is a ``problem:`` line (stderr,
     exit status 1); the others are listed.
     """
+    from featpipe.stages import cache as upkeep
+
     store = open_store(store_path)
     rows, problems = upkeep.list_stages(store)
     if as_json:
@@ -156,6 +157,8 @@ def _echo_chain(nodes: list[dict], depth: int = 1) -> None:
 
 
 def _when(stamp: float | None) -> str:
+    from featpipe.progress import format_time
+
     return "-" if stamp is None else f"{format_time(stamp)} UTC"
 
 
@@ -167,6 +170,10 @@ def show(store_path, name, as_json):
     """Everything about stage NAME: parameters, the chain of inputs it was computed from,
     size, versions, and its items (counts, an example shape, timings) or, for a fit stage,
     its models (each array's shape and dtype, and the model's metadata)."""
+    from featpipe.fileio import human_bytes
+    from featpipe.progress import format_duration
+    from featpipe.stages import cache as upkeep
+
     info = upkeep.show(open_store(store_path), name)
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
@@ -216,6 +223,8 @@ def verify(store_path, names):
     """Load every computed item (all stages, or the NAMES given): readable, numeric, finite,
     same feature shape as the stage's other items. Exits 1 naming each bad item; a stage that
     cannot be read is a problem too, and the others are still verified."""
+    from featpipe.stages import cache as upkeep
+
     if upkeep.verify(open_store(store_path), names, ClickReporter()):
         raise click.exceptions.Exit(1)
 
@@ -235,5 +244,7 @@ def gc(store_path, dry_run, min_age):
     than a day. While a name or a needed stage cannot be read, no stage is removed and the
     exit status is 1.
     """
+    from featpipe.stages import cache as upkeep
+
     if upkeep.gc(open_store(store_path), dry_run, min_age, ClickReporter()).problems:
         raise click.exceptions.Exit(1)

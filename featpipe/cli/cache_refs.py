@@ -7,7 +7,6 @@ import json
 import click
 
 from featpipe.cli.common import ClickReporter, open_store, store_option
-from featpipe.stages import refs as references
 
 
 @click.command("refs")
@@ -19,6 +18,8 @@ def refs(store_path, name, as_json):
     pointing at it, unfinished runs computing it, the stages computed from it (with their
     names), and the names whose inputs chain reaches it (what `cache rm` and `cache gc`
     keep it for)."""
+    from featpipe.stages import refs as references
+
     store = open_store(store_path)
     found = references.references(store, references.find_stage(store, name).name)
     if as_json:
@@ -48,4 +49,6 @@ def rm(store_path, name, dry_run):
     folder (kind-key): that stage is removed when nothing refers to it. The marker of an
     unfinished run for NAME goes too, unless that run is computing now (an error).
     """
+    from featpipe.stages import refs as references
+
     references.remove(open_store(store_path), name, dry_run, ClickReporter())

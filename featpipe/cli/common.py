@@ -1,20 +1,26 @@
-"""Options and reporting shared by the commands; the work itself is in :mod:`featpipe.stages`."""
+"""Options and reporting shared by the commands; the work itself is in :mod:`featpipe.stages`.
+
+A command's ``--help`` imports this module, so it imports click and featpipe's light modules
+only; the store, the executors and the progress display (numpy) are imported where a running
+command uses them (``tests/cli/test_startup.py``).
+"""
 
 from __future__ import annotations
 
 import logging
 import shlex
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from featpipe.cli import logfile
-from featpipe.cli.display import board, print_above
 from featpipe.errors import ParameterError
-from featpipe.fileio import check_outside_store
-from featpipe.parallel import resolve_jobs
-from featpipe.stages.base import Progress, Reporter, RunOptions, StageRun
-from featpipe.store import Store
+from featpipe.reporting import Progress, Reporter
+
+if TYPE_CHECKING:
+    from featpipe.stages.base import RunOptions, StageRun
+    from featpipe.store import Store
 
 store_option = click.option(
     "--store", "-s", "store_path", required=True, envvar="FEATPIPE_STORE",
@@ -29,6 +35,8 @@ RUN_OPTION_NAMES = ("jobs", "executor", "scheduler", "shard", "on_error", "force
 
 def check_jobs(ctx, param, value):
     """``--jobs`` callback: -1 = every core, capped at the cores, 0 or < -1 exit 2 at once."""
+    from featpipe.parallel import resolve_jobs
+
     return resolve_jobs(value, param.name)
 
 
@@ -60,6 +68,8 @@ def item_parallel_options(func):
 
 def run_options(kwargs: dict) -> RunOptions:
     """Pop the item-parallel options from a command's keyword arguments."""
+    from featpipe.stages.base import RunOptions
+
     return RunOptions(**{k: kwargs.pop(k) for k in RUN_OPTION_NAMES})
 
 
@@ -71,6 +81,9 @@ def command_line() -> str:
 def open_store(store_path: str) -> Store:
     """The store at ``store_path``; a ``--log-file`` inside it is a usage error (the file is
     removed if this run made it): a stray file in the store breaks ``cache ls`` and ``gc``."""
+    from featpipe.fileio import check_outside_store
+    from featpipe.store import Store
+
     log = logfile.log_path()
     if log is not None:
         try:
@@ -92,6 +105,8 @@ def verbosity() -> int:
 
 def warn(text: str) -> None:
     """A warning on stderr (not with ``-q``), above any progress line; in the log file."""
+    from featpipe.cli.display import print_above
+
     logfile.record(text, logging.WARNING)
     if verbosity() >= 0:
         print_above(text)
@@ -110,10 +125,14 @@ class ClickReporter(Reporter):
         warn(text)
 
     def error(self, text: str) -> None:
+        from featpipe.cli.display import print_above
+
         print_above(text)
         logfile.record(text, logging.ERROR)
 
     def progress(self, total: int | None, label: str, unit: str = "items") -> Progress:
+        from featpipe.cli.display import board
+
         level = verbosity()
         if total == 0 or (level < 0 and not logfile.active()):
             return Progress()  # nothing to count (all complete), or -q without a log file

@@ -41,8 +41,8 @@ import click
 
 from featpipe.cli import logfile
 from featpipe.progress import RateEstimate, format_duration
+from featpipe.reporting import Progress
 from featpipe.settings import progress_interval_setting
-from featpipe.stages.base import Progress
 
 #: Seconds between plain progress lines off a terminal (``-v``).
 DEFAULT_INTERVAL = 10.0
@@ -212,8 +212,8 @@ class ProgressDisplay(Progress):
     def plain(self, now: float) -> str:
         """The log-file form: ``encode 32/80 items (40%), 4.1 items/s, about 12 s left``."""
         text = f"{self.label} {self.count()}"
-        if self.total:
-            text += f" ({100 * self.done / self.total:.0f}%)"
+        if self.total:  # more units than declared (a video's frames) stay at 100 %
+            text += f" ({100 * min(self.done, self.total) / self.total:.0f}%)"
         rate, eta = self.rate(now), self.eta(now)
         if rate is not None:
             text += f", {format_rate(rate)} {self.unit}/s"

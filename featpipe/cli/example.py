@@ -7,6 +7,8 @@ from importlib import resources
 
 import click
 
+from featpipe.cli import LazyGroup
+
 #: the example pipeline file, package data (pyproject's ``package-data``)
 PIPELINE = ("templates", "pipeline.toml")
 
@@ -16,7 +18,7 @@ def example_pipeline() -> str:
     return resources.files("featpipe").joinpath(*PIPELINE).read_text(encoding="utf-8")
 
 
-@click.group()
+@click.group(cls=LazyGroup)
 def example():
     """Example inputs: a pipeline file, rendered video clips."""
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import click
 
 from featpipe.cli.common import open_store, store_option
-from featpipe.io.export import export_stage
 
 
 @click.command("export")
@@ -24,6 +23,8 @@ def export(store_path, name, output, partial):
     ``featpipe.io.export.load_export`` (any format), ``np.load(path, allow_pickle=False)``,
     h5py or MATLAB's ``load``.
     """
+    from featpipe.io.export import export_stage
+
     arrays, missing = export_stage(open_store(store_path).resolve(name), output, partial)
     n, shape = len(arrays["ids"]), arrays["X"].shape
     sidecars = sorted(k[len("sidecar_"):-len("_layout")] for k in arrays

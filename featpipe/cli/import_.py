@@ -16,7 +16,6 @@ from featpipe.cli.common import (
     run_options,
     store_option,
 )
-from featpipe.stages.imports import import_features
 
 
 @click.command("import")
@@ -48,6 +47,8 @@ def import_command(manifest_path, sources, store_path, name, dtype, write_manife
     .mat files: v5 through scipy.io, v7.3 through h5py; a matrix is read as MATLAB shows it
     (rows = frames), whichever the version; --transpose for one frame per column.
     """
+    from featpipe.stages.imports import import_features
+
     finish(import_features(open_store(store_path), sources, manifest_path, name=name, dtype=dtype,
                            write_manifest=write_manifest, transpose=transpose,
                            mat_variable=mat_variable, options=run_options(kwargs),

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from featpipe.cli import LazyGroup
 from featpipe.cli.common import warn
-from featpipe.datasets import (
-    IMAGE_EXTENSIONS,
-    SPLIT_FORMATS,
-    VIDEO_EXTENSIONS,
-    describe_split_folders,
-    from_folder,
-    from_split_files,
-    with_folds,
-    with_test_fraction,
-)
-from featpipe.manifest import Manifest
+from featpipe.cli.options import table_entry
+
+if TYPE_CHECKING:
+    from featpipe.manifest import Manifest
+
+
+def table_source() -> dict[str, list[str]]:
+    """The split-file formats of ``manifest build --splits`` (``options.json``)."""
+    from featpipe.datasets import SPLIT_FORMATS
+
+    return {"split_formats": list(SPLIT_FORMATS)}
 
 
 def split_warnings(manifest: Manifest) -> list[str]:
@@ -36,7 +38,7 @@ def split_warnings(manifest: Manifest) -> list[str]:
     return found
 
 
-@click.group()
+@click.group(cls=LazyGroup)
 def manifest():
     """Build a manifest (id,path,label,split1..) or check one."""
 
@@ -51,8 +53,9 @@ def manifest():
               help="File extensions to keep (repeatable; default: common video and image "
                    "extensions).")
 @click.option("--splits", "splits", default=None, metavar="FORMAT:PATH",
-              help=f"Items, labels and splits from official split files; FORMAT is one of "
-                   f"{', '.join(SPLIT_FORMATS)}; PATH is the folder holding those files.")
+              help="Items, labels and splits from official split files; FORMAT is one of "
+                   f"{', '.join(table_entry('manifest')['split_formats'])}; PATH is the "
+                   "folder holding those files.")
 @click.option("--split-folders/--no-split-folders", default=True, show_default=True,
               help="Read top-level train/ and test/ (or val/) folders as the split.")
 @click.option("--test-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True),
@@ -71,6 +74,16 @@ def build(data_dir, output, labels_from, extensions, splits, split_folders, test
     part of the ids); else --test-fraction F or --folds K make them, stratified per class
     and seeded; else --splits FORMAT:PATH reads the dataset's official split files.
     """
+    from featpipe.datasets import (
+        IMAGE_EXTENSIONS,
+        VIDEO_EXTENSIONS,
+        describe_split_folders,
+        from_folder,
+        from_split_files,
+        with_folds,
+        with_test_fraction,
+    )
+
     generated = test_fraction is not None or folds is not None
     if test_fraction is not None and folds is not None:
         raise click.UsageError("--test-fraction and --folds exclude each other")
@@ -125,6 +138,8 @@ def build(data_dir, output, labels_from, extensions, splits, split_folders, test
 @click.option("--no-files", is_flag=True, help="Do not check that files exist.")
 def check(manifest_path, no_outside, no_files):
     """Report every problem with its line number; exit 1 if there is any."""
+    from featpipe.manifest import Manifest
+
     path = Path(manifest_path)
     parsed, problems = Manifest.load(path)
     problems += parsed.check(check_files=not no_files, allow_outside_root=not no_outside)

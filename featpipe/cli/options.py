@@ -52,6 +52,8 @@ TABLE_SOURCES: dict[str, tuple[str, bool]] = {
     "fit deep-gmm": ("featpipe.cli.fit_deep_gmm:table_source", False),
     "fit dhrp": ("featpipe.cli.fit_dhrp:table_source", False),
     "fit gmsop": ("featpipe.cli.fit_gmsop:table_source", False),
+    "cache pack": ("featpipe.cli.cache_pack:table_source", False),
+    "manifest": ("featpipe.cli.manifest:table_source", False),
 }
 
 

@@ -8,7 +8,6 @@ import os
 import click
 
 from featpipe.cli.common import ClickReporter, open_store
-from featpipe.pipeline import PipelineError, load_pipeline, run_pipeline
 
 
 @click.command("run")
@@ -31,6 +30,8 @@ def run(pipeline_path, store_path, dry_run, steps):
     method = "avg"
     Format: docs/walkthrough.md "Pipeline files"; an example: featpipe example pipeline.
     """
+    from featpipe.pipeline import PipelineError, load_pipeline, run_pipeline
+
     try:
         pipeline = load_pipeline(pipeline_path)
         unknown = sorted(set(steps) - {step.name for step in pipeline.steps})

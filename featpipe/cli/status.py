@@ -7,9 +7,6 @@ import json
 import click
 
 from featpipe.cli.common import open_store, store_option
-from featpipe.progress import format_duration, format_time, stage_progress
-from featpipe.stages.base import latest_stage
-from featpipe.stages.cache import describe_stage
 
 
 def _rate(rate: float | None) -> str:
@@ -18,6 +15,9 @@ def _rate(rate: float | None) -> str:
 
 def _model_status(stage, as_json: bool, check: bool) -> None:
     """A fit stage has no items: its state is whether its models are written."""
+    from featpipe.progress import format_time
+    from featpipe.stages.cache import describe_stage
+
     info = describe_stage(stage, sizes=False, models=True)
     fitted = bool(info["models"])
     if as_json:
@@ -50,6 +50,9 @@ def status(store_path, name, show_failed, show_ledgers, check, as_json):
     A time left is shown only while a process is computing the stage (a ledger of this host
     whose process is alive, or one of another host written to in the last 10 minutes).
     """
+    from featpipe.progress import format_duration, format_time, stage_progress
+    from featpipe.stages.base import latest_stage
+
     stage = latest_stage(open_store(store_path), name)
     if stage.is_model_stage:
         _model_status(stage, as_json, check)
@@ -66,8 +69,8 @@ def status(store_path, name, show_failed, show_ledgers, check, as_json):
     share = 100.0 * progress.done / progress.total if progress.total else 100.0
     click.echo(f"items: {progress.total} total, {progress.done} done, "
                f"{len(progress.failed)} failed, {progress.pending} pending ({share:.1f}% done)")
-    processes = stage.running_processes()
-    running = progress.running() or bool(processes)
+    processes = progress.processes
+    running = progress.running()
     if processes:
         click.echo(f"running: computed now by {', '.join(processes)} (host-pid)")
     eta = progress.eta_seconds()

@@ -12,8 +12,6 @@ from pathlib import Path
 import click
 
 from featpipe.cli.common import open_store, verbosity
-from featpipe.fileio import STORE_LOGS, check_outside_store
-from featpipe.progress import stage_progress
 from featpipe.slurm import (
     ArrayJob,
     default_template,
@@ -22,7 +20,6 @@ from featpipe.slurm import (
     stage_argv,
     wait_for_jobs,
 )
-from featpipe.stages.base import latest_stage
 
 
 @click.command("submit")
@@ -67,6 +64,10 @@ def submit(backend, tasks, partition, time_limit, mem, gpus, cpus_per_task, arra
         featpipe encode --store S --input feats --method avg --name avg
     featpipe submit --backend dask --scheduler tcp://HOST:8786 -- featpipe encode ...
     """
+    from featpipe.fileio import STORE_LOGS, check_outside_store
+    from featpipe.progress import stage_progress
+    from featpipe.stages.base import latest_stage
+
     argv = stage_argv(command)
     if backend == "slurm" and tasks is None:
         raise click.UsageError("--backend slurm needs --tasks N (the number of array tasks)")

@@ -21,24 +21,27 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Protocol
 
 from featpipe.parameters import Parameter, check_parameter_values, parameter_record
 from featpipe.settings import plugin_attribute
 
-#: Modules that define ENCODE_METHODS (plugins: the ``featpipe.encoders`` entry points and
-#: ``$FEATPIPE_ENCODERS``).
-METHOD_MODULES: list[str] = [
-    "featpipe.encode.temporal",
-    "featpipe.encode.standardize",
-    "featpipe.encode.spatial",
-    "featpipe.encode.fisher",
-    "featpipe.encode.bilinear",
-    "featpipe.learn.dhrp",
-    "featpipe.learn.gmsop",
-]
+if TYPE_CHECKING:  # numpy is imported where items are encoded: ``encode --help`` needs none
+    import numpy as np
+
+#: Modules that define ENCODE_METHODS, with the names of their methods (checked when the module
+#: is loaded), so that running one method imports its own module only (plugins: the
+#: ``featpipe.encoders`` entry points and ``$FEATPIPE_ENCODERS``).
+METHOD_MODULES: dict[str, tuple[str, ...]] = {
+    "featpipe.encode.temporal": ("avg", "max", "tpyramid", "arp", "rankpool", "hrp",
+                                 "recursive"),
+    "featpipe.encode.standardize": ("standardize",),
+    "featpipe.encode.spatial": ("spatial-grid",),
+    "featpipe.encode.fisher": ("fisher",),
+    "featpipe.encode.bilinear": ("bilinear", "cov", "cbp-ts", "cbp-rm"),
+    "featpipe.learn.dhrp": ("dhrp",),
+    "featpipe.learn.gmsop": ("gmsop",),
+}
 #: Entry point group of plugin modules (each value names a module with ENCODE_METHODS).
 ENTRY_POINT_GROUP = "featpipe.encoders"
 #: Environment variable listing plugin modules, separated by commas.
@@ -92,9 +95,29 @@ def plugin_modules() -> list[str]:
     return names
 
 
+def _module_methods(module_name: str) -> list[EncodeMethod]:
+    """The ENCODE_METHODS of built-in module ``module_name``: the names METHOD_MODULES lists."""
+    declared = list(importlib.import_module(module_name).ENCODE_METHODS)
+    names = tuple(method.name for method in declared)
+    if names != METHOD_MODULES[module_name]:
+        raise RuntimeError(f"{module_name} defines the encode methods {names}, but "
+                           f"METHOD_MODULES lists {METHOD_MODULES[module_name]}")
+    return declared
+
+
+def load_method(name: str) -> EncodeMethod:
+    """Method ``name``; without plugins, only its own module is imported (``KeyError`` for a
+    name no module defines)."""
+    module_name = next((m for m, names in METHOD_MODULES.items() if name in names), None)
+    if module_name is None or plugin_modules():
+        return load_methods()[name]
+    return next(method for method in _module_methods(module_name) if method.name == name)
+
+
 def load_methods() -> dict[str, EncodeMethod]:
+    """Every method by name: the built-in modules', then the plugins'."""
     methods: dict[str, EncodeMethod] = {}
-    found = [(name, importlib.import_module(name).ENCODE_METHODS) for name in METHOD_MODULES]
+    found = [(name, _module_methods(name)) for name in METHOD_MODULES]
     found += [(name, plugin_attribute(name, PLUGIN_VARIABLE, "ENCODE_METHODS"))
               for name in plugin_modules()]
     for module_name, module_methods in found:
@@ -136,6 +159,8 @@ class BatchTransformer:
 
     def encode_batch(self, arrays: Sequence[np.ndarray],
                      extras: Sequence[Mapping[str, np.ndarray]]) -> list[np.ndarray]:
+        import numpy as np
+
         if not arrays:
             return []
         if getattr(self.transformer, "n_features_in_", None) is None:

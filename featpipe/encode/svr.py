@@ -37,6 +37,10 @@ Entry points: :func:`rank_svr_dual` (Gram matrices in, coefficients and active s
 :func:`rank_svr_primal` for windows too long for a T×T Gram matrix (matrix-free Newton-CG in
 the primal, same objective and stopping rule as liblinear).
 
+The windows of a numpy ``hrp`` layer are solved by a compiled copy of :func:`rank_svr_dual` for
+one window (:func:`featpipe.encode._window_loop._dual`, the same steps, fused with the window's
+Gram matrix and pooling); tests compare it with this array-API solver.
+
 ``rank_svr_liblinear`` is the reference path: one liblinear ``-s 11 -B -1`` call per window.
 liblinear's ``-e`` for ``-s 11`` stops its trust-region Newton when
 ‖∇f(w)‖₂ ≤ e·‖∇f(w₀)‖₂ (default e = 0.001); tests run it with e = 1e-8 and check that this solver

@@ -51,6 +51,8 @@ from featpipe.encode.maps import (
 )
 from featpipe.encode.registry import EncodeMethod, estimator_builder
 from featpipe.encode.svr import (
+    MAX_NEWTON_ITER,
+    check_svr_params,
     gram,
     rank_svr_dual,
     rank_svr_liblinear,
@@ -334,6 +336,36 @@ def window_running_sums(X, first: int, n: int, M: int, stride: int):
     return sums
 
 
+def pool_windows(X, starts, M, stride, psi="ser", C=1.0, epsilon=0.1, solver="newton",
+                 nonnegative=None):
+    """Rank-pool the windows of M rows of X (T, D) that start at ``starts`` (``stride``
+    apart) -> (n, D').
+
+    numpy float32/float64 with the Newton solver: the compiled pass
+    :func:`featpipe.encode._window_loop.pool_windows` (running sums, ψ, Gram matrix, SVR and
+    pooling one window at a time in the cache: the (n, M, D) sums never go to memory);
+    otherwise, and as its reference, :func:`window_running_sums` and :func:`rank_pool_sums`.
+    """
+    if not (array_is_numpy(X) and solver == "newton" and X.dtype in (np.float32, np.float64)):
+        sums = window_running_sums(X, starts[0], len(starts), M, stride)
+        return rank_pool_sums(sums, psi, C, epsilon, solver, nonnegative=nonnegative)
+    from featpipe.encode import _window_loop
+
+    C, epsilon = check_svr_params(C, epsilon)
+    if nonnegative is None:
+        nonnegative = bool(np.all(X >= 0))
+    mode = _window_loop.mode(psi, nonnegative)
+    # SER of non-negative sums (mode ROOT): the negative half stays zero
+    U = np.zeros((len(starts), psi_dim(psi, X.shape[1])), dtype=X.dtype)
+    failed = _window_loop.pool_windows(X, np.asarray(starts, dtype=np.int64), M, mode,
+                                       _window_loop.block_columns(M, X.itemsize, mode), C,
+                                       epsilon, U)
+    if failed:
+        raise RuntimeError(f"rank_svr_dual: active-set Newton did not settle in "
+                           f"{MAX_NEWTON_ITER} iterations for {failed} windows")
+    return U
+
+
 def _itemsize(xp, X) -> int:
     return xp.finfo(X.dtype).bits // 8
 
@@ -353,13 +385,15 @@ def hrp_layer(X, window=20, stride=1, psi="ser", C=1.0, epsilon=0.1, solver="new
     M = min(window, T)
     starts = window_starts(T, window, stride)
     on_cpu = array_is_numpy(X)
+    if on_cpu:
+        X = np.ascontiguousarray(X)  # one layout for the compiled passes
     threads = (threads or worker_threads()) if on_cpu else 1
     per_chunk = max(1, int(chunk_bytes // threads // window_bytes(M, D, _itemsize(xp, X))))
     nonnegative = bool(xp.all(X >= 0))  # then every window sum is, too
 
     def pool_chunk(c):
-        sums = window_running_sums(X, starts[c], len(starts[c: c + per_chunk]), M, stride)
-        return rank_pool_sums(sums, psi, C, epsilon, solver, nonnegative=nonnegative)
+        return pool_windows(X, starts[c: c + per_chunk], M, stride, psi, C, epsilon, solver,
+                            nonnegative)
 
     chunks = range(0, len(starts), per_chunk)
     threads = min(len(chunks), threads)
@@ -916,7 +950,9 @@ def used_columns(X, columns, rows: int = 4096):
     if np.all(used):
         return X, columns
     used[0] |= not used.any()  # an all-zero layer keeps one column
-    return np.ascontiguousarray(X[:, used]), columns[used]  # row chunks stay contiguous
+    # compress copies into a contiguous array (row chunks stay contiguous), 5x faster than
+    # boolean indexing of the columns (measured on 281 x 8192 float32: 0.7 ms vs 3.4 ms)
+    return np.compress(used, X, axis=1), columns[used]
 
 
 class RecursiveRankPooling(HierarchicalRankPooling):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import os
 import re
@@ -429,9 +430,12 @@ def check_h5_items(sources: Sequence, manifest: Manifest) -> None:
                                         "own dataset")
 
 
-def manifest_digest(manifest: Manifest) -> str:
-    """Hash of a manifest's rows (ids, absolute paths, labels, splits)."""
-    return hashlib.sha256(manifest.to_csv(relative_to=None).encode("utf-8")).hexdigest()[:16]
+def items_digest(manifest: Manifest) -> str:
+    """Hash of a manifest's rows in order: ids, labels and splits (what a stage's ``items.csv``
+    holds).  Not their paths: :func:`source_fingerprint` keys what each item reads by content,
+    so a moved dataset keeps its stage."""
+    rows = [[it.id, list(it.labels), list(it.splits)] for it in manifest]
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=True).encode()).hexdigest()[:16]
 
 
 def file_stamp(specs: Sequence[tuple[str, str]], manifest_file: str | None) -> tuple:

@@ -62,12 +62,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from numbers import Real
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from featpipe.errors import InputError, ItemError, describe_error
+from featpipe.errors import InputError, ItemError, ParameterError, describe_error
 from featpipe.io.images import is_image, read_image
 
 #: decoder name -> "module:attribute" of a class implementing :class:`Decoder`.
@@ -81,6 +82,11 @@ DEFAULT_PERIOD = 0.04
 MAX_DECLARED_FRAMES = 10**8
 
 
+def _is_number(value) -> bool:
+    """A real number, not a bool (``True`` is no frame count)."""
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Which frames to keep: at most one of ``fps``, ``every``, ``frames`` (none: all)."""
@@ -90,16 +96,20 @@ class Sampling:
     frames: int | None = None
 
     def validate(self) -> Sampling:
+        """This sampling, or an error naming the value: at most one of the three, ``fps`` a
+        finite number > 0, ``every`` and ``frames`` whole numbers >= 1 (``2.0`` is 2; a bool
+        or a string is no number)."""
         given = [name for name in ("fps", "every", "frames") if getattr(self, name) is not None]
         if len(given) > 1:
             raise InputError("--fps, --every and --frames are mutually exclusive, got "
                              + " and ".join("--" + g for g in given))
-        if self.fps is not None and not self.fps > 0:
-            raise InputError(f"--fps must be > 0, got {self.fps}")
-        if self.every is not None and self.every < 1:
-            raise InputError(f"--every must be >= 1, got {self.every}")
-        if self.frames is not None and self.frames < 1:
-            raise InputError(f"--frames must be >= 1, got {self.frames}")
+        if self.fps is not None and not (_is_number(self.fps) and 0 < self.fps < math.inf):
+            raise ParameterError("fps", f"must be a finite number > 0, got {self.fps!r}")
+        for name in ("every", "frames"):
+            value = getattr(self, name)
+            if value is not None and not (_is_number(value) and value >= 1
+                                          and float(value).is_integer()):
+                raise ParameterError(name, f"must be a whole number >= 1, got {value!r}")
         return self
 
     def params(self) -> dict:

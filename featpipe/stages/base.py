@@ -35,46 +35,13 @@ from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import atomic_write_bytes, make_dirs
 from featpipe.manifest import Manifest
 from featpipe.parallel import ON_ERROR, Compute, RunSummary, parse_shard, plan, run_items
+from featpipe.reporting import Progress, Reporter  # noqa: F401 (Progress: re-exported)
 from featpipe.store import NAME_PATTERN, Stage, Store
 
 #: Sub-folder of ``STORE/names`` recording, per name, the stage a run is computing for it.
 RUNNING = ".running"
 
 log = logging.getLogger("featpipe")
-
-
-class Progress:
-    """Progress of one run: ``advance(n)`` after ``n`` more units (items, frames, iterations)
-    are finished. This one shows nothing."""
-
-    def __enter__(self) -> Progress:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def advance(self, n: int = 1) -> None:
-        """``n`` more units finished (items done or failed, frames decoded...)."""
-
-    def close(self) -> None:
-        """The run ended."""
-
-
-class Reporter:
-    """Where a stage tells what it does. This base reporter is silent (library use)."""
-
-    def info(self, text: str) -> None:
-        """A result line (the stage and its name, a summary): stdout on the command line."""
-
-    def warn(self, text: str) -> None:
-        """Something the user should know but that does not stop the stage: stderr."""
-
-    def error(self, text: str) -> None:
-        """An item or step that failed (stderr, also with ``-q``)."""
-
-    def progress(self, total: int | None, label: str, unit: str = "items") -> Progress:
-        """A progress display for ``total`` units (``None``: not known in advance)."""
-        return Progress()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping, Sequence
 
-from featpipe.encode.registry import EncodeMethod, load_methods, method_params
+from featpipe.encode.registry import EncodeMethod, load_method, load_methods, method_params
 from featpipe.errors import FeatpipeError, ItemError, ParameterError
 from featpipe.parallel import ItemOutput
 from featpipe.stages.base import (
@@ -38,7 +38,7 @@ class EncodeCompute:
 
     def encoder(self):
         if self._encoder is None:
-            method = load_methods()[self.method]
+            method = load_method(self.method)
             models = {k: Stage(p) for k, p in self.model_paths.items()}
             self._encoder = method.build(self.params, models)
         return self._encoder
@@ -112,11 +112,11 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
     model parameter (``gmm``, ``model``...) names a fitted stage of ``store``.  Every value is
     checked before the stage exists (:class:`~featpipe.errors.ParameterError`).
     """
-    methods = load_methods()
-    if method not in methods:
-        raise ParameterError("method", f"must be one of {', '.join(sorted(methods))}, got "
-                             f"{method!r}")
-    chosen = methods[method]
+    try:
+        chosen = load_method(method)
+    except KeyError:
+        raise ParameterError("method", f"must be one of {', '.join(sorted(load_methods()))}, "
+                             f"got {method!r}") from None
     check_name(name)
     params, models = method_models(store, chosen, params or {})
     source = store.resolve(input)

@@ -55,6 +55,7 @@ from featpipe.extract.streaming import (
     LocalFeatureProgram,
 )
 from featpipe.interrupts import Interrupt, Interrupted, interruptible
+from featpipe.io.images import is_image
 from featpipe.io.video import DecodePool, Sampling
 from featpipe.manifest import Manifest
 from featpipe.parallel import make_executor, parse_shard, plan, resolve_jobs
@@ -75,6 +76,8 @@ from featpipe.store import Stage, Store
 
 #: the encode methods that take local features, offered by ``extract --encode``
 LOCAL_ENCODERS = ("fisher", "bilinear", "cov", "cbp-ts", "cbp-rm", "spatial-grid", "gmsop")
+#: the longest --decode-timeout, in seconds (11.6 days; an infinite one overflows the waits)
+MAX_DECODE_TIMEOUT = 1e6
 #: items probed to estimate a real run's size (a dry run probes every item)
 ESTIMATE_SAMPLE = 64
 
@@ -174,8 +177,9 @@ class Settings:
     def check(self) -> None:
         if self.batch_size < 1:
             raise ParameterError("batch_size", f"must be >= 1, got {self.batch_size}")
-        if not self.decode_timeout > 0:
-            raise ParameterError("decode_timeout", f"must be > 0, got {self.decode_timeout}")
+        if not 0 < self.decode_timeout <= MAX_DECODE_TIMEOUT:  # inf overflows the waits
+            raise ParameterError("decode_timeout", f"must be > 0 and at most "
+                                 f"{MAX_DECODE_TIMEOUT:g} seconds, got {self.decode_timeout}")
         if self.device == "cuda":
             import torch
 
@@ -207,11 +211,14 @@ def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling,
 def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: Settings,
                  hashes: ContentHashes) -> dict:
     """The stage key's record of the inputs and the features: the manifest (its files by
-    content), the sampling, the decoder, and the method's parameters (a network's weights by
-    their identity)."""
+    content), the sampling and the decoder (none when every item is an image, read whole
+    whatever they say), and the method's parameters (a network's weights by their
+    identity)."""
+    videos = any(not is_image(manifest.resolve_path(it)) for it in manifest)
     params: dict = {"features": chosen.method.name,
                     "manifest": manifest_digest(manifest, hashes),
-                    "sampling": sampling.params(), "decoder": settings.decoder}
+                    "sampling": sampling.params() if videos else None,
+                    "decoder": settings.decoder if videos else None}
     if chosen.method.runs == "worker":
         params[chosen.method.name] = chosen.record
     else:

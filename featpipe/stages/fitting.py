@@ -30,7 +30,12 @@ from sklearn.utils._param_validation import Interval
 from featpipe.errors import FeatpipeError, ItemError, ParameterError
 from featpipe.manifest import Manifest
 from featpipe.models import json_params
-from featpipe.parameters import estimator_parameters, parameter_record, typed_value
+from featpipe.parameters import (
+    check_params,
+    estimator_parameters,
+    parameter_record,
+    typed_value,
+)
 from featpipe.stages.base import (
     Reporter,
     announce,
@@ -71,8 +76,11 @@ STAGE_CONSTRAINTS = {
 
 
 def _typed(**values) -> tuple:
-    """The fit stage's own parameters typed as declared (:data:`STAGE_CONSTRAINTS`), in order."""
-    return tuple(typed_value(v, STAGE_CONSTRAINTS[k]) for k, v in values.items())
+    """The fit stage's own parameters typed and checked as declared
+    (:data:`STAGE_CONSTRAINTS`), in order."""
+    typed = {k: typed_value(v, STAGE_CONSTRAINTS[k]) for k, v in values.items()}
+    check_params(STAGE_CONSTRAINTS, typed)
+    return tuple(typed.values())
 
 
 def _model_stage(store: Store, kind: str, record: dict, inputs: list[Stage], model_name: str,
@@ -188,8 +196,6 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, sample: int = 
     check_name(name)
     sample, random_state, split = _typed(sample=sample, random_state=random_state,
                                          split=split)
-    if sample < 0:
-        raise ParameterError("sample", f"must be >= 0, got {sample}")
     params = estimator_record(PCAProjection, params)
     source = store.resolve(input)
     train = train_item_ids(source, split)
@@ -293,8 +299,6 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
     reporter = reporter or Reporter()
     check_name(name)
     val_fraction, split = _typed(val_fraction=val_fraction, split=split)
-    if not 0 <= val_fraction < 1:
-        raise ParameterError("val_fraction", f"must be in [0, 1), got {val_fraction}")
     params = estimator_record(DeepFisherKernel, params)
     model = DeepFisherKernel(**params)
     if val_fraction == 0 and model.selection == "validation":

@@ -16,7 +16,7 @@ from featpipe.io.importers import (
     detect_format,
     file_stamp,
     item_shapes,
-    manifest_digest,
+    items_digest,
     mat_shapes,
     open_sources,
     orientation_warning,
@@ -80,7 +80,7 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     dry_run = bool(options and options.dry_run)
     hashes = ContentHashes(store.root / CACHE_NAME)
     params = {"sources": [source_fingerprint(source, manifest, hashes) for source in opened],
-              "items": manifest_digest(manifest)}
+              "items": items_digest(manifest)}
     if not dry_run:
         hashes.save()
     params.update({"transpose": True} if transpose else {})

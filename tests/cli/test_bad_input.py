@@ -17,7 +17,7 @@ import pytest
 from featpipe.errors import FeatpipeError
 from featpipe.manifest import Manifest, from_rows
 from featpipe.store import Store
-from tests.conftest import object_npy_bytes, one_line_error, run_cli
+from tests.conftest import object_npy_bytes, one_line_error
 
 
 def huge_npy(path, shape=(10**12, 3)):
@@ -48,14 +48,14 @@ def npy_dataset(folder, n=6, extra_rows=()):
     ('"a\nb",a,c,train', r"id 'a\nb' contains a control character (U+000A)"),
 ])
 def test_16_2_and_9_control_characters_in_ids_and_labels_are_refused_with_the_line(
-        tmp_path, row, problem):
+        tmp_path, row, problem, cli):
     manifest = tmp_path / "m.csv"
     manifest.write_bytes(("id,path,label,split1\nv2,a,c,train\n" + row + "\n").encode())
-    check = run_cli("manifest", "check", manifest, "--no-files", check=False)
-    assert check.returncode == 1 and f"{manifest}:3: {problem}" in check.stdout, check.stdout
+    check = cli("manifest", "check", manifest, "--no-files")
+    assert check.exit_code == 1 and f"{manifest}:3: {problem}" in check.stdout, check.stdout
     np.save(tmp_path / "v2.npy", np.ones(3))
-    imported = run_cli("import", "--manifest", manifest, "--from", tmp_path,
-                       "--store", tmp_path / "s", "--name", "x", check=False)
+    imported = cli("import", "--manifest", manifest, "--from", tmp_path,
+                   "--store", tmp_path / "s", "--name", "x")
     assert f"line 3: {problem}" in one_line_error(imported)
     assert not (tmp_path / "s").exists()  # refused before any stage exists
 
@@ -69,7 +69,7 @@ def test_16_9_quoted_carriage_return_in_a_path_is_kept_and_crlf_files_still_pars
     assert parsed["y"].splits == ("test",)
 
 
-def test_16_2_built_manifests_refuse_control_characters_and_undecodable_names(tmp_path):
+def test_16_2_built_manifests_refuse_control_characters_and_undecodable_names(tmp_path, cli):
     with pytest.raises(FeatpipeError, match=r"id 'a\\nb' \(from 'a\\nb.avi'\) contains a "
                                             r"control character \(U\+000A\)"):
         from_rows([("a\nb", "a\nb.avi", ["c"], [""])], tmp_path)
@@ -80,30 +80,29 @@ def test_16_2_built_manifests_refuse_control_characters_and_undecodable_names(tm
     (data / "ok.avi").write_bytes(b"x")
     with open(os.path.join(os.fsencode(data), b"caf\xe9.avi"), "wb") as handle:  # latin-1
         handle.write(b"x")
-    built = run_cli("manifest", "build", tmp_path / "videos", "-o", tmp_path / "m.csv",
-                    check=False)
+    built = cli("manifest", "build", tmp_path / "videos", "-o", tmp_path / "m.csv")
     assert "is not valid UTF-8" in one_line_error(built)
     assert not (tmp_path / "m.csv").exists()
 
 
 # -- 6: a huge declared shape fails its own item only ------------------------------------------
-def test_16_6_huge_npy_header_fails_only_its_item_and_names_it(tmp_path):
+def test_16_6_huge_npy_header_fails_only_its_item_and_names_it(tmp_path, cli):
     manifest = npy_dataset(tmp_path, extra_rows=["huge,x,c0,train"])
     huge_npy(tmp_path / "npy" / "huge.npy")
-    skip = run_cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store",
-                   tmp_path / "s", "--name", "imp", "--on-error", "skip", check=False)
-    assert skip.returncode == 1 and "Traceback" not in skip.stderr
+    skip = cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store",
+               tmp_path / "s", "--name", "imp", "--on-error", "skip")
+    assert skip.exit_code == 1 and "Traceback" not in skip.stderr
     assert "summary: 6 done, 0 skipped (already complete), 1 failed" in skip.stdout
     failed = [line for line in skip.stderr.splitlines() if line.startswith("failed: ")]
     assert len(failed) == 1 and failed[0].startswith("failed: huge: cannot read ")
     assert "header declares shape (1000000000000, 3) float64" in failed[0]
     assert "MemoryError" not in skip.stderr
-    fail = run_cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store",
-                   tmp_path / "s2", "--name", "imp", check=False)
+    fail = cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store",
+               tmp_path / "s2", "--name", "imp")
     assert one_line_error(fail).startswith("error: huge: cannot read ")
 
 
-def test_16_6_huge_shapes_in_npz_hdf5_and_mat_sources_fail_their_own_item(tmp_path):
+def test_16_6_huge_shapes_in_npz_hdf5_and_mat_sources_fail_their_own_item(tmp_path, cli):
     manifest = npy_dataset(tmp_path, n=3, extra_rows=["huge,x,c0,train"])
     huge_npy(tmp_path / "huge.npy")
     arrays = {f"ok{i}": np.full((5, 3), i, np.float32) for i in range(3)}
@@ -124,9 +123,9 @@ def test_16_6_huge_shapes_in_npz_hdf5_and_mat_sources_fail_their_own_item(tmp_pa
     with open(tmp_path / "src.mat", "r+b") as handle:
         handle.write(b"MATLAB 7.3 MAT-file, HDF5 schema 1.00 .".ljust(116, b" "))
     for source in ("src.npz", "src.h5", "src.mat"):
-        proc = run_cli("import", "--manifest", manifest, "--from", tmp_path / source,
-                       "--store", tmp_path / source.replace(".", "_"), "--name", "imp",
-                       "--on-error", "skip", check=False)
+        proc = cli("import", "--manifest", manifest, "--from", tmp_path / source,
+                   "--store", tmp_path / source.replace(".", "_"), "--name", "imp",
+                   "--on-error", "skip")
         assert "summary: 3 done, 0 skipped (already complete), 1 failed" in proc.stdout, \
             proc.stderr
         failed = [line for line in proc.stderr.splitlines() if line.startswith("failed: ")]
@@ -155,27 +154,27 @@ def test_16_6_any_exception_of_one_item_stays_with_that_item(tmp_path):
 
 
 # -- 12: tracebacks instead of one line ----------------------------------------------------------
-def test_16_12_a_5000_character_id_in_an_npy_folder_is_one_line(tmp_path):
+def test_16_12_a_5000_character_id_in_an_npy_folder_is_one_line(tmp_path, cli):
     manifest = npy_dataset(tmp_path, n=2, extra_rows=["x" * 5000 + ",x,c0,train"])
-    proc = run_cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store",
-                   tmp_path / "s", "--name", "imp", "--on-error", "skip", check=False)
+    proc = cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store",
+               tmp_path / "s", "--name", "imp", "--on-error", "skip")
     assert "summary: 2 done, 0 skipped (already complete), 1 failed" in proc.stdout, proc.stderr
     assert "file name too long" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_16_12_an_empty_hdf5_dataset_is_one_line_naming_the_item(tmp_path):
+def test_16_12_an_empty_hdf5_dataset_is_one_line_naming_the_item(tmp_path, cli):
     manifest = npy_dataset(tmp_path, n=2, extra_rows=["empty,x,c0,train"])
     with h5py.File(tmp_path / "src.h5", "w") as handle:
         handle["ok0"] = np.ones((5, 3))
         handle["ok1"] = np.ones((5, 3))
         handle.create_dataset("empty", data=h5py.Empty("f8"))
-    proc = run_cli("import", "--manifest", manifest, "--from", tmp_path / "src.h5", "--store",
-                   tmp_path / "s", "--name", "imp", check=False)
+    proc = cli("import", "--manifest", manifest, "--from", tmp_path / "src.h5", "--store",
+               tmp_path / "s", "--name", "imp")
     assert one_line_error(proc).startswith("error: empty: ")
     assert "h5py.Empty" in proc.stderr
 
 
-def test_16_12_an_object_array_in_a_stored_model_is_one_line(tmp_path):
+def test_16_12_an_object_array_in_a_stored_model_is_one_line(tmp_path, cli):
     store = Store(tmp_path / "s")
     stage = store.stage("standardize", {"split": 1})
     stage.save_model("scaler", {"mean": np.zeros(3)}, {"n": 3})
@@ -185,49 +184,49 @@ def test_16_12_an_object_array_in_a_stored_model_is_one_line(tmp_path):
                                             r"never unpickles\)"):
         stage.load_model("scaler")
     store.set_name("std", stage)
-    shown = run_cli("cache", "show", "--store", store.root, "std", check=False)
+    shown = cli("cache", "show", "--store", store.root, "std")
     assert "object array" in one_line_error(shown)
 
 
-def test_16_12_an_unwritable_report_path_is_a_usage_error_before_any_work(tmp_path):
+def test_16_12_an_unwritable_report_path_is_a_usage_error_before_any_work(tmp_path, cli):
     (tmp_path / "a_file").write_text("x")
-    proc = run_cli("classify", "--store", tmp_path / "s", "--input", "enc", "--report",
-                   tmp_path / "a_file" / "r.json", check=False)
+    proc = cli("classify", "--store", tmp_path / "s", "--input", "enc", "--report",
+               tmp_path / "a_file" / "r.json")
     line = one_line_error(proc, code=2)
     assert line.startswith("error: --report cannot write ") and "is a file" in line
     assert proc.stdout == ""  # nothing was computed and then lost
 
 
 # -- 13: exit 0 where something is wrong --------------------------------------------------------
-def test_16_13_empty_ts_file_and_empty_manifest_fail(tmp_path):
+def test_16_13_empty_ts_file_and_empty_manifest_fail(tmp_path, cli):
     (tmp_path / "E_TRAIN.ts").write_text("")
-    proc = run_cli("import", "--from", tmp_path / "E_TRAIN.ts", "--store", tmp_path / "s",
-                   "--name", "e", check=False)
+    proc = cli("import", "--from", tmp_path / "E_TRAIN.ts", "--store", tmp_path / "s",
+               "--name", "e")
     assert "holds no cases" in one_line_error(proc)
     (tmp_path / "m.csv").write_text("id,path,label,split1\n")
     (tmp_path / "npy").mkdir()
-    proc = run_cli("import", "--manifest", tmp_path / "m.csv", "--from", tmp_path / "npy",
-                   "--store", tmp_path / "s", "--name", "e", check=False)
+    proc = cli("import", "--manifest", tmp_path / "m.csv", "--from", tmp_path / "npy",
+               "--store", tmp_path / "s", "--name", "e")
     assert "has no items" in one_line_error(proc)
 
 
-def test_16_13_cache_commands_on_a_store_that_does_not_exist_fail(tmp_path):
+def test_16_13_cache_commands_on_a_store_that_does_not_exist_fail(tmp_path, cli):
     for args in (["verify"], ["ls"], ["gc"]):
-        proc = run_cli("cache", *args, "--store", tmp_path / "nope", check=False)
+        proc = cli("cache", *args, "--store", tmp_path / "nope")
         assert one_line_error(proc) == f"error: no store at {tmp_path / 'nope'}: the folder " \
                                        "does not exist"
     (tmp_path / "not_a_store").mkdir()
     (tmp_path / "not_a_store" / "thesis.tex").write_text("x")
-    proc = run_cli("cache", "verify", "--store", tmp_path / "not_a_store", check=False)
+    proc = cli("cache", "verify", "--store", tmp_path / "not_a_store")
     assert "is not a featpipe store" in one_line_error(proc)
 
 
 # -- 16: --jobs ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("jobs", ["0", "-5"])
-def test_16_16_jobs_zero_or_below_minus_one_is_a_usage_error_before_any_stage(tmp_path, jobs):
+def test_16_16_jobs_zero_or_below_minus_one_is_a_usage_error_before_any_stage(tmp_path, jobs, cli):
     manifest = npy_dataset(tmp_path, n=2)
-    proc = run_cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store",
-                   tmp_path / "s", "--name", "imp", "--jobs", jobs, check=False)
+    proc = cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store",
+               tmp_path / "s", "--name", "imp", "--jobs", jobs)
     assert one_line_error(proc, code=2) == (f"error: --jobs must be a positive number of "
                                             f"processes or -1 (one per core), got {jobs}")
     assert not (tmp_path / "s").exists()
@@ -281,10 +280,10 @@ def test_16_17_dry_run_creates_no_stage_folder(tmp_path, cli):
     assert sorted(p.name for p in (store / "stages").iterdir()) == before
 
 
-def test_probe_the_same_source_twice_is_a_usage_error(tmp_path):
+def test_probe_the_same_source_twice_is_a_usage_error(tmp_path, cli):
     manifest = npy_dataset(tmp_path, n=2)
-    proc = run_cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--from",
-                   tmp_path / "npy", "--store", tmp_path / "s", "--name", "x", check=False)
+    proc = cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--from",
+               tmp_path / "npy", "--store", tmp_path / "s", "--name", "x")
     assert one_line_error(proc, code=2) == f"error: --from {tmp_path / 'npy'} is given more " \
                                            "than once"
     assert not (tmp_path / "s").exists()

@@ -13,7 +13,6 @@ import pytest
 from featpipe.fileio import HOST
 from featpipe.manifest import from_rows
 from featpipe.store import Store
-from tests.conftest import run_cli
 
 
 @pytest.fixture
@@ -206,15 +205,15 @@ def test_rm_refuses_a_name_whose_run_is_computing(filled, cli):
     assert marker.exists() and "enc" in store.names()
 
 
-def test_ls_fits_the_terminal_width_and_wide_shows_all(filled):
+def test_ls_fits_the_terminal_width_and_wide_shows_all(filled, cli):
     """Issue 23: the table fits $COLUMNS (the terminal's width): PARAMS shortened, then
     columns dropped with a note on stderr; --wide shows every column; a pipe gets all."""
     store, base, child, orphan = filled
     args = ("cache", "ls", "--store", store.root)
-    full = run_cli(*args, env={"COLUMNS": ""}).stdout.splitlines()
+    full = cli(*args, env={"COLUMNS": ""}, check=True).stdout.splitlines()
     assert full[0].split()[-1] == "PARAMS" and max(map(len, full)) > 100
     for columns in (100, 80, 60, 40):
-        proc = run_cli(*args, env={"COLUMNS": str(columns)})
+        proc = cli(*args, env={"COLUMNS": str(columns)}, check=True)
         lines = proc.stdout.splitlines()
         assert max(map(len, lines)) <= columns, (columns, lines)
         header = lines[0].split()
@@ -227,8 +226,8 @@ def test_ls_fits_the_terminal_width_and_wide_shows_all(filled):
             assert sorted(note.group(1).split(", ")) == sorted(left_out)
         else:
             assert proc.stderr == ""
-    narrow = run_cli(*args, env={"COLUMNS": "60"}).stdout.splitlines()
+    narrow = cli(*args, env={"COLUMNS": "60"}, check=True).stdout.splitlines()
     assert narrow[0].split() == ["NAMES", "STAGE", "KIND", "DONE", "FAILED", "TOTAL"]
     assert narrow[1:] == [line[:len(narrow[1])].rstrip() for line in narrow[1:]]
-    wide = run_cli(*args, "--wide", env={"COLUMNS": "40"})
+    wide = cli(*args, "--wide", env={"COLUMNS": "40"}, check=True)
     assert wide.stdout.splitlines() == full and wide.stderr == ""

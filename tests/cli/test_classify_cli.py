@@ -11,7 +11,6 @@ from sklearn.svm import SVC
 
 from featpipe.manifest import from_rows
 from featpipe.store import Store
-from tests.conftest import run_cli
 
 
 def _basic_motions():
@@ -53,11 +52,11 @@ def _sklearn_one_vs_rest(K_train, K_test, y_train, C=1000.0):
     return classes[scores.argmax(1)]
 
 
-def test_basic_motions_end_to_end(motions, tmp_path):
+def test_basic_motions_end_to_end(motions, tmp_path, cli):
     store, manifest, means, (y_train, y_test) = motions
     report = tmp_path / "out" / "report.json"
-    proc = run_cli("classify", "--store", store.root, "--input", "avg", "--kernel", "chi2",
-                   "--C", "1000", "--split", "1", "--report", report)
+    proc = cli("classify", "--store", store.root, "--input", "avg", "--kernel", "chi2",
+               "--C", "1000", "--split", "1", "--report", report, check=True)
     # Expected 40/40.  Why: the per-channel means of the smartwatch signals (accelerometer and
     # gyroscope) already separate standing, walking, running and badminton, and the signed
     # chi-square kernel (VLFeat's rule) separates them fully: an independent one-vs-rest
@@ -214,9 +213,9 @@ def test_nan_and_negative_inputs(tmp_path, cli):
 
 def test_usage_errors_exit_2(motions, cli):
     store = motions[0]
-    proc = run_cli("classify", "--store", store.root, "--input", "avg", "--input", "avg",
-                   "--kernel", "chi2", "--kernel", "ssr", "--kernel", "linear", check=False)
-    assert proc.returncode == 2 and "--kernel needs one value for all inputs" in proc.stderr
+    proc = cli("classify", "--store", store.root, "--input", "avg", "--input", "avg",
+               "--kernel", "chi2", "--kernel", "ssr", "--kernel", "linear")
+    assert proc.exit_code == 2 and "--kernel needs one value for all inputs" in proc.stderr
     result = cli("classify", "--store", store.root, "--input", "avg", "--split", "3")
     assert result.exit_code == 2 and "split 3 does not exist" in result.output
     result = cli("classify", "--store", store.root, "--input", "nope")
@@ -263,14 +262,14 @@ def test_multilabel_map_and_all_splits(tmp_path, cli):
         in result.output
 
 
-def test_per_class_accuracy_and_ap_on_stdout(tmp_path):
+def test_per_class_accuracy_and_ap_on_stdout(tmp_path, cli):
     """Issue 23: the per-class numbers are printed, not only written to the report."""
     rows = [("a", "", ["x"], ["train"]), ("b", "", ["y"], ["train"]),
             ("c", "", ["x"], ["test"]), ("d", "", ["y"], ["test"]), ("e", "", ["y"], ["test"])]
     vectors = {"a": [1.0, 0.0], "b": [0.0, 1.0], "c": [0.9, 0.1], "d": [0.2, 0.8],
                "e": [0.8, 0.3]}  # e (a y) looks like an x
     store = _store_with(tmp_path, rows, {k: np.array(v) for k, v in vectors.items()})
-    proc = run_cli("classify", "--store", store.root, "--input", "enc", "--C", "10")
+    proc = cli("classify", "--store", store.root, "--input", "enc", "--C", "10", check=True)
     lines = proc.stdout.splitlines()
     start = lines.index("per class (split 1):")
     assert lines[start + 1].split() == ["class", "accuracy", "AP"]
@@ -297,8 +296,8 @@ def test_default_cv_uses_the_folds_the_smallest_class_allows(tmp_path, cli):
     an explicit --cv 5 is refused before training, naming the class and its count."""
     store = _few_per_class(tmp_path, [6, 3, 5])
     report = tmp_path / "r.json"
-    proc = run_cli("classify", "--store", store.root, "--input", "enc", "--C", "1,10",
-                   "--report", report)
+    proc = cli("classify", "--store", store.root, "--input", "enc", "--C", "1,10",
+               "--report", report, check=True)
     assert "note: split 1: class 'k1' has 3 train items, so C is chosen by 3-fold " \
            "cross-validation instead of 5" in proc.stderr
     assert "by 3-fold cv" in proc.stdout
@@ -308,18 +307,17 @@ def test_default_cv_uses_the_folds_the_smallest_class_allows(tmp_path, cli):
     scores = data["splits"][0]["cv_scores"]
     assert data["splits"][0]["C"] == max((float(c) for c in scores), key=lambda c:
                                          scores[repr(c)])
-    explicit = run_cli("classify", "--store", store.root, "--input", "enc", "--C", "1,10",
-                       "--cv", "5", check=False)
-    assert explicit.returncode == 2
+    explicit = cli("classify", "--store", store.root, "--input", "enc", "--C", "1,10",
+                   "--cv", "5")
+    assert explicit.exit_code == 2
     assert "error: --cv is 5, but class 'k1' has only 3 train items in split 1; use 3 or " \
            "fewer" in explicit.stderr
     assert cli("classify", "--store", store.root, "--input", "enc", "--C", "1,10", "--cv",
                "3").exit_code == 0
     lonely = _few_per_class(tmp_path / "one", [4, 1])
-    result = run_cli("classify", "--store", lonely.root, "--input", "enc", "--C", "1,10",
-                     check=False)
-    assert result.returncode == 1
+    result = cli("classify", "--store", lonely.root, "--input", "enc", "--C", "1,10")
+    assert result.exit_code == 1
     assert "error: split 1: class 'k1' has 1 train item, too few to cross-validate" \
         in result.stderr
     # one C needs no cross-validation: the same store classifies
-    assert run_cli("classify", "--store", lonely.root, "--input", "enc").returncode == 0
+    assert cli("classify", "--store", lonely.root, "--input", "enc", check=True).exit_code == 0

@@ -120,6 +120,43 @@ def test_verbose_and_quiet_after_the_command_name(tmp_path):
     assert "progress: import feat 3/3 items (100%)" not in run_cli(*args, "-v", "--force").stderr
 
 
+def leaf_commands(group=None, path=()):
+    """(words, command) for every command of the tree under ``group`` (the root by default)."""
+    import click
+
+    from featpipe.cli import cli as root
+
+    group = group or root
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        if isinstance(command, click.Group):
+            yield from leaf_commands(command, (*path, name))
+        else:
+            yield (*path, name), command
+
+
+def test_every_command_takes_verbose_quiet_and_log_file_after_its_name(tmp_path):
+    """Issue 23: ``-q``/``-v``/``--log-file`` after the name of every command, the
+    subcommands of every group (manifest, example, cache, fit) included."""
+    commands = dict(leaf_commands())
+    assert {("manifest", "check"), ("example", "clips"), ("cache", "rm"),
+            ("fit", "deep-gmm"), ("encode",)} <= set(commands)
+    for words, command in commands.items():
+        flags = {opt for param in command.params for opt in getattr(param, "opts", ())}
+        assert {"-q", "-v", "--log-file"} <= flags, words
+    # a warning of `manifest check` (no test rows), silenced by -q after the subcommand name
+    (tmp_path / "m.csv").write_text("id,path,label,split1\na,a.avi,run,train\n")
+    loud = run_cli("manifest", "check", tmp_path / "m.csv", "--no-files")
+    assert "warning: split1 has no test rows" in loud.stderr
+    quiet = run_cli("manifest", "check", tmp_path / "m.csv", "--no-files", "-q")
+    assert quiet.stderr == "" and quiet.stdout == loud.stdout
+    log = tmp_path / "run.log"
+    run_cli("example", "pipeline", "--log-file", log)
+    assert log.read_text().splitlines()[-1].split(" ", 2)[2].startswith(
+        "INFO featpipe.output: exit status 0 after ")
+
+
 def test_log_file_keeps_the_full_record_of_a_run(tmp_path):
     """Issue 23: --log-file (before or after the command, or $FEATPIPE_LOG_FILE) appends the
     command, every log level, the reported lines, progress and the exit status, even with

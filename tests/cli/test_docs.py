@@ -56,6 +56,57 @@ def test_every_link_reaches_a_file_and_heading_of_the_repository():
             document.name
 
 
+def test_every_cited_repository_path_and_test_exists():
+    """A path of the repository in backticks (`bin/demo`, `tests/test_x.py::test_y`) names a
+    file that exists, and a test that file defines; patterns (`*`, `<topic>`) are not paths."""
+    cited = re.compile(r"`((?:bin|tests|benchmarks|docs|featpipe|manifests|examples)/[^`\s]+)`")
+    checked = 0
+    for document in DOCUMENTS:
+        for path in cited.findall(document.read_text(encoding="utf-8")):
+            if re.search(r"[*<{]", path):
+                continue
+            file, _, test = path.partition("::")
+            assert (REPO / file).exists(), f"{document.name}: {path}"
+            if test:
+                assert f"def {test}(" in (REPO / file).read_text("utf-8"), \
+                    f"{document.name}: {path}"
+            checked += 1
+    assert checked > 50
+
+
+
+def test_every_documented_import_and_dotted_name_resolves():
+    """Every ``from featpipe... import ...`` line of README, CONTRIBUTING and docs/ runs, and
+    every `featpipe.a.b` in backticks is a module or an attribute of one (or a plugin entry
+    point group); tests/test_nn.py checks featpipe.nn's lines in detail."""
+    import importlib
+
+    from featpipe.encode.registry import ENTRY_POINT_GROUP as ENCODERS
+    from featpipe.extract.features import ENTRY_POINT_GROUP as FEATURES
+
+    lines, names = set(), set()
+    for document in [REPO / "README.md", REPO / "CONTRIBUTING.md",
+                     *sorted((REPO / "docs").glob("*.md"))]:
+        text = document.read_text(encoding="utf-8")
+        lines |= {m.strip().rstrip("\\") for m in re.findall(
+            r"^\s*(from featpipe\S* import [^\n`#]+|import featpipe\S*)", text, re.M)}
+        names |= set(re.findall(r"`(featpipe(?:\.\w+)+)", text)) - {ENCODERS, FEATURES}
+    assert len(lines) >= 5 and len(names) >= 15
+    for line in sorted(lines):
+        exec(line, {})  # noqa: S102 - the documented import itself
+    for name in sorted(names):
+        parts = name.split(".")
+        for n in range(len(parts), 0, -1):
+            try:
+                found = importlib.import_module(".".join(parts[:n]))
+            except ModuleNotFoundError:
+                continue
+            for attribute in parts[n:]:
+                assert hasattr(found, attribute), name
+                found = getattr(found, attribute)
+            break
+
+
 def test_readme_is_a_front_page():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert readme.startswith("# featpipe\n\n```bash\nbin/demo    # runs the main job end to end "
@@ -64,3 +115,7 @@ def test_readme_is_a_front_page():
     for doc in ("cli", "encoders", "extraction", "store", "cluster", "python-api"):
         assert f"](docs/{doc}.md)" in readme
     assert "](benchmarks/RESULTS.md)" in readme
+    # issue 23's new commands and options are on the front page
+    for shown in ("`cache refs --store S NAME`", "`cache rm --store S NAME [--dry-run]`",
+                  "`cache ls [--wide]", "[--log-file PATH]", "[--transpose]", ".mat"):
+        assert shown in readme, shown

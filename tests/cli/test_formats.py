@@ -13,7 +13,6 @@ from featpipe.io import matlab
 from featpipe.io.export import load_export
 from featpipe.manifest import Manifest, ManifestItem
 from featpipe.store import Store
-from tests.conftest import run_cli
 
 RNG = np.random.default_rng(0)
 IDS = ["run/a", "run/b", "walk/c", "walk/d"]
@@ -52,7 +51,7 @@ def imported(store_dir, name):
 
 
 @pytest.mark.parametrize("version", ["v5", "v7.3"])
-def test_import_one_mat_file_with_a_variable_per_item(tmp_path, version):
+def test_import_one_mat_file_with_a_variable_per_item(tmp_path, version, cli):
     data = frames()
     manifest = write_manifest(tmp_path)
     source = tmp_path / "feats.mat"
@@ -62,8 +61,8 @@ def test_import_one_mat_file_with_a_variable_per_item(tmp_path, version):
     else:
         write_v73(source, variables)
         assert h5py.File(source, "r")["run_a"].shape == (3, 4)  # D x T as h5py sees it
-    result = run_cli("import", "--manifest", manifest, "--from", source,
-                     "--store", tmp_path / "s", "--name", "f")
+    result = cli("import", "--manifest", manifest, "--from", source,
+                 "--store", tmp_path / "s", "--name", "f", check=True)
     assert "summary: 4 done" in result.stdout
     assert "one frame per row (T x D)" in result.stdout and "warning" not in result.stderr
     stage = imported(tmp_path / "s", "f")
@@ -71,7 +70,7 @@ def test_import_one_mat_file_with_a_variable_per_item(tmp_path, version):
         np.testing.assert_allclose(stage.read_item(item_id), array, rtol=1e-6)
 
 
-def test_import_a_folder_of_per_video_mat_files_and_transpose(tmp_path):
+def test_import_a_folder_of_per_video_mat_files_and_transpose(tmp_path, cli):
     data = frames()
     manifest = write_manifest(tmp_path)
     folder = tmp_path / "mats"
@@ -80,18 +79,18 @@ def test_import_a_folder_of_per_video_mat_files_and_transpose(tmp_path):
         # VLFeat-style: one frame per column (D x T), next to a bookkeeping variable
         scipy.io.savemat(folder / f"{item_id}.mat", {"feat": array.T, "n": np.array(2.0)})
     store = tmp_path / "s"
-    several = run_cli("import", "--manifest", manifest, "--from", folder, "--store", store,
-                      "--name", "f", check=False)
-    assert several.returncode == 1
+    several = cli("import", "--manifest", manifest, "--from", folder, "--store", store,
+                  "--name", "f")
+    assert several.exit_code == 1
     assert "holds 2 numeric variables (feat, n); choose one with --mat-variable" in \
         several.stderr
-    plain = run_cli("import", "--manifest", manifest, "--from", folder, "--store", store,
-                    "--name", "f", "--mat-variable", "feat", check=False)
-    assert plain.returncode == 1  # D x T read as T x D: 3 rows each, columns differ
+    plain = cli("import", "--manifest", manifest, "--from", folder, "--store", store,
+                "--name", "f", "--mat-variable", "feat")
+    assert plain.exit_code == 1  # D x T read as T x D: 3 rows each, columns differ
     assert "warning: every .mat matrix has 3 rows but their column counts differ (4..7): " \
         "frames look like columns; re-run with --transpose" in plain.stderr
-    good = run_cli("import", "--manifest", manifest, "--from", folder, "--store", store,
-                   "--name", "f", "--mat-variable", "feat", "--transpose")
+    good = cli("import", "--manifest", manifest, "--from", folder, "--store", store,
+               "--name", "f", "--mat-variable", "feat", "--transpose", check=True)
     assert "summary: 4 done" in good.stdout and "warning" not in good.stderr
     assert "read transposed: one frame per column (D x T)" in good.stdout
     stage = imported(store, "f")
@@ -101,7 +100,7 @@ def test_import_a_folder_of_per_video_mat_files_and_transpose(tmp_path):
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".mat"])
-def test_d_by_n_items_of_one_size_are_warned_about_and_transpose_flips_them(tmp_path, suffix):
+def test_d_by_n_items_of_one_size_are_warned_about_and_transpose_flips_them(tmp_path, suffix, cli):
     """Issue 23: D x N matrices (one frame per column) with the same N everywhere pass every
     shape check without --transpose: the import warns and says how to flip; T x D items of
     different lengths (more columns than rows too) are not warned about."""
@@ -115,52 +114,52 @@ def test_d_by_n_items_of_one_size_are_warned_about_and_transpose_flips_them(tmp_
     else:
         scipy.io.savemat(source, columns)
     store = tmp_path / "s"
-    plain = run_cli("import", "--manifest", manifest, "--from", source, "--store", store,
-                    "--name", "dn")
+    plain = cli("import", "--manifest", manifest, "--from", source, "--store", store,
+                "--name", "dn", check=True)
     assert "summary: 4 done" in plain.stdout  # 4 items of 3 frames x 9 values: all agree
     assert "warning: every item has more columns than rows (e.g. 'run_a': 3 x 9, read as 3 " \
            "frames of 9 values): if each column is a frame (D x N), re-run the same command " \
            "with --transpose (one frame per column); if each row is one, ignore this" \
            in plain.stderr
-    flipped = run_cli("import", "--manifest", manifest, "--from", source, "--store", store,
-                      "--name", "dn", "--transpose")
+    flipped = cli("import", "--manifest", manifest, "--from", source, "--store", store,
+                  "--name", "dn", "--transpose", check=True)
     assert "warning" not in flipped.stderr
     for item_id, array in data.items():
         np.testing.assert_allclose(imported(store, "dn").read_item(item_id), array, rtol=1e-6)
     wide = {i: RNG.normal(size=(2 + n, 6)) for n, i in enumerate(ids)}  # T < D, T varies
     np.savez(tmp_path / "td.npz", **wide)
-    quiet = run_cli("import", "--manifest", manifest, "--from", tmp_path / "td.npz", "--store",
-                    store, "--name", "td")
+    quiet = cli("import", "--manifest", manifest, "--from", tmp_path / "td.npz", "--store",
+                store, "--name", "td", check=True)
     assert quiet.stderr == ""
 
 
-def test_a_missing_item_says_which_files_and_formats_were_tried(tmp_path):
+def test_a_missing_item_says_which_files_and_formats_were_tried(tmp_path, cli):
     manifest = write_manifest(tmp_path)
     folder = tmp_path / "feats"
     for item_id, array in list(frames().items())[:3]:
         (folder / item_id).parent.mkdir(parents=True, exist_ok=True)
         np.save(folder / f"{item_id}.npy", array)
-    result = run_cli("import", "--manifest", manifest, "--from", folder, "--store",
-                     tmp_path / "s", "--name", "f", check=False)
-    assert result.returncode == 1
+    result = cli("import", "--manifest", manifest, "--from", folder, "--store",
+                 tmp_path / "s", "--name", "f")
+    assert result.exit_code == 1
     assert f"error: walk/d: not found: none of {folder}/walk/d.npy, {folder}/walk/d.mat, " \
         f"{folder}/walk_d.npy, {folder}/walk_d.mat (formats tried: .npy, .mat)" in result.stderr
     scipy.io.savemat(tmp_path / "f.mat", {"run_a": np.ones((2, 2))})
-    result = run_cli("import", "--manifest", manifest, "--from", tmp_path / "f.mat", "--store",
-                     tmp_path / "s", "--name", "g", check=False)
+    result = cli("import", "--manifest", manifest, "--from", tmp_path / "f.mat", "--store",
+                 tmp_path / "s", "--name", "g")
     assert "run/b: not found: no numeric variable 'run/b' or 'run_b' in" in result.stderr
 
 
-def test_non_numeric_mat_variables_and_files_are_refused(tmp_path):
+def test_non_numeric_mat_variables_and_files_are_refused(tmp_path, cli):
     manifest = write_manifest(tmp_path, ["a"])
     scipy.io.savemat(tmp_path / "cell.mat", {"a": np.array([np.ones(2), "x"], dtype=object)})
-    result = run_cli("import", "--manifest", manifest, "--from", tmp_path / "cell.mat",
-                     "--store", tmp_path / "s", "--name", "f", check=False)
-    assert result.returncode == 1 and "no numeric variable 'a'" in result.stderr
+    result = cli("import", "--manifest", manifest, "--from", tmp_path / "cell.mat",
+                 "--store", tmp_path / "s", "--name", "f")
+    assert result.exit_code == 1 and "no numeric variable 'a'" in result.stderr
     (tmp_path / "junk.mat").write_bytes(b"not a mat file at all" * 10)
-    result = run_cli("import", "--manifest", manifest, "--from", tmp_path / "junk.mat",
-                     "--store", tmp_path / "s", "--name", "f", check=False)
-    assert result.returncode == 1 and "not a readable MATLAB file" in result.stderr
+    result = cli("import", "--manifest", manifest, "--from", tmp_path / "junk.mat",
+                 "--store", tmp_path / "s", "--name", "f")
+    assert result.exit_code == 1 and "not a readable MATLAB file" in result.stderr
     assert "Traceback" not in result.stderr
     with pytest.raises(Exception, match="is a MATLAB cell array"):
         matlab.read_variable(tmp_path / "cell.mat", "a")
@@ -188,10 +187,10 @@ def frame_stage(tmp_path):
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".h5", ".mat"])
-def test_export_round_trips_with_sidecars(tmp_path, frame_stage, suffix):
+def test_export_round_trips_with_sidecars(tmp_path, frame_stage, suffix, cli):
     store, data = frame_stage
     out = tmp_path / f"export{suffix}"
-    result = run_cli("export", "--store", store, "frames", "-o", out)
+    result = cli("export", "--store", store, "frames", "-o", out, check=True)
     assert "layout ragged, X (12, 2) float32, sidecars positions, timestamps" in result.stdout
     ids, items, fields = load_export(out)
     assert ids == list(data)
@@ -205,9 +204,9 @@ def test_export_round_trips_with_sidecars(tmp_path, frame_stage, suffix):
     assert [str(x) for x in np.asarray(fields["labels"]).reshape(-1)] == ["run", "walk", "run"]
 
 
-def test_export_files_read_with_the_format_libraries(tmp_path, frame_stage):
+def test_export_files_read_with_the_format_libraries(tmp_path, frame_stage, cli):
     store, data = frame_stage
-    run_cli("export", "--store", store, "frames", "-o", tmp_path / "e.h5")
+    cli("export", "--store", store, "frames", "-o", tmp_path / "e.h5", check=True)
     with h5py.File(tmp_path / "e.h5", "r") as handle:
         assert handle["ids"].asstr()[()].tolist() == ["v/1", "v/2", "w 3"]
         np.testing.assert_array_equal(handle["offsets"][()], [0, 3, 7, 12])
@@ -216,7 +215,7 @@ def test_export_files_read_with_the_format_libraries(tmp_path, frame_stage):
                                       data["w 3"][1]["timestamps"])
         assert handle["sidecar_positions_present"][()].tolist() == [True, False, True]
         assert handle["splits"].asstr()[()].tolist() == [["train"], ["test"], [""]]
-    run_cli("export", "--store", store, "frames", "-o", tmp_path / "e.mat")
+    cli("export", "--store", store, "frames", "-o", tmp_path / "e.mat", check=True)
     mat = scipy.io.loadmat(tmp_path / "e.mat")
     assert mat["ids"].shape == (3, 1) and str(mat["ids"][2, 0][0]) == "w 3"  # a cell array
     # ragged items: a cell array of one T x D matrix per video (VideoDarwin's layout)
@@ -231,7 +230,7 @@ def test_export_files_read_with_the_format_libraries(tmp_path, frame_stage):
     assert str(mat["layout"][0]) == "ragged"
 
 
-def test_mat_export_keeps_the_numpy_shapes_matlab_would_lose(tmp_path):
+def test_mat_export_keeps_the_numpy_shapes_matlab_would_lose(tmp_path, cli):
     items = [ManifestItem(f"i{n}", "", ("a",), ("train",)) for n in range(3)]
     store = Store(tmp_path / "s")
     stage = store.stage("import", {"x": 1}, items=Manifest(items, root=tmp_path))
@@ -239,7 +238,7 @@ def test_mat_export_keeps_the_numpy_shapes_matlab_would_lose(tmp_path):
     for item, array in zip(items, arrays, strict=True):
         stage.write_item(item.id, array)
     store.set_name("one", stage)
-    run_cli("export", "--store", tmp_path / "s", "one", "-o", tmp_path / "o.mat")
+    cli("export", "--store", tmp_path / "s", "one", "-o", tmp_path / "o.mat", check=True)
     # MATLAB drops trailing singleton dimensions (size(X) is 3x5): the shape is kept beside
     np.testing.assert_array_equal(scipy.io.loadmat(tmp_path / "o.mat")["X_shape"].ravel(),
                                   [3, 5, 1])
@@ -248,7 +247,7 @@ def test_mat_export_keeps_the_numpy_shapes_matlab_would_lose(tmp_path):
     np.testing.assert_allclose(items_back[1], arrays[1], rtol=1e-6)
 
 
-def test_mat_export_ragged_cells_and_stacked_read_back(tmp_path):
+def test_mat_export_ragged_cells_and_stacked_read_back(tmp_path, cli):
     """Issue 23: ragged items as a cell of T x D matrices plus ids, equal shapes stacked;
     read back by scipy.io.loadmat (and by the featpipe reader), 3-D items too."""
     store = Store(tmp_path / "s")
@@ -261,7 +260,7 @@ def test_mat_export_ragged_cells_and_stacked_read_back(tmp_path):
             stage.write_item(item.id, array)
         store.set_name(name, stage)
         out = tmp_path / f"{name}.mat"
-        run_cli("export", "--store", store.root, name, "-o", out)
+        cli("export", "--store", store.root, name, "-o", out, check=True)
         mat = scipy.io.loadmat(out)
         assert [str(c[0]) for c in mat["ids"].ravel()] == [i.id for i in items]
         if name == "same":
@@ -280,9 +279,9 @@ def test_mat_export_ragged_cells_and_stacked_read_back(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["x.csv", "x", "x.npy", "x.MAT.txt"])
-def test_an_unknown_export_suffix_is_a_usage_error(tmp_path, frame_stage, name):
+def test_an_unknown_export_suffix_is_a_usage_error(tmp_path, frame_stage, name, cli):
     store, _ = frame_stage
-    result = run_cli("export", "--store", store, "frames", "-o", tmp_path / name, check=False)
-    assert result.returncode == 2
+    result = cli("export", "--store", store, "frames", "-o", tmp_path / name)
+    assert result.exit_code == 2
     assert "the suffix picks the format; use .npz, .h5/.hdf5 or .mat" in result.stderr
     assert list(tmp_path.glob("x*")) == []

@@ -7,7 +7,6 @@ import pytest
 from featpipe.datasets import from_folder, from_hmdb51, from_hollywood2, from_ucf101, from_voc
 from featpipe.errors import FeatpipeError
 from featpipe.manifest import Manifest
-from tests.conftest import run_cli
 
 
 def touch(path: Path, text: str = "x") -> Path:
@@ -375,18 +374,31 @@ def test_split_folders_and_generated_splits_conflict(tmp_path, cli):
     assert result.exit_code == 0 and Manifest.read(tmp_path / "m.csv").n_splits == 2
 
 
-def test_missing_train_or_test_rows_warn_on_stderr(tmp_path):
+def test_missing_train_or_test_rows_warn_on_stderr(tmp_path, cli):
     touch(tmp_path / "d" / "run" / "a.avi")
     out = tmp_path / "m.csv"
-    built = run_cli("manifest", "build", tmp_path / "d", "-o", out)
+    built = cli("manifest", "build", tmp_path / "d", "-o", out, check=True)
     warning = "warning: split1 has no train and no test rows"
     assert warning in built.stderr and warning not in built.stdout
-    checked = run_cli("manifest", "check", out)
-    assert checked.returncode == 0 and warning in checked.stderr
+    checked = cli("manifest", "check", out, check=True)
+    assert checked.exit_code == 0 and warning in checked.stderr
     assert "ok (1 items" in checked.stdout
-    quiet = run_cli("-q", "manifest", "check", out)
+    quiet = cli("-q", "manifest", "check", out, check=True)
     assert quiet.stderr == "" and "ok (1 items" in quiet.stdout
     out.write_text("id,path,label,split1,split2\nx,d/run/a.avi,run,train,train\n")
-    checked = run_cli("manifest", "check", out)
+    checked = cli("manifest", "check", out, check=True)
     assert "split1 has no test rows" in checked.stderr
     assert "split2 has no test rows" in checked.stderr
+
+
+def test_a_folder_scan_lists_every_image_extract_reads(tmp_path):
+    """One list of image suffixes: what `extract` reads as an image (webp included), a folder
+    scan lists."""
+    from featpipe.io.images import IMAGE_SUFFIXES, is_image
+
+    for suffix in IMAGE_SUFFIXES:
+        (tmp_path / "cls").mkdir(exist_ok=True)
+        (tmp_path / "cls" / f"x{suffix[1:]}{suffix.upper()}").write_bytes(b"")
+    manifest = from_folder(tmp_path)
+    assert len(manifest.ids) == len(IMAGE_SUFFIXES)
+    assert all(is_image(item.path) for item in manifest)

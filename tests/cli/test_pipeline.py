@@ -11,7 +11,6 @@ import pytest
 
 from featpipe.pipeline import PipelineError, load_pipeline, run_pipeline
 from featpipe.store import Store
-from tests.conftest import run_cli
 
 aeon = pytest.importorskip("aeon")
 DATA = Path(aeon.__file__).parent / "datasets" / "data" / "BasicMotions"
@@ -86,8 +85,10 @@ def pipeline_file(tmp_path):
     return path
 
 
-def test_a_pipeline_runs_end_to_end_and_a_rerun_computes_nothing(tmp_path, pipeline_file):
-    plan = run_cli("run", pipeline_file, "--dry-run", cwd=tmp_path)
+def test_a_pipeline_runs_end_to_end_and_a_rerun_computes_nothing(tmp_path, pipeline_file, cli,
+                                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plan = cli("run", pipeline_file, "--dry-run", check=True)
     lines = plan.stdout.splitlines()
     assert lines.count("dry run: 80 to compute, 0 already complete") == 3
     assert sum(line.startswith("would compute ") for line in lines) == 9  # 3 per item step
@@ -96,7 +97,7 @@ def test_a_pipeline_runs_end_to_end_and_a_rerun_computes_nothing(tmp_path, pipel
     planned = [line for line in lines if line.startswith("stage ")]
     assert len(planned) == 4  # frames, std, frames-std, avg: each step's stage and key
     assert not (tmp_path / "store").exists()  # a dry run creates nothing
-    first = run_cli("run", pipeline_file, cwd=tmp_path)
+    first = cli("run", pipeline_file, check=True)
     assert [line for line in first.stdout.splitlines() if line.startswith("stage ")] == \
         planned  # the keys the dry run printed are the stages computed
     assert first.stdout.count("summary: 80 done, 0 skipped") == 3
@@ -108,27 +109,26 @@ def test_a_pipeline_runs_end_to_end_and_a_rerun_computes_nothing(tmp_path, pipel
     assert report["command"] == f"featpipe run {pipeline_file} (step result)"
     assert [e["kind"] for e in report["inputs_chain"]] == ["import", "standardize", "encode",
                                                              "encode"]
-    again = run_cli("run", pipeline_file, cwd=tmp_path)
+    again = cli("run", pipeline_file, check=True)
     assert again.stdout.count("summary: 0 done, 80 skipped (already complete)") == 3
     assert again.stdout.split("split 1: ")[1].splitlines()[0] == \
         first.stdout.split("split 1: ")[1].splitlines()[0]
-    plan = run_cli("run", pipeline_file, "--dry-run", cwd=tmp_path)
+    plan = cli("run", pipeline_file, "--dry-run", check=True)
     assert plan.stdout.count("dry run: 0 to compute, 80 already complete") == 3
     assert "dry run: model already fitted" in plan.stdout
     assert "would run after" not in plan.stdout
 
 
-def test_the_same_steps_through_the_library(tmp_path, pipeline_file, monkeypatch):
+def test_the_same_steps_through_the_library(tmp_path, pipeline_file, monkeypatch, cli):
     monkeypatch.chdir(tmp_path)
     pipeline = load_pipeline(pipeline_file)
     assert [s.name for s in pipeline.steps] == ["frames", "std", "frames-std", "avg", "result"]
     results = run_pipeline(pipeline, Store(tmp_path / "lib"))
     assert results[3].summary.done == 80 and results[4]["summary"]["metric"] == "accuracy"
     # the command line gives the same numbers
-    cli = run_cli("run", pipeline_file, "--store", tmp_path / "cli", cwd=tmp_path)
-    assert f"accuracy {results[4]['splits'][0]['score']:.4f}" in cli.stdout
-    only = run_cli("run", pipeline_file, "--store", tmp_path / "cli", "--step", "avg",
-                   cwd=tmp_path)
+    command = cli("run", pipeline_file, "--store", tmp_path / "cli", check=True)
+    assert f"accuracy {results[4]['splits'][0]['score']:.4f}" in command.stdout
+    only = cli("run", pipeline_file, "--store", tmp_path / "cli", "--step", "avg", check=True)
     assert "step 4/5: avg (encode)" in only.stdout and "step 1/5" not in only.stdout
 
 
@@ -163,8 +163,20 @@ FRAMES = "[steps.frames]\nstage = 'import_features'\nsources = ['x.ts']\n"
      "step 'a' (encode): window must be an int in the range [1, inf), got 0"),
     (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'avg'\n"
      "on_error = 'skp'\n", "step 'a' (encode): on_error must be one of fail, skip"),
+    (f"{FRAMES}[steps.a]\nstage = 'encode'\ninput = 'frames'\nmethod = 'hrp'\n"
+     "params = { stride = true }\n",
+     "step 'a' (encode): stride must be an int in the range [1, inf), got True"),
     ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
      "params = { step = 0 }\n", "step 'x' (extract): "),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
+     "sampling = { fps = '5' }\n", "step 'x' (extract): fps must be a finite number > 0, got "
+     "'5'"),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
+     "sampling = { every = 2.5 }\n", "step 'x' (extract): every must be a whole number >= 1, "
+     "got 2.5"),
+    ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'dsift'\n"
+     "sampling = { frames = true }\n", "step 'x' (extract): frames must be a whole number "
+     ">= 1, got True"),
     ("[steps.x]\nstage = 'extract'\nmanifest = 'm.csv'\nfeatures = 'sift'\n",
      "step 'x' (extract): features must be one of"),
     (f"{FRAMES}[steps.c]\nstage = 'classify'\ninputs = ['frames']\nC = []\n",
@@ -185,30 +197,32 @@ FRAMES = "[steps.frames]\nstage = 'import_features'\nsources = ['x.ts']\n"
      "[steps.later]\nstage = 'encode'\ninput = 'frames'\nmethod = 'avg'\n",
      "step 'c' (classify): inputs names step 'later', which comes later"),
 ])
-def test_bad_pipeline_files_are_usage_errors_before_anything_runs(tmp_path, text, message):
+def test_bad_pipeline_files_are_usage_errors_before_anything_runs(tmp_path, text, message, cli):
     path = tmp_path / "p.toml"
     path.write_text(text)
     with pytest.raises(PipelineError, match=re.escape(message)):
         load_pipeline(path)
-    proc = run_cli("run", path, "--store", tmp_path / "s", check=False)
-    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+    proc = cli("run", path, "--store", tmp_path / "s")
+    assert proc.exit_code == 2 and message in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "s").exists()
 
 
-def test_a_failing_step_names_itself_and_stops_the_pipeline(tmp_path, pipeline_file):
+def test_a_failing_step_names_itself_and_stops_the_pipeline(tmp_path, pipeline_file, cli,
+                                                            monkeypatch):
+    monkeypatch.chdir(tmp_path)
     broken = PIPELINE.replace('inputs = ["avg"]', 'inputs = ["nope"]')
     path = tmp_path / "broken.toml"
     path.write_text(broken)
-    proc = run_cli("run", path, cwd=tmp_path, check=False)
-    assert proc.returncode == 2  # checked before any step runs: nothing computed
+    proc = cli("run", path)
+    assert proc.exit_code == 2  # checked before any step runs: nothing computed
     assert "step 'result' (classify): inputs names 'nope', which is no earlier step" in \
         proc.stderr and not (tmp_path / "store").exists()
     bad_value = PIPELINE.replace('method = "avg"', 'method = "hrp"\nparams = { window = 0 }')
     path.write_text(bad_value)
-    proc = run_cli("run", path, "--store", tmp_path / "other", cwd=tmp_path, check=False)
-    assert proc.returncode == 2 and "step 'avg' (encode): window must be" in proc.stderr
+    proc = cli("run", path, "--store", tmp_path / "other")
+    assert proc.exit_code == 2 and "step 'avg' (encode): window must be" in proc.stderr
     assert not (tmp_path / "other").exists()
-    missing = run_cli("run", tmp_path / "none.toml", check=False)
-    assert missing.returncode == 2 and "no such file" in missing.stderr
-    unknown = run_cli("run", pipeline_file, "--step", "nope", check=False)
-    assert unknown.returncode == 2 and "no step 'nope'" in unknown.stderr
+    missing = cli("run", tmp_path / "none.toml")
+    assert missing.exit_code == 2 and "no such file" in missing.stderr
+    unknown = cli("run", pipeline_file, "--step", "nope")
+    assert unknown.exit_code == 2 and "no step 'nope'" in unknown.stderr

@@ -293,3 +293,14 @@ def test_the_demo_shows_each_stages_progress(tmp_path):
         "seq", "avg", "seq-avg")
     assert opened == [(5, "encode seq-avg", "items")]
     assert out[-1].startswith("progress: encode seq-avg 5/5 items in ")
+
+
+def test_more_units_than_declared_stay_at_100_percent_in_both_forms():
+    """A video that decodes more frames than its container declared: 12 of 10."""
+    status, clock, _ = board(tty=False)
+    frames = status.open(10, "extract", "frames")
+    clock.now += 1.0
+    frames.advance(12)
+    assert frames.plain(clock.now).startswith("extract 12/10 frames (100%)")
+    assert "100%" in frames.line(clock.now)
+    frames.close()

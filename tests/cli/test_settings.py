@@ -43,6 +43,9 @@ COMMANDS = [["encode", "--input", "seq", "--method", "max", "--name", "e"],
             ["encode", "--input", "seq", "--method", "hrp", "--window", "4", "--name", "e"],
             ["encode", "--input", "seq", "--method", "hrp", "--dry-run"],
             ["fit", "pca", "--input", "seq", "--n-components", "2", "--name", "p"],
+            ["classify", "--input", "seq", "--kernel", "linear"],
+            ["extract", "--manifest", "m.csv", "--features", "dsift", "--dry-run"],
+            ["import", "--from", "npy", "--name", "i"], ["run", "pipeline.toml"],
             ["status"], ["cache", "ls"]]
 
 

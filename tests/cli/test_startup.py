@@ -1,12 +1,15 @@
-"""The command line starts at once: ``--help`` of every command imports no heavy stack.
+"""The command line starts at once: ``--help`` of every command imports no numpy.
 
-scikit-learn alone takes 1.5-2 s to import here (it brings SciPy, pandas and joblib), so the
-help of a command must not read the estimators: what it shows comes from the precomputed
-table ``featpipe/cli/options.json`` (:mod:`featpipe.cli.options`), which must equal what the
-estimators declare now.  Time is measured by ``benchmarks/bench_startup.py``, not here.
+scikit-learn alone takes 1.5-2 s to import here (it brings SciPy, pandas and joblib), and
+numpy 0.1-0.3 s, so the help of a command must not read the estimators nor the store: what it
+shows comes from the precomputed table ``featpipe/cli/options.json``
+(:mod:`featpipe.cli.options`), which must equal what the estimators declare now, and the
+commands import the store, the stages and the progress display inside their callbacks.  Time
+is measured by ``benchmarks/bench_startup.py``, not here.
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -15,9 +18,11 @@ import pytest
 
 from featpipe.cli import COMMANDS, cli
 from featpipe.cli.options import TABLE_PATH, TABLE_SOURCES, live_entry
+from tests._stores import write_npy_dataset
+from tests.conftest import REPO, run_cli
 
-#: packages a command's --help must not import (numpy is allowed)
-HEAVY = ("sklearn", "scipy", "pandas", "torch", "cv2", "joblib", "h5py", "dask",
+#: packages a command's --help must not import
+HEAVY = ("numpy", "sklearn", "scipy", "pandas", "torch", "cv2", "joblib", "h5py", "dask",
          "distributed", "matplotlib", "aeon")
 
 
@@ -33,39 +38,50 @@ def _command_paths() -> list[list[str]]:
     return paths
 
 
+#: prints ``featpipe ARGS --help``, then the heavy packages it imported (a JSON list)
 PROBE = """
 import json, sys
 from featpipe.cli import cli
-found = {}
-for path in json.loads(sys.argv[1]):
-    before = set(sys.modules)
-    try:
-        cli.main(args=[*path, "--help"], prog_name="featpipe", standalone_mode=False)
-    except SystemExit:
-        pass
-    new = {m.split(".")[0] for m in set(sys.modules) - before}
-    found[" ".join(path) or "featpipe"] = sorted(new & set(json.loads(sys.argv[2])))
+try:
+    cli.main(args=[*json.loads(sys.argv[1]), "--help"], prog_name="featpipe")
+except SystemExit:
+    pass
+found = sorted({m.split(".")[0] for m in sys.modules} & set(json.loads(sys.argv[2])))
 print(json.dumps(found))
 """
 
-
-def test_help_of_every_command_imports_no_heavy_stack():
-    paths = [[]] + _command_paths()
-    assert ["fit", "gmm"] in paths and ["encode"] in paths and len(paths) > 15
-    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(paths), json.dumps(HEAVY)],
-                         capture_output=True, text=True, check=True, timeout=300).stdout
-    found = json.loads(out.splitlines()[-1])
-    assert len(found) == len(paths)
-    assert {k: v for k, v in found.items() if v} == {}
+#: commands whose module still imports numpy at module level, owned by another branch
+NOT_YET_LIGHT = {"extract": "featpipe/cli/extract.py imports featpipe.io.video and "
+                            "featpipe.manifest at module level (the extract-thin branch moves "
+                            "them): remove this entry when it lands"}
 
 
-def test_featpipe_help_imports_not_even_numpy():
-    code = ("import sys\nfrom featpipe.cli import cli\ntry:\n    cli.main(args=['--help'], "
-            "prog_name='featpipe', standalone_mode=False)\nexcept SystemExit:\n    pass\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'click'}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=120).stdout
-    assert out.splitlines()[-1] == "['click']"
+def _python(code: str, *args) -> str:
+    """What ``python -c code ARGS`` prints (this checkout's featpipe; ARGS as JSON)."""
+    done = subprocess.run([sys.executable, "-c", code, *map(json.dumps, args)],
+                          capture_output=True, text=True, check=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    return done.stdout
+
+
+def _marked(path: list[str]):
+    reason = NOT_YET_LIGHT.get(" ".join(path))
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    return pytest.param(path, id=" ".join(path) or "featpipe", marks=marks)
+
+
+def test_every_command_is_probed():
+    paths = _command_paths()
+    assert ["fit", "gmm"] in paths and ["encode"] in paths and ["cache", "pack"] in paths
+    assert len(paths) > 25
+
+
+@pytest.mark.parametrize("path", [_marked(p) for p in [[], *_command_paths()]])
+def test_help_imports_no_numpy(path):
+    """A fresh process per command: what one --help imports cannot hide another's."""
+    out = _python(PROBE, path, HEAVY)
+    assert "Usage: featpipe" in out
+    assert json.loads(out.splitlines()[-1]) == []
 
 
 @pytest.mark.parametrize("key", sorted(TABLE_SOURCES))
@@ -100,3 +116,35 @@ def test_generated_options_parse_as_before():
     gmm = {p.name: p for p in fit_gmm.params}
     assert gmm["n_components"].opts == ["--n-components", "--components"] and \
         gmm["n_components"].default == 256
+
+
+#: runs ``featpipe ARGS`` and prints the featpipe and heavy modules it imported (a JSON list)
+RUN_PROBE = """
+import json, sys
+from featpipe.cli import cli
+try:
+    cli.main(args=json.loads(sys.argv[1]), prog_name="featpipe")
+except SystemExit as stop:
+    assert not stop.code, stop.code
+loaded = {m for m in sys.modules if m.startswith("featpipe.")}
+loaded |= {m.split(".")[0] for m in sys.modules} & set(json.loads(sys.argv[2]))
+print(json.dumps(sorted(loaded)))
+"""
+
+
+def test_an_encode_run_imports_the_module_of_its_method_only(tmp_path):
+    from featpipe.encode.registry import METHOD_MODULES
+    from featpipe.store import Store
+
+    manifest, store = write_npy_dataset(tmp_path, n=4), tmp_path / "store"
+    run_cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store", store,
+            "--name", "feats")
+    args = ["encode", "--store", str(store), "--input", "feats", "--method", "avg",
+            "--name", "avg"]
+    loaded = set(json.loads(_python(RUN_PROBE, args, HEAVY).splitlines()[-1]))
+    stage = Store(store).resolve("avg")
+    assert [stage.read_item(i).shape for i in stage.items.ids] == [(8,)] * 4  # computed
+    assert {"featpipe.encode.temporal", "numpy", "sklearn"} <= loaded
+    assert loaded & (set(METHOD_MODULES) - {"featpipe.encode.temporal"}) == set()
+    assert loaded & {"torch", "cv2", "h5py", "dask", "distributed", "matplotlib", "aeon"} == set()
+

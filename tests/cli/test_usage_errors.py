@@ -57,6 +57,20 @@ def test_bad_encode_values_are_usage_errors_before_any_stage(cli, store, flag, v
     assert store.resolve("e_hrp").is_complete()
 
 
+@pytest.mark.parametrize("flag, value", [("--fps", "inf"), ("--fps", "nan"), ("--fps", "0"),
+                                         ("--every", "0"), ("--frames", "0"),
+                                         ("--decode-timeout", "inf")])
+def test_bad_extract_sampling_or_timeout_is_a_usage_error_before_any_stage(
+        cli, store, tmp_path, flag, value):
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,path,label,split1\nclip,clip.mp4,a,train\n")
+    for dry_run in ([], ["--dry-run"]):
+        message = _usage_error(cli, store, "extract", "--manifest", manifest, "--store",
+                               store.root, "--features", "dsift", flag, value, *dry_run,
+                               flag=flag)
+        assert f"got {value}" in message and len(message.strip().splitlines()) == 1
+
+
 def test_emit_layer_beyond_depth_says_why(cli, store):
     message = _usage_error(cli, store, "encode", "--store", store.root, "--input", "seq",
                            "--method", "hrp", "--emit-layer", "3", flag="--emit-layer")

@@ -4,7 +4,7 @@ package, run dry, run, and run again."""
 
 import re
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO
 
 
 def accuracy(stdout: str, step: str) -> float:
@@ -12,27 +12,28 @@ def accuracy(stdout: str, step: str) -> float:
     return float(re.search(r"split 1: accuracy ([0-9.]+)", section).group(1))
 
 
-def test_walkthrough(tmp_path):
+def test_walkthrough(tmp_path, cli, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     walkthrough = (REPO / "docs" / "walkthrough.md").read_text(encoding="utf-8")
     block = re.search(r"```bash\n(.*?)```", walkthrough, flags=re.S).group(1)
     commands = [line.split("#")[0].strip() for line in block.splitlines()]
     assert commands[:3] == ["featpipe example clips clips",
                             "featpipe manifest build clips -o clips.csv --test-fraction 0.5 "
                             "--seed 0", "featpipe example pipeline > pipeline.toml"]
-    clips = run_cli("example", "clips", "clips", cwd=tmp_path)
+    clips = cli("example", "clips", "clips", check=True)
     assert clips.stdout == "40 clips of 24 frames in clips/ (away, left, right, towards)\n"
     assert not (tmp_path / "clips" / "manifest.csv").exists()
-    built = run_cli("manifest", "build", "clips", "-o", "clips.csv", "--test-fraction", "0.5",
-                    "--seed", "0", cwd=tmp_path)
+    built = cli("manifest", "build", "clips", "-o", "clips.csv", "--test-fraction", "0.5",
+                "--seed", "0", check=True)
     assert "split1: 20 train, 20 test" in built.stdout and built.stderr == ""
-    shipped = run_cli("example", "pipeline", cwd=tmp_path).stdout
+    shipped = cli("example", "pipeline", check=True).stdout
     assert shipped == (REPO / "featpipe" / "templates" / "pipeline.toml").read_text("utf-8")
     (tmp_path / "pipeline.toml").write_text(shipped, encoding="utf-8")
-    plan = run_cli("run", "pipeline.toml", "--dry-run", cwd=tmp_path)
+    plan = cli("run", "pipeline.toml", "--dry-run", check=True)
     assert "dry run: 40 to compute, 0 already complete" in plan.stdout
     assert plan.stdout.count("dry run: 40 to compute, 0 already complete") == 4
     planned = re.findall(r"^stage (\S+)", plan.stdout, re.M)
-    first = run_cli("run", "pipeline.toml", cwd=tmp_path)
+    first = cli("run", "pipeline.toml", check=True)
     assert re.findall(r"^stage (\S+)", first.stdout, re.M) == planned and len(planned) == 4
     avg, hrp = accuracy(first.stdout, "avg-result"), accuracy(first.stdout, "hrp-result")
     # reversed classes share their frames: order-blind pooling is far below rank pooling
@@ -42,6 +43,6 @@ def test_walkthrough(tmp_path):
     assert (avg, hrp) == (float(stated.group(1)), float(stated.group(2)))
     report = (tmp_path / "reports" / "hrp.md").read_text()
     assert "![Confusion matrix (rows normalised), split 1](hrp.split1.confusion.png)" in report
-    again = run_cli("run", "pipeline.toml", cwd=tmp_path)
+    again = cli("run", "pipeline.toml", check=True)
     assert again.stdout.count("summary: 0 done, 40 skipped (already complete)") == 4
     assert accuracy(again.stdout, "hrp-result") == hrp

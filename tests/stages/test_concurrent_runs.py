@@ -4,6 +4,9 @@ again; other shards of the same stage are not held up."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -12,7 +15,8 @@ import numpy as np
 from featpipe import stages
 from featpipe.stages import Reporter, RunOptions
 from featpipe.store import Store
-from tests._stores import write_npy_dataset
+from tests._stores import done_lines, write_npy_dataset
+from tests.conftest import REPO
 
 
 class Lines(Reporter):
@@ -66,3 +70,41 @@ def test_another_shard_of_the_stage_is_not_held_up(tmp_path):
     with stage.exclusive("shard-0-of-2", lambda: None):
         run = stages.encode(store, "frames", "max", options=RunOptions(shard="1/2"))
     assert run.summary.done + run.summary.not_in_shard == 12 and run.summary.done > 0
+
+
+def test_two_identical_encode_commands_started_together_compute_each_item_once(tmp_path):
+    store = Store(tmp_path / "store")
+    stages.import_features(store, [str(tmp_path / "npy")], str(write_npy_dataset(tmp_path)),
+                           name="frames")
+    command = [sys.executable, "-m", "featpipe", "encode", "-s", str(store.root), "-i",
+               "frames", "-m", "slow-mean", "--seconds", "0", "-n", "mean"]
+    gate = tmp_path / "go"  # no item is computed before it exists
+    env = dict(os.environ, PYTHONPATH=str(REPO), FEATPIPE_ENCODERS="tests._slow_mean",
+               SLOW_MEAN_GATE=str(gate))
+    first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    second = None
+    try:
+        deadline = time.monotonic() + 120
+        while not any(s.running_processes() for s in store.all_stages() if s.kind == "encode"):
+            assert time.monotonic() < deadline and first.poll() is None, first.communicate()
+            time.sleep(0.02)
+        second = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        said = []
+        reader = threading.Thread(target=lambda: said.extend(second.stderr), daemon=True)
+        reader.start()
+        while not any("waiting for it" in line for line in said):
+            assert time.monotonic() < deadline and second.poll() is None, said
+            time.sleep(0.02)
+    finally:
+        gate.touch()
+    out, err = first.communicate(timeout=300)
+    second_out = second.stdout.read()
+    assert second.wait(timeout=300) == 0 and first.returncode == 0, err
+    reader.join(60)
+    assert "summary: 12 done, 0 skipped" in out
+    assert "summary: 0 done, 12 skipped" in second_out
+    assert "reused 12 item(s) the other run computed meanwhile" in second_out + "".join(said)
+    assert set(done_lines(store.root, "mean").values()) == {1}  # every item computed once
+    assert store.resolve("mean").is_complete()

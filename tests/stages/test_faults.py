@@ -177,12 +177,12 @@ def test_changed_parameter_new_key_same_parameters_same_stage(tmp_path, cli):
     assert store.resolve("feat").read_item("clip/01").max() == 0
 
 
-def test_malformed_manifest_on_import_names_the_line(tmp_path):
+def test_malformed_manifest_on_import_names_the_line(tmp_path, cli):
     (tmp_path / "m.csv").write_text("id,path,label,split1\na,x,l,train\nb,y,l,maybe\n")
     np.savez(tmp_path / "f.npz", a=np.ones(2), b=np.ones(2))
-    proc = run_cli("import", "--manifest", tmp_path / "m.csv", "--from", tmp_path / "f.npz",
-                   "--store", tmp_path / "s", "--name", "x", check=False)
-    assert proc.returncode == 1
+    proc = cli("import", "--manifest", tmp_path / "m.csv", "--from", tmp_path / "f.npz",
+               "--store", tmp_path / "s", "--name", "x")
+    assert proc.exit_code == 1
     assert proc.stderr.strip().splitlines() == [
         f"error: manifest {tmp_path / 'm.csv'}, line 3: split1 value 'maybe' for 'b' must be "
         "'train', 'test' or empty"]

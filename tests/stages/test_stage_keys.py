@@ -189,6 +189,41 @@ def test_extract_dsift_default_sampling_is_one_frame_per_second(cli, world):
                    "--sizes", "8", "--fps", "1", "--dry-run") == key
 
 
+def test_extract_with_an_encoding_has_one_key(cli, world):
+    root, store = world
+    key = cli_key(cli, "extract", "-m", root / "video.csv", "-s", store.root, "-f", "dsift",
+                  "--sizes", "8", "--encode", "cov", "--dry-run")
+    assert cli_key(cli, "extract", "-m", root / "video.csv", "-s", store.root, "-f", "dsift",
+                   "--sizes", "8", "--encode", "cov", "--ns-iters", "5", "--run-eta", "0.6",
+                   "--seed", "0", "--dry-run") == key
+    step = {"stage": "extract", "manifest": str(root / "video.csv"), "features": "dsift",
+            "params": {"sizes": [8.0]}, "encode": "cov",
+            "encode_params": {"ns_iters": 5.0, "norm": "ssr", "random_state": 0.0}}
+    assert pipeline_key(root, store, step) == key
+    run = stages.extract(store, Manifest.read(root / "video.csv"), "dsift",
+                         params={"sizes": [8]}, encode="cov",
+                         encode_params={"run_eta": 0.6, "log_eps": 1e-6},
+                         options=RunOptions(dry_run=True))
+    assert python_key(run) == key
+
+
+def test_extract_of_images_keys_no_sampling_and_no_decoder(cli, world):
+    import cv2
+
+    root, store = world
+    cv2.imwrite(str(root / "still.png"), np.full((32, 48, 3), 90, np.uint8))
+    (root / "images.csv").write_text("id,path,label,split1\nstill,still.png,a,train\n")
+    args = ["extract", "-m", root / "images.csv", "-s", store.root, "-f", "dsift", "--sizes",
+            "8", "--dry-run"]
+    key = cli_key(cli, *args)
+    for other in (["--fps", "5"], ["--every", "1"], ["--frames", "3"],
+                  ["--decoder", "tests.cli.test_extract_interrupt:SlowDecoder"]):
+        assert cli_key(cli, *args, *other) == key, other  # an image is read whole
+    video = ["extract", "-m", root / "video.csv", "-s", store.root, "-f", "dsift", "--sizes",
+             "8", "--dry-run"]
+    assert cli_key(cli, *video, "--every", "1") != cli_key(cli, *video)
+
+
 def test_extract_vgg_one_key(cli, world):
     root, store = world
     key = cli_key(cli, "extract", "-m", root / "video.csv", "-s", store.root, "-f",
@@ -202,6 +237,17 @@ def test_extract_vgg_one_key(cli, world):
                          params={"weights": "random:0", "crop": 32, "resize": 40.0},
                          sampling=Sampling(every=2), options=RunOptions(dry_run=True))
     assert python_key(run) == key
+    # torchvision's 256/224 omitted, given, and given the other way
+    default = cli_key(cli, "extract", "-m", root / "video.csv", "-s", store.root, "-f",
+                      "vgg16-fc6", "--weights", "random:0", "--dry-run")
+    assert default != key
+    step = {"stage": "extract", "manifest": str(root / "video.csv"), "features": "vgg16-fc6",
+            "params": {"weights": "random:0", "crop": 224, "resize": 256.0}}
+    assert pipeline_key(root, store, step) == default
+    run = stages.extract(store, Manifest.read(root / "video.csv"), "vgg16-fc6",
+                         params={"weights": "random:00", "crop": 224.0},
+                         options=RunOptions(dry_run=True))
+    assert python_key(run) == default
 
 
 FITS = [
@@ -272,7 +318,25 @@ def test_the_record_fills_defaults_types_values_and_suggests_names():
         parameter_record(estimator_parameters(GaussianMixtureModel), {"n_component": 2},
                          "GaussianMixtureModel")
     assert typed_value(20.5, (int,)) == 20.5  # left for validation to refuse
-    assert typed_value(True, (float,)) is True
+    assert typed_value(True, (float,)) is True  # ... and so is a bool for a number
+
+
+@pytest.mark.parametrize("call", [
+    lambda store: stages.encode(store, "frames", "hrp", {"stride": True},
+                                options=RunOptions(dry_run=True)),
+    lambda store: stages.encode(store, "frames", "hrp", {"C": True},
+                                options=RunOptions(dry_run=True)),
+    lambda store: stages.fit_gmm(store, "frames", name="m", n_components=True, dry_run=True),
+    lambda store: stages.fit_pca(store, "frames", name="m", random_state=False, dry_run=True),
+    lambda store: stages.classify(store, ["avg"], C=[True]),
+], ids=["stride", "C", "n_components", "random_state", "classify C"])
+def test_a_bool_is_no_number(world, call):
+    """True == 1 in Python: taken for a number it would be a second key for stride = 1."""
+    from featpipe.errors import ParameterError
+
+    root, store = world
+    with pytest.raises(ParameterError, match=r"must be .*, got (True|False)$"):
+        call(store)
 
 
 def test_cache_show_prints_the_record(cli, world):

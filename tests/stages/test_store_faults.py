@@ -19,7 +19,7 @@ from featpipe.fileio import atomic_write_bytes
 from featpipe.manifest import from_rows
 from featpipe.pack import pack_stage
 from featpipe.store import Store
-from tests.conftest import one_line_error, run_cli
+from tests.conftest import one_line_error
 
 
 def make_stage(store: Store, kind: str, n: int = 3, name: str | None = None, shape=(4, 3)):
@@ -37,7 +37,7 @@ def tmp_files(root) -> list:
 
 
 # -- 4: names stay inside their store --------------------------------------------------------
-def test_16_4_a_name_pointing_outside_its_store_is_never_followed(tmp_path):
+def test_16_4_a_name_pointing_outside_its_store_is_never_followed(tmp_path, cli):
     victim = Store(tmp_path / "other")
     theirs = make_stage(victim, "import", name="theirs")
     loose = sorted(theirs.path.rglob("*.npy"))
@@ -45,27 +45,27 @@ def test_16_4_a_name_pointing_outside_its_store_is_never_followed(tmp_path):
     make_stage(mine, "encode", name="ok")
     (mine.names_dir / "evil").write_text(f"../../other/stages/{theirs.name}\n")
 
-    pack = run_cli("cache", "pack", "--store", mine.root, "evil", check=False)
+    pack = cli("cache", "pack", "--store", mine.root, "evil")
     assert "not a stage folder of this store" in one_line_error(pack)
     assert sorted(theirs.path.rglob("*.npy")) == loose and not (theirs.path / "packed").exists()
     with pytest.raises(FeatpipeError, match="names never point outside"):
         mine.resolve("evil")
     with pytest.raises(FeatpipeError, match="is not a stage folder name"):
         mine.stage_by_folder(f"../../other/stages/{theirs.name}")
-    ls = run_cli("cache", "ls", "--store", mine.root, check=False)
-    assert ls.returncode == 1 and "ok" in ls.stdout and "problem: name 'evil'" in ls.stderr
-    gc = run_cli("cache", "gc", "--store", mine.root, "--min-age", "0", check=False)
-    assert gc.returncode == 1 and "gc removes no stage" in gc.stderr
+    ls = cli("cache", "ls", "--store", mine.root)
+    assert ls.exit_code == 1 and "ok" in ls.stdout and "problem: name 'evil'" in ls.stderr
+    gc = cli("cache", "gc", "--store", mine.root, "--min-age", "0")
+    assert gc.exit_code == 1 and "gc removes no stage" in gc.stderr
     assert theirs.path.exists() and len(mine.all_stages()) == 1
 
 
-def test_16_4_stage_metadata_naming_inputs_outside_the_store_is_corrupt(tmp_path):
+def test_16_4_stage_metadata_naming_inputs_outside_the_store_is_corrupt(tmp_path, cli):
     store = Store(tmp_path / "s")
     stage = make_stage(store, "encode", name="enc")
     meta = json.loads((stage.path / "stage.json").read_text())
     meta["inputs"] = ["../../../etc"]
     (stage.path / "stage.json").write_text(json.dumps(meta))
-    proc = run_cli("cache", "show", "--store", store.root, "enc", check=False)
+    proc = cli("cache", "show", "--store", store.root, "enc")
     assert "'inputs' must list stage folders" in one_line_error(proc)
 
 
@@ -97,10 +97,10 @@ def damaged(tmp_path):
     return store, {s.kind: s for s in (healthy, huge, packed, keyless, listed, timeless)}
 
 
-def test_16_8_ls_verify_gc_report_each_broken_stage_and_go_on(damaged):
+def test_16_8_ls_verify_gc_report_each_broken_stage_and_go_on(damaged, cli):
     store, stages = damaged
-    ls = run_cli("cache", "ls", "--store", store.root, check=False)
-    assert ls.returncode == 1 and "Traceback" not in ls.stderr
+    ls = cli("cache", "ls", "--store", store.root)
+    assert ls.exit_code == 1 and "Traceback" not in ls.stderr
     listed = {line.split()[1] for line in ls.stdout.splitlines()[1:]}
     assert {stages["healthy"].name, stages["huge"].name, stages["timeless"].name} <= listed
     problems = [line for line in ls.stderr.splitlines() if line.startswith("problem: ")]
@@ -108,8 +108,8 @@ def test_16_8_ls_verify_gc_report_each_broken_stage_and_go_on(damaged):
     assert any(stages["keyless"].name in p and "'params' missing" in p for p in problems)
     assert any(stages["listed"].name in p and "not a JSON object" in p for p in problems)
 
-    verify = run_cli("cache", "verify", "--store", store.root, check=False)
-    assert verify.returncode == 1 and "Traceback" not in verify.stderr
+    verify = cli("cache", "verify", "--store", store.root)
+    assert verify.exit_code == 1 and "Traceback" not in verify.stderr
     out = verify.stdout
     assert f"ok: stage {stages['healthy'].name}: 3 items checked" in out
     assert f"problem: stage {stages['huge'].name}: item 'huge1': unreadable (" in out
@@ -121,22 +121,21 @@ def test_16_8_ls_verify_gc_report_each_broken_stage_and_go_on(damaged):
     assert f"problem: stage {stages['listed'].name}: " in out
     assert "verified " in out and "in 6 stages" in out
 
-    gc = run_cli("cache", "gc", "--store", store.root, "--min-age", "0", check=False)
-    assert gc.returncode == 1 and "Traceback" not in gc.stderr
+    gc = cli("cache", "gc", "--store", store.root, "--min-age", "0")
+    assert gc.exit_code == 1 and "Traceback" not in gc.stderr
     assert stages["listed"].path.exists()  # an unreadable stage is never removed blindly
 
 
-def test_16_8_status_export_and_show_give_one_line_on_damage(damaged, tmp_path):
+def test_16_8_status_export_and_show_give_one_line_on_damage(damaged, tmp_path, cli):
     store, stages = damaged
-    status = run_cli("status", "--store", store.root, "timeless", check=False)
-    assert status.returncode == 0 and "items: 3 total, 3 done" in status.stdout, status.stderr
-    export = run_cli("export", "--store", store.root, "huge", "-o", tmp_path / "x.npz",
-                     check=False)
+    status = cli("status", "--store", store.root, "timeless")
+    assert status.exit_code == 0 and "items: 3 total, 3 done" in status.stdout, status.stderr
+    export = cli("export", "--store", store.root, "huge", "-o", tmp_path / "x.npz")
     assert one_line_error(export).startswith("error: huge1: unreadable array ")
     assert not (tmp_path / "x.npz").exists() and not tmp_files(tmp_path)
     for args in (["status", "--store", store.root, "packed"],
                  ["cache", "show", "--store", store.root, "keyless"]):
-        assert one_line_error(run_cli(*args, check=False))
+        assert one_line_error(cli(*args))
     with pytest.raises(FeatpipeError, match="huge1: unreadable array"):
         stages["huge"].read_item("huge1")
 
@@ -192,14 +191,14 @@ def mounted(*args):
         subprocess.run(["umount", "-l", str(target)], check=False)
 
 
-def test_16_7_disk_full_gives_one_line_keeps_what_is_recorded_and_resumes(tmp_path):
+def test_16_7_disk_full_gives_one_line_keeps_what_is_recorded_and_resumes(tmp_path, cli):
     from tests._stores import write_npy_dataset
 
     manifest = write_npy_dataset(tmp_path / "data", n=12, dim=2000)  # ~40-90 KiB per item
     with mounted("-t", "tmpfs", "-o", "size=320k", "tmpfs", tmp_path / "disk") as disk:
         store = disk / "s"
-        full = run_cli("import", "--manifest", manifest, "--from", tmp_path / "data" / "npy",
-                       "--store", store, "--name", "fc", check=False)
+        full = cli("import", "--manifest", manifest, "--from", tmp_path / "data" / "npy",
+                   "--store", store, "--name", "fc")
         line = one_line_error(full)
         assert "No space left on device (disk full)" in line and "re-run the same command" in line
         assert not tmp_files(disk)
@@ -208,43 +207,43 @@ def test_16_7_disk_full_gives_one_line_keeps_what_is_recorded_and_resumes(tmp_pa
         kept = stage.done_ids()
         assert 0 < len(kept) < 12
         assert all(stage.read_item(i).shape[1] == 2000 for i in kept)
-        verify = run_cli("cache", "verify", "--store", store)
+        verify = cli("cache", "verify", "--store", store, check=True)
         assert "0 problem(s)" in verify.stdout
-        export = run_cli("export", "--store", store, stage.name, "--partial", "-o",
-                         disk / "x.npz", check=False)
+        export = cli("export", "--store", store, stage.name, "--partial", "-o",
+                     disk / "x.npz")
         assert "No space left on device" in one_line_error(export)
         assert not tmp_files(disk) and not (disk / "x.npz").exists()
         subprocess.run(["mount", "-o", "remount,size=8m", str(disk)], check=True)
-        again = run_cli("import", "--manifest", manifest, "--from", tmp_path / "data" / "npy",
-                        "--store", store, "--name", "fc")
+        again = cli("import", "--manifest", manifest, "--from", tmp_path / "data" / "npy",
+                    "--store", store, "--name", "fc", check=True)
         assert f"{12 - len(kept)} done, {len(kept)} skipped" in again.stdout
 
 
-def test_16_7_a_read_only_store_is_read_and_refuses_writes_in_one_line(tmp_path):
+def test_16_7_a_read_only_store_is_read_and_refuses_writes_in_one_line(tmp_path, cli):
     from tests._stores import write_npy_dataset
 
     manifest = write_npy_dataset(tmp_path / "data", n=4)
-    run_cli("import", "--manifest", manifest, "--from", tmp_path / "data" / "npy",
-            "--store", tmp_path / "s", "--name", "fc")
+    cli("import", "--manifest", manifest, "--from", tmp_path / "data" / "npy",
+        "--store", tmp_path / "s", "--name", "fc", check=True)
     other = make_stage(Store(tmp_path / "s"), "orphan")
     with mounted("--bind", tmp_path / "s", tmp_path / "ro") as ro:
         subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
         for args in (["cache", "ls"], ["cache", "verify"], ["status", "fc"],
                      ["cache", "show", "fc"]):
-            proc = run_cli(args[0], *args[1:], "--store", ro, check=False)
-            assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
-        exported = run_cli("export", "--store", ro, "fc", "-o", tmp_path / "fc.npz")
+            proc = cli(args[0], *args[1:], "--store", ro)
+            assert proc.exit_code == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
+        exported = cli("export", "--store", ro, "fc", "-o", tmp_path / "fc.npz", check=True)
         assert "wrote" in exported.stdout
         for args in (["encode", "--store", ro, "--input", "fc", "--method", "avg"],
                      ["cache", "pack", "--store", ro, "fc"],
                      ["cache", "gc", "--store", ro, "--min-age", "0"]):
-            line = one_line_error(run_cli(*args, check=False))
+            line = one_line_error(cli(*args))
             assert "Read-only file system" in line, args
-        export = run_cli("export", "--store", ro, "fc", "-o", ro / "logs" / "x.npz",
-                         check=False)  # logs/: the one folder of a store open to other files
+        # logs/: the one folder of a store open to other files
+        export = cli("export", "--store", ro, "fc", "-o", ro / "logs" / "x.npz")
         assert "read-only file system" in one_line_error(export, code=2)
-        build = run_cli("manifest", "build", tmp_path / "data" / "npy", "--ext", ".npy", "-o",
-                        ro / "new" / "m.csv", check=False)
+        build = cli("manifest", "build", tmp_path / "data" / "npy", "--ext", ".npy", "-o",
+                    ro / "new" / "m.csv")
         assert one_line_error(build) == f"error: cannot write {ro / 'new'}: Read-only file " \
                                         "system"
     assert other.path.exists()

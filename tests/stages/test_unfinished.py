@@ -1,13 +1,14 @@
 """Unfinished work stays visible (issue 22 section 3): every run marks itself running, a run
 that ends with failures under ``--on-error skip`` takes its name and the stages computed from
-it leave the failed items out (and say which), a killed extract is followed by ``status``,
-kept by ``cache gc`` and finished by the same command."""
+it leave the failed items out (and say which), a killed extract or encode is followed by
+``status``, kept by ``cache gc`` and finished by the same command."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import cv2
@@ -16,7 +17,7 @@ import pytest
 
 from featpipe import stages
 from featpipe.fileio import HOST
-from featpipe.manifest import Manifest
+from featpipe.manifest import Manifest, from_rows
 from featpipe.stages.base import RUNNING
 from featpipe.stages.cache import gc
 from featpipe.store import Store
@@ -66,6 +67,47 @@ def test_a_killed_extract_is_followed_kept_and_finished(tmp_path, cli):
     assert stage.running_processes() == [] and not list((stage.path / "running").iterdir())
 
 
+def test_a_killed_encode_is_followed_kept_and_finished(tmp_path, cli):
+    store = Store(tmp_path / "store")
+    stages.import_features(store, [str(tmp_path / "npy")], str(write_npy_dataset(tmp_path)),
+                           name="frames")
+    frames = store.resolve("frames")
+    command = [sys.executable, "-m", "featpipe", "encode", "-s", str(store.root), "-i",
+               "frames", "-m", "slow-mean", "-n", "mean"]
+    env = dict(environment(), FEATPIPE_ENCODERS="tests._slow_mean")
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    stage = None
+    while time.monotonic() < deadline:  # one item done, the next begun
+        stage = next((s for s in store.all_stages() if s.kind == "encode"), None)
+        if stage is not None and stage.done_ids():
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    assert stage is not None and stage.done_ids(), "no item finished in time"
+    assert stage.running_processes() == [f"{HOST}-{proc.pid}"]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    done = len(stage.done_ids())
+    assert 1 <= done < len(frames.items.ids)
+    assert (store.names_dir / RUNNING / "mean").read_text().strip() == stage.name
+    assert "mean" not in store.names() and stage.running_processes() == []
+    status = cli("status", "-s", store.root, "mean")
+    assert status.exit_code == 0, status.output
+    assert f"stage {stage.name} (encode)" in status.output
+    assert f"12 total, {done} done, 0 failed, {12 - done} pending" in status.output
+    assert gc(store, min_age=0).removed == [] and stage.path.is_dir()
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert f"{12 - done} done, {done} skipped" in again.stdout
+    assert store.resolve("mean") == stage and stage.is_complete()
+    assert not (store.names_dir / RUNNING / "mean").exists()
+    for item_id in frames.items.ids:
+        mean = frames.read_item(item_id).astype(np.float64).mean(axis=0)
+        np.testing.assert_array_equal(stage.read_item(item_id), mean.astype(np.float32))
+
+
 @pytest.fixture
 def images(tmp_path):
     """Three small images and one file that is not an image."""
@@ -109,6 +151,26 @@ def test_skip_names_the_stage_and_downstream_stages_leave_the_failed_items_out(
     again = stages.encode(store, "sift", "cov", name="cov")
     assert again.stage != cov and "input_failed" not in again.stage.params
     assert sorted(again.stage.items.ids) == ["bad", "i0", "i1", "i2"]
+
+
+def test_an_encode_with_a_failed_item_under_skip_takes_its_name(tmp_path, cli):
+    store = Store(tmp_path / "store")
+    rows = [(f"t{i}", "", ["a"], ["train"]) for i in range(4)]
+    seq = store.stage("import", {"seq": 1}, items=from_rows(rows, root=tmp_path))
+    for i in range(4):  # t2 has 4 features per frame, the others 3
+        seq.write_item(f"t{i}", np.full((5, 4 if i == 2 else 3), i, np.float32))
+    store.set_name("seq", seq)
+    result = cli("encode", "-s", store.root, "-i", "seq", "-m", "avg", "-n", "e",
+                 "--on-error", "skip")
+    assert result.exit_code == 1
+    stage = store.resolve("e")
+    assert set(stage.failed()) == {"t2"} and stage.done_ids() == {"t0", "t1", "t3"}
+    assert "name e points to stage" in result.stderr and "1 failed item(s)" in result.stderr
+    assert not (store.names_dir / RUNNING / "e").exists()
+    status = cli("status", "-s", store.root, "e")
+    assert "failed: t2: " in status.output and "3 done, 1 failed, 0 pending" in status.output
+    failing = cli("encode", "-s", store.root, "-i", "seq", "-m", "max", "-n", "m")
+    assert failing.exit_code == 1 and "m" not in store.names()  # without skip: no name
 
 
 def test_gc_keeps_a_stage_a_live_process_computes(tmp_path):

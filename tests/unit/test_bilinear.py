@@ -247,6 +247,21 @@ def test_rank_deficient_inputs_give_finite_outputs(method, norm):
     for F in rank_deficient_inputs():
         z = so.SecondOrderPooling(method, norm, dim=32).transform(F)
         assert np.all(np.isfinite(z)), (method, norm, F.shape)
+    # known values: an all-zero set pools to zero, and L2 keeps a zero vector zero
+    zeros = rank_deficient_inputs()[3]
+    assert not np.any(so.SecondOrderPooling(method, norm, dim=32).transform(zeros))
+
+
+@pytest.mark.parametrize("norm, sign", [("none", 1), ("ssr", 1), ("sqrtm", 1), ("ns", 1),
+                                        ("logm", -1)])
+def test_equal_eigenvalues_give_the_normalised_identity(norm, sign):
+    """F = 2I (6 x 6): B = FᵀF / 6 = (2/3)I, and every normalisation of a multiple of I
+    (√, NS iterations, log(2/3) < 0, SSR) is a multiple of I: after L2, ±1/√6 on the
+    diagonal of the upper triangle and 0 elsewhere."""
+    identity = rank_deficient_inputs()[2]
+    z = so.SecondOrderPooling("bilinear", norm).transform(identity)
+    expect = sign * so.triu_vectorise(np.eye(6)) / np.sqrt(6)
+    np.testing.assert_allclose(z, np.tile(expect, (2, 1)), atol=1e-12)
 
 
 def test_rank_deficient_gradients_finite_for_ns_and_run():
@@ -368,7 +383,6 @@ def fill_store(store_dir, items):
 
 
 def test_cli_encode_bilinear_run_on_a_store(store_dir, cli):
-    from tests.conftest import run_cli
 
     rng = np.random.default_rng(15)
     images = {f"img{i}": (np.abs(rng.standard_normal((30 + i, 6))).astype(np.float32), {})
@@ -377,8 +391,8 @@ def test_cli_encode_bilinear_run_on_a_store(store_dir, cli):
     images["video/0"] = (video, {"frame_index": np.repeat([0, 2], 10)})
     store = fill_store(store_dir, images)
 
-    proc = run_cli("encode", "--store", store_dir, "--input", "feats", "--method", "bilinear",
-                   "--norm", "run", "--name", "bl")
+    proc = cli("encode", "--store", store_dir, "--input", "feats", "--method", "bilinear",
+               "--norm", "run", "--name", "bl", check=True)
     assert "3 done" not in proc.stdout and "4 done, 0 skipped" in proc.stdout
     stage = store.resolve("bl")
     encoder = so.SecondOrderPooling("bilinear", "run")

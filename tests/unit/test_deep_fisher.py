@@ -126,6 +126,17 @@ def test_squared_hinge_svm_and_its_C_mapping(digits):
     np.testing.assert_allclose(w, ref, atol=1e-4 * np.abs(ref).max())
 
 
+
+def test_both_helps_say_how_the_two_Cs_relate(cli):
+    """Issue 24: --C of fit deep-gmm is classify's C (the weight of the summed loss; the test
+    above checks it against that objective), and each help says so."""
+    deep = " ".join(cli("fit", "deep-gmm", "--help").output.split())
+    classify = " ".join(cli("classify", "--help").output.split())
+    assert "the meaning of classify --C (libsvm's C, hinge loss)" in deep
+    assert "its C is n times this one" in deep
+    assert "`fit deep-gmm --C` means the same, with the squared hinge" in classify
+
+
 def _split(labels):
     idx = np.arange(len(labels))
     return idx[idx % 3 == 0], idx[idx % 3 == 1], idx[idx % 3 == 2]

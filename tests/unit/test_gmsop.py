@@ -114,6 +114,11 @@ def test_transform_equals_transcription_and_round_trips(fitted):
     again = GatedMixtureSOP.from_arrays(arrays, meta)
     np.testing.assert_array_equal(again.transform(maps[:3]), codes)
     np.testing.assert_array_equal(again.predict(maps), model.predict(maps))
+    if model.gate == "average":  # a model saved before the gate option: read with that gate
+        params = {k: v for k, v in meta["params"].items() if k not in ("gate", "gate_dim")}
+        old = GatedMixtureSOP.from_arrays(arrays, {**meta, "params": params})
+        assert old.gate == "average"
+        np.testing.assert_array_equal(old.transform(maps[:3]), codes)
 
 
 @pytest.mark.parametrize("gate", ["sr-sop", "average"])
@@ -179,6 +184,15 @@ def test_cli_fit_and_encode_gmsop(store_dir, cli):
     model = GatedMixtureSOP.from_arrays(arrays, meta)
     np.testing.assert_allclose(store.resolve("codes").read_item("im5"),
                                model.transform([maps[5]])[0], rtol=1e-6)
+    assert model.gate == "sr-sop"  # the paper's gate by default; --gate average the other
+    result = cli("fit", "gmsop", "--store", store_dir, "--input", "feats", "--name", "gm-avg",
+                 "--components", "3", "--top-k", "2", "--dim", "3", "--epochs", "3",
+                 "--gate", "average")
+    assert result.exit_code == 0, result.output
+    assert store.resolve("gm-avg").key != store.resolve("gm").key
+    arrays, meta = store.resolve("gm-avg").load_model("gmsop")
+    assert GatedMixtureSOP.from_arrays(arrays, meta).gate == "average"
+    assert "gate_projection" not in arrays
     missing = cli("encode", "--store", store_dir, "--input", "feats", "--method", "gmsop")
     assert missing.exit_code == 2 and "--model is required by --method gmsop" in missing.output
     assert "`featpipe fit gmsop`" in missing.output

@@ -230,13 +230,13 @@ def test_hrp_memory_budget_is_split_among_threads(monkeypatch):
     X = np.abs(sequences([200], dim=64, seed=1)[0]).astype(np.float32)
     budget = 16 * 8 * module.window_bytes(20, 64, 4)  # 8 windows per thread
     sizes = []
-    original_pool = module.rank_pool_sums
+    original_pool = module.pool_windows
 
-    def recording_pool(S, *args, **kwargs):
-        sizes.append(S.shape[0])
-        return original_pool(S, *args, **kwargs)
+    def recording_pool(X, starts, *args, **kwargs):
+        sizes.append(len(starts))
+        return original_pool(X, starts, *args, **kwargs)
 
-    monkeypatch.setattr(module, "rank_pool_sums", recording_pool)
+    monkeypatch.setattr(module, "pool_windows", recording_pool)
     out = module.hrp_layer(X, chunk_bytes=budget)
     assert started == [16] and max(sizes) == 8 and sum(sizes) == out.shape[0] == 181
     # the same budget from the environment (what a job script sets), via the estimator

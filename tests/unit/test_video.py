@@ -71,8 +71,13 @@ def test_evenly_spaced_and_sampling_validation():
     np.testing.assert_array_equal(evenly_spaced(3, 5), [0, 1, 2])
     with pytest.raises(InputError, match="mutually exclusive"):
         Sampling(fps=1.0, every=2).validate()
-    with pytest.raises(InputError, match="--frames"):
-        Sampling(frames=0).validate()
+    for bad in (Sampling(frames=0), Sampling(every=2.5), Sampling(every=True)):
+        with pytest.raises(InputError, match=r"(frames|every) must be a whole number >= 1"):
+            bad.validate()
+    for fps in (0, float("inf"), float("nan"), "5", True):
+        with pytest.raises(InputError, match="fps must be a finite number > 0"):
+            Sampling(fps=fps).validate()
+    assert Sampling(every=2.0).validate().params() == Sampling(every=2).params()
     with pytest.raises(InputError, match="known decoders: opencv"):
         video.get_decoder("pyav-typo")
 
