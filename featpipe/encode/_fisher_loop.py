@@ -189,8 +189,9 @@ def accumulate(raw, x, center, mc, inv_sigma, log_norm, approx, limit, threshold
             exact[j] = math.exp(exact[j] - top)
             norm += exact[j]
         evidence += top + math.log(norm)
+        scale = 1.0 / norm  # one division per descriptor: γ within an ulp of exact / norm
         for j in range(n_cand):
-            g = exact[j] / norm
+            g = exact[j] * scale
             if g < threshold:
                 continue
             k = cand[j]
