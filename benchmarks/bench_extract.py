@@ -127,6 +127,15 @@ def timed_extract(store, manifest, features="dsift", **kwargs):
     return seconds, run
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process (all its threads) and its finished children: on a machine
+    loaded by other jobs, the ratio of two stages' CPU times is their ratio on one core."""
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def frames_of(stage) -> int:
     return sum(len(stage.read_extra(i, "timestamps")) for i in stage.items.ids)
 
@@ -154,22 +163,27 @@ def bench_stream(every: int, components: list[int]) -> None:
         timed_extract(store, manifest, sampling=sampling, params=dsift,
                       settings=ExtractSettings(sample_descriptors=25_000), name="sample")
         fit_pca(store, "sample", n_components=64, name="p64")
+        cpu = cpu_seconds()
         t_raw, raw = timed_extract(store, manifest, sampling=sampling, params=dsift,
                                    name="raw")
+        cpu_raw = cpu_seconds() - cpu
         frames = frames_of(raw.stage)
         per_frame = len(raw.stage.read_item("bikes")) // len(raw.stage.read_extra(
             "bikes", "timestamps"))
         raw_per_frame = array_bytes(raw.stage, extras=False) / frames
         print(f"  {frames} frames, {per_frame:,} descriptors per frame of bikes")
-        print(f"  raw dense SIFT stage: {frames / t_raw:.2f} frames/s ({t_raw:.1f} s), "
+        print(f"  raw dense SIFT stage: {frames / t_raw:.2f} frames/s ({t_raw:.1f} s, CPU "
+              f"{cpu_raw:.1f} s; load {os.getloadavg()[0]:.1f}), "
               f"{raw_per_frame:,.0f} bytes of float32 descriptors per frame")
         for k in components:
             fit_gmm(store, "sample", name=f"g{k}", n_components=k, pca="p64", sample=50_000,
                     max_iter=20)
             params = {"gmm": f"g{k}", "per_frame": True}
+            cpu = cpu_seconds()
             t_fused, fused = timed_extract(
                 store, manifest, sampling=sampling, params=dsift, name=f"fv{k}",
                 settings=ExtractSettings(encode="fisher", encode_params=params))
+            cpu_fused = cpu_seconds() - cpu
             start = time.perf_counter()
             encode(store, "raw", "fisher", params, name=f"two{k}")
             t_encode = time.perf_counter() - start
@@ -180,6 +194,7 @@ def bench_stream(every: int, components: list[int]) -> None:
             fused_per_frame = array_bytes(fused.stage, extras=True) / frames
             print(f"  K={k}: fused dsift+PCA+FV stage {frames / t_fused:.2f} frames/s "
                   f"({t_fused:.1f} s): ratio fused/raw {t_raw / t_fused:.2f} (target >= 0.9); "
+                  f"CPU {cpu_fused:.1f} s, ratio of CPU times {cpu_raw / cpu_fused:.2f}; "
                   f"two-stage (raw stage + encode {t_encode:.1f} s) "
                   f"{frames / (t_raw + t_encode):.2f} frames/s")
             print(f"        bytes at rest per frame {fused_per_frame:,.0f} (FV and sidecars): "

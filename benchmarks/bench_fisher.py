@@ -24,6 +24,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import argparse
+import math
 import time
 
 import cv2
@@ -62,6 +63,18 @@ def best_time(func, repeat):
         func()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def best_wall_and_cpu(func, repeat):
+    """(wall, process CPU) seconds of the fastest of ``repeat`` calls by wall time: with
+    worker threads, CPU above wall x threads is spin or contention, CPU above the one-thread
+    CPU time is the threads' overhead."""
+    best = (float("inf"), float("inf"))
+    for _ in range(repeat):
+        wall, cpu = time.perf_counter(), time.process_time()
+        func()
+        best = min(best, (time.perf_counter() - wall, time.process_time() - cpu))
+    return best
 
 
 def best_cpu_time(func, repeat):
@@ -110,9 +123,12 @@ def project(images, dim):
 
 def bench_encoding(images, dim, k, repeat, peak, threads, skimage=False):
     """featpipe's improved FV against cyvlfeat's in the same run, both on one thread (CPU
-    time), then featpipe on 1..``threads`` worker threads (wall time); descriptors/s, ratios,
-    and the fraction of the float32 peak reached (6·K·D flops per descriptor, the issue's
-    count of the arithmetic: the GEMM's 4KD and the rest)."""
+    time; BLAS and OpenMP, which VLFeat's encoder uses, limited to one thread), then featpipe
+    on 1..``threads`` worker threads of its one pool (wall time, one BLAS thread each);
+    descriptors/s, ratios, and the fraction of the float32 peak reached (6·K·D flops per
+    descriptor, the issue's count of the arithmetic: the GEMM's 4KD and the rest)."""
+    from threadpoolctl import threadpool_limits
+
     projected = project(images, dim)
     sample = np.concatenate(projected)[::4]
     start = time.perf_counter()
@@ -127,6 +143,7 @@ def bench_encoding(images, dim, k, repeat, peak, threads, skimage=False):
         return [fisher_vector(x, w, m, v) for x in projected]
 
     os.environ["FEATPIPE_THREADS"] = "1"
+    one_thread = threadpool_limits(1)  # BLAS and OpenMP
     rows = {"featpipe": best_cpu_time(ours, repeat)}
     try:
         from cyvlfeat.fisher import fisher as vl_fisher
@@ -154,6 +171,7 @@ def bench_encoding(images, dim, k, repeat, peak, threads, skimage=False):
         rows["scikit-image"] = best_cpu_time(
             lambda: [sk_fisher(x.astype(np.float64), skgmm, improved=True) for x in projected],
             1)
+    one_thread.restore_original_limits()
     print("  one thread (CPU time):")
     for name, seconds in rows.items():
         print(f"    {name:13s} {seconds:8.3f}s  {n / seconds / 1e3:8.1f}k descriptors/s  "
@@ -161,15 +179,35 @@ def bench_encoding(images, dim, k, repeat, peak, threads, skimage=False):
     flops = 6.0 * k * dim * n / rows["featpipe"] / 1e9
     print(f"    featpipe: {flops:.1f} GFLOP/s = {flops / peak:.2f} of the float32 GEMM peak "
           f"({peak:.1f} GFLOP/s)")
-    one = best_time(ours, repeat)
-    print("  worker threads (wall time; FEATPIPE_THREADS, one BLAS thread each):")
+    print(f"  worker threads (wall time, CPU time beside; FEATPIPE_THREADS, one pool, one BLAS "
+          f"thread each; load {os.getloadavg()[0]:.1f}):")
+    curve = {}
     for count in range(1, threads + 1):
         os.environ["FEATPIPE_THREADS"] = str(count)
-        seconds = one if count == 1 else best_time(ours, repeat)
-        print(f"    {count} thread(s): {seconds:7.3f}s  {n / seconds / 1e3:8.1f}k descriptors/s"
-              f"  x{one / seconds:.2f} of one thread")
+        seconds, cpu = best_wall_and_cpu(ours, repeat)
+        curve[count] = seconds
+        print(f"    {count} thread(s): {seconds:7.3f}s (CPU {cpu:.3f}s)  "
+              f"{n / seconds / 1e3:8.1f}k descriptors/s  x{curve[1] / seconds:.2f} of one thread")
     del os.environ["FEATPIPE_THREADS"]
+    SUMMARY.append((dim, k, n / rows["featpipe"], rows.get("cyvlfeat", math.nan) /
+                    rows["featpipe"], flops / peak,
+                    {c: curve[1] / t for c, t in curve.items()}))
     return projected, gmm
+
+
+#: (D, K, featpipe descriptors/s on one thread, ratio to cyvlfeat, fraction of the float32
+#: peak, speed-up over one thread by worker-thread count) of each encoding run
+SUMMARY = []
+
+
+def print_summary():
+    print("\nSummary (one thread: CPU time; threads: wall time):")
+    print("  | D | K | featpipe 1 thread | x cyvlfeat | fraction of float32 peak | "
+          "threads: x of one thread |")
+    for dim, k, rate, ratio, fraction, scaling in SUMMARY:
+        curve = ", ".join(f"{c}: x{x:.2f}" for c, x in scaling.items())
+        print(f"  | {dim} | {k} | {rate / 1e3:.0f}k desc/s | {ratio:.2f} | {fraction:.2f} | "
+              f"{curve} |")
 
 
 def bench_em(images, n_rows, k, iterations, repeat):
@@ -414,7 +452,8 @@ def main():
     from threadpoolctl import threadpool_limits
 
     print(f"BLAS: {blas_kernel()}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')}, "
-          f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE')}; load {os.getloadavg()}")
+          f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE')}; {os.cpu_count()} cores, "
+          f"{len(os.sched_getaffinity(0))} available; load {os.getloadavg()}", flush=True)
     if args.only == "digits":
         with threadpool_limits(1):
             digits_experiment()
@@ -426,6 +465,7 @@ def main():
         for dim in (64, 80):
             for k in (64, 256):
                 bench_encoding(images, dim, k, args.repeat, peak, args.threads, args.skimage)
+        print_summary()
     if args.only in (None, "em"):
         bench_em(images, args.em_rows, 256, args.em_iterations, 1)
     with threadpool_limits(1):

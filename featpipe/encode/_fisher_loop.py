@@ -1,11 +1,18 @@
 """The compiled per-descriptor pass of the Fisher-vector encoder (numba).
 
 Kept apart from :mod:`featpipe.encode.fisher` so that numba is imported only when a Fisher
-vector is computed.  The caller gives the float32 GEMM part of the Mahalanobis terms of a
-block of descriptors (:func:`featpipe.encode.posterior.mahalanobis`); this pass does the rest
-of the posterior routine (:mod:`featpipe.encode.posterior`: log joints, log-sum-exp) for one
-descriptor at a time, exactly where it matters, and adds the FV sums.  See
-:func:`featpipe.encode.fisher._accumulate` for the bounds.
+vector is computed.  :func:`squared_operand` builds the left operand of the float32 GEMM of
+the Mahalanobis terms (:func:`featpipe.encode.posterior.mahalanobis_gemm`) for a block of
+descriptors; :func:`accumulate` does the rest of the posterior routine
+(:mod:`featpipe.encode.posterior`: log joints, log-sum-exp) for one descriptor at a time,
+exactly where it matters, and adds the FV sums.  See :func:`featpipe.encode.fisher._accumulate`
+for the bounds.
+
+The helpers are inlined into :func:`accumulate` (``inline="always"``: a numba call between
+compiled functions passes every array as a struct and is not inlined by LLVM, ~30 cycles a
+call), so the whole pass is compiled with its flags: float64 sums reassociated so that they
+vectorise (a dependent chain of D adds costs 4 cycles each), products contracted to FMAs;
+no finite-math assumption (rows whose GEMM values are not finite take the exact path).
 """
 
 from __future__ import annotations
@@ -18,63 +25,62 @@ import numpy as np
 #: pairs more than 30 nats below a descriptor's best component are left out of its
 #: normaliser: K·e^-30 < 1e-10 relative for K ≤ 10^3
 _NEGLIGIBLE = -30.0
-
-
-#: the bound loop assumes finite values (rows with a non-finite distance are handled apart), so
-#: the compiler may vectorise it; its own rounding is in the bound's slack
-_FAST = {"nnan", "ninf", "nsz", "reassoc", "contract"}
-
-
-@numba.njit(cache=True, nogil=True, fastmath=_FAST)
-def _bounds(raw_t, bias, high, low, c_high, c_low, upper, lower):  # pragma: no cover
-    """upper_k = l̃_k + e_k and lower_k = l̃_k − e_k for one descriptor (finite inputs):
-    l̃ = log_norm − ½ max(m, 0), m = raw + bias, e = slope·max(m, 0) + offset, written as
-    high − c_high·m and low − c_low·m.  Returns max_k lower_k (eight independent chains: the
-    compiler does not vectorise a float max-reduction)."""
-    k_total = raw_t.shape[0]
-    for k in range(k_total):
-        m = raw_t[k] + bias[k]
-        m = m if m > np.float32(0.0) else np.float32(0.0)
-        upper[k] = high[k] - c_high * m
-        lower[k] = low[k] - c_low * m
-    t = np.full(8, np.float32(-3e38))
-    whole = k_total - k_total % 8
-    for k in range(0, whole, 8):
-        for j in range(8):
-            t[j] = max(t[j], lower[k + j])
-    top = max(max(max(t[0], t[1]), max(t[2], t[3])), max(max(t[4], t[5]), max(t[6], t[7])))
-    for k in range(whole, k_total):
-        top = max(top, lower[k])
-    return top
-
-
-#: float64 sums of D terms, reassociated so that they vectorise (a dependent chain of D adds
-#: cost 4 cycles each): float64 accuracy, the order fixed by the compiled code
+#: float64 accuracy, the order of the sums fixed by the compiled code
 _SUMS = {"reassoc", "contract"}
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_SUMS)
-def _distance(xc, t, mc, inv_sigma, k, d, j):  # pragma: no cover (compiled)
-    """d[j] = (xc[t] − mc[k])·inv_sigma[k] and Σ d[j]² (float64; rows by index: a row view
-    costs two atomic reference counts)."""
-    s = 0.0
-    for i in range(xc.shape[1]):
-        di = (xc[t, i] - mc[k, i]) * inv_sigma[k, i]
-        d[j, i] = di
-        s += di * di
-    return s
+@numba.njit(cache=True, nogil=True)
+def squared_operand(x, center, lhs):  # pragma: no cover (compiled)
+    """lhs (N, 2D) float32 = [xc², xc] (:func:`featpipe.encode.posterior.squared_lhs`) with
+    xc = float32(x − center), the difference taken in float64: one pass over x, no float64
+    copy of the block.  Returns whether every value of x is finite (Σ x·0 is not NaN)."""
+    dim = x.shape[1]
+    check = 0.0
+    for t in range(x.shape[0]):
+        for i in range(dim):
+            value = np.float64(x[t, i])
+            check += value * 0.0
+            v = np.float32(value - center[i])
+            lhs[t, i] = v * v
+            lhs[t, dim + i] = v
+    return check == 0.0
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_SUMS)
-def _add(g, d, j, u, v, k):  # pragma: no cover (compiled)
-    """u[k] += γ d[j], v[k] += γ d[j]² (float64)."""
-    for i in range(d.shape[1]):
-        gd = g * d[j, i]
-        u[k, i] += gd
-        v[k, i] += gd * d[j, i]
+@numba.njit(cache=True, nogil=True, inline="always")
+def _bounds(raw, t, bias, high, low, c_high, c_low, upper, lower):  # pragma: no cover
+    """upper_k = l̃_k + e_k and lower_k = l̃_k − e_k for descriptor t:
+    l̃ = log_norm − ½ max(m, 0), m = raw + bias, e = slope·max(m, 0) + offset, written as
+    high − c_high·m and low − c_low·m.  Returns (max_k lower_k, whether the row is finite):
+    the max by eight independent chains (the compiler does not vectorise a float
+    max-reduction), finiteness by Σ raw·0 (NaN for inf or NaN, a vectorised sum)."""
+    k_total = raw.shape[1]
+    zero = np.float32(0.0)
+    check = zero
+    for k in range(k_total):
+        r = raw[t, k]
+        check += r * zero
+        m = r + bias[k]
+        m = m if m > zero else zero
+        upper[k] = high[k] - c_high * m
+        lower[k] = low[k] - c_low * m
+    t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = np.float32(-3e38)
+    whole = k_total - k_total % 8
+    for k in range(0, whole, 8):
+        t0 = max(t0, lower[k])
+        t1 = max(t1, lower[k + 1])
+        t2 = max(t2, lower[k + 2])
+        t3 = max(t3, lower[k + 3])
+        t4 = max(t4, lower[k + 4])
+        t5 = max(t5, lower[k + 5])
+        t6 = max(t6, lower[k + 6])
+        t7 = max(t7, lower[k + 7])
+    top = max(max(max(t0, t1), max(t2, t3)), max(max(t4, t5), max(t6, t7)))
+    for k in range(whole, k_total):
+        top = max(top, lower[k])
+    return top, check == zero
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _rest(upper, lower, top_low, cut):  # pragma: no cover (compiled)
     """Σ exp(l̃_k − top_low) over the pairs that are not candidates (upper bound below
     ``cut``) and not negligible (above top_low − 30), with l̃ the midpoint of the bounds.
@@ -100,41 +106,63 @@ def _rest(upper, lower, top_low, cut):  # pragma: no cover (compiled)
     return total
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
-def accumulate(raw, finite, xc, mc, inv_sigma, log_norm, approx, limit, threshold,
-               u_sum, v_sum, mass):  # pragma: no cover (compiled)
-    """Add Σ γ d, Σ γ d² and Σ γ per component (float64) for the descriptors ``xc`` (N, D),
-    float64, centred; returns (pairs computed exactly, descriptors whose distances overflow,
-    Σ_t log Σ_k exp l_tk: the log-evidence of the descriptors without −D/2·log 2π).
+@numba.njit(cache=True, nogil=True, inline="always")
+def _distance(xc, mc, inv_sigma, k, d, j):  # pragma: no cover (compiled)
+    """d[j] = (xc − mc[k])·inv_sigma[k] and Σ d[j]² (float64; rows by index: a row view
+    costs two atomic reference counts)."""
+    s = 0.0
+    for i in range(xc.shape[0]):
+        di = (xc[i] - mc[k, i]) * inv_sigma[k, i]
+        d[j, i] = di
+        s += di * di
+    return s
 
-    raw (N, K) float32: the GEMM part of the Mahalanobis terms, m ≈ raw + bias; ``finite``
-    (N,): rows without inf or NaN in raw.  ``approx`` = (bias, high, low, c_high, c_low) in
-    float32 (:func:`_bounds`; −1e30 for skipped components): a pair's log joint
-    l = log_norm − ½m lies within e = slope·max(m, 0) + offset_k of its approximate value
-    (a bound on the float32 rounding).  Candidates are the pairs whose upper
-    bound is within ``limit`` of the largest lower bound (all valid components on a row that
-    is not finite); their l is recomputed in float64 from d = (xc − mc)·inv_sigma, and
-    γ = exp(l − top) / Σ, the sum over the candidates' exact terms and the approximate terms
-    of the other pairs (each below threshold·e^-margin of the best; those 30 nats below are
-    dropped).  Pairs with γ ≥ ``threshold`` are accumulated.
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _add(g, d, j, u, v, k):  # pragma: no cover (compiled)
+    """u[k] += γ d[j], v[k] += γ d[j]² (float64)."""
+    for i in range(d.shape[1]):
+        gd = g * d[j, i]
+        u[k, i] += gd
+        v[k, i] += gd * d[j, i]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=_SUMS)
+def accumulate(raw, x, center, mc, inv_sigma, log_norm, approx, limit, threshold,
+               u_sum, v_sum, mass):  # pragma: no cover (compiled)
+    """Add Σ γ d, Σ γ d² and Σ γ per component (float64) for the descriptors ``x`` (N, D),
+    centred at ``center`` in float64; returns (pairs computed exactly, descriptors whose
+    distances overflow, Σ_t log Σ_k exp l_tk: the log-evidence of the descriptors without
+    −D/2·log 2π).
+
+    raw (N, K) float32: the GEMM part of the Mahalanobis terms, m ≈ raw + bias.  ``approx``
+    = (bias, high, low, c_high, c_low) in float32 (:func:`_bounds`; −1e30 for skipped
+    components): a pair's log joint l = log_norm − ½m lies within e = slope·max(m, 0) +
+    offset_k of its approximate value (a bound on the float32 rounding).  Candidates are the
+    pairs whose upper bound is within ``limit`` of the largest lower bound (all valid
+    components on a row of raw that is not finite); their l is recomputed in float64 from
+    d = (xc − mc)·inv_sigma, and γ = exp(l − top) / Σ, the sum over the candidates' exact
+    terms and the approximate terms of the other pairs (each below threshold·e^-margin of
+    the best; those 30 nats below are dropped).  Pairs with γ ≥ ``threshold`` are
+    accumulated.
     """
     bias, high, low, c_high, c_low = approx
     n, k_total = raw.shape
-    dim = xc.shape[1]
+    dim = x.shape[1]
     upper = np.empty(k_total, np.float32)
     lower = np.empty(k_total, np.float32)
     cand = np.empty(k_total, np.int64)
     exact = np.empty(k_total)
     d = np.empty((k_total, dim))
+    xc = np.empty(dim)
     n_exact = 0
     overflow = 0
     evidence = 0.0
     for t in range(n):
         rest = 0.0
         n_cand = 0
-        top_low = -np.inf
-        if finite[t]:
-            top_low = _bounds(raw[t], bias, high, low, c_high, c_low, upper, lower)
+        top_low, finite = _bounds(raw, t, bias, high, low, c_high, c_low, upper, lower)
+        if finite:
             cut = np.float32(top_low + limit)
             rest = _rest(upper, lower, top_low, cut)
             for k in range(k_total):  # branch-free: few candidates among K
@@ -146,12 +174,13 @@ def accumulate(raw, finite, xc, mc, inv_sigma, log_norm, approx, limit, threshol
                     cand[n_cand] = k
                     n_cand += 1
         n_exact += n_cand
+        for i in range(dim):
+            xc[i] = np.float64(x[t, i]) - center[i]
         top = -np.inf
         for j in range(n_cand):
             k = cand[j]
-            exact[j] = log_norm[k] - 0.5 * _distance(xc, t, mc, inv_sigma, k, d, j)
-            if exact[j] > top:
-                top = exact[j]
+            exact[j] = log_norm[k] - 0.5 * _distance(xc, mc, inv_sigma, k, d, j)
+            top = max(top, exact[j])
         if not top > -np.inf:
             overflow += 1
             continue
@@ -160,8 +189,9 @@ def accumulate(raw, finite, xc, mc, inv_sigma, log_norm, approx, limit, threshol
             exact[j] = math.exp(exact[j] - top)
             norm += exact[j]
         evidence += top + math.log(norm)
+        scale = 1.0 / norm  # one division per descriptor: γ within an ulp of exact / norm
         for j in range(n_cand):
-            g = exact[j] / norm
+            g = exact[j] * scale
             if g < threshold:
                 continue
             k = cand[j]

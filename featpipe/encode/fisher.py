@@ -74,18 +74,23 @@ PYRAMIDS = {"none": ((1, 1),), "1x1+2x2+3x1": ((1, 1), (2, 2), (1, 3))}
 _LOG_2PI = math.log(2.0 * math.pi)
 #: Pairs whose log posterior may be within this of log(threshold) are recomputed exactly.
 _MARGIN = 0.5
-#: Descriptors per call of the FV encoder's pass (bounded memory), per task of a thread (its
-#: own sums, added in task order), and per block of its GEMM and compiled pass (the (block, K)
-#: float32 distances stay in cache).
+#: Descriptors per call of the FV encoder's pass (bounded memory), most per task of a thread
+#: (its own sums, added in task order; a call's tasks are of equal size, so that two threads
+#: share an image of 8,625 descriptors as 3 + 2 tasks, not 4,096 + 4,096 + 433), and per block
+#: of its GEMM and compiled pass (the (block, K) float32 distances stay in cache).
 _CHUNK = 32768
-_TASK = 4096
+_TASK = 2048
 #: EM's posterior cut-off in the sums (the log-likelihood keeps every pair).
 _EM_POSTERIOR = 1e-10
 _BLOCK = 512
 log = logging.getLogger(__name__)
 
 
-def _check_descriptors(x, dim: int | None = None, what: str = "descriptors") -> np.ndarray:
+def _check_descriptors(x, dim: int | None = None, what: str = "descriptors",
+                       finite: bool = True) -> np.ndarray:
+    """``x`` as a 2-D array of numbers (of ``dim`` columns), or a one-line InputError;
+    ``finite=False`` leaves the NaN/Inf check to the caller (the encoder's pass does it in its
+    operand pass: :func:`_accumulate`)."""
     x = np.asarray(x)
     if x.ndim != 2:
         raise InputError(f"{what}: expected a 2-D array (n_descriptors, dim), got shape "
@@ -94,7 +99,7 @@ def _check_descriptors(x, dim: int | None = None, what: str = "descriptors") -> 
         raise InputError(f"{what}: expected numbers, got dtype {x.dtype}")
     if dim is not None and x.shape[1] != dim:
         raise InputError(f"{what}: dimension {x.shape[1]} does not match the GMM's {dim}")
-    if not np.all(np.isfinite(x)):
+    if finite and not np.all(np.isfinite(x)):
         raise InputError(f"{what}: contains NaN or Inf")
     return x
 
@@ -485,7 +490,7 @@ class FisherAccumulator:
 
     def add(self, x) -> FisherAccumulator:
         """Accumulate descriptors ``x`` (n, D); returns ``self``."""
-        x = _check_descriptors(x, self.means.shape[1])
+        x = _check_descriptors(x, self.means.shape[1], finite=False)  # in _accumulate
         for start in range(0, x.shape[0], _CHUNK):  # bounded memory
             self.exact_pairs += _accumulate(x[start:start + _CHUNK], self.gmm, self.first,
                                             self.second, self.mass)[0]
@@ -516,6 +521,7 @@ class _FastGMM:
         self.log_norm = log_normaliser(
             np.where(valid, np.log(np.maximum(weights, 1e-300)), -np.inf),
             np.sum(np.log(variances), axis=1))
+        self.means_shape = (k, dim)
         rhs, self.bias = gemm_operands(self.mc, inv_var)
         self.rhs = rhs.astype(np.float32)
         # float32 GEMM of [xc², xc] (2D terms, each within 5 u of its float64 value) against
@@ -559,49 +565,95 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
     float64 rounding of the float64 definition (but for the approximate terms of the
     normaliser, below threshold·e^-margin each), and descriptors far from every Gaussian
     (a float32 GEMM that loses every digit or overflows) make all their pairs candidates.
-    Tasks of ``_TASK`` descriptors run on :func:`featpipe.backend.worker_threads` threads (one
-    BLAS thread each); their sums are added in task order, so the result does not depend on
-    the thread count.
+    Equal tasks of at most ``_TASK`` descriptors run on :func:`featpipe.backend.worker_threads`
+    threads of one pool (one BLAS thread each, the compiled code without the GIL), each into
+    its own zeroed sums (:class:`_Workspace`); the sums are added in task order once every
+    task is known to be valid (finite descriptors, no overflow), so the result does not depend
+    on the thread count and a refused part leaves the caller's sums as they were.
     """
     from featpipe.encode import _fisher_loop
 
-    with np.errstate(over="ignore", invalid="ignore"):
-        xc = np.asarray(x, dtype=np.float64) - gmm.center
-    tasks = [xc[start:start + _TASK] for start in range(0, xc.shape[0], _TASK)]
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    if x.shape[0] == 0:
+        return 0, 0.0
+    n_tasks = -(-x.shape[0] // _TASK)
+    bounds = [i * x.shape[0] // n_tasks for i in range(n_tasks + 1)]
+    shape = (_BLOCK, *gmm.means_shape)
 
     def run(task):
-        sums = (np.zeros_like(first), np.zeros_like(second), np.zeros_like(mass))
+        space = _Workspace.take(shape)
+        lhs, gemm, sums = space.lhs, space.gemm, space.sums
+        for s in sums:
+            s.fill(0.0)
         n_exact = overflow = 0
         evidence = 0.0
-        for start in range(0, task.shape[0], _BLOCK):
-            block = task[start:start + _BLOCK]
+        finite = True
+        for start in range(bounds[task], bounds[task + 1], _BLOCK):
+            block = x[start:min(start + _BLOCK, bounds[task + 1])]
+            rows = block.shape[0]
+            finite &= _fisher_loop.squared_operand(block, gmm.center, lhs[:rows])
             with np.errstate(over="ignore", invalid="ignore"):
-                raw = mahalanobis_gemm(squared_lhs(block.astype(np.float32)), gmm.rhs)
-                finite = np.isfinite(np.sum(raw, axis=1))
-            counts = _fisher_loop.accumulate(raw, finite, block, gmm.mc, gmm.inv_sigma,
+                raw = mahalanobis_gemm(lhs[:rows], gmm.rhs, out=gemm[:rows])
+            counts = _fisher_loop.accumulate(raw, block, gmm.center, gmm.mc, gmm.inv_sigma,
                                              gmm.log_norm, gmm.approx, gmm.limit,
                                              gmm.threshold, *sums)
             n_exact += counts[0]
             overflow += counts[1]
             evidence += counts[2]
-        return sums, (n_exact, overflow, evidence)
+        return space, (n_exact, overflow, evidence, finite)
 
     with single_threaded_blas():
-        if len(tasks) > 1 and worker_threads() > 1:
-            results = list(_thread_pool(worker_threads()).map(run, tasks))
+        if n_tasks > 1 and worker_threads() > 1:
+            results = _thread_pool(worker_threads()).map(run, range(n_tasks))
         else:
-            results = [run(task) for task in tasks]
-    exact, evidence = 0, 0.0
-    for (u, v, m), (n_exact, overflow, log_evidence) in results:
+            results = map(run, range(n_tasks))
+        results = list(results)
+    for space, (_, overflow, _, finite) in results:  # nothing is added unless all is valid
+        u, v, _ = space.sums
+        if not finite:
+            raise InputError("descriptors: contains NaN or Inf")
         if overflow or not (np.all(np.isfinite(u)) and np.all(np.isfinite(v))):
             raise InputError(f"descriptors too large to encode: largest |value| "
                              f"{np.max(np.abs(x)):.3g} overflows float64 (distance squared)")
+    exact, evidence = 0, 0.0
+    for space, (n_exact, _, log_evidence, _) in results:  # in task order
+        u, v, m = space.sums
         first += u
         second += v
         mass += m
         exact += n_exact
         evidence += log_evidence
+        _Workspace.give(space)
     return exact, evidence
+
+
+class _Workspace:
+    """The buffers of one task of :func:`_accumulate`: a block's GEMM operand and result, and
+    the task's sums.  Kept for the next task and the next call (fresh memory costs page
+    faults: ~160 per task at K = 256, D = 64, a quarter of a 1,024-descriptor task)."""
+
+    _free: dict[tuple[int, int, int], list[_Workspace]] = {}
+
+    def __init__(self, shape):
+        rows, k, dim = shape
+        self.shape = shape
+        self.lhs = np.empty((rows, 2 * dim), np.float32)
+        self.gemm = np.empty((rows, k), np.float32)
+        self.sums = (np.empty((k, dim)), np.empty((k, dim)), np.empty(k))
+
+    @classmethod
+    def take(cls, shape) -> _Workspace:
+        try:
+            return cls._free.setdefault(shape, []).pop()
+        except IndexError:
+            return cls(shape)
+
+    @classmethod
+    def give(cls, space: _Workspace) -> None:
+        free = cls._free.setdefault(space.shape, [])
+        if len(free) < 2 * worker_threads():
+            free.append(space)
 
 
 @functools.cache

@@ -21,6 +21,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils._param_validation import Interval
 
+from featpipe.backend import single_threaded_blas
 from featpipe.errors import FeatpipeError, InputError
 from featpipe.models import ArrayModel
 from featpipe.parameters import ValidatedEstimator
@@ -92,6 +93,12 @@ class PCAProjection(ArrayModel, ValidatedEstimator, TransformerMixin, BaseEstima
         return project(X, *self.projection())
 
 
+#: rows projected together, on one BLAS thread: their float64 temporaries (rows × D) stay in
+#: cache.  A frame of 62,011 × 128 (one core, load 5): whole, 48 ms; in parts, 30 ms; with
+#: OpenBLAS's own threads beside the extraction's, 140 ms whole and 340 ms in parts.
+_ROWS = 1024
+
+
 def project(x, mean, matrix) -> np.ndarray:
     """y = (x − mean) Pᵀ, rounded to float32 from a float64 product.
 
@@ -101,9 +108,21 @@ def project(x, mean, matrix) -> np.ndarray:
     cut-off at 1e-6 turns an ulp into 6e-5 after the signed square root; in float64 they
     change only the 16th digit, which the rounding to float32 removes.
     """
-    x = np.asarray(x, dtype=np.float64)
-    return ((x - np.asarray(mean, dtype=np.float64))
-            @ np.asarray(matrix, dtype=np.float64).T).astype(np.float32)
+    x = np.asarray(x)
+    mean = np.asarray(mean, dtype=np.float64)
+    matrix_t = np.asarray(matrix, dtype=np.float64).T
+    out = np.empty((x.shape[0], matrix_t.shape[1]), np.float32)
+    rows = min(_ROWS, x.shape[0])
+    centred = np.empty((rows, x.shape[1]))
+    product = np.empty((rows, matrix_t.shape[1]))
+    with single_threaded_blas():
+        for start in range(0, x.shape[0], _ROWS):  # float64 temporaries that stay in cache
+            part = x[start:start + _ROWS]
+            n = part.shape[0]
+            np.subtract(part, mean, out=centred[:n], dtype=np.float64)
+            np.matmul(centred[:n], matrix_t, out=product[:n])
+            out[start:start + n] = product[:n]
+    return out
 
 
 def load_pca(stage: Stage) -> PCAProjection:

@@ -23,6 +23,7 @@ from featpipe.encode.fisher import (
     fisher_vector,
     fisher_vectors,
 )
+from featpipe.errors import InputError
 from featpipe.learn.deep_fisher import fisher_forward
 from tests.fisher_data import sample_image_descriptors
 from tests.unit.test_fisher import literal_fisher_vector
@@ -99,7 +100,7 @@ def _perturbed_gemm(scale, seed):
     rng = np.random.default_rng(seed)
     exact = posterior.mahalanobis_gemm
 
-    def gemm(lhs, rhs):
+    def gemm(lhs, rhs, out=None):  # the perturbed values in a fresh array (out unused)
         raw = exact(lhs, rhs)
         dim = lhs.shape[-1] // 2
         g = (2 * dim + 8) * 2.0**-24
@@ -231,3 +232,24 @@ def test_em_e_step_equals_the_dense_float64_e_step(real_sift):
     np.testing.assert_allclose(s0, gamma.sum(axis=0), rtol=1e-8, atol=1e-6)
     np.testing.assert_allclose(s1, gamma.T @ x, rtol=1e-8, atol=1e-6)
     np.testing.assert_allclose(s2, gamma.T @ (x * x), rtol=1e-8, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_non_finite_descriptor_is_a_one_line_error_in_any_task(real_sift, monkeypatch, bad,
+                                                               dtype):
+    """The encoder checks finiteness in its compiled operand pass: a NaN or Inf in any task
+    (here the last of several, on two threads) is refused with the input check's message,
+    and the accumulator keeps nothing of that part."""
+    projected, gmm = real_sift
+    args = (gmm.weights_, gmm.means_, gmm.variances_)
+    monkeypatch.setattr(fisher, "_TASK", 50)
+    monkeypatch.setenv("FEATPIPE_THREADS", "2")
+    x = projected[0][:300].astype(dtype)
+    x[-1, 5] = bad
+    acc = FisherAccumulator(*args)
+    with pytest.raises(InputError, match="^descriptors: contains NaN or Inf$"):
+        acc.add(x)
+    assert acc.count == 0 and not np.any(acc.mass) and not np.any(acc.first)
+    np.testing.assert_array_equal(acc.add(x[:-1]).result(),
+                                  fisher_vector(x[:-1], *args))
