@@ -75,11 +75,14 @@ _LOG_2PI = math.log(2.0 * math.pi)
 #: Pairs whose log posterior may be within this of log(threshold) are recomputed exactly.
 _MARGIN = 0.5
 #: Descriptors per call of the FV encoder's pass (bounded memory), most per task of a thread
-#: (its own sums, added in task order; a call's tasks are of equal size, so that two threads
-#: share an image of 8,625 descriptors as 3 + 2 tasks, not 4,096 + 4,096 + 433), and per block
-#: of its GEMM and compiled pass (the (block, K) float32 distances stay in cache).
+#: (its own sums, added in task order), and per block of its GEMM and compiled pass (the
+#: (block, K) float32 distances stay in cache).  A call's tasks are of equal size and, when
+#: there are several, a multiple of ``_BALANCE`` in number, so that 1, 2 or 4 threads get equal
+#: shares: two threads split an image of 8,625 descriptors 4 + 4, not 3 + 2 (the task
+#: boundaries do not depend on the thread count, nor does the FV).
 _CHUNK = 32768
 _TASK = 2048
+_BALANCE = 4
 #: EM's posterior cut-off in the sums (the log-likelihood keeps every pair).
 _EM_POSTERIOR = 1e-10
 _BLOCK = 512
@@ -565,11 +568,13 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
     float64 rounding of the float64 definition (but for the approximate terms of the
     normaliser, below threshold·e^-margin each), and descriptors far from every Gaussian
     (a float32 GEMM that loses every digit or overflows) make all their pairs candidates.
-    Equal tasks of at most ``_TASK`` descriptors run on :func:`featpipe.backend.worker_threads`
-    threads of one pool (one BLAS thread each, the compiled code without the GIL), each into
-    its own zeroed sums (:class:`_Workspace`); the sums are added in task order once every
-    task is known to be valid (finite descriptors, no overflow), so the result does not depend
-    on the thread count and a refused part leaves the caller's sums as they were.
+    Equal tasks of at most ``_TASK`` descriptors (a multiple of ``_BALANCE`` of them) run on
+    :func:`featpipe.backend.worker_threads` threads: the caller's and helpers of one pool, each
+    taking the next task until none is left (one BLAS thread each, the compiled code without
+    the GIL), each task into its own zeroed sums (:class:`_Workspace`), checked for NaN/Inf
+    and overflow on its thread; the sums are added in task order once every task is known to
+    be valid, so the result does not depend on the thread count and a refused part leaves the
+    caller's sums as they were.
     """
     from featpipe.encode import _fisher_loop
 
@@ -578,12 +583,15 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
     if x.shape[0] == 0:
         return 0, 0.0
     n_tasks = -(-x.shape[0] // _TASK)
+    if n_tasks > 1:
+        n_tasks = -(-n_tasks // _BALANCE) * _BALANCE
     bounds = [i * x.shape[0] // n_tasks for i in range(n_tasks + 1)]
-    shape = (_BLOCK, *gmm.means_shape)
+    k, dim = gmm.means_shape
+    results = [None] * n_tasks
 
-    def run(task):
-        space = _Workspace.take(shape)
-        lhs, gemm, sums = space.lhs, space.gemm, space.sums
+    def run(task, lhs, gemm):
+        sums = _Workspace.take(("sums", k, dim), lambda: (np.empty((k, dim)),
+                                                          np.empty((k, dim)), np.empty(k)))
         for s in sums:
             s.fill(0.0)
         n_exact = overflow = 0
@@ -601,64 +609,68 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
             n_exact += counts[0]
             overflow += counts[1]
             evidence += counts[2]
-        return space, (n_exact, overflow, evidence, finite)
+        overflow = overflow or not (np.all(np.isfinite(sums[0])) and
+                                    np.all(np.isfinite(sums[1])))
+        results[task] = sums, n_exact, overflow, evidence, finite
+
+    tasks = iter(range(n_tasks))  # shared: next() on it is atomic under the GIL
+
+    def drain():
+        scratch = _Workspace.take(("block", k, dim), lambda: (
+            np.empty((_BLOCK, 2 * dim), np.float32), np.empty((_BLOCK, k), np.float32)))
+        for task in tasks:
+            run(task, *scratch)
+        _Workspace.give(("block", k, dim), scratch)
 
     with single_threaded_blas():
-        if n_tasks > 1 and worker_threads() > 1:
-            results = _thread_pool(worker_threads()).map(run, range(n_tasks))
-        else:
-            results = map(run, range(n_tasks))
-        results = list(results)
-    for space, (_, overflow, _, finite) in results:  # nothing is added unless all is valid
-        u, v, _ = space.sums
+        helpers = [_thread_pool(worker_threads()).submit(drain)
+                   for _ in range(min(worker_threads(), n_tasks) - 1)]
+        drain()
+        for helper in helpers:
+            helper.result()
+    for _, _, overflow, _, finite in results:  # nothing is added unless all is valid
         if not finite:
             raise InputError("descriptors: contains NaN or Inf")
-        if overflow or not (np.all(np.isfinite(u)) and np.all(np.isfinite(v))):
+        if overflow:
             raise InputError(f"descriptors too large to encode: largest |value| "
                              f"{np.max(np.abs(x)):.3g} overflows float64 (distance squared)")
     exact, evidence = 0, 0.0
-    for space, (n_exact, _, log_evidence, _) in results:  # in task order
-        u, v, m = space.sums
+    for sums, n_exact, _, log_evidence, _ in results:  # in task order
+        u, v, m = sums
         first += u
         second += v
         mass += m
         exact += n_exact
         evidence += log_evidence
-        _Workspace.give(space)
+        _Workspace.give(("sums", k, dim), sums)
     return exact, evidence
 
 
 class _Workspace:
-    """The buffers of one task of :func:`_accumulate`: a block's GEMM operand and result, and
-    the task's sums.  Kept for the next task and the next call (fresh memory costs page
-    faults: ~160 per task at K = 256, D = 64, a quarter of a 1,024-descriptor task)."""
+    """Buffers of :func:`_accumulate` kept for its next tasks and calls (fresh memory costs
+    page faults: ~160 per task at K = 256, D = 64, a quarter of a 1,024-descriptor task): a
+    thread's GEMM operand and result for a block, a task's sums.  Each kind is kept up to the
+    most that were in use at once."""
 
-    _free: dict[tuple[int, int, int], list[_Workspace]] = {}
-
-    def __init__(self, shape):
-        rows, k, dim = shape
-        self.shape = shape
-        self.lhs = np.empty((rows, 2 * dim), np.float32)
-        self.gemm = np.empty((rows, k), np.float32)
-        self.sums = (np.empty((k, dim)), np.empty((k, dim)), np.empty(k))
+    _free: dict[tuple, list] = {}
 
     @classmethod
-    def take(cls, shape) -> _Workspace:
+    def take(cls, kind: tuple, make):
+        """A kept buffer of ``kind``, else ``make()``."""
         try:
-            return cls._free.setdefault(shape, []).pop()
+            return cls._free.setdefault(kind, []).pop()
         except IndexError:
-            return cls(shape)
+            return make()
 
     @classmethod
-    def give(cls, space: _Workspace) -> None:
-        free = cls._free.setdefault(space.shape, [])
-        if len(free) < 2 * worker_threads():
-            free.append(space)
+    def give(cls, kind: tuple, buffers) -> None:
+        cls._free.setdefault(kind, []).append(buffers)
 
 
 @functools.cache
 def _thread_pool(threads: int):
-    """The pool that runs the blocks of :func:`_accumulate` (one per thread count)."""
+    """The pool whose threads help the caller's with the tasks of :func:`_accumulate` (one
+    per thread count)."""
     from concurrent.futures import ThreadPoolExecutor
 
     return ThreadPoolExecutor(threads, thread_name_prefix="featpipe-fisher")
