@@ -616,11 +616,11 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
     tasks = iter(range(n_tasks))  # shared: next() on it is atomic under the GIL
 
     def drain():
-        scratch = _Workspace.take(("block", k, dim), lambda: (
+        scratch = _Workspace.take(("block", _BLOCK, k, dim), lambda: (
             np.empty((_BLOCK, 2 * dim), np.float32), np.empty((_BLOCK, k), np.float32)))
         for task in tasks:
             run(task, *scratch)
-        _Workspace.give(("block", k, dim), scratch)
+        _Workspace.give(("block", _BLOCK, k, dim), scratch)
 
     with single_threaded_blas():
         helpers = [_thread_pool(worker_threads()).submit(drain)
