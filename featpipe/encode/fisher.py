@@ -483,7 +483,7 @@ class FisherAccumulator:
         self.weights, self.means, self.variances = check_gmm(weights, means, variances)
         self.improved = improved
         self.threshold = posterior_threshold
-        self.gmm = _FastGMM(self.weights, self.means, self.variances, posterior_threshold)
+        self.gmm = _FastGMM.of(self.weights, self.means, self.variances, posterior_threshold)
         k, dim = self.means.shape
         self.first = np.zeros((k, dim))
         self.second = np.zeros((k, dim))
@@ -513,6 +513,23 @@ class _FastGMM:
     """What :func:`_accumulate` needs of a GMM, computed once: the centre c (mean of the
     means), mc = μ − c, 1/σ, the log normaliser (posterior routine), the GEMM's float32 right
     operand and float64 bias, and the rounding bound's slope and offsets."""
+
+    #: the last GMM prepared for an accumulator: (weights, means, variances, threshold, self)
+    _last: tuple | None = None
+
+    @classmethod
+    def of(cls, weights, means, variances, threshold) -> _FastGMM:
+        """The prepared GMM of these float64 arrays, reused while the same GMM comes back (the
+        images of a data set: preparing it takes 2-3 % of an image's time on two threads, the
+        comparison a fifth of that)."""
+        last = cls._last
+        if last is not None and last[3] == threshold and all(
+                np.array_equal(a, b)
+                for a, b in zip(last[:3], (weights, means, variances), strict=True)):
+            return last[4]
+        fast = cls(weights, means, variances, threshold)
+        cls._last = (weights.copy(), means.copy(), variances.copy(), threshold, fast)
+        return fast
 
     def __init__(self, weights, means, variances, threshold):
         k, dim = means.shape

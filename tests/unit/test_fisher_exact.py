@@ -138,6 +138,24 @@ def test_independent_of_gemm_rounding_chunking_and_threads(real_sift, monkeypatc
         np.testing.assert_array_equal(fisher_vector(x, *args), blocks)
 
 
+def test_gmm_prepared_for_the_encoder_follows_the_values_not_the_objects(real_sift):
+    """The encoder reuses the last GMM it prepared while the same values come back: arrays
+    changed in place, or another posterior cut-off, are prepared anew."""
+    projected, gmm = real_sift
+    weights, means, variances = (np.array(a) for a in (gmm.weights_, gmm.means_,
+                                                       gmm.variances_))
+    x = projected[0][:500]
+    before = fisher_vector(x, weights, means, variances)
+    means[3] += 0.5
+    variances[5] *= 2.0
+    after = fisher_vector(x, weights, means, variances)
+    ref = literal_fisher_vector(x.astype(np.float64), weights, means, variances)
+    assert np.abs(after - ref).max() <= 1e-5 < np.abs(after - before).max()
+    cut = fisher_vector(x, weights, means, variances, posterior_threshold=0.3)
+    ref = literal_fisher_vector(x.astype(np.float64), weights, means, variances, threshold=0.3)
+    assert np.abs(cut - ref).max() <= 1e-5 < np.abs(cut - after).max()
+
+
 def test_far_descriptors_make_every_pair_exact(real_sift):
     """A descriptor whose float32 distances overflow (1e25) or lose every digit (1e12) is
     resolved in float64 for all its pairs."""
