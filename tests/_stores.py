@@ -6,6 +6,7 @@ from collections import Counter
 
 import numpy as np
 
+from featpipe.manifest import from_rows
 from featpipe.store import Store
 from tests._computes import expected_array
 
@@ -67,3 +68,17 @@ def write_npy_dataset(folder, n: int = 12, dim: int = 8):
     manifest = folder / "m.csv"
     manifest.write_text("\n".join(rows) + "\n")
     return manifest
+
+
+def six_sequences(root) -> Store:
+    """A store at ``root/s`` with six labelled (12, 3) sequences, t0..t3 train and t4, t5
+    test, as an import stage named ``seq``."""
+    rng = np.random.default_rng(0)
+    rows = [(f"t{i}", f"t{i}.mp4", ["up" if i % 2 else "down"], ["train" if i < 4 else "test"])
+            for i in range(6)]
+    store = Store(root / "s")
+    stage = store.stage("import", {"seq": 1}, items=from_rows(rows, root=root))
+    for item_id, *_ in rows:
+        stage.write_item(item_id, rng.random((12, 3)).astype(np.float32))
+    store.set_name("seq", stage)
+    return store

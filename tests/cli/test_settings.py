@@ -14,20 +14,14 @@ import pytest
 from featpipe.manifest import from_rows
 from featpipe.progress import format_duration, format_time
 from featpipe.store import Store
+from tests._stores import six_sequences
 from tests.conftest import one_line_error, run_cli
 
 
 @pytest.fixture
 def store(tmp_path):
     """Six labelled sequences (train/test) named seq."""
-    rng = np.random.default_rng(0)
-    rows = [(f"t{i}", f"t{i}.mp4", ["up" if i % 2 else "down"], ["train" if i < 4 else "test"])
-            for i in range(6)]
-    store = Store(tmp_path / "s")
-    stage = store.stage("import", {"seq": 1}, items=from_rows(rows, root=tmp_path))
-    for item_id, *_ in rows:
-        stage.write_item(item_id, rng.random((12, 3)).astype(np.float32))
-    store.set_name("seq", stage)
+    store = six_sequences(tmp_path)
     return store
 
 

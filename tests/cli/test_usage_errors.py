@@ -10,19 +10,13 @@ import pytest
 
 from featpipe.manifest import from_rows
 from featpipe.store import Store
+from tests._stores import six_sequences
 
 
 @pytest.fixture
 def store(tmp_path, cli):
     """Six labelled sequences (train/test) and a complete hrp stage named e_hrp."""
-    rng = np.random.default_rng(0)
-    rows = [(f"t{i}", f"t{i}.mp4", ["up" if i % 2 else "down"], ["train" if i < 4 else "test"])
-            for i in range(6)]
-    store = Store(tmp_path / "s")
-    stage = store.stage("import", {"seq": 1}, items=from_rows(rows, root=tmp_path))
-    for item_id, *_ in rows:
-        stage.write_item(item_id, rng.random((12, 3)).astype(np.float32))
-    store.set_name("seq", stage)
+    store = six_sequences(tmp_path)
     good = cli("encode", "--store", store.root, "--input", "seq", "--method", "hrp",
                "--window", "4", "--name", "e_hrp")
     assert good.exit_code == 0, good.output
