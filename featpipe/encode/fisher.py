@@ -643,8 +643,9 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
         helpers = [_thread_pool(worker_threads()).submit(drain)
                    for _ in range(min(worker_threads(), n_tasks) - 1)]
         drain()
-        for helper in helpers:
-            helper.result()
+        for helper in helpers:  # one still queued (the pool busy with other calls) is not needed
+            if not helper.cancel():
+                helper.result()
     for _, _, overflow, _, finite in results:  # nothing is added unless all is valid
         if not finite:
             raise InputError("descriptors: contains NaN or Inf")
