@@ -47,14 +47,20 @@ def environment() -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), tests]))
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_keeps_finished_items_and_stops_cleanly(tmp_path, signum):
+def start_slow_extract(folder: Path) -> subprocess.Popen:
+    """``ITEMS`` short videos and their manifest in ``folder``, and a ``featpipe extract`` of
+    them (about a second an item) started in its own process group."""
     for k in range(ITEMS):
-        write_video(tmp_path / f"v{k}.mp4", n_frames=20, size=(96, 80))
-    write_manifest(tmp_path, [(f"v{k}", f"v{k}.mp4", "a", "train") for k in range(ITEMS)])
-    proc = subprocess.Popen(command(tmp_path), env=environment(), cwd=tmp_path,
+        write_video(folder / f"v{k}.mp4", n_frames=20, size=(96, 80))
+    write_manifest(folder, [(f"v{k}", f"v{k}.mp4", "a", "train") for k in range(ITEMS)])
+    return subprocess.Popen(command(folder), env=environment(), cwd=folder,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_keeps_finished_items_and_stops_cleanly(tmp_path, signum):
+    proc = start_slow_extract(tmp_path)
     workers: set[int] = set()
     deadline = time.monotonic() + 120
     stage = None

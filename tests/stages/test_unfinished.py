@@ -23,17 +23,11 @@ from featpipe.stages.cache import gc
 from featpipe.store import Store
 from tests._stores import write_npy_dataset
 from tests.cli.test_extract_cli import write_manifest
-from tests.cli.test_extract_interrupt import ITEMS, command, environment
-from tests.unit.test_video import write_video
+from tests.cli.test_extract_interrupt import ITEMS, command, environment, start_slow_extract
 
 
 def test_a_killed_extract_is_followed_kept_and_finished(tmp_path, cli):
-    for k in range(ITEMS):
-        write_video(tmp_path / f"v{k}.mp4", n_frames=20, size=(96, 80))
-    write_manifest(tmp_path, [(f"v{k}", f"v{k}.mp4", "a", "train") for k in range(ITEMS)])
-    proc = subprocess.Popen(command(tmp_path), env=environment(), cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = start_slow_extract(tmp_path)
     store = Store(tmp_path / "store")
     deadline = time.monotonic() + 120
     stage = None
