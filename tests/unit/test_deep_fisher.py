@@ -206,17 +206,24 @@ def test_bad_parameters_are_refused(digits):
                                labels[:2], init)
 
 
-def test_fit_deep_gmm_command(store_dir, cli, digits):
-    projected, labels, gmm = digits
-    items = [ManifestItem(f"d{i}", "", (str(lab),), ("train" if i % 3 else "test",))
-             for i, lab in enumerate(labels)]
+def _digits_with_a_gmm(store_dir, cli, digits, id_format):
+    """The digits' descriptor sets as an import stage ``desc`` (every third item in test), and
+    a 4-component GMM ``g`` fitted on them; returns the store and the stage."""
+    projected, labels, _ = digits
+    items = [ManifestItem(id_format.format(i), "", (str(lab),),
+                          ("train" if i % 3 else "test",)) for i, lab in enumerate(labels)]
     store = Store(store_dir)
-    stage = store.stage("import", {"digits": 1}, items=Manifest(items, root=store_dir))
+    stage = store.stage("import", {"digits": id_format}, items=Manifest(items, root=store_dir))
     for item, x in zip(items, projected, strict=True):
         stage.write_item(item.id, x)
     store.set_name("desc", stage)
     assert cli("fit", "gmm", "--store", store_dir, "--input", "desc", "--name", "g",
                "--components", 4).exit_code == 0
+    return store, stage
+
+
+def test_fit_deep_gmm_command(store_dir, cli, digits):
+    store, stage = _digits_with_a_gmm(store_dir, cli, digits, "d{}")
     result = cli("fit", "deep-gmm", "--store", store_dir, "--input", "desc", "--gmm", "g",
                  "--name", "deep", "--C", 10, "--max-iter", 2)
     assert result.exit_code == 0, result.output
@@ -246,16 +253,8 @@ def test_fit_deep_gmm_paper_protocol_on_real_digits(store_dir, cli, digits, tmp_
 
     from featpipe.learn.splits import stratified_split
 
-    projected, labels, _ = digits
-    items = [ManifestItem(f"d{i:02d}", "", (str(lab),), ("train" if i % 3 else "test",))
-             for i, lab in enumerate(labels)]
-    store = Store(store_dir)
-    stage = store.stage("import", {"digits": 2}, items=Manifest(items, root=store_dir))
-    for item, x in zip(items, projected, strict=True):
-        stage.write_item(item.id, x)
-    store.set_name("desc", stage)
-    assert cli("fit", "gmm", "--store", store_dir, "--input", "desc", "--name", "g",
-               "--components", 4).exit_code == 0
+    store, stage = _digits_with_a_gmm(store_dir, cli, digits, "d{:02d}")
+    items = list(stage.items)
     C = 0.5
     result = cli("fit", "deep-gmm", "--store", store_dir, "--input", "desc", "--gmm", "g",
                  "--name", "deep", "--mode", "per-class", "--C", C, "--max-iter", 3,
