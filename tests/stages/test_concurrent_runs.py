@@ -30,13 +30,20 @@ class Lines(Reporter):
         self.lines.append(text)
 
 
-def test_a_second_identical_encode_waits_and_reuses_the_first_ones_items(tmp_path):
+def _encode_stage(tmp_path, method):
+    """A store with 12 imported sequences ``frames`` and the (empty) stage of their ``method``
+    encoding, created as a run would create it."""
     store = Store(tmp_path / "store")
     stages.import_features(store, [str(tmp_path / "npy")], str(write_npy_dataset(tmp_path)),
                            name="frames")
-    planned = stages.encode(store, "frames", "avg", options=RunOptions(dry_run=True)).stage
+    planned = stages.encode(store, "frames", method, options=RunOptions(dry_run=True)).stage
     stage = store.stage("encode", planned.params, inputs=planned.inputs(), items=planned.items)
     assert stage.name == planned.name
+    return store, stage
+
+
+def test_a_second_identical_encode_waits_and_reuses_the_first_ones_items(tmp_path):
+    store, stage = _encode_stage(tmp_path, "avg")
     lines, result = Lines(), {}
     with stage.exclusive("all", lambda: None):  # the first run holds the stage
         second = threading.Thread(target=lambda: result.update(run=stages.encode(
@@ -62,11 +69,7 @@ def test_a_second_identical_encode_waits_and_reuses_the_first_ones_items(tmp_pat
 
 
 def test_another_shard_of_the_stage_is_not_held_up(tmp_path):
-    store = Store(tmp_path / "store")
-    stages.import_features(store, [str(tmp_path / "npy")], str(write_npy_dataset(tmp_path)),
-                           name="frames")
-    planned = stages.encode(store, "frames", "max", options=RunOptions(dry_run=True)).stage
-    stage = store.stage("encode", planned.params, inputs=planned.inputs(), items=planned.items)
+    store, stage = _encode_stage(tmp_path, "max")
     with stage.exclusive("shard-0-of-2", lambda: None):
         run = stages.encode(store, "frames", "max", options=RunOptions(shard="1/2"))
     assert run.summary.done + run.summary.not_in_shard == 12 and run.summary.done > 0
