@@ -1,9 +1,10 @@
 """What ``bin/demo`` and ``bin/test`` must install into the running Python, as pip arguments.
 
-``python bin/missing.py EXTRA...`` prints ``-e .[EXTRA,...]`` when featpipe is not installed
-(the checkout, with those extras), else the requirements of those extras (read from
-pyproject.toml, nested extras such as ``all`` expanded) whose distribution is missing, one
-per line; nothing when everything is there.  An installed featpipe is never replaced.
+``python bin/missing.py EXTRA...`` prints pip arguments, one per line (the scripts hand each
+line to pip as one argument): ``--editable`` and ``.[EXTRA,...]`` when featpipe is not
+installed (the checkout, with those extras), else the requirements of those extras (read from
+pyproject.toml, nested extras such as ``all`` expanded) whose distribution is missing; nothing
+when everything is there.  An installed featpipe is never replaced.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def installed(name: str) -> bool:
 def missing(extras: list[str], is_installed=installed) -> list[str]:
     """pip arguments that complete the running environment for ``extras``."""
     if not is_installed("featpipe"):
-        return [f"-e .[{','.join(extras)}]"]
+        return ["--editable", f".[{','.join(extras)}]"]
     optional = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"][
         "optional-dependencies"]
     return [r for r in extra_requirements(extras, optional) if not is_installed(distribution(r))]

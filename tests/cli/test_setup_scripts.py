@@ -19,7 +19,7 @@ def test_missing_lists_the_checkout_then_only_the_absent_requirements():
     assert missing.missing(["cnn", "demo"], lambda name: name in present - {"aeon"}) == \
         ["aeon>=1.0"]
     assert missing.missing(["cnn", "demo"], lambda name: name != "featpipe") == \
-        ["-e .[cnn,demo]"]
+        ["--editable", ".[cnn,demo]"]
     everything = missing.missing(["all"], lambda name: name == "featpipe")
     assert {"torch>=2.1", "dask>=2024.1", "aeon>=1.0", "pytest>=8"} <= set(everything)
 
@@ -63,6 +63,6 @@ def test_bin_demo_installs_the_checkout_into_the_active_environment(tmp_path):
     proc = _bin_demo(venv, tmp_path / "shims")
     assert proc.returncode == 0, proc.stderr
     assert log.read_text().splitlines() == [
-        "pip -m pip install -q torch==2.13.0", "pip -m pip install -q -e .[cnn,demo]",
+        "pip -m pip install -q torch==2.13.0", "pip -m pip install -q --editable .[cnn,demo]",
         "featpipe demo --quick"]
-    assert f"bin/demo: installing into {venv}: -e .[cnn,demo]" in proc.stderr
+    assert f"bin/demo: installing what is missing into {venv}: --editable .[cnn,demo]" in proc.stderr
