@@ -1,11 +1,16 @@
 """bin/demo and bin/test respect an active virtual environment: they install into it, and only
 what is missing (the checkout when featpipe itself is missing), never over an installed
-featpipe."""
+featpipe; the install path runs the real pip in a fresh environment, and a failed step names
+itself under pip's own error."""
 
 import os
+import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -65,4 +70,84 @@ def test_bin_demo_installs_the_checkout_into_the_active_environment(tmp_path):
     assert log.read_text().splitlines() == [
         "pip -m pip install -q torch==2.13.0", "pip -m pip install -q --editable .[cnn,demo]",
         "featpipe demo --quick"]
-    assert f"bin/demo: installing what is missing into {venv}: --editable .[cnn,demo]" in proc.stderr
+    assert f"bin/demo: installing what is missing into {venv}: --editable .[cnn,demo]" \
+        in proc.stderr
+
+
+# The real pip on the newcomer's path: a fresh virtual environment (with the pip that
+# `python -m venv` brings) in which featpipe is missing, so the scripts install this checkout
+# with the arguments they pass.  The fresh environment reaches the test environment's
+# packages (numpy, torch, ...) through a `.pth` file listing a folder of links to them, every
+# one but featpipe's own, so pip finds the dependencies satisfied and installs featpipe alone
+# (its build back-end comes from the package index, as a newcomer's does).
+
+def _fresh_environment(folder: Path, with_packages: bool = True) -> Path:
+    venv = folder / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    if with_packages:
+        links = folder / "packages"
+        links.mkdir()
+        for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+            if not entry.name.startswith(("featpipe", "__editable__", "pip", "_distutils_hack",
+                                          "distutils-precedence")):
+                (links / entry.name).symlink_to(entry)
+        site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print("
+                               "sysconfig.get_paths()['purelib'])"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        (Path(site) / "test-packages.pth").write_text(f"{links}\n")
+    return venv
+
+
+def _in_environment(venv: Path, extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return {**env, "VIRTUAL_ENV": str(venv),
+            "PATH": f"{venv / 'bin'}{os.pathsep}{env['PATH']}", **(extra or {})}
+
+
+@pytest.fixture(scope="module")
+def installed_by_bin_test(tmp_path_factory):
+    """A fresh environment after ``bin/test`` installed featpipe into it and ran one test
+    module: (the environment, bin/test's process)."""
+    venv = _fresh_environment(tmp_path_factory.mktemp("newcomer"))
+    proc = subprocess.run([str(REPO / "bin" / "test"), "-q", "-p", "no:cacheprovider",
+                           "tests/unit/test_maps.py"], env=_in_environment(venv), text=True,
+                          capture_output=True, timeout=600)
+    return venv, proc
+
+
+def test_bin_test_installs_the_checkout_with_the_real_pip_then_runs_pytest(
+        installed_by_bin_test):
+    venv, proc = installed_by_bin_test
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"bin/test: installing what is missing into {venv}: --editable .[all]" in proc.stderr
+    assert re.search(r"^\d+ passed", proc.stdout, re.MULTILINE), proc.stdout
+    where = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            "import featpipe; print(featpipe.__file__)"], text=True,
+                           capture_output=True, check=True, cwd=venv).stdout.strip()
+    assert Path(where) == REPO / "featpipe" / "__init__.py"  # this checkout, editable
+
+
+def test_bin_demo_runs_the_installed_command_in_that_environment(installed_by_bin_test):
+    venv, _ = installed_by_bin_test
+    proc = subprocess.run([str(REPO / "bin" / "demo"), "--help"], env=_in_environment(venv),
+                          text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "installing" not in proc.stderr  # everything is there now
+    assert "Usage: featpipe demo" in proc.stdout
+    assert (venv / "bin" / "featpipe").exists()  # the console script of the install
+
+
+def test_a_failed_install_step_shows_pips_error_and_names_the_step(tmp_path):
+    venv = _fresh_environment(tmp_path, with_packages=False)  # no torch: the first step runs
+    nowhere = tmp_path / "no-wheels"
+    nowhere.mkdir()
+    env = _in_environment(venv, {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1",
+                                 "PIP_FIND_LINKS": str(nowhere)})
+    proc = subprocess.run([str(REPO / "bin" / "test"), "-q"], env=env, text=True,
+                          capture_output=True, timeout=300)
+    assert proc.returncode == 1
+    assert "ERROR: " in proc.stderr and "torch==2.13.0" in proc.stderr  # pip's own words
+    assert proc.stderr.rstrip().splitlines()[-1] == (
+        "bin/test: the step that failed: installing CPU torch (python -m pip install -q "
+        "torch==2.13.0); pip's error is above")
+    assert "passed" not in proc.stdout  # pytest never started
