@@ -44,10 +44,12 @@ def fit_deep_gmm(store_path, input_name, gmm_name, name, val_fraction, split, fo
     """Learn a GMM end to end with linear SVMs (Sydorov et al. CVPR'14, Algorithm 1).
 
     Reports the validation AP of every class and the mAP, from the SVMs of the initial and of
-    the learned GMM(s) (the paper's Table 2a).  --C is the C of `classify --C` (libsvm's: the
-    weight of the summed loss against ½‖w‖²), here with the squared hinge loss; the paper
-    writes (C/n)·Σ over n items, so its C is n times this one.  Kernel transfer (Table 2b):
-    `encode --method fisher --gmm NAME`, then `classify`.
+    the learned GMM(s), under the paper's SVM (squared hinge, no bias: its Table 2a) and under
+    the SVM `classify` trains (libsvm C-SVC with a bias, linear kernel, the same C): the gain
+    under the second is the one that carries over to `classify`.  --C is the C of `classify
+    --C` (libsvm's: the weight of the summed loss against ½‖w‖²), here with the squared hinge
+    loss; the paper writes (C/n)·Σ over n items, so its C is n times this one.  Kernel transfer
+    (Table 2b): `encode --method fisher --gmm NAME`, then `classify`.
     """
     from featpipe.stages.fitting import fit_deep_gmm as fit_deep_gmm_stage
 

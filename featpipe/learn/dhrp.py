@@ -13,7 +13,10 @@ pooling, or any per-frame sequence), in the paper's order (ψ before the smoothi
     m_t = (1/t) Σ_{τ≤t} z_τ    time-varying mean (TVM)
     v_t = m_t / ‖m_t‖          L2 (an all-zero row stays zero)
     u*  = argmin_u ½‖u‖² + C Σ_t max(0, |t − uᵀv_t| − ε)²     (liblinear -s 11, no bias)
-    h_c = w_cᵀ u*,  p(c|X) = softmax(h)_c
+    h_c = w_cᵀ n(u*) + b_c,  p(c|X) = softmax(h)_c
+
+n is the L2 normalisation (``normalize="l2"``, as ``classify --normalize l2``) or the
+identity.
 
 ψ is one of (δ > 0 smooths the square root, whose slope is infinite at 0)::
 
@@ -25,10 +28,15 @@ The network (W, the argmin, the classifier) is the torch module
 :class:`featpipe.nn.dhrp.DiscriminativeRankPoolingNet`; the argmin's autograd function is
 :class:`featpipe.nn.functional.RankPoolArgmin`.  Training minimises the mean negative
 log-likelihood plus
-λ/2 (‖W − I‖²_F + Σ_c ‖w_c‖²) by mini-batch SGD (momentum 0.9) or Adam with a cosine
-learning-rate schedule, stopping early on a validation fold of the train items; the w_c are
-initialised from a linear SVM (liblinear through scikit-learn's LinearSVC, no intercept) on
-u*(I).
+λ/2 (‖W − I‖²_F + Σ_c ‖w_c‖²) (the biases b_c unregularised) by mini-batch SGD (momentum 0.9)
+or Adam with a cosine learning-rate schedule, stopping early on a validation fold of the train
+items.  The classifier starts where the paper starts it, "to those obtained from the linear SVM
+classifier", and that SVM is the one ``featpipe classify --kernel linear --normalize l2 --C
+svm_C`` trains on the same encodings u*(I): one-vs-rest libsvm C-SVC with a bias on the linear
+kernel of n(u*(I)), w_c = Σ_i α_ci y_ci n(u_i) and b_c = −ρ_c, so that at epoch 0 every score is
+``classify``'s decision value and the predictions, hence the accuracy, are ``classify``'s.  The
+soft-max then trains all classes jointly (cross-entropy), where ``classify`` keeps C separate
+binary hinge-loss problems: the two agree at the start, not after training.
 
 Gradient through the argmin: implicit differentiation of the SVR's optimality condition,
 exact (T×T dual solve) or the paper's diagonal Hessian (``hessian``); the formulas and the
@@ -46,6 +54,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from featpipe.classify.svm import DEFAULT_C
 from featpipe.encode.registry import EncodeMethod
 from featpipe.errors import FeatpipeError, InputError, ParameterError
 from featpipe.learn.splits import stratified_split
@@ -54,6 +63,7 @@ from featpipe.nn.choices import HESSIAN_CHOICES, PSI_CHOICES
 from featpipe.parameters import ValidatedEstimator, estimator_parameters, model_parameter
 
 OPTIMIZER_CHOICES = ("sgd", "adam")
+NORMALIZE_CHOICES = ("l2", "none")
 MODEL_NAME = "dhrp"
 
 
@@ -96,7 +106,9 @@ class DiscriminativeRankPooling(ArrayModel, ValidatedEstimator, ClassifierMixin,
     patience : int
         Epochs without a lower validation loss before stopping.
     svm_C : float
-        C of the linear SVM that initialises the classifier.
+        C of the linear SVM that initialises the classifier (``classify --C``; its default).
+    normalize : {"l2", "none"}
+        Normalisation of u* before the classifier (``classify --normalize``).
     random_state : int
         Seed of the initialisation, the hold-out and the shuffling.
     device : {"cpu", "cuda"} or None
@@ -106,14 +118,15 @@ class DiscriminativeRankPooling(ArrayModel, ValidatedEstimator, ClassifierMixin,
 
     Attributes
     ----------
-    W_ : ndarray (D, D); coef_ : ndarray (n_classes, D_out); classes_ : ndarray of str;
-    coef_init_ : ndarray (n_classes, D_out), the linear-SVM initialisation on u*(I);
+    W_ : ndarray (D, D); coef_ : ndarray (n_classes, D_out); intercept_ : ndarray (n_classes);
+    classes_ : ndarray of str; coef_init_, intercept_init_ : the linear-SVM initialisation on
+    u*(I) (what ``classify`` trains);
     history_ : list of dict (per epoch: train and validation loss and accuracy, seconds);
     best_epoch_ : int (0 = the initialisation); n_features_in_ : int.
     """
 
     _model_name = MODEL_NAME
-    _fitted_arrays = ("W_", "coef_", "coef_init_", "classes_")
+    _fitted_arrays = ("W_", "coef_", "intercept_", "coef_init_", "intercept_init_", "classes_")
     _fitted_meta = ("n_features_in_", "best_epoch_", "history_")
     _parameter_constraints = {
         "psi": [StrOptions(set(PSI_CHOICES))],
@@ -129,6 +142,7 @@ class DiscriminativeRankPooling(ArrayModel, ValidatedEstimator, ClassifierMixin,
         "val_fraction": [Interval(Real, 0, 1, closed="left")],
         "patience": [Interval(Integral, 1, None, closed="left")],
         "svm_C": [Interval(Real, 0, None, closed="neither")],
+        "normalize": [StrOptions(set(NORMALIZE_CHOICES))],
         "random_state": [Interval(Integral, 0, None, closed="left")],
         "device": [StrOptions({"cpu", "cuda"}), None],
         "solve_dtype": [StrOptions({"float64", "float32"})],
@@ -136,8 +150,8 @@ class DiscriminativeRankPooling(ArrayModel, ValidatedEstimator, ClassifierMixin,
 
     def __init__(self, psi="ssr", delta=1e-3, C=1.0, epsilon=0.1, hessian="exact",
                  optimizer="adam", lr=0.01, epochs=50, batch_size=16, weight_decay=1e-4,
-                 val_fraction=0.2, patience=10, svm_C=1.0, random_state=0, device=None,
-                 solve_dtype="float64"):
+                 val_fraction=0.2, patience=10, svm_C=DEFAULT_C, normalize="l2", random_state=0,
+                 device=None, solve_dtype="float64"):
         self.psi = psi
         self.delta = delta
         self.C = C
@@ -151,6 +165,7 @@ class DiscriminativeRankPooling(ArrayModel, ValidatedEstimator, ClassifierMixin,
         self.val_fraction = val_fraction
         self.patience = patience
         self.svm_C = svm_C
+        self.normalize = normalize
         self.random_state = random_state
         self.device = device
         self.solve_dtype = solve_dtype
@@ -199,7 +214,8 @@ class DiscriminativeRankPooling(ArrayModel, ValidatedEstimator, ClassifierMixin,
         torch = _torch()
         solve_dtype = torch.float64 if self.solve_dtype == "float64" else torch.float32
         return DiscriminativeRankPoolingNet(n_features, n_classes, self.psi, self.delta, self.C,
-                                            self.epsilon, self.hessian, solve_dtype).to(device)
+                                            self.epsilon, self.hessian, solve_dtype,
+                                            self.normalize).to(device)
 
     def _encode(self, net, seqs, hessian=None):
         from featpipe.nn.functional import pad_sequences
@@ -216,6 +232,7 @@ class DiscriminativeRankPooling(ArrayModel, ValidatedEstimator, ClassifierMixin,
         with torch.no_grad():
             net.W.copy_(torch.as_tensor(self.W_))
             net.coef.copy_(torch.as_tensor(self.coef_))
+            net.intercept.copy_(torch.as_tensor(self.intercept_))
         return net
 
     # -- fit ---------------------------------------------------------------------------------
@@ -243,17 +260,19 @@ class DiscriminativeRankPooling(ArrayModel, ValidatedEstimator, ClassifierMixin,
         D = seqs[0].shape[1]
         self.n_features_in_ = D
         net = self._network(D, len(self.classes_), device)
-        W, coef = net.W, net.coef
+        W, coef, intercept = net.W, net.coef, net.intercept
         with torch.no_grad():
             U0 = torch.cat(self._batches(fit_seqs, lambda b: self._encode(net, b)))
-        self.coef_init_ = _svm_init(U0.cpu().numpy(), y_all[fit_idx], len(self.classes_),
-                                    self.svm_C, self.random_state).astype(np.float32)
+        init = _svm_init(U0.cpu().numpy(), y_all[fit_idx], len(self.classes_), self.svm_C,
+                         self.normalize)
+        self.coef_init_, self.intercept_init_ = (a.astype(np.float32) for a in init)
         with torch.no_grad():
             coef.copy_(torch.as_tensor(self.coef_init_))
+            intercept.copy_(torch.as_tensor(self.intercept_init_))
         eye = torch.eye(D, dtype=torch.float32, device=device)
 
         def objective(U, y, W, coef):
-            nll = torch.nn.functional.cross_entropy(U @ coef.T, y)
+            nll = torch.nn.functional.cross_entropy(net.scores(U), y)
             reg = 0.5 * self.weight_decay * (((W - eye) ** 2).sum() + (coef ** 2).sum())
             return nll, reg
 
@@ -262,23 +281,25 @@ class DiscriminativeRankPooling(ArrayModel, ValidatedEstimator, ClassifierMixin,
                 return float("nan"), float("nan")
             with torch.no_grad():
                 U = torch.cat(self._batches(seq_list, lambda b: self._encode(net, b)))
-                scores = U @ coef.T
+                scores = net.scores(U)
                 nll = torch.nn.functional.cross_entropy(scores, y).item()
                 acc = (scores.argmax(1) == y).float().mean().item()
             return nll, acc
 
         if self.optimizer == "adam":
-            opt = torch.optim.Adam([W, coef], lr=self.lr)
+            opt = torch.optim.Adam([W, coef, intercept], lr=self.lr)
         else:
-            opt = torch.optim.SGD([W, coef], lr=self.lr, momentum=0.9)
+            opt = torch.optim.SGD([W, coef, intercept], lr=self.lr, momentum=0.9)
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=int(self.epochs))
 
         train_nll, train_acc = evaluate(fit_seqs, y_fit)
         val_nll, val_acc = evaluate(val_seqs, y_val)
         history = [{"epoch": 0, "train_loss": train_nll, "train_accuracy": train_acc,
                     "val_loss": val_nll, "val_accuracy": val_acc, "seconds": 0.0}]
-        best = (val_nll if val_seqs else train_nll, 0, W.detach().clone(),
-                coef.detach().clone())
+        def state():
+            return W.detach().clone(), coef.detach().clone(), intercept.detach().clone()
+
+        best = (val_nll if val_seqs else train_nll, 0, state())
         if log:
             log(history[-1])
         stale = 0
@@ -310,15 +331,14 @@ class DiscriminativeRankPooling(ArrayModel, ValidatedEstimator, ClassifierMixin,
                 log(history[-1])
             score = val_nll if val_seqs else train_nll
             if score < best[0]:
-                best = (score, epoch, W.detach().clone(), coef.detach().clone())
+                best = (score, epoch, state())
                 stale = 0
             else:
                 stale += 1
                 if val_seqs and stale >= self.patience:
                     break
-        _, self.best_epoch_, W_best, coef_best = best
-        self.W_ = W_best.cpu().numpy()
-        self.coef_ = coef_best.cpu().numpy()
+        _, self.best_epoch_, kept = best
+        self.W_, self.coef_, self.intercept_ = (p.cpu().numpy() for p in kept)
         self.history_ = history
         self.n_fit_, self.n_val_ = len(fit_seqs), len(val_seqs)
         self.device_ = str(device)
@@ -340,8 +360,19 @@ class DiscriminativeRankPooling(ArrayModel, ValidatedEstimator, ClassifierMixin,
         return U.cpu().numpy().astype(np.float32)
 
     def decision_function(self, seqs, ids=None) -> np.ndarray:
-        """Soft-max classifier scores h_c = w_cᵀu*(W), (n, n_classes)."""
-        return self.transform(seqs, ids) @ self.coef_.T.astype(np.float32)
+        """Soft-max classifier scores h_c = w_cᵀn(u*(W)) + b_c, (n, n_classes)."""
+        return self.scores(self.transform(seqs, ids))
+
+    def scores(self, U, initial: bool = False) -> np.ndarray:
+        """h_c = w_cᵀn(u) + b_c for encodings U (n, D_out), with the learned classifier or,
+        ``initial``, the linear SVM it started from."""
+        U = np.asarray(U, dtype=np.float32)
+        if self.normalize == "l2":
+            norms = np.linalg.norm(U, axis=1, keepdims=True)
+            U = U / np.where(norms > 0, norms, 1)
+        coef, intercept = (self.coef_init_, self.intercept_init_) if initial else \
+            (self.coef_, self.intercept_)
+        return U @ coef.T.astype(np.float32) + intercept.astype(np.float32)
 
     def predict_proba(self, seqs, ids=None) -> np.ndarray:
         scores = self.decision_function(seqs, ids)
@@ -365,24 +396,27 @@ def _named_error(name: str, message: str) -> InputError:
     return InputError(f"{name}: {message}" if name else message)
 
 
-def _svm_init(U: np.ndarray, y: np.ndarray, n_classes: int, C: float, seed: int) -> np.ndarray:
-    """Classifier weights (n_classes, D) from a linear SVM without intercept on u*(I).
+def _svm_init(U: np.ndarray, y: np.ndarray, n_classes: int, C: float,
+              normalize: str) -> tuple[np.ndarray, np.ndarray]:
+    """Classifier (coef (n_classes, D), intercept (n_classes)) from what ``featpipe classify
+    --kernel linear --normalize NORMALIZE --C C`` trains on the encodings U of labels y:
+    one-vs-rest libsvm C-SVC on the linear kernel of n(U); w_c = Σ_i α_ci y_ci n(u_i),
+    b_c = −ρ_c (:class:`featpipe.classify.svm.OneVsRestSVC`).  A class without an item in U
+    keeps w_c = 0 and b_c = −1 (the decision value of a negative on its margin)."""
+    from featpipe.classify.svm import OneVsRestSVC
 
-    One-vs-rest LinearSVC (liblinear); with two classes the single hyperplane f becomes
-    w_0 = −f/2, w_1 = f/2, so that h_1 − h_0 = f.
-    """
-    from sklearn.svm import LinearSVC
-
+    U = np.asarray(U, dtype=np.float64)
+    if normalize == "l2":
+        norms = np.linalg.norm(U, axis=1, keepdims=True)
+        U = U / np.where(norms > 0, norms, 1)
     present = np.unique(y)
-    svm = LinearSVC(C=C, fit_intercept=False, max_iter=100_000, tol=1e-6, random_state=seed)
-    svm.fit(U, y)
+    svc = OneVsRestSVC(C=C).fit(U @ U.T, y[:, None] == present[None, :])
     coef = np.zeros((n_classes, U.shape[1]))
-    if len(present) == 2:
-        coef[present[0]] = -svm.coef_[0] / 2
-        coef[present[1]] = svm.coef_[0] / 2
-    else:
-        coef[present] = svm.coef_
-    return coef
+    intercept = np.full(n_classes, -1.0)
+    for c, index, dual in zip(present, svc.support_, svc.dual_coef_, strict=True):
+        coef[c] = dual @ U[index]
+    intercept[present] = svc.intercept_
+    return coef, intercept
 
 
 # -- ``featpipe encode --method dhrp`` ---------------------------------------------------------

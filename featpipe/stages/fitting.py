@@ -416,14 +416,15 @@ def _single_labels(stage: Stage, ids, part: str) -> np.ndarray:
     return np.asarray(labels)
 
 
-def _dhrp_accuracy(model, seqs, labels, coef=None, identity=False) -> float:
+def _dhrp_accuracy(model, seqs, labels, initial: bool = False) -> float:
+    """Accuracy of the soft-max on u*(W), or (``initial``) of the classifier it started from
+    on u*(I): ``classify``'s linear SVM on the same encodings."""
     from featpipe.learn.dhrp import DiscriminativeRankPooling
 
-    if identity:
+    if initial:
         model = DiscriminativeRankPooling.from_arrays(*model.to_arrays())
         model.W_ = np.eye(model.n_features_in_, dtype=np.float32)
-    U = model.transform(seqs)
-    scores = U @ (model.coef_ if coef is None else coef).T
+    scores = model.scores(model.transform(seqs), initial=initial)
     return float(np.mean(model.classes_[np.argmax(scores, axis=1)] == labels))
 
 
@@ -477,10 +478,10 @@ def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1,
         labels = _single_labels(source, labelled_test, "test")
         report["test_items"] = len(labelled_test)
         report["test_accuracy"] = _dhrp_accuracy(model, seqs, labels)
-        report["test_accuracy_init"] = _dhrp_accuracy(model, seqs, labels, model.coef_init_,
-                                                      identity=True)
+        report["test_accuracy_init"] = _dhrp_accuracy(model, seqs, labels, initial=True)
         reporter.info(f"test accuracy (soft-max on u*(W)): {report['test_accuracy']:.4f}; "
-                      f"rank pooling u*(I) + linear SVM (the initialisation): "
+                      f"the initialisation, classify's linear SVM on u*(I) (--normalize "
+                      f"{model.normalize} --C {model.svm_C:g}): "
                       f"{report['test_accuracy_init']:.4f} ({len(labelled_test)} items)")
     stage.save_model(MODEL_NAME, model, {"input": source.name, "split": split,
                                          "report": report, "device": model.device_})
