@@ -350,6 +350,7 @@ def pool_windows(X, starts, M, stride, psi="ser", C=1.0, epsilon=0.1, solver="ne
         sums = window_running_sums(X, starts[0], len(starts), M, stride)
         return rank_pool_sums(sums, psi, C, epsilon, solver, nonnegative=nonnegative)
     from featpipe.encode import _window_loop
+    from featpipe.numba_cache import announce
 
     C, epsilon = check_svr_params(C, epsilon)
     if nonnegative is None:
@@ -357,9 +358,10 @@ def pool_windows(X, starts, M, stride, psi="ser", C=1.0, epsilon=0.1, solver="ne
     mode = _window_loop.mode(psi, nonnegative)
     # SER of non-negative sums (mode ROOT): the negative half stays zero
     U = np.zeros((len(starts), psi_dim(psi, X.shape[1])), dtype=X.dtype)
-    failed = _window_loop.pool_windows(X, np.asarray(starts, dtype=np.int64), M, mode,
-                                       _window_loop.block_columns(M, X.itemsize, mode), C,
-                                       epsilon, U)
+    args = (X, np.asarray(starts, dtype=np.int64), M, mode,
+            _window_loop.block_columns(M, X.itemsize, mode), C, epsilon, U)
+    announce("hrp window kernel", (_window_loop.pool_windows, args))
+    failed = _window_loop.pool_windows(*args)
     if failed:
         raise RuntimeError(f"rank_svr_dual: active-set Newton did not settle in "
                            f"{MAX_NEWTON_ITER} iterations for {failed} windows")
