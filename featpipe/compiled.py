@@ -10,8 +10,8 @@ Where the cache lives (numba's own rule, :func:`cache_dirs`): ``NUMBA_CACHE_DIR`
 else ``__pycache__`` beside the kernel's module when that folder is writable (a checkout, an
 editable install, a virtual environment the user owns); else the user's cache folder
 (``~/.cache/numba``), as for a wheel installed into a read-only ``site-packages``.  When none of
-these can be written, :func:`featpipe.numba_cache.ensure_cache_dir` points numba at a folder of the temporary
-directory, so that the kernels still load (and are compiled once per machine boot).  An entry
+these can be written, :func:`featpipe.numba_cache.ensure_cache_dir` points numba at a folder
+of the temporary directory, so that the kernels still load (and compile once per boot).  An entry
 is kept per CPU model (a cluster node of another CPU compiles its own once).
 
 Compile every kernel ahead, once per environment (``bin/test`` and ``bin/demo`` do)::

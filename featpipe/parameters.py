@@ -75,11 +75,10 @@ class DeclaredInterval:
         if not isinstance(value, self.type) or (not isinstance(value, Integral)
                                                 and math.isnan(value)):
             return False
-        if self.left is not None and (value < self.left if self.closed in ("left", "both")
-                                      else value <= self.left):
-            return False
-        return self.right is None or (value <= self.right if self.closed in ("right", "both")
-                                      else value < self.right)
+        left = -math.inf if self.left is None else self.left  # an open end refuses ±inf
+        right = math.inf if self.right is None else self.right
+        return (left <= value if self.closed in ("left", "both") else left < value) and \
+            (value <= right if self.closed in ("right", "both") else value < right)
 
     def __str__(self):
         real = self.type is not Integral
