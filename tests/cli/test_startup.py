@@ -141,7 +141,7 @@ def _imports_of_encode(tmp_path, method: str) -> set[str]:
     return loaded
 
 
-def test_an_encode_run_imports_the_functional_core_of_its_method_only(tmp_path):
+def test_an_encode_run_imports_the_module_of_its_method_only(tmp_path):
     """``featpipe encode --method avg`` runs the functions of featpipe.encode.functional
     .temporal with the parameter table's records: neither the estimators nor scikit-learn
     (sklearn.base pulls in SciPy and pandas, 0.5-1.5 s) nor numba is imported (before the
