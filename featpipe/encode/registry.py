@@ -88,9 +88,10 @@ class EncodeMethod:
     of the method (defaults applied, validated) and ``models`` maps each model parameter (one
     that names a fitted stage, such as ``gmm``) to that :class:`~featpipe.store.Stage`.
     ``fixed`` holds the values ``build`` gives the estimators besides ``params`` (the pooling
-    of ``--method cov``), so that their rules are checked with them.  ``rules`` checks the
-    rules between parameters of a method whose parameters have no estimator (``owner``) to do
-    it: one read from the parameter table.
+    of ``--method cov``), so that their rules are checked with them.  ``rules`` checks what a
+    method's estimators (the parameters' ``owner``) would check besides each value, for a
+    method whose parameters have none: one read from the parameter table (the rules between
+    parameters and the device).
     """
 
     name: str
@@ -116,7 +117,6 @@ class EncodeMethod:
         check_parameter_values(self.parameters, params, f"--method {self.name}", self.fixed)
         if self.rules is not None:
             self.rules({**self.fixed, **params})
-            check_device(params.get("device"))
 
 
 def plugin_modules() -> list[str]:
@@ -217,8 +217,13 @@ def table_method(name: str, core: EncodeFunction) -> EncodeMethod:
                                  tuple(constraint_from_json(c) for c in p["constraints"]),
                                  p["help"], model=tuple(p["model"]), required=p["required"])
                        for p in entry["parameters"])
+    def rules(params: Mapping) -> None:  # as ValidatedEstimator.check_param_values does
+        if core.rules is not None:
+            core.rules(params)
+        check_device(params.get("device"))
+
     return EncodeMethod(name, entry["summary"], function_builder(core, **entry["fixed"]),
-                        parameters, core.batch_size, entry["fixed"], core.rules)
+                        parameters, core.batch_size, entry["fixed"], rules)
 
 
 _TABLE: dict | None = None

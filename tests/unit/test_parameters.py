@@ -93,7 +93,7 @@ _GIVEN = [{}, {"window": 0}, {"window": 20.0}, {"window": 2.5}, {"window": True}
           {"epsilon": 0}, {"epsilon": -1.0}, {"psi": "bad"}, {"psi": "ssr"},
           {"depth": 2, "emit_layer": 3}, {"depth": 3, "emit_layer": 2}, {"emit_layer": None},
           {"directions": "both"}, {"solver": "liblinear"}, {"pool": "max"}, {"pool": 1},
-          {"device": "gpu"}, {"windw": 3}]
+          {"device": "gpu"}, {"device": "cuda"}, {"windw": 3}]
 
 
 @pytest.mark.parametrize("name", ["avg", "max", "tpyramid", "arp", "rankpool", "hrp",
