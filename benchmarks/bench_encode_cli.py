@@ -1,6 +1,6 @@
 """The same hrp job in process and through the command line: what a CLI job costs on top.
 
-Ten 300 × 4096 float32 sequences (non-negative smooth walks, like ReLU fc6) are imported into
+Ten (``--sequences``; issue 30 §2: 100) 300 × 4096 float32 sequences (non-negative smooth walks, like ReLU fc6) are imported into
 a store; ``HierarchicalRankPooling().transform`` encodes them in this process (after a
 warm-up), then ``featpipe encode --method hrp`` encodes them in a fresh process; a third
 process only imports what that command imports.  Prints wall and CPU seconds (the CPU time
@@ -70,7 +70,7 @@ def main(argv=None):
              f"hrp{repeat}", "--force", "-q"]))
         results["imports only"].append(child_run(
             [sys.executable, "-c", "import featpipe.cli.encode, featpipe.stages.encoding, "
-             "featpipe.encode.temporal, featpipe.encode._window_loop"]))
+             "featpipe.encode.functional.temporal, featpipe.encode._window_loop"]))
     best = {k: (min(w for w, _ in v), min(c for _, c in v)) for k, v in results.items()}
     for name, (wall, cpu) in best.items():
         print(f"{name:16s} wall {wall:6.2f} s   CPU {cpu:6.2f} s   (best of {args.repeats})")

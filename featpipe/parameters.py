@@ -32,8 +32,13 @@ help, choices; the type is the field's annotation); :func:`record_parameters` gi
 :class:`Parameter` records, so the command line and pipeline files read them as they read an
 estimator's.
 
-scikit-learn is imported only when a value is checked or typed, so that the command line can read
-:class:`Parameter` records (``featpipe --help``) without it.
+Values are checked and typed without scikit-learn for the vocabulary featpipe's estimators use
+(``None``, ``"boolean"``, types, ``Interval``, ``StrOptions``; scikit-learn is imported for the
+rest), so that the command line reads :class:`Parameter` records (``featpipe --help``) and
+checks a run's values without it.  :func:`constraint_json` writes a declaration into the
+precomputed parameter table of :mod:`featpipe.encode.registry`; :func:`constraint_from_json`
+reads it back as :class:`DeclaredInterval` / :class:`DeclaredOptions`, which check and print as
+scikit-learn's ``Interval`` / ``StrOptions`` do.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import math
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -51,26 +57,139 @@ from featpipe.errors import FeatpipeError, ParameterError
 
 def describe(constraint) -> str:
     """A constraint in words: ``an int in the range [1, inf)``, ``one of avg, max``."""
-    from sklearn.utils._param_validation import StrOptions
-
-    if isinstance(constraint, StrOptions):
+    if getattr(constraint, "type", None) is str and hasattr(constraint, "options"):
         return "one of " + ", ".join(sorted(constraint.options - constraint.deprecated))
     return str(constraint)
 
 
+class DeclaredInterval:
+    """scikit-learn's ``Interval`` as featpipe reads it from the parameter table (the same
+    attributes, test and words), without importing scikit-learn."""
+
+    hidden = False
+
+    def __init__(self, type, left, right, closed):
+        self.type, self.left, self.right, self.closed = type, left, right, closed
+
+    def is_satisfied_by(self, value) -> bool:
+        if not isinstance(value, self.type) or (not isinstance(value, Integral)
+                                                and math.isnan(value)):
+            return False
+        left = -math.inf if self.left is None else self.left  # an open end refuses ±inf
+        right = math.inf if self.right is None else self.right
+        return (left <= value if self.closed in ("left", "both") else left < value) and \
+            (value <= right if self.closed in ("right", "both") else value < right)
+
+    def __str__(self):
+        real = self.type is not Integral
+        left = "-inf" if self.left is None else float(self.left) if real else self.left
+        right = "inf" if self.right is None else float(self.right) if real else self.right
+        return (f"{'an int' if not real else 'a float'} in the range "
+                f"{'[' if self.closed in ('left', 'both') else '('}{left}, "
+                f"{right}{']' if self.closed in ('right', 'both') else ')'}")
+
+
+class DeclaredOptions:
+    """scikit-learn's ``StrOptions`` as featpipe reads it from the parameter table."""
+
+    hidden = False
+    type = str
+
+    def __init__(self, options, deprecated=()):
+        self.options, self.deprecated = set(options), set(deprecated)
+
+    def is_satisfied_by(self, value) -> bool:
+        return isinstance(value, str) and value in self.options
+
+
+#: the table form of the types a constraint may name
+_TYPES = {t.__name__: t for t in (int, float, str, bool, list, tuple, Integral, Real)}
+
+
+def constraint_json(constraint):
+    """One declaration (scikit-learn's vocabulary) as JSON: ``None`` and strings
+    (``"boolean"``) as they are, ``{"type": "int"}``, ``{"options": [...], "deprecated":
+    [...]}``, ``{"interval": "int" or "real", "left", "right", "closed"}``; ``TypeError``
+    for a declaration the table cannot hold."""
+    if constraint is None or isinstance(constraint, str):
+        return constraint
+    if isinstance(constraint, type) and _TYPES.get(constraint.__name__) is constraint:
+        return {"type": constraint.__name__}
+    if getattr(constraint, "type", None) is str and hasattr(constraint, "options"):
+        return {"options": sorted(constraint.options),
+                "deprecated": sorted(constraint.deprecated)}
+    if hasattr(constraint, "closed") and constraint.type in (Integral, Real):
+        return {"interval": "int" if constraint.type is Integral else "real",
+                "left": constraint.left, "right": constraint.right, "closed": constraint.closed}
+    raise TypeError(f"{constraint!r} has no form in the parameter table")
+
+
+def constraint_from_json(entry):
+    """The declaration :func:`constraint_json` wrote (:class:`DeclaredInterval`,
+    :class:`DeclaredOptions`)."""
+    if entry is None or isinstance(entry, str):
+        return entry
+    if "type" in entry:
+        return _TYPES[entry["type"]]
+    if "options" in entry:
+        return DeclaredOptions(entry["options"], entry["deprecated"])
+    return DeclaredInterval(Integral if entry["interval"] == "int" else Real, entry["left"],
+                            entry["right"], entry["closed"])
+
+
+def _is_bool(value) -> bool:
+    kind = type(value)
+    return isinstance(value, bool) or (kind.__module__ == "numpy"
+                                       and kind.__name__ in ("bool", "bool_"))
+
+
+def _type_name(kind: type) -> str:
+    """A type as scikit-learn's messages name it (``int``, ``float``, ``numpy.ndarray``)."""
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return {Real: "float", Integral: "int"}.get(kind, f"{kind.__module__}.{kind.__qualname__}")
+
+
+def _read(constraint):
+    """(test, words) of one declaration read without scikit-learn (``None``, ``"boolean"``,
+    a type, or a constraint object with ``is_satisfied_by``), as scikit-learn reads it; None
+    for what only scikit-learn reads (``"array-like"``, ``"random_state"``, ``Hidden``...)."""
+    if constraint is None:
+        return (lambda value: value is None), "None"
+    if isinstance(constraint, str):
+        return (_is_bool, "an instance of 'bool' or an instance of 'numpy.bool'") \
+            if constraint == "boolean" else None
+    if isinstance(constraint, type):
+        return (lambda value: isinstance(value, constraint)), \
+            f"an instance of '{_type_name(constraint)}'"
+    if hasattr(constraint, "is_satisfied_by") and not getattr(constraint, "hidden", True):
+        return constraint.is_satisfied_by, describe(constraint)
+    return None
+
+
 def check_value(name: str, value, constraints: Iterable) -> None:
-    """Raise :class:`ParameterError` unless ``value`` satisfies one of ``constraints``."""
+    """Raise :class:`ParameterError` unless ``value`` satisfies one of ``constraints``.
+
+    The vocabulary featpipe's own estimators use is read here (:func:`_read`); scikit-learn
+    is imported only for the rest of its vocabulary."""
     if constraints == "no_validation":
         return
-    from sklearn.utils._param_validation import make_constraint
+    constraints = list(constraints)
+    read = [_read(c) for c in constraints]
+    if any(r is None for r in read):
+        from sklearn.utils._param_validation import make_constraint
 
-    made = [make_constraint(c) for c in constraints]
+        made = [make_constraint(c) for c in constraints]
+        read = [(c.is_satisfied_by, None if c.hidden else describe(c)) for c in made]
+        takes_bool = any(_takes_bool(c) for c in made)
+    else:
+        takes_bool = any(c == "boolean" or c is bool for c in constraints)
     # a bool is an int to Python (True == 1) but no number to a user: only a parameter
     # declared boolean takes one, so that stride = true is no second spelling of stride = 1
-    if not isinstance(value, bool) or any(_takes_bool(c) for c in made):
-        if any(c.is_satisfied_by(value) for c in made):
+    if not isinstance(value, bool) or takes_bool:
+        if any(test(value) for test, _ in read):
             return
-    shown = [describe(c) for c in made if not c.hidden]
+    shown = [words for _, words in read if words is not None]
     raise ParameterError(name, f"must be {' or '.join(shown)}, got {value!r}")
 
 
@@ -237,6 +356,13 @@ def estimator_parameters(cls, include: Iterable[str] | None = None,
     return tuple(out)
 
 
+def hidden_defaults(cls, names: Iterable[str]) -> dict[str, object]:
+    """The ``__init__`` defaults of ``cls`` for ``names`` (those it takes): the values a
+    method gives an estimator's parameters that it does not offer (``chunk_bytes``)."""
+    signature = inspect.signature(cls.__init__).parameters
+    return {name: signature[name].default for name in names if name in signature}
+
+
 def declared(default, help: str, *, choices: Iterable[str] = (), model: Iterable[str] = ()):
     """A dataclass field declared as a parameter: its ``default``, ``help`` (one sentence),
     the ``choices`` of a text value, the ``featpipe fit`` commands making the stage a
@@ -268,24 +394,17 @@ def record_parameters(cls) -> tuple[Parameter, ...]:
 
 
 def _number_types(constraints) -> set[type]:
-    """The number types a declaration accepts: ``{int}``, ``{float}``, both or none."""
-    from sklearn.utils._param_validation import (
-        Interval,
-        _InstancesOf,
-        _RandomStates,
-        make_constraint,
-    )
-
+    """The number types a declaration accepts: ``{int}``, ``{float}``, both or none (read as
+    scikit-learn reads ``"random_state"``, an ``Interval`` and the types)."""
     types: set[type] = set()
     for constraint in constraints if constraints != "no_validation" else ():
-        made = make_constraint(constraint)
-        if isinstance(made, _RandomStates):
+        if isinstance(constraint, str):
+            types |= {int} if constraint == "random_state" else set()
+        elif hasattr(constraint, "closed") and hasattr(constraint, "type"):
+            types.add(int if constraint.type is Integral else float)
+        elif constraint in (int, Integral):
             types.add(int)
-        elif isinstance(made, Interval):
-            types.add(int if made.type is Integral else float)
-        elif isinstance(made, _InstancesOf) and made.type in (int, Integral):
-            types.add(int)
-        elif isinstance(made, _InstancesOf) and made.type in (float, Real):
+        elif constraint in (float, Real):
             types.add(float)
     return types
 

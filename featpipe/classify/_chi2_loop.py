@@ -10,6 +10,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from featpipe.numba_cache import ensure_cache_dir
+
+ensure_cache_dir(__file__)
+
 _TINY = 2.0 ** -126  # smallest normal float32
 _FASTMATH = {"nnan", "ninf", "nsz", "contract", "reassoc"}  # no 'arcp': divisions stay exact
 _ROW_TILE = 8

@@ -108,6 +108,7 @@ def _chi2_family(X, Y, mode: int, factor: float = 1.0, rooted: bool = False, n_j
     peak = math.sqrt(peak) if rooted else peak
     scale = 1.0 if peak == 0.0 else math.ldexp(1.0, -math.frexp(peak)[1])  # peak·scale <= 1
     from featpipe.classify import _chi2_loop
+    from featpipe.numba_cache import announce
 
     out = np.zeros((X.shape[0], Y.shape[0]))
     previous = _chi2_loop.set_threads(n_jobs)
@@ -121,6 +122,8 @@ def _chi2_family(X, Y, mode: int, factor: float = 1.0, rooted: bool = False, n_j
                 B = A if symmetric else signed_square_root(B)
             A = A * scale
             B = A if symmetric else B * scale
+            announce("chi-square kernel",
+                     (_chi2_loop.chi2_accumulate, (A, B, out, mode, symmetric)))
             _chi2_loop.chi2_accumulate(A, B, out, mode, symmetric)
     finally:
         _chi2_loop.set_threads(previous)

@@ -252,9 +252,14 @@ def table_entry(key: str):
 
 def write_table(path: Path = TABLE_PATH) -> None:
     """Compute every entry of the table and write it to ``path`` (while computing, the
-    commands' modules see an empty table: their own entries are computed live too)."""
+    commands' modules see an empty table: their own entries are computed live too); with the
+    default path, rewrite the encode methods' parameter table too
+    (:func:`featpipe.encode.registry.write_table`)."""
     from featpipe.cli import options
+    from featpipe.encode import registry
 
+    if path == TABLE_PATH:  # the encode methods' parameter table first: it is read below
+        registry.write_table()
     options._TABLE = {}
     table = {key: live_entry(key) for key in TABLE_SOURCES}
     path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")

@@ -22,6 +22,10 @@ import math
 import numba
 import numpy as np
 
+from featpipe.numba_cache import ensure_cache_dir
+
+ensure_cache_dir(__file__)
+
 #: pairs more than 30 nats below a descriptor's best component are left out of its
 #: normaliser: K·e^-30 < 1e-10 relative for K ≤ 10^3
 _NEGLIGIBLE = -30.0

@@ -29,6 +29,9 @@ import numba
 import numpy as np
 
 from featpipe.encode.svr import ARMIJO, MAX_BACKTRACK, MAX_NEWTON_ITER
+from featpipe.numba_cache import ensure_cache_dir
+
+ensure_cache_dir(__file__)
 
 NONE, ROOT, SSR, SER = 0, 1, 2, 3
 

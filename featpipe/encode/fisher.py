@@ -594,6 +594,7 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
     caller's sums as they were.
     """
     from featpipe.encode import _fisher_loop
+    from featpipe.numba_cache import announce
 
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)
@@ -617,12 +618,15 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
         for start in range(bounds[task], bounds[task + 1], _BLOCK):
             block = x[start:min(start + _BLOCK, bounds[task + 1])]
             rows = block.shape[0]
+            rest = (block, gmm.center, gmm.mc, gmm.inv_sigma, gmm.log_norm, gmm.approx,
+                    gmm.limit, gmm.threshold, *sums)
+            announce("Fisher-vector kernels",
+                     (_fisher_loop.squared_operand, (block, gmm.center, lhs[:rows])),
+                     (_fisher_loop.accumulate, (gemm[:rows], *rest)))
             finite &= _fisher_loop.squared_operand(block, gmm.center, lhs[:rows])
             with np.errstate(over="ignore", invalid="ignore"):
                 raw = mahalanobis_gemm(lhs[:rows], gmm.rhs, out=gemm[:rows])
-            counts = _fisher_loop.accumulate(raw, block, gmm.center, gmm.mc, gmm.inv_sigma,
-                                             gmm.log_norm, gmm.approx, gmm.limit,
-                                             gmm.threshold, *sums)
+            counts = _fisher_loop.accumulate(raw, *rest)
             n_exact += counts[0]
             overflow += counts[1]
             evidence += counts[2]

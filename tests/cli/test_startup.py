@@ -121,19 +121,44 @@ print(json.dumps(sorted(loaded)))
 """
 
 
-def test_an_encode_run_imports_the_module_of_its_method_only(tmp_path):
-    from featpipe.encode.registry import METHOD_MODULES
+def _imports_of_encode(tmp_path, method: str) -> set[str]:
+    """The featpipe and heavy modules a ``featpipe encode --method METHOD`` run imported (in a
+    fresh process; the stage is checked to be computed)."""
     from featpipe.store import Store
 
-    manifest, store = write_npy_dataset(tmp_path, n=4), tmp_path / "store"
-    run_cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store", store,
-            "--name", "feats")
-    args = ["encode", "--store", str(store), "--input", "feats", "--method", "avg",
-            "--name", "avg"]
-    loaded = set(json.loads(_python(RUN_PROBE, args, HEAVY).splitlines()[-1]))
-    stage = Store(store).resolve("avg")
-    assert [stage.read_item(i).shape for i in stage.items.ids] == [(8,)] * 4  # computed
-    assert {"featpipe.encode.temporal", "numpy", "sklearn"} <= loaded
-    assert loaded & (set(METHOD_MODULES) - {"featpipe.encode.temporal"}) == set()
+    store = tmp_path / "store"
+    if not store.exists():
+        manifest = write_npy_dataset(tmp_path, n=4)
+        run_cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store", store,
+                "--name", "feats")
+    args = ["encode", "--store", str(store), "--input", "feats", "--method", method,
+            "--name", method, "--window", "3"] if method == "hrp" else \
+        ["encode", "--store", str(store), "--input", "feats", "--method", method,
+         "--name", method]
+    loaded = set(json.loads(_python(RUN_PROBE, args, [*HEAVY, "numba"]).splitlines()[-1]))
+    stage = Store(store).resolve(method)
+    assert len([stage.read_item(i) for i in stage.items.ids]) == 4  # computed
+    return loaded
+
+
+def test_an_encode_run_imports_the_module_of_its_method_only(tmp_path):
+    """``featpipe encode --method avg`` runs the functions of featpipe.encode.functional
+    .temporal with the parameter table's records: neither the estimators nor scikit-learn
+    (sklearn.base pulls in SciPy and pandas, 0.5-1.5 s) nor numba is imported (before the
+    functional core, the run imported featpipe.encode.temporal, sklearn and scipy)."""
+    from featpipe.encode.registry import METHOD_MODULES
+
+    loaded = _imports_of_encode(tmp_path, "avg")
+    assert {"featpipe.encode.functional.temporal", "numpy"} <= loaded
+    assert loaded & {"sklearn", "scipy", "pandas", "joblib", "numba"} == set()
+    assert loaded & set(METHOD_MODULES) == set()  # no estimator module
     assert loaded & {"torch", "cv2", "h5py", "dask", "distributed", "matplotlib", "aeon"} == set()
 
+
+def test_an_hrp_run_imports_no_scikit_learn(tmp_path):
+    """hrp needs its compiled window kernel (numba, which itself loads SciPy's BLAS), and
+    still no estimator nor scikit-learn."""
+    loaded = _imports_of_encode(tmp_path, "hrp")
+    assert {"featpipe.encode.functional.temporal", "featpipe.encode._window_loop",
+            "numba"} <= loaded
+    assert loaded & {"sklearn", "pandas", "featpipe.encode.temporal", "torch"} == set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import re
 
+import numpy as np
 import pytest
 
 from featpipe.encode.registry import load_methods
@@ -70,3 +71,106 @@ def test_library_errors_name_parameters_and_the_cli_shows_flags(cli, tmp_path):
                  "--top-k", "3")
     assert result.exit_code == 2
     assert "error: --top-k must lie in 1..n_components (2), got 3" in result.stderr
+
+
+# -- the parameter table: featpipe encode runs the functional cores without the estimators --
+
+
+def test_the_parameter_table_is_current():
+    """featpipe/encode/methods.json is what the estimators declare now (rewrite it with
+    `python -m featpipe.cli.options`)."""
+    import json
+
+    from featpipe.encode.registry import TABLE_PATH, table_entries
+
+    assert json.loads(TABLE_PATH.read_text(encoding="utf-8")) == \
+        json.loads(json.dumps(table_entries())), "run `python -m featpipe.cli.options`"
+
+
+#: values for the table's records and the estimators' to check and type alike
+_GIVEN = [{}, {"window": 0}, {"window": 20.0}, {"window": 2.5}, {"window": True},
+          {"stride": np.int64(2)}, {"C": 5}, {"C": 0}, {"C": "x"}, {"C": float("nan")},
+          {"epsilon": 0}, {"epsilon": -1.0}, {"psi": "bad"}, {"psi": "ssr"},
+          {"depth": 2, "emit_layer": 3}, {"depth": 3, "emit_layer": 2}, {"emit_layer": None},
+          {"directions": "both"}, {"solver": "liblinear"}, {"pool": "max"}, {"pool": 1},
+          {"device": "gpu"}, {"device": "cuda"}, {"windw": 3}]
+
+
+@pytest.mark.parametrize("name", ["avg", "max", "tpyramid", "arp", "rankpool", "hrp",
+                                  "recursive"])
+def test_a_table_method_checks_and_types_values_as_its_estimator(name, monkeypatch):
+    """load_method (the table's records, featpipe's own checks, no scikit-learn) and
+    load_methods (the estimators' declarations, scikit-learn's constraints) give the same
+    canonical record or the same ParameterError for every value."""
+    from featpipe.encode.registry import FUNCTION_MODULES, load_method
+    from featpipe.stages.encoding import method_record
+
+    monkeypatch.delenv("FEATPIPE_ENCODERS", raising=False)
+    assert name in FUNCTION_MODULES["featpipe.encode.functional.temporal"]
+    table, declared = load_method(name), load_methods()[name]
+    assert all(p.owner is None for p in table.parameters)  # no estimator behind them
+    assert all(p.owner is not None for p in declared.parameters)
+    assert (table.summary, table.defaults, dict(table.fixed)) == \
+        (declared.summary, declared.defaults, dict(declared.fixed))
+    for given in _GIVEN:
+        given = {k: v for k, v in given.items() if k in declared.defaults or k == "windw"}
+        outcomes = []
+        for method in (table, declared):
+            try:
+                outcomes.append(method_record(method, given))
+            except ParameterError as err:
+                outcomes.append((err.param, str(err)))
+        assert outcomes[0] == outcomes[1], (name, given)
+        if isinstance(outcomes[0], dict):
+            assert [type(v) for v in outcomes[0].values()] == \
+                [type(v) for v in outcomes[1].values()]
+
+
+def test_declared_constraints_read_as_scikit_learn_reads_them():
+    """featpipe's reading of a table constraint (DeclaredInterval, DeclaredOptions, types,
+    None, "boolean") accepts, refuses and describes every value as scikit-learn's own
+    classes do."""
+    from numbers import Integral, Real
+
+    from sklearn.utils._param_validation import Interval, StrOptions, make_constraint
+
+    from featpipe.parameters import (
+        check_value,
+        constraint_from_json,
+        constraint_json,
+        describe,
+    )
+
+    declared = [Interval(Integral, 1, None, closed="left"),
+                Interval(Real, 0, None, closed="neither"), Interval(Real, 0, 1, closed="both"),
+                Interval(Integral, None, 4, closed="right"),
+                Interval(Real, -1.5, 2, closed="left"), Interval(Real, None, None, closed="both"),
+                StrOptions({"a", "b"}), None, "boolean", int, float, str]
+    values = [-2, -1, 0, 1, 2, 4, 5, 0.0, 0.5, 1.0, 2.5, -1.5, float("nan"), float("inf"),
+              -float("inf"), "a", "c", None, True, False, np.int64(3), np.float32(0.5),
+              np.bool_(True), [1]]
+    for constraint in declared:
+        read = constraint_from_json(constraint_json(constraint))
+        made = make_constraint(constraint)
+        if hasattr(made, "closed") or hasattr(made, "options"):
+            assert describe(read) == describe(made), constraint
+        takes_bool = constraint == "boolean" or constraint is bool
+        for value in values:
+            try:
+                check_value("p", value, [read])
+                ours = "ok"
+            except ParameterError as err:
+                ours = str(err)
+            # scikit-learn's test and words (a bool is a number only where declared boolean)
+            accepted = (takes_bool or not isinstance(value, bool)) and made.is_satisfied_by(value)
+            assert ours == ("ok" if accepted else f"p must be {describe(made)}, got {value!r}"), \
+                (constraint, value)
+
+
+def test_an_unreadable_constraint_has_no_table_form():
+    from sklearn.utils._param_validation import HasMethods
+
+    from featpipe.parameters import constraint_json
+
+    with pytest.raises(TypeError, match="no form in the parameter table"):
+        constraint_json(HasMethods(["fit"]))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from featpipe.encode.functional.temporal import arp_coefficients
 from featpipe.encode.svr import rank_svr_liblinear
 from featpipe.encode.temporal import (
     ApproximateRankPooling,
@@ -16,7 +17,6 @@ from featpipe.encode.temporal import (
     RankPooling,
     RecursiveRankPooling,
     TemporalPyramid,
-    arp_coefficients,
 )
 from featpipe.errors import FeatpipeError, InputError
 from tests.unit.test_maps import literal_l2, literal_ser
@@ -193,7 +193,7 @@ def test_compiled_window_passes_match_the_array_api_path(monkeypatch, psi, signe
     array-API path (running sums, ψ parts, batched Gram, the same solver) is the reference:
     odd and even window lengths, a stride, widths across several column blocks."""
     import featpipe.encode._window_loop as compiled
-    import featpipe.encode.temporal as module
+    import featpipe.encode.functional.temporal as module
 
     calls = []
     kernel = compiled.pool_windows
@@ -270,7 +270,7 @@ def test_cuda_without_gpu_says_so():
 
 
 def test_long_sequences_use_the_primal_solver(monkeypatch):
-    import featpipe.encode.temporal as temporal
+    import featpipe.encode.functional.temporal as temporal
 
     seqs = sequences([40, 13], dim=6, seed=7)
     dense_rank = RankPooling(psi="ser").transform(seqs)
@@ -289,7 +289,7 @@ def test_long_sequences_use_the_primal_solver(monkeypatch):
 def test_hrp_long_sequence_peak_memory_is_a_small_multiple_of_the_input(monkeypatch, threads):
     import tracemalloc
 
-    import featpipe.encode.temporal as temporal
+    import featpipe.encode.functional.temporal as temporal
 
     # the budget is per process: 16 worker threads (a 16-core node) share it
     monkeypatch.setenv("FEATPIPE_THREADS", threads)
@@ -312,8 +312,8 @@ def test_hrp_long_sequence_peak_memory_is_a_small_multiple_of_the_input(monkeypa
 
 
 def test_ser_rows_represent_the_normalised_ser_vectors():
+    from featpipe.encode.functional.temporal import SerRows
     from featpipe.encode.maps import normalized_map
-    from featpipe.encode.temporal import SerRows
 
     rng = np.random.default_rng(10)
     S = rng.standard_normal((7, 5))
@@ -335,19 +335,19 @@ def test_ser_rows_represent_the_normalised_ser_vectors():
 def test_zero_columns_left_out_of_later_layers_change_only_rounding(monkeypatch, cls, params):
     """Non-negative input (ReLU-like, with dead units): the numpy path drops each layer's
     all-zero columns (the zero half of SER) from the next; the array-API path keeps them."""
-    import featpipe.encode.temporal as module
+    import featpipe.encode.functional.temporal as module
 
     rng = np.random.default_rng(21)
     X = np.maximum(np.cumsum(rng.standard_normal((40, 12)), axis=0), 0).astype(np.float32)
     X[:, [2, 7]] = 0.0  # dead units
     widths = []
-    final = module.HierarchicalRankPooling._final
+    final = module._Layers.final
 
     def recording(self, Y):
         widths.append(Y.shape[1])
         return final(self, Y)
 
-    monkeypatch.setattr(module.HierarchicalRankPooling, "_final", recording)
+    monkeypatch.setattr(module._Layers, "final", recording)
     compact = cls(**params).transform([X])[0]
     full = np.asarray(cls(**params).transform([array_api_strict.asarray(X)])[0])
     assert compact.shape == full.shape
@@ -371,14 +371,14 @@ def test_an_all_zero_sequence_still_encodes_to_the_full_width():
 def test_a_long_final_layer_keeps_its_zero_columns(monkeypatch):
     """The primal solver of a long final layer gets the layer as it is (its float32 run time
     depends on rounding); the result equals the array-API path."""
-    import featpipe.encode.temporal as module
+    import featpipe.encode.functional.temporal as module
 
     monkeypatch.setattr(module, "DENSE_MAX_LENGTH", 16)
     rng = np.random.default_rng(22)
     X = np.maximum(np.cumsum(rng.standard_normal((40, 6)), axis=0), 0).astype(np.float32)
     widths = []
-    final = module.HierarchicalRankPooling._final
-    monkeypatch.setattr(module.HierarchicalRankPooling, "_final",
+    final = module._Layers.final
+    monkeypatch.setattr(module._Layers, "final",
                         lambda self, Y: widths.append(Y.shape[1]) or final(self, Y))
     u = HierarchicalRankPooling(window=5).transform([X])[0]
     v = np.asarray(HierarchicalRankPooling(window=5).transform([array_api_strict.asarray(X)])[0])

@@ -9,18 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-import featpipe.encode.temporal as temporal
-from featpipe.encode.svr import rank_svr, rank_svr_dual, rank_svr_primal
-from featpipe.encode.temporal import (
-    HierarchicalRankPooling,
-    RankPooling,
-    RecursiveRankPooling,
+import featpipe.encode.functional.temporal as temporal
+from featpipe.encode.functional.temporal import (
     layer_rows,
     rank_pool_batch,
     rank_pool_long,
     rank_pool_rows,
     sequence_rows,
 )
+from featpipe.encode.svr import rank_svr, rank_svr_dual, rank_svr_primal
+from featpipe.encode.temporal import HierarchicalRankPooling, RankPooling, RecursiveRankPooling
 from featpipe.errors import InputError
 from tests.unit.test_temporal import (
     assert_close_vectors,
@@ -215,7 +213,7 @@ def test_non_differentiable_solvers_refuse_tensors_that_require_grad():
 def test_hrp_memory_budget_is_split_among_threads(monkeypatch):
     """The per-process budget is shared by the worker threads: FEATPIPE_THREADS=16 runs 16
     chunks at a time, each 1/16 of the budget."""
-    import featpipe.encode.temporal as module
+    import featpipe.encode.functional.temporal as module
 
     started = []
     original = module.ThreadPoolExecutor
@@ -242,7 +240,7 @@ def test_hrp_memory_budget_is_split_among_threads(monkeypatch):
     # the same budget from the environment (what a job script sets), via the estimator
     sizes.clear()
     monkeypatch.setenv("FEATPIPE_MEMORY", str(budget))
-    layer = module.HierarchicalRankPooling(emit_layer=2).transform_sequences([X])[0]
+    layer = HierarchicalRankPooling(emit_layer=2).transform_sequences([X])[0]
     assert max(sizes) == 8 and sum(sizes) == 181
     np.testing.assert_array_equal(layer, out)
     monkeypatch.setenv("FEATPIPE_MEMORY", "2G")

@@ -1,0 +1,89 @@
+"""numba's cache for featpipe's compiled kernels: a usable cache folder, and the one line a job
+prints before it compiles a kernel (:mod:`featpipe.compiled` says where the cache lives and
+compiles every kernel ahead).
+
+Kept apart from :mod:`featpipe.compiled` (which imports the kernels) so that the kernel
+modules and the functions that call them can use it; it imports numba only inside its
+functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+
+logger = logging.getLogger(__name__)
+
+#: the command that compiles every kernel ahead
+WARM_COMMAND = "python -m featpipe.compiled"
+
+_checked: set = set()
+_lock = threading.Lock()
+
+
+def _writable(folder: str) -> bool:
+    """Whether ``folder`` can be made and written to (numba's own test)."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError:
+        return False
+    return True
+
+
+def _user_cache_dir() -> str:
+    from numba.misc.appdirs import AppDirs
+
+    return AppDirs(appname="numba", appauthor=False).user_cache_dir
+
+
+def ensure_cache_dir(module_file: str) -> None:
+    """Before a kernel module declares its ``cache=True`` functions: when numba could write
+    neither beside ``module_file`` nor in the user's cache folder (where it would raise
+    "cannot cache function ... no locator available"), use ``featpipe-numba-UID`` in the
+    temporary directory."""
+    import numba
+
+    if numba.config.CACHE_DIR or _writable(os.path.join(os.path.dirname(module_file),
+                                                        "__pycache__")) \
+            or _writable(_user_cache_dir()):
+        return
+    folder = os.path.join(tempfile.gettempdir(), f"featpipe-numba-{os.getuid()}")
+    logger.debug("numba cache: neither the package nor the user cache folder is writable; "
+                 "using %s", folder)
+    numba.config.CACHE_DIR = folder
+
+
+def _cached(dispatcher, types: tuple) -> bool:
+    """Whether numba's cache holds ``dispatcher`` compiled for argument ``types`` (its index
+    is keyed by the types, the CPU and the code).  True when numba's internals cannot tell
+    (then nothing is announced)."""
+    try:
+        cache = dispatcher._cache
+        key = cache._index_key(types, dispatcher.targetctx.codegen())
+        return key in cache._cache_file._load_index()
+    except Exception:  # another numba version: say nothing rather than fail a job
+        return True
+
+
+def announce(kernel: str, *calls: tuple) -> None:
+    """Log ``compiling the KERNEL (first use only; ...)`` (a warning), once, when one of the
+    ``calls`` (``(dispatcher, args)``: a numba function and the arguments it is about to get)
+    is going to compile: neither compiled in this process nor cached.  Each function and
+    argument types are checked once per process."""
+    missing = False
+    for dispatcher, args in calls:
+        try:
+            types = tuple(dispatcher.typeof_pyval(a) for a in args)
+        except Exception:  # noqa: BLE001 (numba's typing refuses: the call will say why)
+            continue
+        with _lock:
+            if types in dispatcher.overloads or (id(dispatcher), types) in _checked:
+                continue
+            _checked.add((id(dispatcher), types))
+        missing = missing or not _cached(dispatcher, types)
+    if missing:
+        logger.warning("compiling the %s (first use only; `%s` compiles every kernel ahead)",
+                       kernel, WARM_COMMAND)
