@@ -190,18 +190,21 @@ LOG_FILE_HELP = ("Append the full record of the run (every log level, the report
 VERBOSITY_OPTIONS = (
     ("verbose", lambda: click.Option(
         ["-v", "--verbose"], count=True, expose_value=False, callback=_set_verbosity,
-        help="Same as featpipe -v (may also come before the command).")),
+        is_eager=True, help="Same as featpipe -v (may also come before the command).")),
     ("quiet", lambda: click.Option(
         ["-q", "--quiet"], is_flag=True, expose_value=False, callback=_set_verbosity,
-        help="Same as featpipe -q (may also come before the command).")),
+        is_eager=True, help="Same as featpipe -q (may also come before the command).")),
     ("log_file", lambda: click.Option(
         ["--log-file"], type=click.Path(dir_okay=False), metavar="PATH", expose_value=False,
-        callback=_set_log_file, help=LOG_FILE_HELP)),
+        callback=_set_log_file, is_eager=True, help=LOG_FILE_HELP)),
 )
 
 
 def with_verbosity_options(command: click.Command | None) -> click.Command | None:
-    """``command`` with ``-v``/``-q``/``--log-file`` (once): they work after its name too."""
+    """``command`` with ``-v``/``-q``/``--log-file`` (once): they work after its name too,
+    read before the command's other options (eager), so what those options' checks say while
+    they are read (``--jobs N is more than the cores``) is silenced or recorded as with the
+    flags before the name."""
     if command is not None:
         present = {p.name for p in command.params}
         command.params.extend(make() for name, make in VERBOSITY_OPTIONS if name not in present)

@@ -38,7 +38,7 @@ def test_exit_codes_0_1_2(tmp_path, cli):
     (tmp_path / "s").mkdir()
     failure = run_cli("cache", "verify", "--store", tmp_path / "s", "nope", check=False)
     assert failure.returncode == 1
-    assert failure.stderr.startswith("error: no stage named 'nope'") and \
+    assert failure.stderr.startswith("error: no store at ") and \
         "Traceback" not in failure.stderr
     usage = run_cli("--no-such-flag", check=False)
     assert usage.returncode == 2 and "Usage:" in usage.stderr
@@ -193,3 +193,24 @@ def test_an_unwritable_log_file_is_a_usage_error(tmp_path, before):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "Invalid value for '--log-file': " in proc.stderr and "cannot write it" in \
         proc.stderr
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_quiet_and_log_file_after_the_name_cover_the_jobs_warning(tmp_path, cli, where):
+    """Issue 30: ``-q`` and ``--log-file`` after the command name act before the other
+    options, as before it: the ``--jobs N is more than the cores`` warning (given while the
+    options are read) is hidden by ``-q`` and recorded by ``--log-file`` in both positions."""
+    args = ["encode", "--store", tmp_path / "s", "--input", "nope", "--method", "avg",
+            "--jobs", "100000"]
+
+    def place(*flags):
+        return [*flags, *args] if where == "before" else [*args, *flags]
+
+    loud = cli(*args)
+    assert "--jobs 100000 is more than the" in loud.stderr
+    quiet = cli(*place("-q"))
+    assert quiet.exit_code == 1 and quiet.stderr.startswith("error: no store at ")
+    assert "more than the" not in quiet.stderr
+    log = tmp_path / "run.log"
+    cli(*place("--log-file", log))
+    assert "--jobs 100000 is more than the" in log.read_text()
