@@ -20,7 +20,9 @@ up: ``featpipe -v encode -v`` is ``-vv``):
 from __future__ import annotations
 
 import importlib
+import io
 import logging
+import os
 import shlex
 import sys
 import warnings
@@ -275,6 +277,49 @@ def configure_logging(level: int) -> None:
         warnings.simplefilter("ignore")
 
 
+class _ReaderMayLeave(io.RawIOBase):
+    """File descriptor ``fd`` as a raw stream that drops what it is given once its reader has
+    closed the pipe (EPIPE): :func:`main`'s rule for a closed stdout."""
+
+    def __init__(self, fd: int):
+        super().__init__()
+        self._fd = fd
+        self.reader_left = False
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data) -> int:
+        if not self.reader_left:
+            try:
+                return os.write(self._fd, data)
+            except BrokenPipeError:
+                self.reader_left = True
+        return len(data)
+
+
+def drop_output_once_stdout_closes() -> None:
+    """One rule for a closed stdout (``featpipe classify ... | head -1``): the lines that
+    would go there are dropped, the command does all its work and exits with its usual
+    status, and nothing is said on stderr (docs/command-line.md)."""
+    out = sys.stdout
+    try:
+        fd = out.fileno()
+        out.flush()
+    except (AttributeError, OSError, ValueError):  # no real stdout: nothing to guard
+        return
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(_ReaderMayLeave(fd)),
+                                  encoding=out.encoding, errors=out.errors,
+                                  line_buffering=out.line_buffering)
+
+
 def main(argv=None):
     """Console-script entry point."""
+    drop_output_once_stdout_closes()
     cli.main(args=argv, prog_name="featpipe")
