@@ -8,7 +8,8 @@ before or after the command name (``featpipe -q encode`` = ``featpipe encode -q`
 up: ``featpipe -v encode -v`` is ``-vv``):
 
 - default: results on stdout (stage and name, summary line, scores); warnings and errors on
-  stderr; a progress line on stderr when it is a terminal.
+  stderr; a progress line on stderr when it is a terminal, else a plain progress line every
+  30 s and a last one (a SLURM log).
 - ``-q``: stderr carries errors only (``error:`` and ``failed:`` lines): no progress, no
   warnings, no log lines, no Python warnings.  stdout is unchanged: it is the command's
   result, which scripts read; ``> /dev/null`` silences it.
