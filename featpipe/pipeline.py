@@ -48,9 +48,8 @@ A dry run asks each step what it would compute (the item stages' dry run, listin
 key; a later step plans on the stages planned for the earlier ones
 (:attr:`featpipe.store.Store.planned`), so every key is printed before anything is
 computed, except where a step needs what an earlier one computes (a fitted GMM's arrays):
-it is listed as running after it.  A function without a dry run (``classify``, which stores
-no stage and runs, in seconds, whenever the pipeline does) is listed as ``would run`` and
-never called.
+it is listed as running after it.  A function without a dry run (``classify``, whose
+result a rerun reuses from its stage) is listed as ``would run`` and never called.
 """
 
 from __future__ import annotations
@@ -438,7 +437,7 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
             results.append(None)
             continue
         parameters = _signature(step.function).parameters
-        if dry_run and not {"options", "dry_run"} & set(parameters):  # classify: no stage
+        if dry_run and not {"options", "dry_run"} & set(parameters):  # classify
             reporter.info(f"dry run: would run {step.function}"
                           + (" on " + ", ".join(step.arguments.get("inputs", []))
                              if step.function == "classify" else ""))
