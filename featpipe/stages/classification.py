@@ -154,11 +154,20 @@ def common_items(inputs: Sequence[str], stages: Sequence[Stage], intersect: bool
                         "items they share")
 
 
-def stored_result(stage: Stage) -> dict | None:
-    """The result a classify stage holds (:data:`RESULT`), or None when it holds none."""
+def stored_result(stage: Stage, reporter: Reporter) -> dict | None:
+    """The result a classify stage holds (:data:`RESULT`), or None when it holds none or a
+    damaged one (named in a warning: it is computed again, never used)."""
     if not stage.exists or not stage.has_model(RESULT):
         return None
-    return stage.load_model(RESULT)[1]
+    try:
+        result = stage.load_model(RESULT)[1]
+        if {"splits", "summary", "created"} <= set(result):
+            return result
+        problem = f"model {RESULT!r} of stage {stage.name} lacks splits, summary or created"
+    except FeatpipeError as err:
+        problem = str(err)
+    reporter.warn(f"{problem}; computing the result again")
+    return None
 
 
 def keep_result(store: Store, record: dict, inputs: Sequence[Stage], result: dict,
@@ -169,7 +178,7 @@ def keep_result(store: Store, record: dict, inputs: Sequence[Stage], result: dic
         stage = store.stage("classify", record, inputs=inputs, items=Manifest([]))
         stage.save_model(RESULT, {}, result)
     except (OSError, WriteError) as err:
-        reporter.warn(f"warning: the classify result is not kept in store {store.root} "
+        reporter.warn(f"the classify result is not kept in store {store.root} "
                       f"({err}); a rerun computes it again")
 
 
@@ -255,7 +264,7 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
         return (f"split {k}: {metric} {result['score']:.4f}{extra}{chosen}, "
                 f"{result['n_train']} train / {result['n_test']} test items")
 
-    stored = stored_result(stage)
+    stored = stored_result(stage, reporter)
     if stored is not None:
         results, summary, created = stored["splits"], stored["summary"], stored["created"]
         reporter.info(f"reused the stored result of stage {stage.name} (computed {created}); "

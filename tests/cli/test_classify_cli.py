@@ -371,3 +371,17 @@ def test_a_rerun_reuses_the_stored_result_and_touches_nothing(tmp_path, cli, mon
     assert (tmp_path / "r" / "r.md").exists()
     changed = {p.name for p in before if after[p] != before[p]}
     assert changed == {"r.md", "r.json"}
+
+
+def test_a_damaged_stored_result_is_named_and_computed_again(tmp_path, cli):
+    store = _store_with(tmp_path, GOOD, {r[0]: np.arange(1.0, 5.0) + i
+                                         for i, r in enumerate(GOOD)})
+    args = ["classify", "--store", store.root, "--input", "enc"]
+    first = cli(*args, check=True)
+    key = first.stdout.splitlines()[0].removeprefix("classify ")
+    (store.stages_dir / f"classify-{key}" / "models" / "result.json").write_text("{")
+    again = cli(*args, check=True)
+    assert "model 'result' of stage classify-" in again.stderr and \
+        "computing the result again" in again.stderr
+    assert again.stdout == first.stdout
+    assert "reused the stored result" in cli(*args, check=True).stdout
