@@ -38,7 +38,7 @@ def test_exit_codes_0_1_2(tmp_path, cli):
     (tmp_path / "s").mkdir()
     failure = run_cli("cache", "verify", "--store", tmp_path / "s", "nope", check=False)
     assert failure.returncode == 1
-    assert failure.stderr.startswith("error: no store at ") and \
+    assert failure.stderr.startswith("error: no stage named 'nope'") and \
         "Traceback" not in failure.stderr
     usage = run_cli("--no-such-flag", check=False)
     assert usage.returncode == 2 and "Usage:" in usage.stderr
