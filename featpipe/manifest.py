@@ -247,8 +247,10 @@ class Manifest:
 
     # -- checks -----------------------------------------------------------------------------
     def check(self, check_files: bool = True, allow_outside_root: bool = True) -> list[Problem]:
-        """Problems beyond the format: missing files, unlabeled train rows, paths outside root."""
-        problems: list[Problem] = []
+        """Problems beyond the format: no rows at all (:data:`NO_ITEMS`: ``import`` and
+        ``extract`` refuse such a manifest too), missing files, unlabeled train rows, paths
+        outside root."""
+        problems: list[Problem] = [] if self.items else [Problem(2, NO_ITEMS)]
         root = self.root.resolve()
         for it in self.items:
             if any(s == "train" for s in it.splits) and not it.labels:
@@ -269,6 +271,10 @@ class Manifest:
                 problems.append(Problem(it.line, f"file {it.path!r} of {it.id!r} does not "
                                                  "exist"))
         return problems
+
+
+#: The problem of a manifest whose header is followed by no row.
+NO_ITEMS = "no items: the header is not followed by any row (import and extract refuse it)"
 
 
 def _records(reader, problems: list[Problem]) -> Iterator[tuple[int, list[str]]]:

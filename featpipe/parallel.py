@@ -51,6 +51,7 @@ from featpipe.errors import (
 )
 from featpipe.fileio import first_line, shard_of
 from featpipe.flags import flag_of
+from featpipe.settings import node_checks_deferred
 from featpipe.store import Stage
 
 log = logging.getLogger("featpipe")
@@ -109,8 +110,10 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
 
 def resolve_jobs(jobs: int, option: str = "jobs") -> int:
     """Worker count for ``--jobs``: ``-1`` = every available core; ``N >= 1`` capped at the
-    available cores (with a warning: more processes than cores only compete for them);
-    ``0`` or another negative value is a :class:`ParameterError`."""
+    available cores (with a warning: more processes than cores only compete for them; not
+    when the check is for a cluster task, whose node has its own cores:
+    :func:`~featpipe.settings.node_checks_deferred`); ``0`` or another negative value is a
+    :class:`ParameterError`."""
     jobs = int(jobs)
     cores = available_cores()
     if jobs == -1:
@@ -118,7 +121,7 @@ def resolve_jobs(jobs: int, option: str = "jobs") -> int:
     if jobs < 1:
         raise ParameterError(option, f"must be a positive number of processes or -1 (one per "
                                      f"core), got {jobs}")
-    if jobs > cores:
+    if jobs > cores and not node_checks_deferred():  # else checked on the node
         log.warning("%s %d is more than the %d core(s) available to this process; using %d",
                     flag_of(option), jobs, cores, cores)
         return cores

@@ -210,8 +210,11 @@ def check_params(constraints: Mapping[str, Iterable], values: Mapping[str, objec
 
 
 def check_device(device) -> None:
-    """``cuda`` only where CuPy or torch sees a GPU (:func:`featpipe.backend.device_namespace`)."""
-    if device == "cuda":
+    """``cuda`` only where CuPy or torch sees a GPU (:func:`featpipe.backend.device_namespace`;
+    on the node itself when the check is for a cluster task: ``node_checks_deferred``)."""
+    from featpipe.settings import node_checks_deferred
+
+    if device == "cuda" and not node_checks_deferred():
         from featpipe.backend import device_namespace
 
         try:

@@ -36,18 +36,20 @@ usage error): the functions; every key, of the step and of its ``params`` and
 ``sampling`` tables and the estimator parameters of a fit (an unknown one with the closest
 known name); the values, with the checks the command line runs; and the references: an
 ``input``, ``inputs``, ``gmm``, ``pca`` or model parameter (``params = { model = "std" }``)
-must name an *earlier* step (a stage made elsewhere is given by its folder, ``kind-key``),
-so a step never picks up a name left in the store by an earlier run, and steps cannot form a
-cycle.
+must name an *earlier* step by its key (``[steps.KEY]``, whatever the step's ``name``), so
+a step never picks up a name left in the store by an earlier run, and steps cannot form a
+cycle.  A stage made outside the file is named explicitly: ``"@fc6"`` is the stage the
+store's name ``fc6`` points to, resolved to its folder (``kind-key``) before the first step
+runs and printed (``@fc6 = extract-5c0e...``, by ``--dry-run`` too); a folder name works as
+well.
 
 A dry run asks each step what it would compute (the item stages' dry run, listing the first
 :data:`DRY_RUN_ITEMS` items of each; the fit stages' ``dry_run``) and prints its stage and
 key; a later step plans on the stages planned for the earlier ones
 (:attr:`featpipe.store.Store.planned`), so every key is printed before anything is
 computed, except where a step needs what an earlier one computes (a fitted GMM's arrays):
-it is listed as running after it.  A function without a dry run (``classify``, which stores
-no stage and runs, in seconds, whenever the pipeline does) is listed as ``would run`` and
-never called.
+it is listed as running after it.  A function without a dry run (``classify``, whose
+result a rerun reuses from its stage) is listed as ``would run`` and never called.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from pathlib import Path
 from featpipe import stages
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.stages.base import Reporter, RunOptions, StageRun
-from featpipe.store import STAGE_FOLDER, Stage, Store
+from featpipe.store import NAME_PATTERN, STAGE_FOLDER, Stage, Store
 
 #: Stage functions a step may name (``featpipe.stages.<name>``).
 STAGE_FUNCTIONS = ("import_features", "extract", "encode", "fit_pca", "fit_gmm", "fit_deep_gmm",
@@ -297,27 +299,80 @@ def references(step: Step) -> list[tuple[str, str]]:
     return found
 
 
+#: The prefix of a reference to a store name (``"@fc6"``): a stage made outside the file.
+STORE_NAME = "@"
+
+
 def check_references(steps: list[Step], path: Path) -> None:
-    """Every stage a step names is an earlier step (or a stage folder, ``kind-key``)."""
+    """Every stage a step names is an earlier step, by its key (or ``@NAME``, a store name,
+    or a stage folder, ``kind-key``)."""
     order = {step.name: number for number, step in enumerate(steps)}
     for number, step in enumerate(steps):
         for argument, name in references(step):
-            if order.get(name, number) < number or STAGE_FOLDER.match(name):
+            if order.get(name, number) < number or STAGE_FOLDER.match(name) or (
+                    name.startswith(STORE_NAME) and NAME_PATTERN.match(name[1:])):
                 continue
+            named = [s.name for s in steps[:number] if s.arguments.get("name") == name]
             if name == step.name:
                 problem = "names the step itself (a cycle)"
             elif name in order:
                 problem = (f"names step {name!r}, which comes later in the file; steps run in "
                            "file order: move it before")
+            elif named:
+                problem = (f"names {name!r}, which is the name = of step {named[0]!r}: a step "
+                           f"is referenced by its key, write {named[0]!r}")
             else:
                 earlier = [s.name for s in steps[:number]]
                 close = difflib.get_close_matches(name, earlier, n=1)
                 problem = (f"names {name!r}, which is no earlier step of this file ("
                            + (f"did you mean {close[0]!r}? " if close else "")
                            + f"earlier steps: {', '.join(earlier) or 'none'}); a stage made "
-                           "elsewhere is given by its folder (kind-key)")
+                           f"outside this file is given as {STORE_NAME}NAME (its store name) "
+                           "or by its folder (kind-key)")
             raise PipelineError(f"{path}: {step.describe()}: {argument} {problem}",
                                 usage=True)
+
+
+def renamed(step: Step, rename: Mapping[str, str]) -> Step:
+    """``step`` with every stage it names (:func:`references`) replaced by ``rename``'s
+    value for it, where it has one."""
+    arguments = dict(step.arguments)
+    for key in REFERENCES:
+        value = arguments.get(key)
+        if isinstance(value, list):
+            arguments[key] = [rename.get(v, v) if isinstance(v, str) else v for v in value]
+        elif isinstance(value, str):
+            arguments[key] = rename.get(value, value)
+    table_key = "params" if step.function == "encode" else "encode_params"
+    table = arguments.get(table_key)
+    model_options = {argument for argument, _ in references(step)} - set(REFERENCES)
+    if isinstance(table, Mapping) and model_options:
+        arguments[table_key] = {k: rename.get(v, v) if k in model_options and
+                                isinstance(v, str) else v for k, v in table.items()}
+    return Step(step.name, step.function, arguments)
+
+
+def resolve_references(pipeline: Pipeline, store: Store,
+                       reporter: Reporter) -> dict[str, str]:
+    """What each reference of the file means in ``store``: a step's key -> the store name its
+    step writes (where its ``name`` differs); ``@NAME`` -> the folder of the stage ``NAME``
+    points to now (said, ``@NAME = kind-key``; a name the store lacks is a usage error)."""
+    rename = {}
+    for step in pipeline.steps:
+        name = step.arguments.get("name")
+        if isinstance(name, str) and name != step.name:
+            rename[step.name] = name
+    for step in pipeline.steps:
+        for argument, name in references(step):
+            if not name.startswith(STORE_NAME) or name in rename:
+                continue
+            try:
+                rename[name] = store.resolve(name[len(STORE_NAME):]).name
+            except FeatpipeError as err:
+                raise PipelineError(f"{step.describe()}: {argument} {name}: {err}",
+                                    usage=True) from None
+            reporter.info(f"{name} = {rename[name]}")
+    return rename
 
 
 def _record_of(arguments: Mapping, function: str) -> dict:
@@ -367,12 +422,14 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
     pending: set[str] = set()  # steps of this dry run that could not be planned
     if dry_run:  # plans on a copy: the caller's store keeps resolving names to what is there
         store = Store(store.root)
+    rename = resolve_references(pipeline, store, reporter)
     results = []
-    for number, step in enumerate(pipeline.steps, start=1):
-        if only is not None and not only(step):
+    for number, written in enumerate(pipeline.steps, start=1):
+        if only is not None and not only(written):
             continue
+        step = renamed(written, rename)
         reporter.info(f"step {number}/{len(pipeline.steps)}: {step.name} ({step.function})")
-        waits_for = sorted({name for _, name in references(step)} & pending)
+        waits_for = sorted({name for _, name in references(written)} & pending)
         if dry_run and waits_for:
             reporter.info(f"dry run: would run after {', '.join(waits_for)} (its input is "
                           "not computed yet)")
@@ -380,7 +437,7 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
             results.append(None)
             continue
         parameters = _signature(step.function).parameters
-        if dry_run and not {"options", "dry_run"} & set(parameters):  # classify: no stage
+        if dry_run and not {"options", "dry_run"} & set(parameters):  # classify
             reporter.info(f"dry run: would run {step.function}"
                           + (" on " + ", ".join(step.arguments.get("inputs", []))
                              if step.function == "classify" else ""))

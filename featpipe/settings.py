@@ -25,6 +25,10 @@ THREADS_ENV = "FEATPIPE_THREADS"
 MEMORY_ENV = "FEATPIPE_MEMORY"
 #: Environment variable that sets the seconds between plain progress lines.
 PROGRESS_ENV = "FEATPIPE_PROGRESS_INTERVAL"
+#: Set to 1 by ``featpipe submit`` for its check of the stage command on the submitting
+#: machine: what depends on the node (a GPU for ``--device cuda``, the cores for ``--jobs``)
+#: is checked where the task runs, not there (:func:`node_checks_deferred`).
+NODE_CHECKS_ENV = "FEATPIPE_DEFER_NODE_CHECKS"
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -82,6 +86,11 @@ def progress_interval_setting() -> float | None:
     if not (math.isfinite(seconds) and seconds >= 0):
         raise SettingError(f"{PROGRESS_ENV} must be a number of seconds >= 0, got {value!r}")
     return seconds
+
+
+def node_checks_deferred() -> bool:
+    """Whether this process checks a command for another machine (``NODE_CHECKS_ENV``)."""
+    return _value(NODE_CHECKS_ENV) == "1"
 
 
 def plugin_attribute(module_name: str, variable: str, attribute: str):

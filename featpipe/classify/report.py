@@ -84,10 +84,12 @@ def stage_chain(stages: Sequence) -> list[dict]:
 
 
 def build_report(config: Mapping, results: list[dict], summary: Mapping,
-                 chain: list[dict] | None = None, command: str | None = None) -> dict:
-    """The JSON report; ``command`` is the exact command line (None: a library call)."""
+                 chain: list[dict] | None = None, command: str | None = None,
+                 created: str | None = None) -> dict:
+    """The JSON report; ``command`` is the exact command line (None: a library call);
+    ``created`` when the results were computed (default: now)."""
     return {
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "created": created or _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "command": command,
         "config": dict(config),
         "inputs_chain": chain or [],
@@ -234,7 +236,7 @@ def plot_confusion(result: Mapping, config: Mapping, path: Path) -> None:
                  f"{result['accuracy']:.3f} ({result['n_correct']}/{result['n_test']}); "
                  f"rows normalised, {n} classes {grouping}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
+    fig.savefig(path, dpi=100, bbox_inches="tight", format="png")
     plt.close(fig)
 
 
@@ -263,23 +265,39 @@ def plot_ap(result: Mapping, config: Mapping, path: Path) -> None:
     ax.set_title(f"{describe_inputs(config)}\nsplit {result['split']}: mAP {result['map']:.3f} "
                  "(red line), classes sorted by AP", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
+    fig.savefig(path, dpi=100, bbox_inches="tight", format="png")
     plt.close(fig)
 
 
+def write_if_changed(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` (atomically) unless the file holds exactly it already: a
+    rerun that changes nothing touches nothing."""
+    try:
+        if path.read_bytes() == data:
+            return
+    except OSError:
+        pass
+    atomic_write_bytes(path, data)
+
+
 def write_report(path: str | Path, report: Mapping) -> list[Path]:
-    """Write REPORT.json, the PNG plots and REPORT.md; returns the files written."""
+    """Write REPORT.json, the PNG plots and REPORT.md, each only where the file is missing or
+    differs (:func:`write_if_changed`); returns the report's files."""
+    import io
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     written = [path]
-    atomic_write_bytes(path, json.dumps(report, indent=1).encode("utf-8"))
+    write_if_changed(path, json.dumps(report, indent=1).encode("utf-8"))
     plots = {}
     for result in report["splits"]:
         plots[result["split"]] = plot_paths(path, result)
         for kind, target in plots[result["split"]].items():
             draw = plot_confusion if kind == "confusion" else plot_ap
-            draw(result, report["config"], target)
+            image = io.BytesIO()
+            draw(result, report["config"], image)
+            write_if_changed(target, image.getvalue())
             written.append(target)
-    atomic_write_bytes(path.with_suffix(".md"), markdown(report, plots).encode("utf-8"))
+    write_if_changed(path.with_suffix(".md"), markdown(report, plots).encode("utf-8"))
     written.insert(1, path.with_suffix(".md"))
     return written

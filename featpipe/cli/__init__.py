@@ -8,7 +8,8 @@ before or after the command name (``featpipe -q encode`` = ``featpipe encode -q`
 up: ``featpipe -v encode -v`` is ``-vv``):
 
 - default: results on stdout (stage and name, summary line, scores); warnings and errors on
-  stderr; a progress line on stderr when it is a terminal.
+  stderr; a progress line on stderr when it is a terminal, else a plain progress line every
+  30 s and a last one (a SLURM log).
 - ``-q``: stderr carries errors only (``error:`` and ``failed:`` lines): no progress, no
   warnings, no log lines, no Python warnings.  stdout is unchanged: it is the command's
   result, which scripts read; ``> /dev/null`` silences it.
@@ -20,7 +21,9 @@ up: ``featpipe -v encode -v`` is ``-vv``):
 from __future__ import annotations
 
 import importlib
+import io
 import logging
+import os
 import shlex
 import sys
 import warnings
@@ -190,18 +193,21 @@ LOG_FILE_HELP = ("Append the full record of the run (every log level, the report
 VERBOSITY_OPTIONS = (
     ("verbose", lambda: click.Option(
         ["-v", "--verbose"], count=True, expose_value=False, callback=_set_verbosity,
-        help="Same as featpipe -v (may also come before the command).")),
+        is_eager=True, help="Same as featpipe -v (may also come before the command).")),
     ("quiet", lambda: click.Option(
         ["-q", "--quiet"], is_flag=True, expose_value=False, callback=_set_verbosity,
-        help="Same as featpipe -q (may also come before the command).")),
+        is_eager=True, help="Same as featpipe -q (may also come before the command).")),
     ("log_file", lambda: click.Option(
         ["--log-file"], type=click.Path(dir_okay=False), metavar="PATH", expose_value=False,
-        callback=_set_log_file, help=LOG_FILE_HELP)),
+        callback=_set_log_file, is_eager=True, help=LOG_FILE_HELP)),
 )
 
 
 def with_verbosity_options(command: click.Command | None) -> click.Command | None:
-    """``command`` with ``-v``/``-q``/``--log-file`` (once): they work after its name too."""
+    """``command`` with ``-v``/``-q``/``--log-file`` (once): they work after its name too,
+    read before the command's other options (eager), so what those options' checks say while
+    they are read (``--jobs N is more than the cores``) is silenced or recorded as with the
+    flags before the name."""
     if command is not None:
         present = {p.name for p in command.params}
         command.params.extend(make() for name, make in VERBOSITY_OPTIONS if name not in present)
@@ -272,6 +278,49 @@ def configure_logging(level: int) -> None:
         warnings.simplefilter("ignore")
 
 
+class _ReaderMayLeave(io.RawIOBase):
+    """File descriptor ``fd`` as a raw stream that drops what it is given once its reader has
+    closed the pipe (EPIPE): :func:`main`'s rule for a closed stdout."""
+
+    def __init__(self, fd: int):
+        super().__init__()
+        self._fd = fd
+        self.reader_left = False
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data) -> int:
+        if not self.reader_left:
+            try:
+                return os.write(self._fd, data)
+            except BrokenPipeError:
+                self.reader_left = True
+        return len(data)
+
+
+def drop_output_once_stdout_closes() -> None:
+    """One rule for a closed stdout (``featpipe classify ... | head -1``): the lines that
+    would go there are dropped, the command does all its work and exits with its usual
+    status, and nothing is said on stderr (docs/command-line.md)."""
+    out = sys.stdout
+    try:
+        fd = out.fileno()
+        out.flush()
+    except (AttributeError, OSError, ValueError):  # no real stdout: nothing to guard
+        return
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(_ReaderMayLeave(fd)),
+                                  encoding=out.encoding, errors=out.errors,
+                                  line_buffering=out.line_buffering)
+
+
 def main(argv=None):
     """Console-script entry point."""
+    drop_output_once_stdout_closes()
     cli.main(args=argv, prog_name="featpipe")

@@ -10,15 +10,18 @@ Behind :meth:`featpipe.stages.base.Reporter.progress` on the command line (``Cli
   Several displays at once (items and frames of ``extract``) share the line, ``|``-separated.
   Log lines and warnings are printed above it (the line is cleared, the text written, the
   line redrawn).
-- **Off a terminal** (a SLURM log, a pipe): nothing by default; with ``-v`` a plain line every
-  ``FEATPIPE_PROGRESS_INTERVAL`` seconds (default 10) and a last line when the run ends::
+- **Off a terminal** (a SLURM log, a pipe, ``> out.txt``): a plain line every 30 s
+  (:data:`DEFAULT_INTERVAL`) and a last line when the run ends, if it ran that long (a
+  shorter step has its summary line); with ``-v`` every 10 s (:data:`VERBOSE_INTERVAL`) and
+  always the last line; ``FEATPIPE_PROGRESS_INTERVAL`` sets both intervals::
 
       progress: encode 32/80 items (40%), 4.1 items/s, about 12 s left
       progress: encode 80/80 items in 19 s (4.2 items/s)
 
   with ``-vv`` a line at every update.
 - ``-q``: nothing (the reporter hands out the silent base ``Progress``).
-- ``--log-file``: the plain lines every interval and the last line, at any verbosity.
+- ``--log-file``: the plain lines every 10 s (or ``FEATPIPE_PROGRESS_INTERVAL``) and the
+  last line, at any verbosity.
 
 The rate and the ETA are those of :class:`featpipe.progress.RateEstimate`: a smoothed rate
 over the work counted after a 5 s warm-up (the average since the start until then), and the
@@ -44,8 +47,10 @@ from featpipe.progress import RateEstimate, format_duration
 from featpipe.reporting import Progress
 from featpipe.settings import progress_interval_setting
 
-#: Seconds between plain progress lines off a terminal (``-v``).
-DEFAULT_INTERVAL = 10.0
+#: Seconds between plain progress lines off a terminal, by default.
+DEFAULT_INTERVAL = 30.0
+#: Seconds between plain progress lines off a terminal with ``-v``, and in a log file.
+VERBOSE_INTERVAL = 10.0
 #: Seconds between redraws of the terminal line.
 REDRAW_INTERVAL = 0.1
 
@@ -64,8 +69,10 @@ def format_rate(rate: float) -> str:
 class StatusBoard:
     """The stderr line shared by the active displays of one process (thread-safe).
 
-    ``tty`` selects the in-place line; ``verbosity`` (0, 1 = ``-v``, 2 = ``-vv``) the plain
-    lines off a terminal; ``write`` and ``clock`` are replaceable for tests.
+    ``tty`` selects the in-place line; ``verbosity`` (-1 = ``-q``: none, 0, 1 = ``-v``,
+    2 = ``-vv``) the plain lines off a terminal; ``interval`` (default
+    ``FEATPIPE_PROGRESS_INTERVAL``, else by verbosity) their spacing; ``write`` and ``clock``
+    are replaceable for tests.
     """
 
     def __init__(self, tty: bool, verbosity: int = 0, interval: float | None = None,
@@ -75,7 +82,9 @@ class StatusBoard:
         self.verbosity = verbosity
         if interval is None:
             interval = progress_interval_setting()
-        self.interval = DEFAULT_INTERVAL if interval is None else float(interval)
+        self.log_interval = VERBOSE_INTERVAL if interval is None else float(interval)
+        self.interval = self.log_interval if interval is not None or verbosity >= 1 \
+            else DEFAULT_INTERVAL
         self.clock = clock
         self._write = write or (lambda text: click.echo(text, err=True, nl=False))
         self._displays: list[ProgressDisplay] = []
@@ -96,12 +105,12 @@ class StatusBoard:
             if self.tty:
                 if now - self._last_draw >= REDRAW_INTERVAL:
                     self._redraw(now)
-            elif self.verbosity >= 2 or (self.verbosity >= 1 and not display.finished()
+            elif self.verbosity >= 2 or (self.verbosity >= 0 and not display.finished()
                                          and now - display.last_line >= self.interval):
                 display.last_line = now
                 self._write(f"progress: {display.plain(now)}\n")
             if logfile.active() and not display.finished() and \
-                    now - display.last_logged >= self.interval:
+                    now - display.last_logged >= self.log_interval:
                 display.last_logged = now
                 logfile.record(f"progress: {display.plain(now)}")
 
@@ -120,7 +129,8 @@ class StatusBoard:
                     self._redraw(now)
             else:
                 self._displays.remove(display)
-                if self.verbosity >= 1:
+                if self.verbosity >= 1 or (self.verbosity == 0 and
+                                           now - display.started >= self.interval):
                     self._write(f"progress: {display.final(now)}\n")
 
     # -- other text -------------------------------------------------------------------------

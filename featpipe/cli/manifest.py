@@ -138,11 +138,13 @@ def build(data_dir, output, labels_from, extensions, splits, split_folders, test
 @click.option("--no-files", is_flag=True, help="Do not check that files exist.")
 def check(manifest_path, no_outside, no_files):
     """Report every problem with its line number; exit 1 if there is any."""
-    from featpipe.manifest import Manifest
+    from featpipe.manifest import NO_ITEMS, Manifest
 
     path = Path(manifest_path)
     parsed, problems = Manifest.load(path)
-    problems += parsed.check(check_files=not no_files, allow_outside_root=not no_outside)
+    beyond = parsed.check(check_files=not no_files, allow_outside_root=not no_outside)
+    problems += [p for p in beyond  # a bad header or an empty file leaves no rows: said once
+                 if not (problems and problems[0].line == 1 and p.message == NO_ITEMS)]
     for problem in sorted(problems, key=lambda p: p.line):
         click.echo(f"{path}:{problem.line}: {problem.message}")
     for line in split_warnings(parsed):

@@ -57,7 +57,8 @@ def submit(backend, tasks, partition, time_limit, mem, gpus, cpus_per_task, arra
     """Run the stage COMMAND (after `--`) on a cluster.
 
     COMMAND is first run with --dry-run, here: its own checks (options, names, inputs) fail
-    before any job file is written.
+    before any job file is written; what depends on the node (--device, --jobs against its
+    cores) is checked by each task on its node.
 
     \b
     featpipe submit --backend slurm --tasks 8 --time 2:00:00 --wait -- \\
@@ -74,7 +75,7 @@ def submit(backend, tasks, partition, time_limit, mem, gpus, cpus_per_task, arra
     if backend == "dask" and not scheduler:
         raise click.UsageError("--backend dask needs --scheduler ADDRESS "
                                "(or $DASK_SCHEDULER_ADDRESS)")
-    check_stage_command(argv)
+    deferred = check_stage_command(argv)
     if backend == "dask":
         _submit_dask(argv, scheduler, dry_run)
         return
@@ -99,6 +100,8 @@ def submit(backend, tasks, partition, time_limit, mem, gpus, cpus_per_task, arra
                   str(Path(store).resolve()), name, "--check"]
     if dry_run:
         click.echo(script, nl=False)
+        if deferred:
+            click.echo(f"# {deferred}")
         if report:
             click.echo(f"# then, after the array ends (afterany): {shlex.join(report)}")
         return
@@ -143,19 +146,33 @@ def _print_template(ctx: click.Context) -> None:
     ctx.exit(0)
 
 
-def check_stage_command(argv: list[str]) -> None:
+#: Options of a stage command whose check depends on the machine: made on each task's node.
+NODE_OPTIONS = (("--device",), ("--jobs", "-j"))
+
+
+def check_stage_command(argv: list[str]) -> str:
     """Run a featpipe stage command with ``--dry-run``: its own checks of options, names and
     inputs, computing and writing nothing.  When they fail, print its stderr and exit with its
-    status (2: a usage error) before any job file is written.  Other programs are not run."""
+    status (2: a usage error) before any job file is written.  Other programs are not run.
+
+    What depends on the machine (a GPU for ``--device cuda``, the cores for ``--jobs``:
+    :data:`NODE_OPTIONS`) is not checked here (``FEATPIPE_DEFER_NODE_CHECKS``) but by each
+    task on its node; returns the line that says so (empty when the command gives none)."""
+    from featpipe.settings import NODE_CHECKS_ENV
+
+    given = [f"{flags[0]} {value}" for flags in NODE_OPTIONS
+             if (value := option_value(argv[3:], *flags)) is not None]
+    deferred = f"checked on each task's node: {', '.join(given)}" if given else ""
     if argv[:3] != [sys.executable, "-m", "featpipe"]:
-        return
-    proc = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True)
+        return ""
+    proc = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True,
+                          env=dict(os.environ, **{NODE_CHECKS_ENV: "1"}))
     if proc.returncode == 0:
         summary = proc.stdout.strip().splitlines()[-1:] or [""]
         if verbosity() >= 0:
             click.echo(f"checked: {shlex.join(['featpipe', *argv[3:]])} --dry-run: "
-                       f"{summary[0]}", err=True)
-        return
+                       f"{summary[0]}" + (f"; {deferred}" if deferred else ""), err=True)
+        return deferred
     if re.search(r"No such option:? '?--dry-run", proc.stderr):
         raise click.UsageError(f"`featpipe {' '.join(argv[3:4])}` is not an item-parallel "
                                "stage command (it has no --dry-run, --shard or --executor)")

@@ -75,7 +75,9 @@ class ExtractSettings:
         if self.encode is not None and not method.local:
             raise ParameterError("encode", f"applies to local features, not {method.name}; "
                                  "encode its per-frame vectors with `featpipe encode`")
-        if self.device == "cuda":
+        from featpipe.settings import node_checks_deferred
+
+        if self.device == "cuda" and not node_checks_deferred():  # else on the node
             import torch
 
             if not torch.cuda.is_available():

@@ -92,7 +92,8 @@ def name_stage(store: Store, name: str | None, stage: Stage, reporter: Reporter)
     if not name:
         return
     previous = store.names().get(name)
-    store.set_name(name, stage)
+    if previous != stage.name:  # a rerun that changes nothing touches nothing
+        store.set_name(name, stage)
     (store.names_dir / RUNNING / name).unlink(missing_ok=True)
     if previous and previous != stage.name:
         try:
@@ -170,8 +171,9 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
         reporter.info(f"dry run: {len(todo)} to compute, {summary.skipped} already complete")
         return StageRun(stage, summary, todo)
     with one_run_at_a_time(stage, ids, shard, options.force, reporter) as reused:
-        mark_running(store, name, stage)
         todo, _ = plan(stage, ids, force=options.force, shard=shard)
+        if todo:  # a rerun with nothing to compute marks nothing
+            mark_running(store, name, stage)
         label = f"{stage.kind} {name}" if name else stage.kind
         try:
             with reporter.progress(len(todo), label) as progress:

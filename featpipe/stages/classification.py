@@ -2,10 +2,19 @@
 
 Labels and splits come from the first input's items (its manifest).  One result per split,
 a summary over splits, and optionally a report (JSON, Markdown, plots) beside ``report``.
+
+The result is kept in the store as a ``classify`` stage whose key hashes the run's canonical
+record (:func:`classify_record`) and its inputs' keys: its model :data:`RESULT` holds the
+per-split results, the summary and when they were computed.  A rerun with the same inputs and
+options trains nothing: it prints the stored result and rewrites no report file that is
+already as it would write it.  A store that cannot be written still gets its result,
+computed and not kept (said on stderr).
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from numbers import Integral
@@ -26,12 +35,15 @@ from featpipe.classify.fusion import FUSIONS, normalised_weights
 from featpipe.classify.kernels import PrecomputedKernel
 from featpipe.classify.metrics import AP_MODES
 from featpipe.classify.svm import OneVsRestSVC
-from featpipe.errors import FeatpipeError, ParameterError
+from featpipe.errors import FeatpipeError, ParameterError, WriteError
 from featpipe.fileio import check_output_path
 from featpipe.manifest import Manifest
 from featpipe.parameters import check_params, typed_value
 from featpipe.stages.base import Reporter
-from featpipe.store import Stage, Store, stage_key
+from featpipe.store import Stage, Store
+
+#: The model of a classify stage that holds its result (``splits``, ``summary``, ``created``).
+RESULT = "result"
 
 #: The experiment's own parameters; C, the kernels, gamma and order are checked by the SVM and
 #: kernel estimators that take them.
@@ -142,6 +154,34 @@ def common_items(inputs: Sequence[str], stages: Sequence[Stage], intersect: bool
                         "items they share")
 
 
+def stored_result(stage: Stage, reporter: Reporter) -> dict | None:
+    """The result a classify stage holds (:data:`RESULT`), or None when it holds none or a
+    damaged one (named in a warning: it is computed again, never used)."""
+    if not stage.exists or not stage.has_model(RESULT):
+        return None
+    try:
+        result = stage.load_model(RESULT)[1]
+        if {"splits", "summary", "created"} <= set(result):
+            return result
+        problem = f"model {RESULT!r} of stage {stage.name} lacks splits, summary or created"
+    except FeatpipeError as err:
+        problem = str(err)
+    reporter.warn(f"{problem}; computing the result again")
+    return None
+
+
+def keep_result(store: Store, record: dict, inputs: Sequence[Stage], result: dict,
+                reporter: Reporter) -> None:
+    """Store ``result`` in the classify stage of ``record`` and ``inputs``; a store that cannot
+    be written keeps nothing, with a warning (the result is printed all the same)."""
+    try:
+        stage = store.stage("classify", record, inputs=inputs, items=Manifest([]))
+        stage.save_model(RESULT, {}, result)
+    except (OSError, WriteError) as err:
+        reporter.warn(f"the classify result is not kept in store {store.root} "
+                      f"({err}); a rerun computes it again")
+
+
 def check_arguments(inputs: Sequence[str], kernels: Sequence[str] = ("linear",), *,
                     fusion: str = "average", weights: Sequence[float] | None = None,
                     C: Sequence[float] = (1000.0,), cv: int | None = None,
@@ -212,23 +252,40 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
                 reporter.warn(note)
     record = classify_record(stages, kernels, fusion, weights, Cs, list(folds.values()), split,
                              metric, ap_mode, solver, gamma, order, normalize)
-    key = stage_key("classify", record, [s.key for s in stages])
+    stage = store.stage("classify", record, inputs=stages, items=Manifest([]), create=False)
+    key = stage.key
     reporter.info(f"classify {key}")
-    settings = Settings(Cs=Cs, metric=metric, ap_mode=ap_mode, solver=solver,
-                        weights=tuple(weights) if weights else None, gamma=gamma, order=order,
-                        n_jobs=jobs, normalize=normalize)
-    results = []
-    for k in splits:
-        result = run_split(stages, kernels, manifest, k,
-                           replace(settings, cv=folds[k]) if k in folds else settings)
-        results.append(result)
+
+    def split_line(k: int, result: dict) -> str:
         extra = (f" ({result['n_correct']}/{result['n_test']})" if metric == "accuracy"
                  else "")
         chosen = f", C={result['C']:g} by {folds[k]}-fold cv" if len(Cs) > 1 else \
             f", C={result['C']:g}"
-        reporter.info(f"split {k}: {metric} {result['score']:.4f}{extra}{chosen}, "
-                      f"{result['n_train']} train / {result['n_test']} test items")
-    summary = summarise(results, metric)
+        return (f"split {k}: {metric} {result['score']:.4f}{extra}{chosen}, "
+                f"{result['n_train']} train / {result['n_test']} test items")
+
+    stored = stored_result(stage, reporter)
+    if stored is not None:
+        results, summary, created = stored["splits"], stored["summary"], stored["created"]
+        reporter.info(f"reused the stored result of stage {stage.name} (computed {created}); "
+                      "nothing trained")
+        for k, result in zip(splits, results, strict=True):
+            reporter.info(split_line(k, result))
+    else:
+        settings = Settings(Cs=Cs, metric=metric, ap_mode=ap_mode, solver=solver,
+                            weights=tuple(weights) if weights else None, gamma=gamma,
+                            order=order, n_jobs=jobs, normalize=normalize)
+        results = []
+        for k in splits:
+            results.append(run_split(stages, kernels, manifest, k,
+                                     replace(settings, cv=folds[k]) if k in folds
+                                     else settings))
+            reporter.info(split_line(k, results[-1]))
+        created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        kept = json.loads(json.dumps({"splits": results, "summary": summarise(results, metric),
+                                      "created": created}, sort_keys=True))
+        results, summary = kept["splits"], kept["summary"]  # the form a rerun reads back
+        keep_result(store, record, stages, kept, reporter)
     reporter.info(f"{metric}: {summary['mean']:.4f} ± {summary['std']:.4f} over "
                   f"{len(results)} split(s)")
     for line in per_class_lines(results):
@@ -246,6 +303,6 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
                   "metric": metric, "ap": ap_mode,
                   "solver": solver, "gamma": gamma, "order": order, "normalize": normalize}
         written = write_report(report, build_report(config, results, summary,
-                                                    stage_chain(stages), command))
+                                                    stage_chain(stages), command, created))
         reporter.info(f"report: {', '.join(str(p) for p in written)}")
     return {"key": key, "params": record, "splits": results, "summary": summary}

@@ -321,3 +321,67 @@ def test_default_cv_uses_the_folds_the_smallest_class_allows(tmp_path, cli):
         in result.stderr
     # one C needs no cross-validation: the same store classifies
     assert cli("classify", "--store", lonely.root, "--input", "enc", check=True).exit_code == 0
+
+
+def _stamps(paths) -> dict:
+    return {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in paths}
+
+
+def test_a_rerun_reuses_the_stored_result_and_touches_nothing(tmp_path, cli, monkeypatch):
+    """Issue 30: the README says running any command again computes nothing, but `classify`
+    retrained on every run and rewrote its report, and a rerun rewrote `names/*`.  The
+    result is kept in a classify stage under its key; a rerun with the same inputs and options
+    trains nothing, prints the same lines and leaves every file as it was (inode and mtime),
+    the report's and the store's names alike; a report file that is missing or differs is
+    written again."""
+    import featpipe.stages.classification as classification
+
+    store = _store_with(tmp_path, GOOD, {r[0]: np.arange(1.0, 5.0) + i
+                                         for i, r in enumerate(GOOD)})
+    import_args = ["import", "--manifest", tmp_path / "m.csv", "--from", tmp_path / "f.npz",
+                   "--store", store.root, "--name", "imp"]
+    from_rows(GOOD, tmp_path).write(tmp_path / "m.csv")
+    np.savez(tmp_path / "f.npz", **{r[0]: np.ones((2, 2)) for r in GOOD})
+    cli(*import_args, check=True)
+    args = ["classify", "--store", store.root, "--input", "enc", "--kernel", "chi2",
+            "--report", tmp_path / "r" / "r.json"]
+    first = cli(*args, check=True)
+    key = first.stdout.splitlines()[0].removeprefix("classify ")
+    assert (store.stages_dir / f"classify-{key}" / "stage.json").exists()
+    report_files = sorted((tmp_path / "r").iterdir())
+    assert len(report_files) == 4  # json, md, confusion and AP plots
+    watched = [*report_files, *sorted(store.names_dir.iterdir())]
+    before = _stamps(p for p in watched if p.is_file())
+
+    def no_training(*_, **__):
+        raise AssertionError("a rerun trained again")
+
+    monkeypatch.setattr(classification, "run_split", no_training)
+    again = cli(*args, check=True)
+    reused = f"reused the stored result of stage classify-{key} (computed "
+    lines = again.stdout.splitlines()
+    assert lines[1].startswith(reused) and lines[1].endswith("); nothing trained")
+    assert lines[:1] + lines[2:] == first.stdout.splitlines()
+    cli(*import_args, check=True)  # a rerun of an item stage: its name stays as it was
+    assert _stamps(before) == before
+    (tmp_path / "r" / "r.md").unlink()
+    (tmp_path / "r" / "r.json").write_text("{}")
+    cli(*args, check=True)
+    after = _stamps(before)
+    assert (tmp_path / "r" / "r.md").exists()
+    changed = {p.name for p in before if after[p] != before[p]}
+    assert changed == {"r.md", "r.json"}
+
+
+def test_a_damaged_stored_result_is_named_and_computed_again(tmp_path, cli):
+    store = _store_with(tmp_path, GOOD, {r[0]: np.arange(1.0, 5.0) + i
+                                         for i, r in enumerate(GOOD)})
+    args = ["classify", "--store", store.root, "--input", "enc"]
+    first = cli(*args, check=True)
+    key = first.stdout.splitlines()[0].removeprefix("classify ")
+    (store.stages_dir / f"classify-{key}" / "models" / "result.json").write_text("{")
+    again = cli(*args, check=True)
+    assert "model 'result' of stage classify-" in again.stderr and \
+        "computing the result again" in again.stderr
+    assert again.stdout == first.stdout
+    assert "reused the stored result" in cli(*args, check=True).stdout

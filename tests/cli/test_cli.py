@@ -193,3 +193,56 @@ def test_an_unwritable_log_file_is_a_usage_error(tmp_path, before):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "Invalid value for '--log-file': " in proc.stderr and "cannot write it" in \
         proc.stderr
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_quiet_and_log_file_after_the_name_cover_the_jobs_warning(tmp_path, cli, where):
+    """Issue 30: ``-q`` and ``--log-file`` after the command name act before the other
+    options, as before it: the ``--jobs N is more than the cores`` warning (given while the
+    options are read) is hidden by ``-q`` and recorded by ``--log-file`` in both positions."""
+    args = ["encode", "--store", tmp_path / "s", "--input", "nope", "--method", "avg",
+            "--jobs", "100000"]
+
+    def place(*flags):
+        return [*flags, *args] if where == "before" else [*args, *flags]
+
+    loud = cli(*args)
+    assert "--jobs 100000 is more than the" in loud.stderr
+    quiet = cli(*place("-q"))
+    assert quiet.exit_code == 1 and quiet.stderr.startswith("error: no store at ")
+    assert "more than the" not in quiet.stderr
+    log = tmp_path / "run.log"
+    cli(*place("--log-file", log))
+    assert "--jobs 100000 is more than the" in log.read_text()
+
+
+def run_with_closed_stdout(*args) -> subprocess.CompletedProcess:
+    """Run featpipe with its stdout a real pipe whose reader closes it before featpipe writes
+    (as ``| head -0`` does; ``| head -1`` closes it after one line)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "featpipe", *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # the reader is gone: every write to stdout meets EPIPE
+    stderr = proc.stderr.read()
+    proc.wait(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
+
+
+def test_a_closed_stdout_drops_the_results_and_the_command_finishes_quietly(tmp_path):
+    """Issue 30: ``classify ... | head -1`` exited 1 with nothing on stderr while ``cache ls |
+    head -1`` exited 0.  One rule for every command: what would go to a closed stdout is
+    dropped, the command does all its work (the report is written) and exits with its usual
+    status, nothing said on stderr."""
+    from tests.cli.test_classify_cli import GOOD, _store_with
+
+    store = _store_with(tmp_path, GOOD, {r[0]: np.arange(1.0, 5.0) + i
+                                         for i, r in enumerate(GOOD)})
+    report = tmp_path / "r.json"
+    classify = run_with_closed_stdout("classify", "--store", store.root, "--input", "enc",
+                                      "--report", report)
+    assert (classify.returncode, classify.stderr) == (0, "")
+    assert report.exists()
+    listing = run_with_closed_stdout("cache", "ls", "--store", store.root)
+    assert (listing.returncode, listing.stderr) == (0, "")
+    failing = run_with_closed_stdout("cache", "verify", "--store", store.root, "nope")
+    assert failing.returncode == 1 and failing.stderr.startswith("error: no stage named")

@@ -402,3 +402,18 @@ def test_a_folder_scan_lists_every_image_extract_reads(tmp_path):
     manifest = from_folder(tmp_path)
     assert len(manifest.ids) == len(IMAGE_SUFFIXES)
     assert all(is_image(item.path) for item in manifest)
+
+
+def test_a_header_only_manifest_is_a_problem_for_check_as_for_import(tmp_path, cli):
+    """Issue 30: `manifest check` called a manifest without rows `ok` (exit 0) while `import`
+    refused it; an empty manifest is an error in both."""
+    empty = tmp_path / "m.csv"
+    empty.write_text("id,path,label,split1\n")
+    checked = cli("manifest", "check", empty)
+    assert checked.exit_code == 1 and "ok" not in checked.stdout
+    assert checked.stdout == f"{empty}:2: no items: the header is not followed by any row " \
+                             "(import and extract refuse it)\n"
+    (tmp_path / "npy").mkdir()
+    imported = cli("import", "--manifest", empty, "--from", tmp_path / "npy", "--store",
+                   tmp_path / "s", "--name", "e")
+    assert imported.exit_code == 1 and "has no items" in imported.stderr

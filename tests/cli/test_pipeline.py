@@ -237,3 +237,61 @@ def test_a_failing_step_names_itself_and_stops_the_pipeline(tmp_path, pipeline_f
     assert missing.exit_code == 2 and "no such file" in missing.stderr
     unknown = cli("run", pipeline_file, "--step", "nope")
     assert unknown.exit_code == 2 and "no step 'nope'" in unknown.stderr
+
+
+def small_import(tmp_path, n=4) -> str:
+    """A manifest ``m.csv`` and ``f.npz`` of ``n`` (3, 2) sequences: an import step's table."""
+    from featpipe.manifest import from_rows
+
+    ids = [f"x{i}" for i in range(n)]
+    from_rows([(i, "", ["a"], ["train"]) for i in ids], tmp_path).write(tmp_path / "m.csv")
+    np.savez(tmp_path / "f.npz", **{i: np.full((3, 2), k, float) for k, i in enumerate(ids)})
+    return (f"stage = 'import_features'\nsources = ['{tmp_path / 'f.npz'}']\n"
+            f"manifest_path = '{tmp_path / 'm.csv'}'\n")
+
+
+def test_a_step_is_referenced_by_its_key_whatever_its_name(tmp_path, cli):
+    """Issue 30: a step with ``name = "z"`` is used by a later step as ``input = "a"`` (its
+    key), which used to pass the check and then fail with ``no stage named 'a'``; ``input =
+    "z"`` is refused, saying to use the key."""
+    path = tmp_path / "p.toml"
+    path.write_text(f"[steps.a]\n{small_import(tmp_path)}name = 'z'\n"
+                    "[steps.b]\nstage = 'encode'\ninput = 'a'\nmethod = 'avg'\n")
+    plan = cli("run", path, "--store", tmp_path / "s", "--dry-run", check=True)
+    assert "would run after" not in plan.stdout
+    cli("run", path, "--store", tmp_path / "s", check=True)
+    store = Store(tmp_path / "s")
+    assert sorted(store.names()) == ["b", "z"]
+    assert store.resolve("b").inputs() == [store.resolve("z")]
+    path.write_text(path.read_text().replace("input = 'a'", "input = 'z'"))
+    with pytest.raises(PipelineError, match=re.escape(
+            "step 'b' (encode): input names 'z', which is the name = of step 'a': a step is "
+            "referenced by its key, write 'a'")):
+        load_pipeline(path)
+
+
+def test_at_name_takes_a_stage_made_outside_the_file_resolved_when_checked(tmp_path, cli):
+    """Issue 30: ``input = "@feat"`` names the store's stage ``feat`` (made by an earlier
+    command), resolved to its key before any step runs and printed by the dry run; a bare
+    ``feat`` is still refused, and an ``@name`` the store lacks is a usage error."""
+    store_path = tmp_path / "s"
+    made = tmp_path / "made.toml"
+    made.write_text(f"[steps.feat]\n{small_import(tmp_path)}")
+    cli("run", made, "--store", store_path, check=True)
+    folder = Store(store_path).resolve("feat").name
+    path = tmp_path / "p.toml"
+    path.write_text("[steps.avg]\nstage = 'encode'\ninput = '@feat'\nmethod = 'avg'\n")
+    plan = cli("run", path, "--store", store_path, "--dry-run", check=True)
+    assert f"@feat = {folder}" in plan.stdout.splitlines()
+    assert "dry run: 4 to compute, 0 already complete" in plan.stdout
+    cli("run", path, "--store", store_path, check=True)
+    store = Store(store_path)
+    assert store.resolve("avg").inputs() == [store.resolve("feat")]
+    path.write_text(path.read_text().replace("'@feat'", "'@nope'"))
+    proc = cli("run", path, "--store", store_path)
+    assert proc.exit_code == 2 and "Traceback" not in proc.stderr
+    assert "step 'avg' (encode): input @nope: no stage named 'nope' in store" in proc.stderr
+    assert "stage " not in proc.stdout  # checked before any step ran
+    path.write_text(path.read_text().replace("'@nope'", "'feat'"))
+    with pytest.raises(PipelineError, match="input names 'feat', which is no earlier step"):
+        load_pipeline(path)

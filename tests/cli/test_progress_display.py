@@ -304,3 +304,39 @@ def test_more_units_than_declared_stay_at_100_percent_in_both_forms():
     assert frames.plain(clock.now).startswith("extract 12/10 frames (100%)")
     assert "100%" in frames.line(clock.now)
     frames.close()
+
+
+def test_off_a_terminal_progress_lines_come_by_default_every_30_s_and_a_last_one(
+        monkeypatch):
+    """Issue 30: off a terminal (a SLURM log, ``> out.txt``) a long step printed nothing
+    without ``-v``.  By default: a line every 30 s and a last one; a step shorter than that
+    prints none (its summary line says it all)."""
+    monkeypatch.delenv("FEATPIPE_PROGRESS_INTERVAL", raising=False)
+    clock, out = FakeClock(), []
+    status = StatusBoard(False, 0, write=out.append, clock=clock)
+    frames = status.open(100, "extract fc6", "frames")
+    for _ in range(100):
+        clock.now += 1.0  # one frame a second: 100 s
+        frames.advance(1)
+    frames.close()
+    assert [line.split(" (")[0] for line in out] == [
+        "progress: extract fc6 30/100 frames", "progress: extract fc6 60/100 frames",
+        "progress: extract fc6 90/100 frames", "progress: extract fc6 100/100 frames in 1 min "
+        "40 s"]
+    quick = status.open(10, "encode", "items")
+    for _ in range(10):
+        clock.now += 1.0
+        quick.advance(1)
+    quick.close()
+    assert len(out) == 4  # 10 s: no line
+
+
+def test_off_a_terminal_default_progress_lines_and_q_silences_them(tmp_path):
+    """The same through a real command whose stderr is a pipe (interval 0: every update)."""
+    from tests.cli.test_cli import import_args
+
+    args = import_args(tmp_path, n=3)
+    env = {"FEATPIPE_PROGRESS_INTERVAL": "0"}
+    default = run_cli(*args, env=env)
+    assert default.stderr.splitlines()[-1].startswith("progress: import feat 3/3 items in ")
+    assert run_cli(*args, "--force", "-q", env=env).stderr == ""

@@ -139,6 +139,28 @@ def test_submit_runs_the_stage_commands_own_checks_first(feats, stage_args, code
     assert proc.returncode == 2 and "is not an item-parallel stage command" in proc.stderr
 
 
+def test_what_depends_on_the_node_is_checked_on_the_node(feats, tmp_path):
+    """Issue 30: docs/cluster.md's first example failed on a machine without a GPU: the check
+    before submitting tested --device cuda and --jobs against the submitting machine.  They
+    are deferred to each task's node, and the check says so; the task itself still checks
+    them (``--jobs 0`` and a bad ``--device`` value stay usage errors at once)."""
+    stage = ["featpipe", "encode", "--store", feats, "--input", "f", "--method", "avg",
+             "--name", "e", "--device", "cuda", "--jobs", 4096]
+    proc = run_cli("submit", "--backend", "slurm", "--tasks", 2, "--gpus", 1, "--dry-run", "--",
+                   *stage, check=False)
+    assert proc.returncode == 0, proc.stderr
+    checked = next(line for line in proc.stderr.splitlines() if line.startswith("checked: "))
+    assert checked.endswith("dry run: 3 to compute, 0 already complete; checked on each "
+                            "task's node: --device cuda, --jobs 4096")
+    assert "more than the" not in proc.stderr
+    assert "# checked on each task's node: --device cuda, --jobs 4096" in proc.stdout
+    for bad, message in ((["--jobs", "0"], "--jobs must be a positive number"),
+                         (["--device", "tpu"], "--device")):
+        proc = run_cli("submit", "--backend", "slurm", "--tasks", 2, "--dry-run", "--",
+                       *stage, *bad, check=False)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
 def test_rendered_tasks_run_as_bash_equal_local_run(tmp_path):
     """Each array task, run by bash as SLURM would, computes its shard; together: all items."""
     n, tasks = 10, 2
