@@ -130,6 +130,7 @@ def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
     the damaged items (the file is rewritten with the others; an unreadable one is dropped
     whole).  Returns one line per thing removed."""
     done = []
+    packed_ids = [i for i in found.items if not stage.item_path(i).exists()]
     for item_id in found.items:
         main = stage.item_path(item_id)
         if main.exists():
@@ -143,8 +144,7 @@ def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
             with writing(path, "remove"):
                 path.unlink(missing_ok=True)
         done.append(f"removed damaged model {model!r}")
-    packed_ids = [i for i in found.items if not stage.item_path(i).exists()]
-    if packed_ids or found.shards:
+    if stage.packed() is not None and (packed_ids or found.shards):
         dropped = repair_pack(stage, set(packed_ids), set(found.shards))
         done.extend(f"dropped damaged item {i!r} from the packed files" for i in dropped)
     return done

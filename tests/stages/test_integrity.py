@@ -1,0 +1,133 @@
+"""Integrity at rest (issue 31 §1): a flipped bit in a stored item, model file or packed shard
+is named by `cache verify`, refused by the stage that reads it, and `cache verify --repair`
+removes exactly that for a re-run to recompute.  Real processes throughout."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from featpipe.fileio import safe_stem
+from featpipe.store import Store
+from tests._stores import write_npy_dataset
+from tests.conftest import one_line_error, run_cli
+
+
+def flip_bit(path, offset: int, bit: int = 0x10) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= bit
+    path.write_bytes(bytes(data))
+
+
+def problems(proc) -> list[str]:
+    return [line for line in proc.stdout.splitlines() if line.startswith("problem:")]
+
+
+@pytest.fixture
+def imported(tmp_path):
+    """A store with 12 imported (T, 8) items named ``feat`` and the command that made it."""
+    manifest = write_npy_dataset(tmp_path)
+    store = tmp_path / "s"
+    command = ("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store", store,
+               "--name", "feat")
+    run_cli(*command)
+    return store, command
+
+
+def test_flipped_bit_in_an_item_is_named_refused_and_recomputed_alone(imported):
+    store, command = imported
+    stage = Store(store).resolve("feat")
+    path = stage.item_path("v03")
+    original = path.read_bytes()
+    flip_bit(path, len(original) - 3)  # a bit of the data: the header still parses
+    verify = run_cli("cache", "verify", "--store", store, check=False)
+    assert verify.returncode == 1
+    assert len(problems(verify)) == 1, verify.stdout
+    assert problems(verify)[0].startswith(f"problem: stage {stage.name}: item 'v03': damaged (")
+    encode = run_cli("encode", "-s", store, "-i", "feat", "-m", "avg", "-n", "e", check=False)
+    error = one_line_error(encode)
+    assert "v03: input not available: " in error and "damaged" in error and "checksum" in error
+    repair = run_cli("cache", "verify", "--store", store, "--repair")
+    assert f"repaired: stage {stage.name}: removed damaged item 'v03'" in repair.stdout
+    assert not path.exists()
+    rerun = run_cli(*command)
+    assert "summary: 1 done, 11 skipped" in rerun.stdout  # exactly the damaged item
+    assert path.read_bytes() == original
+    assert "0 problem(s)" in run_cli("cache", "verify", "--store", store).stdout
+    run_cli("encode", "-s", store, "-i", "feat", "-m", "avg", "-n", "e")
+
+
+def test_flipped_bit_in_a_model_file_is_named_refused_and_refitted(imported):
+    store, _ = imported
+    fit = ("fit", "standardize", "--store", store, "--input", "feat", "--name", "z")
+    run_cli(*fit)
+    stage = Store(store).resolve("z")
+    meta = stage.path / "models" / "standardize.json"
+    arrays_before, meta_before = stage.load_model("standardize")
+    text = meta.read_bytes()
+    flip_bit(meta, text.index(b'"n_items": ') + len(b'"n_items": '), 0x01)  # 6 -> 7: valid JSON
+    verify = run_cli("cache", "verify", "--store", store, "z", check=False)
+    assert verify.returncode == 1
+    assert [p.split(": unreadable")[0] for p in problems(verify)] == \
+        [f"problem: stage {stage.name}: model 'standardize'"]
+    assert "is damaged" in problems(verify)[0]
+    encode = run_cli("encode", "-s", store, "-i", "feat", "-m", "standardize", "--model", "z",
+                     check=False)
+    error = one_line_error(encode)
+    assert "model 'standardize'" in error and "damaged" in error
+    repair = run_cli("cache", "verify", "--store", store, "z", "--repair")
+    assert "removed damaged model 'standardize'" in repair.stdout
+    run_cli(*fit)  # refits: the model was removed
+    arrays, meta_after = Store(store).resolve("z").load_model("standardize")
+    assert meta_after == meta_before
+    assert all(arrays[k].tobytes() == arrays_before[k].tobytes() for k in arrays_before)
+    assert "0 problem(s)" in run_cli("cache", "verify", "--store", store).stdout
+
+
+def test_flipped_bit_in_a_packed_shard_is_named_refused_and_recomputed_alone(imported):
+    store, command = imported
+    stage = Store(store).resolve("feat")
+    original = {i: stage.read_item(i) for i in stage.items.ids}
+    run_cli("cache", "pack", "--store", store, "feat", "--shards", "2")
+    index = json.loads((stage.path / "packed" / "pack.json").read_text())
+    shard = next(stage.path / "packed" / name for name in index["files"]
+                 if "v03" in h5py.File(stage.path / "packed" / name, "r")["ids"].asstr()[()])
+    with h5py.File(shard, "r") as handle:
+        offset = handle["items"][safe_stem("v03")].id.get_offset()
+    flip_bit(shard, offset + 5)
+    verify = run_cli("cache", "verify", "--store", store, check=False)
+    assert verify.returncode == 1
+    found = problems(verify)
+    assert f"problem: stage {stage.name}: packed file {shard.name}: damaged (" in found[0]
+    assert len(found) == 2 and found[1].startswith(
+        f"problem: stage {stage.name}: item 'v03': damaged (")
+    encode = run_cli("encode", "-s", store, "-i", "feat", "-m", "avg", "-n", "e", check=False)
+    error = one_line_error(encode)
+    assert "v03: input not available: " in error and "damaged" in error
+    repair = run_cli("cache", "verify", "--store", store, "--repair")
+    assert "dropped damaged item 'v03' from the packed files" in repair.stdout
+    assert "2 problem(s), 2 repaired" in repair.stdout
+    rerun = run_cli(*command)
+    assert "summary: 1 done, 11 skipped" in rerun.stdout
+    assert "0 problem(s)" in run_cli("cache", "verify", "--store", store).stdout
+    again = Store(store).resolve("feat")
+    assert again.item_path("v03").exists()  # recomputed as a loose file beside the pack
+    for item_id, array in original.items():
+        assert again.read_item(item_id).tobytes() == array.tobytes()
+    run_cli("encode", "-s", store, "-i", "feat", "-m", "avg", "-n", "e")
+
+
+def test_old_ledger_lines_without_checksums_still_read_and_verify(imported):
+    store, _ = imported
+    stage = Store(store).resolve("feat")
+    for ledger in (stage.path / "ledger").glob("*.jsonl"):
+        lines = [json.loads(line) for line in ledger.read_text().splitlines()]
+        ledger.write_text("".join(json.dumps({k: v for k, v in line.items() if k != "sums"})
+                                  + "\n" for line in lines))
+    verify = run_cli("cache", "verify", "--store", store)
+    assert "0 problem(s)" in verify.stdout
+    assert "note: 12 item(s) were written before featpipe kept checksums" in verify.stdout
+    assert np.isfinite(Store(store).resolve("feat").read_item("v00")).all()
