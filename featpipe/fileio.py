@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import logging
 import math
 import os
@@ -280,6 +281,17 @@ def load_npy(path: str | os.PathLike, mmap: bool = False, checksum: str | None =
                 check(path, found, checksum)
             return buffer.view(dtype).reshape(shape, order="F" if fortran else "C")
     return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
+def npy_from_bytes(data: bytes) -> np.ndarray:
+    """The array of an ``.npy`` file's bytes (read-only, no copy), checked as by
+    :func:`load_npy` (no pickle, a header that declares more data than there is refused)."""
+    handle = io.BytesIO(data)
+    shape, fortran, dtype, nbytes = _checked_header(handle, len(data))
+    if dtype.hasobject:
+        raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+    flat = np.frombuffer(data, np.uint8, nbytes, handle.tell())
+    return flat.view(dtype).reshape(shape, order="F" if fortran else "C")
 
 
 def memory_bytes() -> int:

@@ -131,3 +131,51 @@ def test_old_ledger_lines_without_checksums_still_read_and_verify(imported):
     assert "0 problem(s)" in verify.stdout
     assert "note: 12 item(s) were written before featpipe kept checksums" in verify.stdout
     assert np.isfinite(Store(store).resolve("feat").read_item("v00")).all()
+
+
+def rewrite_between_key_and_read(monkeypatch, rewrite) -> None:
+    """Run ``rewrite()`` after the stage key was hashed and before any item is read: when the
+    stage is opened (a file written by another program at that moment)."""
+    real_stage = Store.stage
+
+    def stage_then_rewrite(self, *args, **kwargs):
+        stage = real_stage(self, *args, **kwargs)
+        rewrite()
+        return stage
+
+    monkeypatch.setattr(Store, "stage", stage_then_rewrite)
+
+
+def test_import_of_a_file_rewritten_after_its_key_fails_the_item_and_a_rerun_is_right(
+        tmp_path, monkeypatch, cli):
+    manifest = write_npy_dataset(tmp_path)
+    target = tmp_path / "npy" / "v03.npy"
+    original = target.read_bytes()
+    rewrite_between_key_and_read(
+        monkeypatch, lambda: np.save(target, np.full_like(np.load(target), 7.0)))
+    command = ("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store",
+               tmp_path / "s", "--name", "feat")
+    error = one_line_error(cli(*command))
+    assert "v03" in error and "changed after the stage key was computed" in error
+    monkeypatch.undo()
+    target.write_bytes(original)  # restored: the same key, and v03 is computed from it now
+    cli(*command, check=True)
+    stored = Store(tmp_path / "s").resolve("feat").read_item("v03")
+    assert stored.tobytes() == np.load(target).tobytes()
+
+
+def test_import_from_one_file_replaced_after_its_key_fails_the_item(tmp_path, monkeypatch,
+                                                                     cli):
+    manifest = write_npy_dataset(tmp_path)
+    arrays = {f"v{i:02d}": np.load(tmp_path / "npy" / f"v{i:02d}.npy") for i in range(12)}
+    source = tmp_path / "all.npz"
+    np.savez(source, **arrays)
+
+    def replace():  # another program writes a new version and renames it into place
+        np.savez(tmp_path / "new.npz", **{k: v * 0 + 7 for k, v in arrays.items()})
+        (tmp_path / "new.npz").replace(source)
+
+    rewrite_between_key_and_read(monkeypatch, replace)
+    error = one_line_error(cli("import", "--manifest", manifest, "--from", source, "--store",
+                               tmp_path / "s", "--name", "feat"))
+    assert "changed after the stage key was computed from it" in error and "all.npz" in error
