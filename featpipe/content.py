@@ -159,3 +159,13 @@ def changed_since_key(stage_path: str | os.PathLike, item_id: str,
     return ("its file changed after the stage key was computed (SHA-256 "
             f"{(digest or 'missing')[:12]}... read, {kept[item_id][:12]}... keyed): nothing was "
             "written; run the command again once the file is complete")
+
+
+def file_changed_since_key(stage_path: str | os.PathLike, item_id: str,
+                           path: str | os.PathLike) -> str | None:
+    """:func:`changed_since_key` for a file read by other code (a video decoder): it is
+    hashed once it has been read, so a change before or during the read shows."""
+    if item_id not in read_hashes(stage_path):
+        return None
+    digest = sha256_of(path) if os.path.isfile(path) else None
+    return changed_since_key(stage_path, item_id, digest)

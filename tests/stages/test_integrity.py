@@ -179,3 +179,61 @@ def test_import_from_one_file_replaced_after_its_key_fails_the_item(tmp_path, mo
     error = one_line_error(cli("import", "--manifest", manifest, "--from", source, "--store",
                                tmp_path / "s", "--name", "feat"))
     assert "changed after the stage key was computed from it" in error and "all.npz" in error
+
+
+def rewrite_once(monkeypatch, rewrite) -> None:
+    """:func:`rewrite_between_key_and_read` for commands that open their stage twice (a
+    planned one first): the file is rewritten once, after the key."""
+    done = []
+
+    def first_time():
+        if not done:
+            done.append(rewrite())
+
+    rewrite_between_key_and_read(monkeypatch, first_time)
+
+
+def test_extract_of_a_video_rewritten_after_its_key_fails_the_item(tmp_path, monkeypatch,
+                                                                   cli):
+    from tests.unit.test_video import write_video
+
+    video = write_video(tmp_path / "a.mp4", n_frames=12, size=(96, 80))
+    original = video.read_bytes()
+    write_video(tmp_path / "b.mp4", n_frames=12, size=(96, 80))
+    (tmp_path / "m.csv").write_text("id,path,label,split1\na,a.mp4,x,train\nb,b.mp4,y,train\n")
+    rewrite_once(monkeypatch, lambda: write_video(video, n_frames=20, size=(96, 80)))
+    command = ("extract", "-m", tmp_path / "m.csv", "-s", tmp_path / "s", "-f", "dsift",
+               "-n", "ds", "--every", "5", "--sizes", "8", "--step", "8")
+    error = one_line_error(cli(*command))
+    assert error.startswith("error: ") and "a: its file changed after the stage key" in error
+    monkeypatch.undo()
+    video.write_bytes(original)
+    rerun = cli(*command, check=True)
+    assert "0 failed" in rerun.output  # a is computed from its own bytes now
+    stage = Store(tmp_path / "s").resolve("ds")
+    assert stage.extras_of("a")["timestamps"].tolist() == pytest.approx([0.0, 0.5, 1.0])
+
+
+def test_extract_with_weights_rewritten_after_the_key_computes_nothing(tmp_path, monkeypatch,
+                                                                       cli):
+    torch = pytest.importorskip("torch")
+    from featpipe.extract.vgg import load_vgg16
+    from tests.unit.test_video import write_video
+
+    write_video(tmp_path / "a.mp4", n_frames=4, size=(96, 80))
+    (tmp_path / "m.csv").write_text("id,path,label,split1\na,a.mp4,x,train\n")
+    weights = tmp_path / "vgg16.pth"
+    state = load_vgg16("random:0").state_dict()
+    torch.save(state, weights)
+
+    def other_weights():
+        state["classifier.0.bias"] += 1.0  # still a valid checkpoint, other numbers
+        torch.save(state, weights)
+
+    rewrite_once(monkeypatch, other_weights)
+    result = cli("extract", "-m", tmp_path / "m.csv", "-s", tmp_path / "s", "-f", "vgg16-fc6",
+                 "--weights", weights, "--frames", "1", "--resize", "72", "--crop", "64")
+    error = one_line_error(result)
+    assert f"--weights {weights} changed after the stage key was computed" in error
+    stage = Store(tmp_path / "s").all_stages()[0]
+    assert stage.done_ids() == set() and not list(stage.ledger())
