@@ -1,0 +1,124 @@
+"""What the checksums at rest (issue 31 §1, :mod:`featpipe.checksums`) cost on the write path
+and on the read path, measured in the same run with and without them.
+
+Write path: an item written as the store writes it (:func:`featpipe.fileio.atomic_save_npy`:
+temporary file, write, fsync, rename) and an item appended row block by row block
+(:class:`featpipe.items.RowFile`, the streaming path), each timed with the CRC and with the
+CRC replaced by a no-op (the same code otherwise); ``np.save`` through the same atomic write
+(the path before checksums) is printed too.  Read path: :func:`featpipe.fileio.load_npy` of
+an item with and without its checksum checked (warm page cache: the case where the check
+weighs most).  Timings interleave the two variants, best of ``--repeats``.  Usage:
+
+    python benchmarks/bench_checksums.py [--items 200] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from featpipe import checksums, fileio, items  # noqa: E402
+
+#: (label, shape): a short sequence, a dense SIFT item, a VGG-16 fc6 item
+SHAPES = [("(20, 64)", (20, 64)), ("(2000, 128)", (2000, 128)), ("(300, 4096)", (300, 4096))]
+
+
+@contextlib.contextmanager
+def crc(enabled: bool):
+    """The same code with the CRC computed, or replaced by a no-op."""
+    if enabled:
+        yield
+        return
+    real = zlib.crc32
+    zlib.crc32 = lambda data, value=0: 0
+    try:
+        yield
+    finally:
+        zlib.crc32 = real
+
+
+def best(run, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def write_items(folder: Path, arrays, how: str) -> None:
+    for k, array in enumerate(arrays):
+        path = folder / f"{k}.npy"
+        if how == "np.save":
+            fileio.atomic_write(path, lambda h, a=array: np.save(h, a, allow_pickle=False))
+        elif how == "rows":
+            rows = items.RowFile(fileio.tmp_path(path), array.dtype)
+            for start in range(0, len(array), 8):  # 8 frames' rows per append
+                rows.append(array[start:start + 8])
+            rows.close()
+            os.replace(rows.path, path)
+        else:
+            fileio.atomic_save_npy(path, array)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; "
+          f"zlib {zlib.ZLIB_RUNTIME_VERSION}")
+    with tempfile.TemporaryDirectory(dir=Path(__file__).resolve().parents[1]) as root:
+        folder = Path(root)
+        for label, shape in SHAPES:
+            count = max(4, min(args.items, (48 << 20) // (4 * int(np.prod(shape)))))
+            arrays = [rng.standard_normal(shape).astype(np.float32) for _ in range(count)]
+            mb = arrays[0].nbytes / 2**20
+            print(f"\n{count} items of {label} float32 ({mb:.3f} MiB each)")
+            for how in ("atomic_save_npy", "rows"):
+                timing = {}
+                for _ in range(args.repeats):  # interleaved: with, without, with...
+                    for enabled in (True, False):
+                        with crc(enabled):
+                            t = best(lambda h=how: write_items(folder, arrays, h), 1)
+                        timing[enabled] = min(timing.get(enabled, t), t)
+                print(f"  write {how:16s} with CRC {timing[True] / count * 1e6:9.1f} us/item, "
+                      f"without {timing[False] / count * 1e6:9.1f} us/item: ratio "
+                      f"{timing[True] / timing[False]:.3f}")
+            before = best(lambda: write_items(folder, arrays, "np.save"), args.repeats)
+            print(f"  write np.save (before checksums)      {before / count * 1e6:9.1f} us/item")
+            write_items(folder, arrays, "atomic_save_npy")
+            paths = [folder / f"{k}.npy" for k in range(count)]
+            sums = [checksums.npy_file_checksum(p) for p in paths]
+            timing = {}
+            for _ in range(args.repeats):
+                for enabled in (True, False):
+                    started = time.perf_counter()
+                    for path, expected in zip(paths, sums, strict=True):
+                        fileio.load_npy(path, checksum=expected if enabled else None)
+                    t = time.perf_counter() - started
+                    timing[enabled] = min(timing.get(enabled, t), t)
+            print(f"  read  load_npy        checked  {timing[True] / count * 1e6:9.1f} us/item, "
+                  f"unchecked {timing[False] / count * 1e6:9.1f} us/item: ratio "
+                  f"{timing[True] / timing[False]:.3f}")
+            data = paths[0].read_bytes()
+            started = time.perf_counter()
+            for _ in range(20):
+                zlib.crc32(data)
+            print(f"  CRC-32 alone: {len(data) * 20 / (time.perf_counter() - started) / 1e9:.2f} "
+                  "GB/s")
+
+
+if __name__ == "__main__":
+    main()
