@@ -7,9 +7,10 @@ temporary file, write, fsync, rename) and an item appended row block by row bloc
 CRC replaced by a no-op (the same code otherwise); ``np.save`` through the same atomic write
 (the path before checksums) is printed too.  Read path: :func:`featpipe.fileio.load_npy` of
 an item with and without its checksum checked (warm page cache: the case where the check
-weighs most).  Timings interleave the two variants, best of ``--repeats``.  Usage:
+weighs most).  Timings interleave the variants, best of ``--repeats``, wall and CPU time of
+this process (CPU time is what a loaded machine distorts least).  Usage:
 
-    python benchmarks/bench_checksums.py [--items 200] [--repeats 5]
+    python benchmarks/bench_checksums.py [--items 200] [--repeats 7]
 """
 
 from __future__ import annotations
@@ -47,13 +48,28 @@ def crc(enabled: bool):
         zlib.crc32 = real
 
 
-def best(run, repeats: int) -> float:
-    times = []
+def timed(run) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) of ``run()``."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    run()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def interleaved(variants, repeats: int) -> dict:
+    """Best wall and CPU time of each ``{label: run}``, run in turn ``repeats`` times."""
+    best: dict = {}
     for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return min(times)
+        for label, run in variants.items():
+            wall, cpu = timed(run)
+            old = best.get(label, (wall, cpu))
+            best[label] = (min(old[0], wall), min(old[1], cpu))
+    return best
+
+
+def line(what: str, a: str, b: str, times: dict, count: int) -> str:
+    (wa, ca), (wb, cb) = times[a], times[b]
+    return (f"  {what:28s} {a} {wa / count * 1e6:8.1f} us/item, {b} {wb / count * 1e6:8.1f} "
+            f"us/item: ratio {wa / wb:.3f} wall, {ca / cb:.3f} CPU")
 
 
 def write_items(folder: Path, arrays, how: str) -> None:
@@ -74,7 +90,7 @@ def write_items(folder: Path, arrays, how: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; "
@@ -87,31 +103,30 @@ def main() -> None:
             mb = arrays[0].nbytes / 2**20
             print(f"\n{count} items of {label} float32 ({mb:.3f} MiB each)")
             for how in ("atomic_save_npy", "rows"):
-                timing = {}
-                for _ in range(args.repeats):  # interleaved: with, without, with...
-                    for enabled in (True, False):
-                        with crc(enabled):
-                            t = best(lambda h=how: write_items(folder, arrays, h), 1)
-                        timing[enabled] = min(timing.get(enabled, t), t)
-                print(f"  write {how:16s} with CRC {timing[True] / count * 1e6:9.1f} us/item, "
-                      f"without {timing[False] / count * 1e6:9.1f} us/item: ratio "
-                      f"{timing[True] / timing[False]:.3f}")
-            before = best(lambda: write_items(folder, arrays, "np.save"), args.repeats)
-            print(f"  write np.save (before checksums)      {before / count * 1e6:9.1f} us/item")
+                def write(enabled, how=how, arrays=arrays):
+                    with crc(enabled):
+                        write_items(folder, arrays, how)
+
+                times = interleaved({"with CRC": lambda w=write: w(True),
+                                     "without": lambda w=write: w(False),
+                                     "np.save": lambda a=arrays: write_items(folder, a,
+                                                                             "np.save")},
+                                    args.repeats)
+                print(line(f"write {how}", "with CRC", "without", times, count))
+                if how == "atomic_save_npy":
+                    print(line("write vs. before checksums", "with CRC", "np.save", times,
+                               count))
             write_items(folder, arrays, "atomic_save_npy")
             paths = [folder / f"{k}.npy" for k in range(count)]
             sums = [checksums.npy_file_checksum(p) for p in paths]
-            timing = {}
-            for _ in range(args.repeats):
-                for enabled in (True, False):
-                    started = time.perf_counter()
-                    for path, expected in zip(paths, sums, strict=True):
-                        fileio.load_npy(path, checksum=expected if enabled else None)
-                    t = time.perf_counter() - started
-                    timing[enabled] = min(timing.get(enabled, t), t)
-            print(f"  read  load_npy        checked  {timing[True] / count * 1e6:9.1f} us/item, "
-                  f"unchecked {timing[False] / count * 1e6:9.1f} us/item: ratio "
-                  f"{timing[True] / timing[False]:.3f}")
+
+            def read(enabled, paths=paths, sums=sums):
+                for path, expected in zip(paths, sums, strict=True):
+                    fileio.load_npy(path, checksum=expected if enabled else None)
+
+            times = interleaved({"checked": lambda r=read: r(True),
+                                 "unchecked": lambda r=read: r(False)}, args.repeats)
+            print(line("read load_npy (warm cache)", "checked", "unchecked", times, count))
             data = paths[0].read_bytes()
             started = time.perf_counter()
             for _ in range(20):
