@@ -237,3 +237,26 @@ def test_extract_with_weights_rewritten_after_the_key_computes_nothing(tmp_path,
     assert f"--weights {weights} changed after the stage key was computed" in error
     stage = Store(tmp_path / "s").all_stages()[0]
     assert stage.done_ids() == set() and not list(stage.ledger())
+
+
+def test_streamed_extract_items_carry_the_checksum_of_the_bytes_on_disk(tmp_path, cli):
+    """Dense SIFT items are appended frame by frame (RowFile: header patched last): their
+    ledger checksums are those of the files as they lie, and a flipped bit is found."""
+    from featpipe.checksums import DamagedItem, npy_file_checksum
+    from tests.unit.test_video import write_video
+
+    write_video(tmp_path / "a.mp4", n_frames=12, size=(96, 80))
+    (tmp_path / "m.csv").write_text("id,path,label,split1\na,a.mp4,x,train\n")
+    cli("extract", "-m", tmp_path / "m.csv", "-s", tmp_path / "s", "-f", "dsift", "-n", "ds",
+        "--every", "5", "--sizes", "8", "--step", "8", check=True)
+    stage = Store(tmp_path / "s").resolve("ds")
+    sums = stage.recorded_sums("a")
+    assert set(sums) == {".npy"} | {f"+{k}.npy" for k in stage.extras_of("a")}
+    assert {"+frame_index.npy", "+timestamps.npy"} <= set(sums)
+    for suffix, value in sums.items():
+        name = stage.item_path("a").name.replace(".npy", suffix)
+        assert npy_file_checksum(stage.item_path("a").with_name(name)) == value
+    assert "0 problem(s)" in cli("cache", "verify", "--store", tmp_path / "s").output
+    flip_bit(stage.item_path("a"), 200)
+    with pytest.raises(DamagedItem, match="checksum"):
+        stage.read_item("a")
