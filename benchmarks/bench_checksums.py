@@ -7,8 +7,10 @@ temporary file, write, fsync, rename) and an item appended row block by row bloc
 CRC replaced by a no-op (the same code otherwise); ``np.save`` through the same atomic write
 (the path before checksums) is printed too.  Read path: :func:`featpipe.fileio.load_npy` of
 an item with and without its checksum checked (warm page cache: the case where the check
-weighs most).  Timings interleave the variants, best of ``--repeats``, wall and CPU time of
-this process (CPU time is what a loaded machine distorts least).  Usage:
+weighs most), and the read of a folder item by ``import``, which hashes the bytes it parses
+(SHA-256, the key's hash), against ``load_npy``.  Timings interleave the variants, best of
+``--repeats``, wall and CPU time of this process (CPU time is what a loaded machine distorts
+least).  Usage:
 
     python benchmarks/bench_checksums.py [--items 200] [--repeats 7]
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import os
 import sys
 import tempfile
@@ -127,6 +130,20 @@ def main() -> None:
             times = interleaved({"checked": lambda r=read: r(True),
                                  "unchecked": lambda r=read: r(False)}, args.repeats)
             print(line("read load_npy (warm cache)", "checked", "unchecked", times, count))
+
+            def import_read(paths=paths):  # what `import` does per folder item now
+                for path in paths:
+                    data = path.read_bytes()
+                    hashlib.sha256(data).hexdigest()
+                    fileio.npy_from_bytes(data)
+
+            def import_before(paths=paths):
+                for path in paths:
+                    fileio.load_npy(path)
+
+            times = interleaved({"hashed": import_read, "load_npy": import_before},
+                                args.repeats)
+            print(line("import read (SHA-256 on read)", "hashed", "load_npy", times, count))
             data = paths[0].read_bytes()
             started = time.perf_counter()
             for _ in range(20):
