@@ -241,6 +241,9 @@ def repair_pack(stage: Stage, damaged: set[str], damaged_files: set[str]) -> lis
         index["files"][k] = target.name
         dropped.extend(i for i in assigned if i not in keep)
         replaced.append(path)
+    for name in index["files"]:  # a pack written before checksums: summed as it is now
+        if name not in sums:
+            sums[name] = file_checksum(folder / name)
     index.update(sums=sums, n_items=index["n_items"] - len(dropped), generation=generation)
     atomic_write_bytes(folder / PACK_INDEX, json.dumps(index, indent=2).encode("utf-8"))
     for path in replaced:
