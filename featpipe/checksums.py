@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import threading
 import zlib
 from typing import BinaryIO
 
@@ -59,19 +60,42 @@ def npy_checksum(header: bytes, data_crc: int) -> str:
     return as_text(zlib.crc32(header, data_crc))
 
 
-def write_npy(handle: BinaryIO, array: np.ndarray) -> str:
-    """Write ``array`` as a version 1.0 ``.npy`` (C order, no pickle: an object array is a
-    ``ValueError``) and return the checksum of the bytes written."""
+def npy_parts(array: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """The header a version 1.0 ``.npy`` of ``array`` starts with (the one ``np.save`` writes)
+    and its data as a flat uint8 array in C order (no pickle: an object array is refused)."""
     array = np.ascontiguousarray(array)
     if array.dtype.hasobject:
         raise ValueError("Object arrays cannot be saved when allow_pickle=False")
-    buffer = io.BytesIO()  # the header np.save writes (padded to a multiple of 64 bytes)
+    buffer = io.BytesIO()
     np.lib.format.write_array_header_1_0(buffer, np.lib.format.header_data_from_array_1_0(array))
-    header = buffer.getvalue()
-    data = array.reshape(-1).view(np.uint8)
-    handle.write(header)
-    handle.write(data.data)
-    return npy_checksum(header, zlib.crc32(data))
+    return buffer.getvalue(), array.reshape(-1).view(np.uint8)
+
+
+#: Buffers from this size on are summed by a second thread while they are written.
+PARALLEL_BYTES = 1 << 18
+
+
+class DataCrc:
+    """The CRC-32 of a buffer; a large one is summed by a second thread (``zlib`` releases
+    the GIL), so the sum runs while the same bytes are written and fsynced and the write
+    path waits for it only when it takes longer than the write."""
+
+    def __init__(self, data: np.ndarray):
+        self.value = None
+        self._thread = None
+        if data.nbytes < PARALLEL_BYTES:
+            self.value = zlib.crc32(data)
+        else:
+            self._thread = threading.Thread(target=self._sum, args=(data,), daemon=True)
+            self._thread.start()
+
+    def _sum(self, data) -> None:
+        self.value = zlib.crc32(data)
+
+    def result(self) -> int:
+        if self._thread is not None:
+            self._thread.join()
+        return self.value
 
 
 def check(path: str | os.PathLike, found: str, expected: str | None) -> None:

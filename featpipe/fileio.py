@@ -33,7 +33,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from featpipe.checksums import check, npy_checksum, stream_checksum, write_npy
+from featpipe.checksums import DataCrc, check, npy_checksum, npy_parts, stream_checksum
 from featpipe.errors import ItemError, ParameterError, WriteError
 
 HOST = socket.gethostname().split(".")[0] or "host"
@@ -197,10 +197,15 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> str:
     """``np.save`` made atomic (no pickle); returns the checksum of the bytes written
-    (:func:`featpipe.checksums.write_npy`)."""
-    written = []
-    atomic_write(path, lambda handle: written.append(write_npy(handle, array)))
-    return written[0]
+    (:func:`featpipe.checksums.npy_checksum`), summed while they are written and fsynced
+    (:class:`featpipe.checksums.DataCrc`)."""
+    header, data = npy_parts(array)
+    crc = DataCrc(data)
+    try:
+        atomic_write(path, lambda handle: (handle.write(header), handle.write(data.data)))
+    finally:
+        value = crc.result()
+    return npy_checksum(header, value)
 
 
 def atomic_save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray],
