@@ -1,7 +1,7 @@
 """File primitives every other module builds on: atomic writes, safe item file names, shards.
 
-A leaf module (it imports nothing of featpipe but its errors), so the store, manifests, packs
-and executors can all use it without importing each other.
+A leaf module (it imports nothing of featpipe but its errors and checksums), so the store,
+manifests, packs and executors can all use it without importing each other.
 
 - Atomic writes: a temporary file ``<name>.tmp.<host>.<pid>`` in the same folder, flushed and
   fsynced, then ``os.replace``: a reader sees the old file, the new file or no file, never a
@@ -20,17 +20,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import logging
 import math
 import os
 import re
 import socket
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
+from featpipe.checksums import DataCrc, check, npy_checksum, npy_parts, stream_checksum
 from featpipe.errors import ItemError, ParameterError, WriteError
 
 HOST = socket.gethostname().split(".")[0] or "host"
@@ -192,18 +195,40 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     atomic_write(path, lambda handle: handle.write(data))
 
 
-def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> None:
-    """``np.save`` made atomic (no pickle)."""
-    atomic_write(path, lambda handle: np.save(handle, array, allow_pickle=False))
+def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> str:
+    """``np.save`` made atomic (no pickle); returns the checksum of the bytes written
+    (:func:`featpipe.checksums.npy_checksum`), summed while they are written and fsynced
+    (:class:`featpipe.checksums.DataCrc`)."""
+    header, data = npy_parts(array)
+    crc = DataCrc(data)
+    try:
+        atomic_write(path, lambda handle: (handle.write(header), handle.write(data.data)))
+    finally:
+        value = crc.result()
+    return npy_checksum(header, value)
 
 
-def atomic_save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
-    """``np.savez`` made atomic (no pickle: object arrays are refused)."""
+def atomic_save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray],
+                    checksum: bool = False) -> str | None:
+    """``np.savez`` made atomic (no pickle: object arrays are refused); with ``checksum``
+    returns the checksum of the file (:func:`featpipe.checksums.stream_checksum`, read back
+    before the rename: zipfile seeks back to patch its headers, so the bytes are summed once
+    they are final)."""
     arrays = {k: np.asarray(v) for k, v in arrays.items()}
     for key, value in arrays.items():
         if value.dtype.hasobject:
             raise ValueError(f"array {key!r} has dtype object; featpipe never pickles")
-    atomic_write(path, lambda handle: np.savez(handle, **arrays))
+    written = []
+
+    def write(handle):
+        np.savez(handle, **arrays)
+        if checksum:
+            handle.flush()
+            handle.seek(0)
+            written.append(stream_checksum(handle))
+
+    atomic_write(path, write)
+    return written[0] if checksum else None
 
 
 def _npy_header(handle: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
@@ -240,20 +265,38 @@ def check_npy_header(handle: BinaryIO, total_bytes: int) -> tuple[tuple[int, ...
     return shape, dtype
 
 
-def load_npy(path: str | os.PathLike, mmap: bool = False) -> np.ndarray:
+def load_npy(path: str | os.PathLike, mmap: bool = False, checksum: str | None = None
+             ) -> np.ndarray:
     """One ``.npy`` file (no pickle: an object array is a ``ValueError``), its header checked
     by :func:`check_npy_header` first; read through one open file, memory-mapped with
-    ``mmap``."""
+    ``mmap``.  With ``checksum`` (not with ``mmap``) the bytes read are checked against it:
+    a :class:`~featpipe.checksums.ChecksumError` when they differ."""
     with open(path, "rb") as handle:
         shape, fortran, dtype, nbytes = _checked_header(handle, os.fstat(handle.fileno()).st_size)
         if dtype.hasobject:
             raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
         if not mmap:
+            start = handle.tell()
             buffer = np.empty(nbytes, np.uint8)  # not zero-filled: read straight into it
             if handle.readinto(buffer.data) != nbytes:
                 raise EOFError(f"{path}: file shorter than its header declares")
+            if checksum is not None:
+                handle.seek(0)
+                found = npy_checksum(handle.read(start), zlib.crc32(buffer))
+                check(path, found, checksum)
             return buffer.view(dtype).reshape(shape, order="F" if fortran else "C")
     return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
+def npy_from_bytes(data: bytes) -> np.ndarray:
+    """The array of an ``.npy`` file's bytes (read-only, no copy), checked as by
+    :func:`load_npy` (no pickle, a header that declares more data than there is refused)."""
+    handle = io.BytesIO(data)
+    shape, fortran, dtype, nbytes = _checked_header(handle, len(data))
+    if dtype.hasobject:
+        raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+    flat = np.frombuffer(data, np.uint8, nbytes, handle.tell())
+    return flat.view(dtype).reshape(shape, order="F" if fortran else "C")
 
 
 def memory_bytes() -> int:

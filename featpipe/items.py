@@ -28,6 +28,7 @@ ledger line: the same commit point as :meth:`featpipe.store.Stage.write_item`.
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ from typing import Protocol
 
 import numpy as np
 
+from featpipe.checksums import npy_checksum
 from featpipe.errors import InputError, ItemError
 from featpipe.fileio import (
     atomic_save_npy,
@@ -275,13 +277,17 @@ def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 
 class RowFile:
     """An ``.npy`` written a block of rows at a time: a placeholder header first, rows
-    appended, the header patched with the final count on :meth:`close` (then fsynced)."""
+    appended, the header patched with the final count on :meth:`close` (then fsynced).
+    :attr:`checksum` is then the checksum of the bytes written (the rows' CRC is updated as
+    they are written, the header's added last: :func:`featpipe.checksums.npy_checksum`)."""
 
     def __init__(self, path: str | os.PathLike, dtype, row_shape: tuple[int, ...] | None = None):
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         self.row_shape = None if row_shape is None else tuple(row_shape)
         self.rows = 0
+        self.crc = 0
+        self.checksum: str | None = None
         self.handle = open(self.path, "wb")  # noqa: SIM115 - closed by close()/abort()
         self.handle.write(_npy_header(self.dtype, (0, *(self.row_shape or ()))))
 
@@ -293,11 +299,14 @@ class RowFile:
             raise InputError(f"rows of shape {rows.shape[1:]} after rows of shape "
                              f"{self.row_shape}")
         self.handle.write(rows.data)
+        self.crc = zlib.crc32(rows.data, self.crc)
         self.rows += rows.shape[0]
 
     def close(self) -> None:
+        header = _npy_header(self.dtype, (self.rows, *(self.row_shape or ())))
         self.handle.seek(0)
-        self.handle.write(_npy_header(self.dtype, (self.rows, *(self.row_shape or ()))))
+        self.handle.write(header)
+        self.checksum = npy_checksum(header, self.crc)
         self.handle.flush()
         os.fsync(self.handle.fileno())
         self.handle.close()
@@ -311,13 +320,14 @@ class RowFile:
 class PendingItem:
     """An item whose files are written but not yet in place: :meth:`commit` makes it done.
 
-    ``files`` maps a sidecar name ("" for the main array) to its finished temporary file;
-    ``sidecars`` are small arrays written at commit; ``array`` is a whole small result
-    written at commit instead of a main file.
+    ``files`` maps a sidecar name ("" for the main array) to its finished temporary file and
+    ``sums`` to its checksum; ``sidecars`` are small arrays written at commit; ``array`` is a
+    whole small result written at commit instead of a main file.
     """
 
     item_id: str
     files: dict[str, str] = field(default_factory=dict)
+    sums: dict[str, str] = field(default_factory=dict)
     sidecars: dict[str, np.ndarray] = field(default_factory=dict)
     array: np.ndarray | None = None
 
@@ -328,13 +338,15 @@ class PendingItem:
             return
         target = stage.item_path(self.item_id)
         make_dirs(target.parent)
+        sums = {f"+{name}.npy" if name else ".npy": value for name, value in self.sums.items()}
         for name, values in self.sidecars.items():
-            atomic_save_npy(stage.item_path(self.item_id, name), np.asarray(values))
+            sums[f"+{name}.npy"] = atomic_save_npy(stage.item_path(self.item_id, name),
+                                                   np.asarray(values))
         for name, path in self.files.items():
             if name:
                 os.replace(path, stage.item_path(self.item_id, name))
         os.replace(self.files[""], target)
-        stage.record(self.item_id, "done", seconds=seconds)
+        stage.record(self.item_id, "done", seconds=seconds, sums=sums)
 
     def discard(self) -> None:
         for path in self.files.values():
@@ -392,6 +404,7 @@ class ItemFiles:
         for handle in self.files.values():
             handle.close()
         return PendingItem(self.item_id, {k: str(f.path) for k, f in self.files.items()},
+                           {k: f.checksum for k, f in self.files.items()},
                            dict(self.sidecars), self.array)
 
     def abort(self) -> None:

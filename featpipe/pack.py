@@ -11,8 +11,9 @@ tasks).  Each file holds::
 
 Steps, each safe to interrupt: write every shard file to a temporary name, fsync, rename;
 read every item back and compare it bit for bit with its source; then write
-``packed/pack.json`` (the list of files) atomically: this is the commit point.  Only then are
-the loose ``.npy`` files (and the files of an older pack) removed.  Readers
+``packed/pack.json`` (the list of files and the checksum of each) atomically: this is the
+commit point.  Each item dataset carries the checksum of its bytes (:mod:`featpipe.packed`).
+Only then are the loose ``.npy`` files (and the files of an older pack) removed.  Readers
 (:meth:`featpipe.store.Stage.read_item`) prefer a loose file and fall back to the pack, so
 they see every item at every moment.  HDF5 files are opened read-only without file locking,
 which NFS and Lustre often refuse.
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from featpipe.checksums import array_checksum, file_checksum
 from featpipe.errors import FeatpipeError, WriteError
 from featpipe.fileio import (
     HOST,
@@ -66,7 +68,8 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _write_shard(stage: Stage, ids: list[str], target: Path) -> None:
+def _write_shard(stage: Stage, ids: list[str], target: Path) -> str:
+    """Write the items ``ids`` into the shard file ``target``; returns its checksum."""
     import h5py
 
     tmp = target.with_name(f"{target.name}.tmp.{HOST}.{os.getpid()}")
@@ -77,15 +80,19 @@ def _write_shard(stage: Stage, ids: list[str], target: Path) -> None:
             extras = handle.create_group("extras")
             for item_id in ids:
                 stem = safe_stem(item_id)
-                items.create_dataset(stem, data=stage.read_item(item_id))
+                array = stage.read_item(item_id)
+                items.create_dataset(stem, data=array).attrs["crc32"] = array_checksum(array)
                 sidecars = stage.extras_of(item_id)
                 if sidecars:
                     group = extras.create_group(stem)
                     for name, values in sidecars.items():
-                        group.create_dataset(name, data=values)
+                        group.create_dataset(name, data=values).attrs["crc32"] = \
+                            array_checksum(values)
         with writing(target):
             _fsync_file(tmp)
+            checksum = file_checksum(tmp)
             os.replace(tmp, target)
+        return checksum
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
@@ -156,9 +163,10 @@ def pack_stage(stage: Stage, shards: int | None = None, keep_files: bool = False
     return PackSummary(len(ids), files, sum(p.stat().st_size for p in files), removed)
 
 
-def _write_and_check(stage: Stage, ids: list[str], path: Path) -> None:
-    _write_shard(stage, ids, path)
+def _write_and_check(stage: Stage, ids: list[str], path: Path) -> str:
+    checksum = _write_shard(stage, ids, path)
     _check_shard(stage, ids, path)
+    return checksum
 
 
 def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_files: bool,
@@ -170,12 +178,12 @@ def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_f
     files = [folder / f"shard-{i:04d}-of-{shards:04d}.{generation}.h5" for i in range(shards)]
     try:
         if jobs == 1 or shards == 1:
-            for shard_ids, path in zip(by_shard, files, strict=True):
-                _write_and_check(stage, shard_ids, path)
+            sums = [_write_and_check(stage, shard_ids, path)
+                    for shard_ids, path in zip(by_shard, files, strict=True)]
         else:
             from joblib import delayed
 
-            worker_pool(jobs)(
+            sums = worker_pool(jobs)(
                 delayed(_write_and_check)(stage, shard_ids, path)
                 for shard_ids, path in zip(by_shard, files, strict=True))
     except BaseException:
@@ -184,7 +192,8 @@ def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_f
                 path.unlink(missing_ok=True)
         raise
     index = {"shards": shards, "files": [p.name for p in files], "n_items": len(ids),
-             "generation": generation}
+             "generation": generation,
+             "sums": {p.name: checksum for p, checksum in zip(files, sums, strict=True)}}
     atomic_write_bytes(folder / PACK_INDEX, json.dumps(index, indent=2).encode("utf-8"))
     for path in folder.glob("shard-*.h5"):  # older generations, or leftovers of a crash
         if path not in files:
@@ -201,3 +210,43 @@ def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_f
                         path.unlink()
                     removed += 1
     return files, removed
+
+
+def repair_pack(stage: Stage, damaged: set[str], damaged_files: set[str]) -> list[str]:
+    """Rewrite the packed files of ``stage`` that hold ``damaged`` items, or that are damaged
+    themselves (``damaged_files``: names), without the items that are damaged or cannot be
+    read (an item whose bytes still match its checksum is kept), then ``pack.json``; returns
+    the ids dropped, which a re-run of the stage's command recomputes as loose files."""
+    packed = stage.packed()
+    folder = stage.path / PACK_DIR
+    index = json.loads((folder / PACK_INDEX).read_text(encoding="utf-8"))
+    sums = dict(index.get("sums") or {})
+    generation = secrets.token_hex(4)
+    dropped, replaced = [], []
+    for k, path in enumerate(packed.files):
+        assigned = [i for i in stage.items.ids if shard_of(i, packed.n_shards) == k]
+        if path.name not in damaged_files and not damaged.intersection(assigned):
+            continue
+        keep = []
+        for item_id in assigned:
+            if item_id in damaged:
+                continue
+            with contextlib.suppress(FeatpipeError):
+                stage.read_item(item_id)
+                stage.extras_of(item_id)
+                keep.append(item_id)
+        target = folder / f"shard-{k:04d}-of-{packed.n_shards:04d}.{generation}.h5"
+        sums[target.name] = _write_and_check(stage, keep, target)
+        sums.pop(path.name, None)
+        index["files"][k] = target.name
+        dropped.extend(i for i in assigned if i not in keep)
+        replaced.append(path)
+    for name in index["files"]:  # a pack written before checksums: summed as it is now
+        if name not in sums:
+            sums[name] = file_checksum(folder / name)
+    index.update(sums=sums, n_items=index["n_items"] - len(dropped), generation=generation)
+    atomic_write_bytes(folder / PACK_INDEX, json.dumps(index, indent=2).encode("utf-8"))
+    for path in replaced:
+        with writing(path, "remove"):
+            path.unlink(missing_ok=True)
+    return dropped

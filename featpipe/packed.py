@@ -8,6 +8,9 @@ writer, :func:`featpipe.pack.pack_stage`, sits above.  Each file holds::
     items/<safe stem>           the item's array, dtype and shape unchanged
     extras/<safe stem>/<name>   its sidecars (timestamps, positions...)
 
+Every dataset of an item carries the checksum of its bytes (attribute ``crc32``,
+:func:`featpipe.checksums.array_checksum`), checked each time it is read, and ``pack.json``
+holds the checksum of each whole file (``sums``), checked by ``featpipe cache verify``.
 HDF5 files are opened read-only without file locking, which NFS and Lustre often refuse.
 """
 
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from featpipe.checksums import CHECKSUM, ChecksumError, DamagedItem, array_checksum, check
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.fileio import check_h5_dataset, first_line, safe_stem, shard_of
 
@@ -50,6 +54,13 @@ class PackedItems:
             raise ValueError(f"file list does not name {self.n_shards} shard files of this "
                              f"folder ({bad[0]!r})" if bad else "file count differs from shards")
         self.files = [folder / name for name in names]
+        sums = index.get("sums")
+        if sums is not None and (not isinstance(sums, dict) or set(sums) != set(names) or not
+                                 all(isinstance(v, str) and CHECKSUM.match(v)
+                                     for v in sums.values())):
+            raise ValueError("'sums' must give the checksum of every shard file")
+        #: checksum of each file by name (None: packed before featpipe kept checksums)
+        self.sums: dict[str, str] | None = sums
         self._ids: frozenset[str] | None = None
         self._handles: dict[Path, object] = {}
         self._pid = os.getpid()
@@ -113,7 +124,9 @@ class PackedItems:
                 from None
         try:
             check_h5_dataset(node, item_id)
-            return node[()]
+            return _checked(node, item_id)
+        except ChecksumError as err:
+            raise DamagedItem(item_id, err) from None
         except (OSError, ValueError, TypeError) as err:
             raise ItemError(item_id, f"unreadable packed file {path}: {first_line(err)}") \
                 from None
@@ -122,7 +135,18 @@ class PackedItems:
         path = self.file_of(item_id)
         try:
             group = self._handle(path)["extras"].get(safe_stem(item_id))
-            return {} if group is None else {k: group[k][()] for k in group}
+            return {} if group is None else {k: _checked(group[k], item_id) for k in group}
+        except ChecksumError as err:
+            raise DamagedItem(item_id, err) from None
         except (OSError, KeyError, ValueError) as err:
             raise ItemError(item_id, f"unreadable packed file {path}: {first_line(err)}") \
                 from None
+
+
+def _checked(node, item_id: str) -> np.ndarray:
+    """A packed dataset's array, checked against its ``crc32`` attribute when it has one."""
+    array = node[()]
+    expected = node.attrs.get("crc32")
+    check(f"{node.file.filename}:{node.name} (item {item_id!r})", array_checksum(array),
+          None if expected is None else str(expected))
+    return array

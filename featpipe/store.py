@@ -30,11 +30,13 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import hashlib
+import io
 import json
 import os
 import re
 import time
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -43,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from featpipe import FORMAT_VERSION, __version__
+from featpipe.checksums import CHECKSUM, ChecksumError, DamagedItem, as_text, check
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.fileio import (
     HOST,
@@ -68,6 +71,8 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 STAGE_FOLDER = re.compile(r"^[a-z][a-z0-9-]*-[0-9a-f]{16}$")
 #: Sub-folder of a stage holding one empty file per process computing it (``<host>-<pid>``).
 RUNNING_DIR = "running"
+#: The file beside a model's ``.npz`` and ``.json`` that holds their checksums.
+MODEL_SUMS = ".sums"
 #: A stage folder without ``stage.json`` younger than this is being created, not broken.
 CREATION_GRACE_S = 60.0
 _VERSIONED_PACKAGES = ("numpy", "scipy", "scikit-learn", "torch", "opencv-python-headless")
@@ -102,8 +107,14 @@ class LedgerEntry:
     seconds: float
     error: str | None
     time: float
+    #: checksum of each file of a done item by its suffix (``.npy``, ``+timestamps.npy``);
+    #: None for a line written before featpipe kept checksums
+    sums: dict[str, str] | None = None
 
 
+#: The suffix that names an item's file in its ledger line's ``sums``: ``.npy`` for the
+#: array, ``+NAME.npy`` for a sidecar.
+SUM_SUFFIX = re.compile(r"^(\+[a-z][a-z0-9_]*)?\.npy$")
 #: How far ahead of this host's clock a ledger line's time may be (another host's clock).
 _CLOCK_SKEW_S = 86400.0
 
@@ -132,8 +143,13 @@ def _ledger_entry(raw) -> LedgerEntry | str:
         return f"'seconds' {raw['seconds']!r} is more than the time since 1970"
     if not isinstance(raw.get("error"), str | None):
         return "'error' must be a string or null"
+    sums = raw.get("sums")
+    if sums is not None and not (isinstance(sums, dict) and all(
+            isinstance(k, str) and SUM_SUFFIX.match(k) and isinstance(v, str)
+            and CHECKSUM.match(v) for k, v in sums.items())):
+        return "'sums' must map file suffixes (.npy, +NAME.npy) to checksums crc32:<8 hex>"
     return LedgerEntry(raw["id"], raw["status"], float(raw.get("seconds", 0.0)),
-                       raw.get("error"), float(raw.get("time", 0.0)))
+                       raw.get("error"), float(raw.get("time", 0.0)), sums)
 
 
 class _LedgerWriter:
@@ -281,20 +297,26 @@ class Stage:
         array = checked_result(item_id, array, self.dtype)
         target = self.item_path(item_id)
         make_dirs(target.parent)
+        sums = {}
         for extra, values in (extras or {}).items():
             check_sidecar_name(extra)
-            atomic_save_npy(self.item_path(item_id, extra), np.asarray(values))
-        atomic_save_npy(target, array)
-        self.record(item_id, "done", seconds=seconds)
+            sums[f"+{extra}.npy"] = atomic_save_npy(self.item_path(item_id, extra),
+                                                   np.asarray(values))
+        sums[".npy"] = atomic_save_npy(target, array)
+        self.record(item_id, "done", seconds=seconds, sums=sums)
         return target
 
-    def record(self, item_id: str, status: str, seconds: float = 0.0, error: str | None = None):
-        """Append one ledger line for ``item_id`` (``done`` or ``failed``)."""
+    def record(self, item_id: str, status: str, seconds: float = 0.0, error: str | None = None,
+               sums: Mapping[str, str] | None = None):
+        """Append one ledger line for ``item_id`` (``done`` or ``failed``); ``sums`` holds the
+        checksum of each file of a done item by its suffix (:data:`SUM_SUFFIX`)."""
         if status not in ("done", "failed"):
             raise ValueError(f"ledger status must be 'done' or 'failed', got {status!r}")
         self._check_on_disk()
         entry = {"id": item_id, "status": status, "seconds": round(float(seconds), 6),
                  "error": error, "time": time.time()}
+        if sums is not None:
+            entry["sums"] = dict(sums)
         _LedgerWriter.append(self.path / "ledger", entry)
 
     def ledger(self) -> Iterator[LedgerEntry]:
@@ -387,7 +409,7 @@ class Stage:
         """
         path = self.item_path(item_id)
         try:
-            return _load_item_file(item_id, path, mmap)
+            return self._read_file(item_id, ".npy", path, mmap)
         except FileNotFoundError:
             packed = self.packed()
             array = packed.read(item_id) if packed is not None else None
@@ -401,7 +423,7 @@ class Stage:
         if not path.exists():
             packed = None if self.item_path(item_id).exists() else self.packed()
             return packed.extras(item_id).get(extra) if packed is not None else None
-        return _load_item_file(item_id, path)
+        return self._read_file(item_id, f"+{extra}.npy", path)
 
     def extras_of(self, item_id: str) -> dict[str, np.ndarray]:
         """All sidecars of one item, by name."""
@@ -411,8 +433,36 @@ class Stage:
         found = packed.extras(item_id) if packed is not None else {}
         if folder.is_dir():
             for path in folder.glob(f"{prefix}*.npy"):
-                found[path.name[len(prefix):-4]] = _load_item_file(item_id, path)
+                found[path.name[len(prefix):-4]] = self._read_file(
+                    item_id, path.name[len(prefix) - 1:], path)
         return found
+
+    #: checksums recorded by the ledger, per stage folder and item (see :meth:`recorded_sums`)
+    _sums: dict[str, dict[str, dict[str, str] | None]] = {}
+
+    def recorded_sums(self, item_id: str, reload: bool = False) -> dict[str, str] | None:
+        """The checksums the ledger recorded for the files of done item ``item_id`` (by
+        suffix), or None (not done, or done before featpipe kept checksums).  The ledger is
+        read once per process and stage, again when ``reload`` or the item is not in it."""
+        table = Stage._sums.get(str(self.path))
+        if table is None or reload or item_id not in table:
+            table = {i: e.sums for i, e in self.item_states().items() if e.status == "done"}
+            Stage._sums[str(self.path)] = table
+        return table.get(item_id)
+
+    def _read_file(self, item_id: str, suffix: str, path: Path, mmap: bool = False
+                   ) -> np.ndarray:
+        """One file of an item, checked against its recorded checksum (not when memory-mapped:
+        only the rows used are read); a mismatch is checked once more against a fresh read of
+        the ledger (the item may have been recomputed since), then is a :class:`DamagedItem`."""
+        sums = None if mmap else self.recorded_sums(item_id)
+        try:
+            return _load_item_file(item_id, path, mmap, (sums or {}).get(suffix))
+        except DamagedItem:
+            fresh = self.recorded_sums(item_id, reload=True)
+            if fresh == sums:
+                raise
+            return _load_item_file(item_id, path, mmap, (fresh or {}).get(suffix))
 
     # -- processes computing it --------------------------------------------------------------
     def mark_running(self) -> None:
@@ -481,7 +531,8 @@ class Stage:
 
     # -- models -----------------------------------------------------------------------------
     def save_model(self, name: str, model, meta: Mapping | None = None) -> None:
-        """Save a fitted model as ``models/<name>.npz`` (arrays) + ``models/<name>.json``.
+        """Save a fitted model as ``models/<name>.npz`` (arrays) + ``models/<name>.json``, then
+        the checksums of both in ``models/<name>.sums`` (:data:`MODEL_SUMS`).
 
         ``model`` follows :mod:`featpipe.models` (``to_arrays() -> (arrays, meta)``, and
         ``meta`` is added to its metadata) or is a dict of arrays.
@@ -491,17 +542,40 @@ class Stage:
         self._check_on_disk()
         folder = self.path / "models"
         make_dirs(folder)
-        atomic_save_npz(folder / f"{name}.npz", arrays)
-        text = json.dumps(dict(meta), indent=2, sort_keys=True, default=_json_default)
-        atomic_write_bytes(folder / f"{name}.json", text.encode("utf-8"))
+        sums = {".npz": atomic_save_npz(folder / f"{name}.npz", arrays, checksum=True)}
+        data = json.dumps(dict(meta), indent=2, sort_keys=True,
+                          default=_json_default).encode("utf-8")
+        atomic_write_bytes(folder / f"{name}.json", data)
+        sums[".json"] = as_text(zlib.crc32(data))
+        atomic_write_bytes(folder / f"{name}{MODEL_SUMS}", json.dumps(sums).encode("utf-8"))
+
+    def model_sums(self, name: str) -> dict[str, str] | None:
+        """The checksums of model ``name``'s files by suffix (``.npz``, ``.json``), or None
+        for a model saved before featpipe kept them; damaged sums are an error naming them."""
+        path = self.path / "models" / f"{name}{MODEL_SUMS}"
+        try:
+            sums = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:
+            raise FeatpipeError(f"model {name!r} of stage {self.name}: {path} is unreadable "
+                                f"({first_line(err)})") from None
+        if not isinstance(sums, dict) or set(sums) != {".npz", ".json"} or not all(
+                isinstance(v, str) and CHECKSUM.match(v) for v in sums.values()):
+            raise FeatpipeError(f"model {name!r} of stage {self.name}: {path} does not hold the "
+                                "checksums of the .npz and .json files")
+        return sums
 
     def load_model(self, name: str, cls=None):
         """``(arrays, meta)`` of model ``name``, or ``cls.from_arrays(arrays, meta)``; a damaged
         model is one error line (an object array is refused, never unpickled)."""
         folder = self.path / "models"
         path = folder / f"{name}.npz"
+        sums = self.model_sums(name) or {}
         try:
-            with np.load(path, allow_pickle=False) as data:
+            raw = path.read_bytes()  # read once: summed, then parsed
+            check(path, as_text(zlib.crc32(raw)), sums.get(".npz"))
+            with np.load(io.BytesIO(raw), allow_pickle=False) as data:
                 arrays = {}
                 for key in data.files:
                     try:
@@ -512,10 +586,16 @@ class Stage:
                         raise FeatpipeError(f"model {name!r} of stage {self.name}: array "
                                             f"{key!r} in {path} is {reason}") from None
             path = folder / f"{name}.json"
-            meta = json.loads(path.read_text(encoding="utf-8"))
+            raw = path.read_bytes()
+            check(path, as_text(zlib.crc32(raw)), sums.get(".json"))
+            meta = json.loads(raw.decode("utf-8"))
         except FileNotFoundError:
             raise FeatpipeError(f"stage {self.name} has no model {name!r} (not fitted yet?)") \
                 from None
+        except ChecksumError as err:
+            raise FeatpipeError(f"model {name!r} of stage {self.name} is damaged: {err}; "
+                                "`featpipe cache verify --repair` removes it and a re-run of "
+                                "the fit recomputes it") from None
         except (OSError, ValueError, EOFError, zipfile.BadZipFile, MemoryError) as err:
             raise FeatpipeError(f"model {name!r} of stage {self.name}: {path} is unreadable "
                                 f"({first_line(err)})") from None
@@ -554,12 +634,16 @@ def _meta_problem(meta, folder: str) -> str | None:
 
 
 
-def _load_item_file(item_id: str, path: Path, mmap: bool = False) -> np.ndarray:
-    """One item (or sidecar) file; FileNotFoundError passes, any damage is an ItemError."""
+def _load_item_file(item_id: str, path: Path, mmap: bool = False,
+                    checksum: str | None = None) -> np.ndarray:
+    """One item (or sidecar) file, checked against ``checksum`` when given; FileNotFoundError
+    passes, a checksum mismatch is a :class:`DamagedItem`, any other damage an ItemError."""
     try:
-        return load_npy(path, mmap)
+        return load_npy(path, mmap, checksum)
     except FileNotFoundError:
         raise
+    except ChecksumError as err:
+        raise DamagedItem(item_id, err) from None
     except (ValueError, EOFError, OSError) as err:
         raise ItemError(item_id, f"unreadable array {path}: {first_line(err)}") from None
     except MemoryError:

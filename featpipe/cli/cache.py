@@ -219,13 +219,18 @@ def show(store_path, name, as_json):
 @cache.command("verify")
 @store_option
 @click.argument("names", nargs=-1)
-def verify(store_path, names):
-    """Load every computed item (all stages, or the NAMES given): readable, numeric, finite,
-    same feature shape as the stage's other items. Exits 1 naming each bad item; a stage that
-    cannot be read is a problem too, and the others are still verified."""
+@click.option("--repair", is_flag=True,
+              help="Remove the damaged items, models and packed items found, so that a re-run "
+                   "of each stage's command recomputes exactly those.")
+def verify(store_path, names, repair):
+    """Check every computed item (all stages, or the NAMES given), its models and packed
+    files against the checksums taken when they were written, then the values: readable,
+    numeric, finite, same feature shape as the stage's other items. Exits 1 naming each bad
+    item (with --repair, only when something could not be repaired); a stage that cannot be
+    read is a problem too, and the others are still verified."""
     from featpipe.stages import cache as upkeep
 
-    if upkeep.verify(open_store(store_path), names, ClickReporter()):
+    if upkeep.verify(open_store(store_path), names, ClickReporter(), repair=repair):
         raise click.exceptions.Exit(1)
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from featpipe.content import file_changed_since_key
 from featpipe.errors import FeatpipeError, ItemError, describe_error
 from featpipe.fileio import HOST, id_digest, safe_stem
 from featpipe.interrupts import critical
@@ -475,8 +476,10 @@ class Extraction:
         self.on_frames: Callable[[int], None] = lambda n: None
         self.on_warning: Callable[[str, str], None] = lambda item_id, text: None
         self.items: dict[str, _Item] = {}
+        self.paths: dict[str, str] = {}
 
     def run(self, items: Sequence[tuple[str, str]]) -> Iterator[tuple[str, str | None]]:
+        self.paths = dict(items)
         self.pool.submit(items, self.sampling, self.allow_partial)
         finished = False
         try:
@@ -492,6 +495,10 @@ class Extraction:
                 self._abandon()
 
     def _commit(self, item_id: str, pending: PendingItem, warning: str | None):
+        changed = file_changed_since_key(self.stage.path, item_id, self.paths[item_id])
+        if changed:  # decoded from other bytes than the key's: never stored under it
+            pending.discard()
+            return self._fail(item_id, changed)
         item = self.items.pop(item_id)
         try:
             with critical():  # an interrupt waits until the item is in place

@@ -22,6 +22,7 @@ Layers:
 from __future__ import annotations
 
 import hashlib
+import io
 from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
@@ -140,7 +141,9 @@ def weights_identity(weights: str | None) -> str:
 
 def load_vgg16(weights: str | None, device: str = "cpu"):
     """VGG-16 in eval mode on ``device`` with weights from a torchvision checkpoint file or
-    ``random:SEED``; a missing file or a key/shape mismatch is a one-line error."""
+    ``random:SEED``; a missing file or a key/shape mismatch is a one-line error.  The file is
+    read once: its bytes are hashed, then loaded, and ``model.weights_identity`` is the
+    :func:`weights_identity` of exactly those bytes (a stage checks it against its key)."""
     import torch
 
     model = build_vgg16()
@@ -149,7 +152,10 @@ def load_vgg16(weights: str | None, device: str = "cpu"):
         random_init_(model, int(identity.split(":")[1]))
     else:
         try:
-            state = torch.load(weights, map_location="cpu", weights_only=True)
+            data = Path(weights).read_bytes()
+            identity = f"sha256:{hashlib.sha256(data).hexdigest()}"
+            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            del data
         except Exception as err:
             raise FeatpipeError(f"--weights {weights}: cannot load it as a torch checkpoint "
                                 f"({type(err).__name__}: {str(err).splitlines()[0][:200]})") \
@@ -170,6 +176,7 @@ def load_vgg16(weights: str | None, device: str = "cpu"):
                 f"{missing[:3]}, unexpected {unexpected[:3]}, wrong shape {wrong[:3]}")
         model.load_state_dict(state)
     model.eval()
+    model.weights_identity = identity
     return model.to(device)
 
 

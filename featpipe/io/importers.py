@@ -41,9 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
-from featpipe.content import ContentHashes
+from featpipe.content import ContentHashes, changed_since_key, sha256_of, stat_record
 from featpipe.errors import FeatpipeError, ItemError
-from featpipe.fileio import check_h5_dataset, check_npy_header, first_line, load_npy
+from featpipe.fileio import check_h5_dataset, check_npy_header, first_line, npy_from_bytes
 from featpipe.io import matlab
 from featpipe.manifest import Manifest, ManifestItem, from_rows
 from featpipe.parallel import ItemOutput
@@ -148,12 +148,17 @@ class NpyDirSource:
                                      "--mat-variable NAME")
         return next(iter(found))
 
-    def read(self, item: ManifestItem) -> np.ndarray:
+    def read_hashed(self, item: ManifestItem) -> tuple[np.ndarray, str]:
+        """The item's array and the SHA-256 of the bytes it was read from: an ``.npy`` is read
+        once, hashed, then parsed; a ``.mat`` (opened several times by its readers) is
+        hashed after it is read, so a change meanwhile shows too."""
         path = self.locate(item)
         try:
             if path.suffix == ".mat":
-                return matlab.read_variable(path, self._mat_name(item, path))
-            return load_npy(path)
+                array = matlab.read_variable(path, self._mat_name(item, path))
+                return array, sha256_of(path)
+            data = path.read_bytes()
+            return npy_from_bytes(data), hashlib.sha256(data).hexdigest()
         except FeatpipeError as err:
             raise ItemError(item.id, err.cause) from None
         except (OSError, ValueError, EOFError) as err:
@@ -182,6 +187,7 @@ class NpzSource:
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        self.opened = stat_record(os.stat(self.path))
         try:
             self._zip = zipfile.ZipFile(self.path)
         except (OSError, zipfile.BadZipFile) as err:
@@ -221,6 +227,7 @@ class H5Source:
         import h5py
 
         self.path = Path(path)
+        self.opened = stat_record(os.stat(self.path))
         try:
             self._file = h5py.File(self.path, "r")
         except OSError as err:
@@ -297,6 +304,7 @@ class MatSource:
 
     def __init__(self, path: Path, manifest: Manifest | None):
         self.path = Path(path)
+        self.opened = stat_record(os.stat(self.path))
         self._variables = matlab.numeric_variables(self.path)
         names = Counter(matlab.matlab_name(i) for i in (manifest.ids if manifest else ()))
         self._unique = {n for n, count in names.items() if count == 1}
@@ -332,11 +340,15 @@ class TsSource:
         from aeon.datasets import load_from_ts_file
 
         self.path = Path(path)
+        self.opened = stat_record(os.stat(self.path))
         try:
             X, y = load_from_ts_file(str(self.path))
         except (OSError, ValueError) as err:
             raise FeatpipeError(f"--from {self.path}: cannot parse .ts file ({first_line(err)})") \
                 from None
+        if stat_record(os.stat(self.path)) != self.opened:
+            raise FeatpipeError(f"--from {self.path}: the file changed while it was read; run "
+                                "again once it is complete")
         self.arrays = [np.asarray(case).T for case in X]
         if not self.arrays:
             raise FeatpipeError(f"--from {self.path}: the .ts file holds no cases")
@@ -399,16 +411,36 @@ def ts_manifest(sources: Sequence[TsSource]) -> Manifest:
     return from_rows(rows, sources[0].path.resolve().parent, n_splits=1)
 
 
-def source_fingerprint(source, manifest: Manifest, hashes: ContentHashes) -> dict:
+def source_fingerprint(source, manifest: Manifest, hashes: ContentHashes,
+                       read: dict | None = None) -> dict:
     """What identifies a source in a stage key: its format and the content of what it reads
     (:mod:`featpipe.content`): for a folder, the file each item reads (by item id; a missing
     one as missing), else the file itself.  Never the path: a moved or touched source keeps
-    its stages, a rewritten one gives new ones."""
+    its stages, a rewritten one gives new ones.  ``read`` (when given) receives, by item id,
+    the SHA-256 of the folder file each item will read (None: no file), for
+    :func:`featpipe.content.save_read_hashes`."""
     if isinstance(source, NpyDirSource):
         files = [(item.id, source.locate(item)) for item in manifest]
-    else:
-        files = [("file", source.path)]
-    return {"format": source.fmt, "content": hashes.digest(files)}
+        fingerprint = {"format": source.fmt, "content": hashes.digest(files)}
+        if read is not None:
+            for item_id, path in files:
+                seen = None if path is None else hashes.seen[os.path.abspath(path)][4]
+                if read.get(item_id) is None:
+                    read[item_id] = seen
+        return fingerprint
+    return {"format": source.fmt, "content": hashes.digest([("file", source.path)])}
+
+
+def source_changed(source, keyed: list | None) -> str | None:
+    """Why a single-file ``source`` may not hold the bytes the stage key was computed from
+    (``keyed``: the stat record they were hashed under, :func:`featpipe.content.stat_record`):
+    it was opened, or is now, under another record (written to, or replaced); None if not."""
+    if keyed is None:
+        return None
+    if source.opened == keyed[:4] == stat_record(os.stat(source.path)):
+        return None
+    return (f"{source.path} changed after the stage key was computed from it: nothing was "
+            "written; run the command again once the file is complete")
 
 
 def check_h5_items(sources: Sequence, manifest: Manifest) -> None:
@@ -591,7 +623,11 @@ class ImportCompute:
 
     def __init__(self, specs: Sequence[tuple[str, str]], manifest_file: str | None,
                  stage_path: str, expected: Signature | None, stamp: tuple = (),
-                 transpose: bool = False, mat_variable: str | None = None):
+                 transpose: bool = False, mat_variable: str | None = None,
+                 keyed: dict[str, list] | None = None):
+        """``keyed``: the stat record each single-file source was hashed under for the key
+        (its folder sources' hashes are in the stage: :func:`featpipe.content.read_hashes`)."""
+        self.keyed = dict(keyed or {})
         self.specs = tuple((fmt, str(path)) for fmt, path in specs)
         self.manifest_file = manifest_file
         self.stage_path = str(stage_path)
@@ -623,7 +659,15 @@ class ImportCompute:
         if len(holders) > 1:
             raise ItemError(item.id, "found in more than one source: " + ", ".join(
                 str(s.path) for s in holders))
-        array = holders[0].read(item)
+        source = holders[0]
+        if isinstance(source, NpyDirSource):
+            array, digest = source.read_hashed(item)
+            changed = changed_since_key(self.stage_path, item.id, digest)
+        else:
+            array = source.read(item)
+            changed = source_changed(source, self.keyed.get(str(source.path)))
+        if changed:
+            raise ItemError(item.id, changed)
         if self.transpose:
             if array.ndim > 2:
                 raise ItemError(item.id, f"--transpose applies to 2-D arrays, got shape "

@@ -2,8 +2,10 @@
 
 - :func:`describe_stage` / :func:`list_stages`: what a stage is (names, kind, parameters,
   inputs, creation, size, item counts or its models), for ``cache ls`` and ``cache show``.
-- :func:`verify`: load every done item, its sidecars and the models of each stage: readable,
-  numeric, finite, and the same feature shape as the stage's other items.
+- :func:`verify`: check every done item, its sidecars, the models and packed files of each
+  stage against the checksums taken when they were written, then their values: readable,
+  numeric, finite, and the same feature shape as the stage's other items; with ``repair``
+  remove what is damaged so that a re-run recomputes exactly that (:func:`repair_stage`).
 - :func:`gc`: remove unnamed stages that no named stage needs, and stale temporary files.
 
 A broken stage (corrupt ``stage.json``, packed file, ledger line, name file) is reported as a
@@ -20,17 +22,19 @@ import time
 import zipfile
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from featpipe.checksums import ChecksumError, DamagedItem, check, file_checksum
 from featpipe.errors import FeatpipeError, ParameterError
-from featpipe.fileio import check_npy_header, process_gone, writing
+from featpipe.fileio import check_npy_header, first_line, process_gone, safe_stem, writing
 from featpipe.io.importers import describe, signature
+from featpipe.pack import repair_pack
 from featpipe.progress import stage_progress
 from featpipe.stages.base import Reporter, running_names
-from featpipe.store import Stage, Store
+from featpipe.store import MODEL_SUMS, Stage, Store
 
 _TMP = re.compile(r"\.tmp\.([^./]+)\.(\d+)$")
 
@@ -44,11 +48,36 @@ def store_problems(store: Store) -> tuple[list[Stage], list[str], list[str]]:
     return stages, [f"stage {folder}: {reason}" for folder, reason in broken], name_problems
 
 
-def verify_stage(stage: Stage) -> tuple[int, list[str]]:
-    """Load every done item, its sidecars and the models; returns (items checked, problems)."""
-    problems: list[str] = list(stage.ledger_problems())
+@dataclass
+class StageCheck:
+    """What :func:`verify_stage` found in one stage: the items checked, one text per problem,
+    and what ``--repair`` removes: items, models and packed files that are damaged (their
+    bytes differ from their checksums) or unreadable; ``unchecked`` counts the items written
+    before featpipe kept checksums (read and checked for their values only)."""
+
+    checked: int = 0
+    problems: list[str] = field(default_factory=list)
+    items: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+    shards: list[str] = field(default_factory=list)
+    unchecked: int = 0
+
+
+def verify_stage(stage: Stage) -> StageCheck:
+    """Check every done item (its files against their checksums, then its values), the
+    models and the packed files of ``stage``; see :class:`StageCheck`."""
+    found = StageCheck(problems=list(stage.ledger_problems()))
+    problems = found.problems
     shapes: dict[str, tuple[int, ...]] = {}
     packed = stage.packed()
+    if packed is not None:
+        for path in packed.files:
+            expected = (packed.sums or {}).get(path.name)
+            try:
+                check(path, file_checksum(path), expected)
+            except (ChecksumError, OSError) as err:
+                problems.append(f"packed file {path.name}: damaged ({first_line(err)})")
+                found.shards.append(path.name)
     for item_id, entry in sorted(stage.item_states().items()):
         if entry.status != "done":
             continue
@@ -60,8 +89,16 @@ def verify_stage(stage: Stage) -> tuple[int, list[str]]:
             array = stage.read_item(item_id)
             extras = list(stage.extras_of(item_id).items())
         except FeatpipeError as err:
-            problems.append(f"item {item_id!r}: unreadable ({err.cause})")
+            what = "damaged" if isinstance(err, DamagedItem) else "unreadable"
+            problems.append(f"item {item_id!r}: {what} ({err.cause})")
+            found.items.append(item_id)
             continue
+        if path.exists():
+            found.unchecked += entry.sums is None
+            gone = sorted(set(entry.sums or ()) - {".npy"} - {f"+{k}.npy" for k, _ in extras})
+            if gone:
+                problems.append(f"item {item_id!r}: sidecar file(s) {', '.join(gone)} missing")
+                found.items.append(item_id)
         for source, values in [("array", array), *extras]:
             if values.dtype.kind not in "biuf":
                 problems.append(f"item {item_id!r}: {source} has non-numeric dtype "
@@ -69,6 +106,7 @@ def verify_stage(stage: Stage) -> tuple[int, list[str]]:
             elif values.dtype.kind == "f" and not np.all(np.isfinite(values)):
                 problems.append(f"item {item_id!r}: {source} contains NaN or Inf")
         shapes[item_id] = array.shape
+    found.checked = len(shapes)
     if shapes:
         counts = Counter(signature(s) for s in shapes.values())
         reference = counts.most_common(1)[0][0]
@@ -81,11 +119,41 @@ def verify_stage(stage: Stage) -> tuple[int, list[str]]:
             stage.load_model(npz.stem)
         except (FeatpipeError, OSError, ValueError, EOFError) as err:
             problems.append(f"model {npz.stem!r}: unreadable ({err})")
-    return len(shapes), problems
+            found.models.append(npz.stem)
+    return found
 
 
-def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = None) -> int:
-    """Verify the stages called ``names`` (all stages when empty); returns the problem count.
+def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
+    """Remove what :func:`verify_stage` found damaged, so that a re-run of the stage's command
+    recomputes exactly that (resume computes what is missing): a loose item's files (the main
+    array first: without it the item is not done), a model's files, and from a packed file
+    the damaged items (the file is rewritten with the others; an unreadable one is dropped
+    whole).  Returns one line per thing removed."""
+    done = []
+    packed_ids = [i for i in found.items if not stage.item_path(i).exists()]
+    for item_id in found.items:
+        main = stage.item_path(item_id)
+        if main.exists():
+            for path in [main, *main.parent.glob(f"{safe_stem(item_id)}+*.npy")]:
+                with writing(path, "remove"):
+                    path.unlink(missing_ok=True)
+            done.append(f"removed damaged item {item_id!r}")
+    for model in found.models:
+        for suffix in (".npz", ".json", MODEL_SUMS):
+            path = stage.path / "models" / f"{model}{suffix}"
+            with writing(path, "remove"):
+                path.unlink(missing_ok=True)
+        done.append(f"removed damaged model {model!r}")
+    if stage.packed() is not None and (packed_ids or found.shards):
+        dropped = repair_pack(stage, set(packed_ids), set(found.shards))
+        done.extend(f"dropped damaged item {i!r} from the packed files" for i in dropped)
+    return done
+
+
+def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = None,
+           repair: bool = False) -> int:
+    """Verify the stages called ``names`` (all stages when empty); returns the problem count
+    (with ``repair``, of the problems :func:`repair_stage` could not remove).
 
     A stage that cannot be opened or read counts as a problem; the others are still verified.
     """
@@ -97,23 +165,35 @@ def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = 
         store_level = broken + name_problems
     for problem in store_level:
         reporter.info(f"problem: {problem}")
-    total, bad = 0, len(store_level)
+    total, bad, repaired, unchecked = 0, len(store_level), 0, 0
     for stage in stages:
         try:
-            checked, problems = verify_stage(stage)
+            found = verify_stage(stage)
             missing = len(set(stage.items.ids) - stage.done_ids())
             note = f" ({missing} of {len(stage.items)} not computed)" if missing else ""
         except FeatpipeError as err:
-            checked, problems, note = 0, [f"unreadable ({err})"], ""
-        total += checked
-        bad += len(problems)
-        for problem in problems:
+            found, note = StageCheck(problems=[f"unreadable ({err})"]), ""
+        total += found.checked
+        unchecked += found.unchecked
+        bad += len(found.problems)
+        for problem in found.problems:
             reporter.info(f"problem: stage {stage.name}: {problem}")
-        reporter.info(f"{'ok' if not problems else 'BAD'}: stage {stage.name}: {checked} items "
-                      f"checked{note}")
+        reporter.info(f"{'ok' if not found.problems else 'BAD'}: stage {stage.name}: "
+                      f"{found.checked} items checked{note}")
+        if repair and (found.items or found.models or found.shards):
+            lines = repair_stage(stage, found)
+            for line in lines:
+                reporter.info(f"repaired: stage {stage.name}: {line}")
+            repaired += len(found.items) + len(found.models) + len(found.shards)
+            reporter.info(f"repaired: stage {stage.name}: re-run the command that computed it "
+                          "to recompute exactly what was removed")
     n_stages = len(stages) + len(broken)
-    reporter.info(f"verified {total} items in {n_stages} stages: {bad} problem(s)")
-    return bad
+    reporter.info(f"verified {total} items in {n_stages} stages: {bad} problem(s)"
+                  + (f", {repaired} repaired" if repair else ""))
+    if unchecked:
+        reporter.info(f"note: {unchecked} item(s) were written before featpipe kept checksums: "
+                      "checked for their values only (re-run with --force to add checksums)")
+    return max(bad - repaired, 0) if repair else bad
 
 
 # -- inspection -------------------------------------------------------------------------------

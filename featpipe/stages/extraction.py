@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from featpipe.content import CACHE_NAME, ContentHashes
+from featpipe.content import CACHE_NAME, ContentHashes, save_read_hashes
 from featpipe.errors import FeatpipeError, ItemError, ParameterError
 from featpipe.extract.estimate import (
     Layout,
@@ -81,15 +81,19 @@ from featpipe.store import Stage, Store
 ESTIMATE_SAMPLE = 64
 
 
-def manifest_digest(manifest: Manifest, hashes: ContentHashes) -> str:
+def manifest_digest(manifest: Manifest, hashes: ContentHashes,
+                    read: dict[str, str | None] | None = None) -> str:
     """sha256 of the manifest rows, in order: id, the content of its file (size and SHA-256,
     :mod:`featpipe.content`; a missing file as missing), labels, splits.  A rewritten video
-    gives a new stage; a moved or touched one keeps it."""
+    gives a new stage; a moved or touched one keeps it.  ``read`` (when given) receives each
+    item's SHA-256 (None: no file), for :func:`featpipe.content.save_read_hashes`."""
     rows = []
     for it in manifest:
         path = manifest.resolve_path(it)
         content = list(hashes.file_hash(path)) if path.is_file() else None
         rows.append([it.id, content, list(it.labels), list(it.splits)])
+        if read is not None:
+            read[it.id] = None if content is None else content[1]
     return hashlib.sha256(json.dumps(rows, ensure_ascii=True).encode()).hexdigest()[:16]
 
 
@@ -101,6 +105,7 @@ class _Plan:
     inputs: list
     outputs: FrameSinks
     layout: Layout
+    read: dict  # item id -> SHA-256 of its file as keyed (featpipe.content.save_read_hashes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +143,8 @@ def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling,
     then the items' layout."""
     if not manifest.ids:
         raise FeatpipeError("the manifest has no items")
-    params = _feature_key(manifest, chosen, sampling, settings, hashes)
+    read: dict[str, str | None] = {}
+    params = _feature_key(manifest, chosen, sampling, settings, hashes, read)
     estimator = chosen.estimator()
     dim, pca_stage = _projection(store, settings.pca, chosen.method.name,
                                  int(estimator.n_features))
@@ -147,18 +153,18 @@ def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling,
                        pca_path=None if pca_stage is None else str(pca_stage.path))
     layout, sinks, made, models = _items(store, chosen, settings, estimator, dim, sinks)
     params.update(made)
-    return _Plan(params, inputs + list(models.values()), sinks, layout)
+    return _Plan(params, inputs + list(models.values()), sinks, layout, read)
 
 
 def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: ExtractSettings,
-                 hashes: ContentHashes) -> dict:
+                 hashes: ContentHashes, read: dict | None = None) -> dict:
     """The stage key's record of the inputs and the features: the manifest (its files by
     content), the sampling and the decoder (none when every item is an image, read whole
     whatever they say), and the method's parameters (a network's weights by their
     identity)."""
     videos = any(not is_image(manifest.resolve_path(it)) for it in manifest)
     params: dict = {"features": chosen.method.name,
-                    "manifest": manifest_digest(manifest, hashes),
+                    "manifest": manifest_digest(manifest, hashes, read),
                     "sampling": sampling.params() if videos else None,
                     "decoder": settings.decoder if videos else None}
     if chosen.method.runs == "worker":
@@ -320,6 +326,7 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
             total = _check_disk(store, estimates, len(todo), settings.disk_check)
             stage = store.stage("extract", plan_.params, inputs=plan_.inputs, items=manifest,
                                 dtype=settings.dtype)
+            save_read_hashes(stage.path, plan_.read)
             outputs = dataclasses.replace(plan_.outputs, stage_path=str(stage.path))
             if options.executor == "dask":
                 pool.close()
@@ -405,6 +412,11 @@ def _extraction(stage, pool, sampling, chosen: Chosen, sinks, settings: ExtractS
     preprocess = estimator.preprocess()
     pool.program = CropProgram(preprocess)
     model = model or estimator.network(settings.device, settings.batch_size)
+    loaded = model.model_.weights_identity
+    if loaded != stage.params["weights"]:
+        raise FeatpipeError(f"--weights {estimator.weights} changed after the stage key was "
+                            f"computed ({loaded[:19]}... loaded, {stage.params['weights'][:19]}"
+                            "... keyed): nothing was computed; run the command again")
     return Extraction(stage, pool, sampling, sinks,
                       network=Network(model, preprocess, settings.batch_size),
                       allow_partial=settings.allow_partial, record_failures=record_failures)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from featpipe.content import CACHE_NAME, ContentHashes
+from featpipe.content import CACHE_NAME, ContentHashes, save_read_hashes
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import check_output_path
 from featpipe.io.importers import (
     ImportCompute,
+    NpyDirSource,
     check_h5_items,
     describe,
     detect_format,
@@ -79,13 +81,19 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     check_h5_items(opened, manifest)
     dry_run = bool(options and options.dry_run)
     hashes = ContentHashes(store.root / CACHE_NAME)
-    params = {"sources": [source_fingerprint(source, manifest, hashes) for source in opened],
+    read: dict[str, str | None] = {}
+    params = {"sources": [source_fingerprint(source, manifest, hashes, read)
+                          for source in opened],
               "items": items_digest(manifest)}
+    keyed = {str(s.path): hashes.seen[os.path.abspath(s.path)] for s in opened
+             if not isinstance(s, NpyDirSource)}
     if not dry_run:
         hashes.save()
     params.update({"transpose": True} if transpose else {})
     params.update({"mat_variable": mat_variable} if mat_variable else {})
     stage = store.stage("import", params, items=manifest, dtype=dtype, create=not dry_run)
+    if not dry_run and read:
+        save_read_hashes(stage.path, read)
     expected = reference_signature(opened, manifest, transpose)
     from_mat = mat_shapes(opened, manifest)
     if from_mat:
@@ -102,6 +110,6 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     log.info("%d items; reference feature shape: %s", len(manifest),
              describe(expected) if expected else "none found")
     compute = ImportCompute(specs, manifest_file, str(stage.path), expected, stamp, transpose,
-                            mat_variable)
+                            mat_variable, keyed)
     return run_stage(stage, manifest.ids, compute, store=store, name=name, options=options,
                      reporter=reporter, batch_size=16)

@@ -180,6 +180,9 @@ def test_16_12_an_object_array_in_a_stored_model_is_one_line(tmp_path, cli):
     stage.save_model("scaler", {"mean": np.zeros(3)}, {"n": 3})
     with zipfile.ZipFile(stage.path / "models" / "scaler.npz", "w") as archive:
         archive.writestr("mean.npy", object_npy_bytes())
+    with pytest.raises(FeatpipeError, match=r"model 'scaler' .* is damaged: .* checksum"):
+        stage.load_model("scaler")  # the checksum taken at save time finds it first
+    (stage.path / "models" / "scaler.sums").unlink()  # a model saved before checksums
     with pytest.raises(FeatpipeError, match=r"array 'mean' .* is an object array \(featpipe "
                                             r"never unpickles\)"):
         stage.load_model("scaler")

@@ -80,14 +80,24 @@ def test_verify_ok_then_each_kind_of_damage_is_named(filled, cli):
     assert len(problems) == 4
     assert any(p.startswith(f"problem: stage {base.name}: item 'v/0': unreadable (")
                for p in problems)
-    assert any(p.startswith(f"problem: stage {base.name}: item 'v/1': ") and
-               p.endswith("contains NaN or Inf") for p in problems)
-    assert (f"problem: stage {child.name}: item 'v/2': shape (4,) but 2 other items are "
-            "vectors of shape (3,)") in problems
+    for stage, item_id in ((base, "v/1"), (child, "v/2")):  # written behind featpipe's back
+        assert any(p.startswith(f"problem: stage {stage.name}: item {item_id!r}: damaged (")
+                   and "checksum crc32:" in p for p in problems), problems
     assert any(p.startswith(f"problem: stage {orphan.name}: item 'v/0': the ledger says done "
                             "but") for p in problems)
     only_child = cli("cache", "verify", "--store", store.root, "enc")
     assert only_child.exit_code == 1 and "in 1 stages: 1 problem(s)" in only_child.output
+    for ledger in store.root.glob("stages/*/ledger/*.jsonl"):  # a store from before checksums
+        lines = [json.loads(line) for line in ledger.read_text().splitlines()]
+        ledger.write_text("".join(json.dumps({k: v for k, v in line.items() if k != "sums"})
+                                  + "\n" for line in lines))
+    old = cli("cache", "verify", "--store", store.root)
+    problems = [line for line in old.output.splitlines() if line.startswith("problem:")]
+    assert any(p.startswith(f"problem: stage {base.name}: item 'v/1': ") and
+               p.endswith("contains NaN or Inf") for p in problems)
+    assert (f"problem: stage {child.name}: item 'v/2': shape (4,) but 2 other items are "
+            "vectors of shape (3,)") in problems
+    assert "note: 5 item(s) were written before featpipe kept checksums" in old.output
 
 
 def test_gc_keeps_named_and_needed_stages_and_removes_stale_tmp(filled, cli):
