@@ -88,7 +88,7 @@ def os_reason(err: OSError, path: str | os.PathLike | None = None) -> str:
     ``path`` then has no free block left, that is a full disk, and it is said so.
     """
     code = err.errno
-    if code is None and path is not None and _free_bytes(Path(path)) == 0:
+    if code is None and path is not None and free_bytes(Path(path)) == 0:
         code = errno.ENOSPC
     text = os.strerror(code) if code is not None and not err.strerror else err.strerror
     text = text or first_line(err)
@@ -102,7 +102,7 @@ def first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _free_bytes(path: Path) -> int | None:
+def free_bytes(path: Path) -> int | None:
     """Bytes an unprivileged writer may still use on the file system of ``path``."""
     while not path.exists() and path != path.parent:
         path = path.parent

@@ -415,43 +415,57 @@ class Stage:
         return found
 
     # -- processes computing it --------------------------------------------------------------
+    #: marker path -> the open file whose ``fcntl.flock`` says this process computes the stage
+    _held: dict[str, object] = {}
+
     def mark_running(self) -> None:
-        """Record this process as computing the stage (``running/<host>-<pid>``), until
-        :meth:`unmark_running`; ``cache gc`` keeps a stage while such a process lives.  The
-        markers of this host's processes that are gone (killed) are removed."""
+        """Record this process as computing the stage (``running/<host>-<pid>``, held with
+        ``fcntl.flock``, which the kernel drops when the process dies), until
+        :meth:`unmark_running`; ``cache gc`` keeps a stage (and its inputs) while such a
+        process lives.  The markers this host's dead processes left are removed."""
         self._check_on_disk()
         folder = self.path / RUNNING_DIR
         make_dirs(folder)
         for stale in folder.iterdir():
-            host, _, pid = stale.name.rpartition("-")
-            if pid.isdigit() and process_gone(host, int(pid)):
+            if _marker_alive(stale) is False:
                 with contextlib.suppress(OSError):
                     stale.unlink()
         marker = folder / f"{HOST}-{os.getpid()}"
         with writing(marker):
-            marker.touch()
+            handle = open(marker, "a+b")  # noqa: SIM115 - held until unmark_running
+        with contextlib.suppress(OSError):
+            import fcntl
+
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        previous = Stage._held.pop(str(marker), None)
+        if previous is not None:
+            previous.close()
+        Stage._held[str(marker)] = handle
 
     def unmark_running(self) -> None:
+        marker = self.path / RUNNING_DIR / f"{HOST}-{os.getpid()}"
         with contextlib.suppress(OSError):
-            (self.path / RUNNING_DIR / f"{HOST}-{os.getpid()}").unlink()
+            marker.unlink()
+        handle = Stage._held.pop(str(marker), None)
+        if handle is not None:
+            handle.close()
 
     def running_processes(self, max_age_s: float = 86400.0) -> list[str]:
         """``host-pid`` of the processes computing this stage now: a marker of this host whose
-        process lives, or one of another host touched in the last ``max_age_s`` seconds (its
-        process cannot be checked from here); a marker left by a killed process is stale."""
+        lock is held (its process lives), or one of another host touched in the last
+        ``max_age_s`` seconds (its process cannot be checked from here); a marker left by a
+        killed process is stale."""
         folder = self.path / RUNNING_DIR
         if not folder.is_dir():
             return []
         live = []
         for marker in sorted(folder.iterdir()):
-            host, _, pid = marker.name.rpartition("-")
             try:
                 age = time.time() - marker.stat().st_mtime
             except OSError:
                 continue
-            if not pid.isdigit() or process_gone(host, int(pid)):
-                continue
-            if host == HOST or age < max_age_s:
+            alive = _marker_alive(marker)
+            if alive or (alive is None and age < max_age_s):
                 live.append(marker.name)
         return live
 
@@ -459,8 +473,10 @@ class Stage:
     def exclusive(self, label: str, waiting: Callable[[], None]) -> Iterator[None]:
         """Hold this stage's lock ``locks/<label>`` (``fcntl.flock``) while the block runs:
         a second identical run (same stage, same shard) waits for the first, calling
-        ``waiting()`` first, then finds its items done.  Where the file system has no locks
-        (some network file systems) the block runs unlocked."""
+        ``waiting()`` first (which may raise instead, to refuse), then finds its items done.
+        The kernel drops the lock when its process dies, so a killed run leaves no stale lock.
+        Where the file system has no locks (some network file systems) the block runs
+        unlocked."""
         import fcntl
 
         self._check_on_disk()
@@ -552,6 +568,30 @@ def _meta_problem(meta, folder: str) -> str | None:
         return f"'dtype' must be a floating dtype, got {meta.get('dtype')!r}"
     return None
 
+
+def _marker_alive(marker: Path) -> bool | None:
+    """Whether the process of a ``running/<host>-<pid>`` marker lives: on this host, whether
+    its ``flock`` is held (the kernel drops it at the process's death, whatever reuses the
+    pid); ``None`` for another host's marker (not known from here)."""
+    import fcntl
+
+    host, _, pid = marker.name.rpartition("-")
+    if not pid.isdigit():
+        return False
+    if host != HOST:
+        return None
+    if int(pid) == os.getpid():
+        return str(marker) in Stage._held
+    try:
+        with open(marker, "rb") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError:  # no locks on this file system: ask whether the pid lives
+        return not process_gone(host, int(pid))
+    return False
 
 
 def _load_item_file(item_id: str, path: Path, mmap: bool = False) -> np.ndarray:

@@ -1,0 +1,132 @@
+"""Faults that stopped or broke work (issue 31 sections 2 and 3): locks that die with their
+process, a full disk as the store's one error, leftovers of killed commands, one view of an
+unfinished named run.  Kills are real SIGKILLs of real processes; full disks are real small
+tmpfs file systems (skipped, with the reason, where mounting is not allowed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from featpipe.errors import WriteError
+from featpipe.manifest import from_rows
+from featpipe.stages.cache import gc
+from featpipe.store import Store
+from tests.conftest import REPO, one_line_error
+from tests.stages.test_store_faults import mounted, tmp_files
+
+
+def cli_env() -> dict:
+    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def start_cli(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "featpipe", *map(str, args)],
+                            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def filled_stage(store: Store, n: int, shape=(4, 3), name: str | None = "feats",
+                 kind: str = "import"):
+    items = from_rows([(f"v{i:04d}", "", ["c"], ["train"]) for i in range(n)], store.root)
+    stage = store.stage(kind, {"n": n, "shape": list(shape)}, items=items)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        stage.write_item(f"v{i:04d}", rng.standard_normal(shape).astype(np.float32),
+                         {"timestamps": np.arange(shape[0], dtype=np.float64)})
+    if name:
+        store.set_name(name, stage)
+    return stage
+
+
+def wait_for(condition, what: str, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.005)
+    raise AssertionError(f"{what}: not seen within {timeout:g} s")
+
+
+# -- 2b: a killed pack leaves no lock -------------------------------------------------------
+def test_a_pack_killed_by_sigkill_blocks_no_later_pack_and_gc_leaves_nothing(tmp_path, cli):
+    """Before: ``packed/pack.lock`` kept the dead pid and every later pack was refused."""
+    store = Store(tmp_path / "s")
+    stage = filled_stage(store, 600, shape=(64, 64))
+    proc = start_cli("cache", "pack", "--store", store.root, "feats")
+    wait_for(lambda: list((stage.path / "packed").glob("*.tmp.*"))
+             if (stage.path / "packed").is_dir() else None, "the pack's temporary file")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert stage.is_complete() and len(list((stage.path / "items").rglob("*.npy"))) == 1200
+    again = cli("cache", "pack", "--store", store.root, "feats")
+    assert again.exit_code == 0, again.output
+    assert "packed 600 items" in again.output
+    result = gc(store, min_age=0)
+    assert result.removed == [] and not tmp_files(store.root)
+    assert not list(store.root.rglob("*.lock"))
+    assert all(np.array_equal(stage.read_item(i), Store(store.root).resolve("feats")
+                              .read_item(i)) for i in stage.items.ids[:5])
+
+
+def test_a_second_pack_is_refused_while_a_live_process_packs(tmp_path):
+    from featpipe.errors import FeatpipeError
+    from featpipe.pack import pack_stage
+
+    stage = filled_stage(Store(tmp_path / "s"), 3)
+    with stage.exclusive("pack", lambda: None), \
+            pytest.raises(FeatpipeError, match="is being packed by another process"):
+        pack_stage(stage)
+    assert stage.packed() is None
+
+
+# -- 2c: a full disk during pack -------------------------------------------------------------
+def loose_files(stage) -> dict:
+    return {p: p.read_bytes() for p in sorted((stage.path / "items").rglob("*.npy"))}
+
+
+def test_pack_on_a_full_disk_is_one_error_line_and_leaves_nothing(tmp_path):
+    """Before: exit 139 (a segmentation fault in HDF5), h5py tracebacks, a stale lock and a
+    ``.tmp`` file.  The loose files stay as they were."""
+    with mounted("-t", "tmpfs", "-o", "size=1200k", "tmpfs", tmp_path / "disk") as disk:
+        stage = filled_stage(Store(disk / "s"), 12, shape=(2000, 8))  # ~64 KiB per item
+        before = loose_files(stage)
+        proc = subprocess.run([sys.executable, "-m", "featpipe", "cache", "pack", "--store",
+                               disk / "s", "feats"], env=cli_env(), capture_output=True,
+                              text=True, timeout=300)
+        line = one_line_error(proc)
+        assert "the packed files need about" in line and "free" in line, line
+        assert len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert loose_files(stage) == before and stage.packed() is None
+        assert not tmp_files(disk) and not list(disk.rglob("*.h5")) and \
+            not list(disk.rglob("*.lock"))
+
+
+def test_a_disk_that_fills_while_packing_is_one_write_error(tmp_path, monkeypatch):
+    """The room check passes (another writer fills the disk meanwhile): HDF5 writes through
+    Python, so the full disk is an OSError, not a crash; nothing is left behind."""
+    import featpipe.pack as pack
+
+    with mounted("-t", "tmpfs", "-o", "size=1200k", "tmpfs", tmp_path / "disk") as disk:
+        stage = filled_stage(Store(disk / "s"), 12, shape=(2000, 8))
+        before = loose_files(stage)
+        monkeypatch.setattr(pack, "free_bytes", lambda path: 2**40)
+        with pytest.raises(WriteError, match=r"No space left on device \(disk full\)"):
+            pack.pack_stage(stage)
+        assert loose_files(stage) == before and stage.packed() is None
+        assert not tmp_files(disk) and not list(disk.rglob("*.h5"))
+        proc = subprocess.run([sys.executable, "-c", "import sys; from featpipe.store import "
+                               "Store; from featpipe.pack import pack_stage; import featpipe."
+                               "pack as p; p.free_bytes = lambda path: 2**40; pack_stage("
+                               "Store(sys.argv[1]).resolve('feats'))", disk / "s"],
+                              env=cli_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1 and "WriteError" in proc.stderr  # a Python error, no crash
+        assert "h5py" not in proc.stderr and not tmp_files(disk)
