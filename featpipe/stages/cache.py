@@ -235,13 +235,15 @@ def show(store: Store, name: str) -> dict:
     return info
 
 
-def _needed(store: Store) -> tuple[set[str], list[str]]:
-    """Stage folders reachable from a name through the inputs chain, and the named or needed
-    stages whose inputs cannot be read (gc then removes no stage: it cannot tell which of
-    the others they need)."""
+def _needed(store: Store, stages: Sequence[Stage]) -> tuple[set[str], list[str]]:
+    """Stage folders reachable through the inputs chain from a name, from the marker of an
+    unfinished named run, or from a stage a live process computes (named or not: its
+    inputs are read while it runs), and the named or needed stages whose inputs cannot be
+    read (gc then removes no stage: it cannot tell which of the others they need)."""
     keep: set[str] = set()
     unreadable: list[str] = []
-    todo = [*store.names().values(), *running_names(store).values()]
+    todo = [*store.names().values(), *running_names(store).values(),
+            *(stage.name for stage in stages if stage.running_processes())]
     while todo:
         folder = todo.pop()
         if folder in keep or not (store.stages_dir / folder / "stage.json").exists():
@@ -299,18 +301,19 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
        reporter: Reporter | None = None) -> GcResult:
     """Remove unnamed stages that no named stage needs and stale temporary files.
 
-    A stage is needed when a name or the marker of an unfinished named run
-    (``names/.running/NAME``, also after its process was killed) points to it or to a stage
-    computed from it; a stage a live process is computing (its ``running/`` marker) is kept,
-    and so is one written to in the last ``min_age`` minutes (it may be in use).  A temporary file
-    (``*.tmp.<host>.<pid>``) is stale when its process is gone (same host) or it is older than
-    a day.  While a name or a needed stage cannot be read, no stage is removed.
+    A stage is needed when a name, the marker of an unfinished named run
+    (``names/.running/NAME``, also after its process was killed) or a live process computing
+    a stage (its ``running/`` marker, named run or not) points to it or to a stage computed
+    from it; a stage written to in the last ``min_age`` minutes is kept too (it may be in
+    use).  A temporary file (``*.tmp.<host>.<pid>``) is stale when its process is gone (same
+    host) or it is older than a day.  While a name or a needed stage cannot be read, no
+    stage is removed.
     """
     if not math.isfinite(min_age) or min_age < 0:
         raise ParameterError("min_age", f"must be a number of minutes >= 0, got {min_age}")
     reporter = reporter or Reporter()
     stages, broken, name_problems = store_problems(store)
-    keep, unreadable = _needed(store)
+    keep, unreadable = _needed(store, stages)
     for problem in broken + name_problems + unreadable:
         reporter.warn(f"problem: {problem}")
     blocked = name_problems + unreadable
@@ -322,10 +325,6 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
     now = time.time()
     for stage in stages:
         if stage.name in keep or blocked:
-            continue
-        running = stage.running_processes()
-        if running:
-            reporter.info(f"kept stage {stage.name}: being computed by {', '.join(running)}")
             continue
         if now - _last_activity(stage.path) < min_age * 60:
             reporter.info(f"kept stage {stage.name}: written to less than {min_age:g} min ago")

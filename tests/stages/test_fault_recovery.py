@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from featpipe.errors import WriteError
+from featpipe.fileio import HOST
 from featpipe.manifest import from_rows
 from featpipe.stages.cache import gc
 from featpipe.store import Store
@@ -130,3 +131,53 @@ def test_a_disk_that_fills_while_packing_is_one_write_error(tmp_path, monkeypatc
                               env=cli_env(), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 1 and "WriteError" in proc.stderr  # a Python error, no crash
         assert "h5py" not in proc.stderr and not tmp_files(disk)
+
+
+# -- 2a: a running stage keeps its inputs ----------------------------------------------------
+def test_gc_keeps_the_inputs_of_an_unnamed_running_encode_after_their_name_moved(tmp_path):
+    """Before: gc removed the input (its name had moved, the encode had no --name) and the
+    encode failed with ``no stage at ...``."""
+    from featpipe import stages
+    from tests._stores import write_npy_dataset
+
+    store = Store(tmp_path / "store")
+    manifest = str(write_npy_dataset(tmp_path))
+    frames = stages.import_features(store, [str(tmp_path / "npy")], manifest,
+                                    name="frames").stage
+    gate = tmp_path / "go"  # the encode computes no item before it exists
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "featpipe", "encode", "-s", str(store.root), "-i", "frames",
+         "-m", "slow-mean", "--seconds", "0"],
+        env=dict(cli_env(), FEATPIPE_ENCODERS="tests._slow_mean", SLOW_MEAN_GATE=str(gate)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        encode = wait_for(lambda: [s for s in store.all_stages() if s.kind == "encode"
+                                   and s.running_processes()], "the running encode")[0]
+        other = filled_stage(store, 2, name=None, kind="other")
+        store.set_name("frames", other)  # the name moves on; no name points at the input
+        result = gc(store, min_age=0)
+        assert result.removed == [] and frames.path.is_dir() and encode.path.is_dir()
+    finally:
+        gate.touch()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "summary: 12 done" in out
+    assert {p.name for p in gc(store, min_age=0).removed} == {frames.name, encode.name}
+
+
+def test_a_marker_whose_pid_lives_but_holds_no_lock_is_stale(tmp_path):
+    """The pid of a killed run may be reused by another process: the marker's flock, which
+    the kernel dropped at the death, tells them apart (before: kept as running)."""
+    stage = filled_stage(Store(tmp_path / "s"), 1, name=None)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (stage.path / "running").mkdir()
+        (stage.path / "running" / f"{HOST}-{other.pid}").touch()
+        assert stage.running_processes() == []
+        stage.mark_running()
+        assert stage.running_processes() == [f"{HOST}-{os.getpid()}"]
+        stage.unmark_running()
+        assert gc(Store(tmp_path / "s"), min_age=0).removed == [stage.path]
+    finally:
+        other.kill()
+        other.wait()
