@@ -42,6 +42,7 @@ from featpipe.fileio import (
     checked_result,
     make_dirs,
     tmp_path,
+    writing,
 )
 
 #: bytes reserved for the header of an incrementally written .npy (magic, version, length,
@@ -275,15 +276,18 @@ def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 
 class RowFile:
     """An ``.npy`` written a block of rows at a time: a placeholder header first, rows
-    appended, the header patched with the final count on :meth:`close` (then fsynced)."""
+    appended, the header patched with the final count on :meth:`close` (then fsynced).
+    A failed write (disk full) is a :class:`~featpipe.errors.WriteError`: the store's
+    fault, not the item's."""
 
     def __init__(self, path: str | os.PathLike, dtype, row_shape: tuple[int, ...] | None = None):
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         self.row_shape = None if row_shape is None else tuple(row_shape)
         self.rows = 0
-        self.handle = open(self.path, "wb")  # noqa: SIM115 - closed by close()/abort()
-        self.handle.write(_npy_header(self.dtype, (0, *(self.row_shape or ()))))
+        with writing(self.path):
+            self.handle = open(self.path, "wb")  # noqa: SIM115 - closed by close()/abort()
+            self.handle.write(_npy_header(self.dtype, (0, *(self.row_shape or ()))))
 
     def append(self, rows: np.ndarray) -> None:
         rows = np.ascontiguousarray(rows, dtype=self.dtype)
@@ -292,18 +296,23 @@ class RowFile:
         elif rows.shape[1:] != self.row_shape:
             raise InputError(f"rows of shape {rows.shape[1:]} after rows of shape "
                              f"{self.row_shape}")
-        self.handle.write(rows.data)
+        with writing(self.path):
+            self.handle.write(rows.data)
         self.rows += rows.shape[0]
 
     def close(self) -> None:
-        self.handle.seek(0)
-        self.handle.write(_npy_header(self.dtype, (self.rows, *(self.row_shape or ()))))
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
-        self.handle.close()
+        with writing(self.path):
+            self.handle.seek(0)
+            self.handle.write(_npy_header(self.dtype, (self.rows, *(self.row_shape or ()))))
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
+            self.handle.close()
 
     def abort(self) -> None:
-        self.handle.close()
+        try:
+            self.handle.close()  # flushes what is buffered: fails on a full disk
+        except OSError:
+            pass
         self.path.unlink(missing_ok=True)
 
 

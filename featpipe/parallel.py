@@ -377,29 +377,33 @@ def run_items(
     chunks = batches(todo, batch_size)
     outcomes = executor.outcomes(stage, compute, chunks)
     try:
-        for chunk_outcomes in _until_write_error(outcomes, stage, summary):
-            for item_id, error in chunk_outcomes:
-                if error is None:
-                    summary.done += 1
-                else:
-                    summary.failed[item_id] = error
-            if progress is not None:
-                progress(len(chunk_outcomes))
-            if summary.failed and on_error == "fail":
-                item_id, error = next(iter(summary.failed.items()))
-                raise FeatpipeError(f"{error} (stage {stage.name}; {summary.line()}; "
-                                    "re-run to resume, or use --on-error skip)", item=item_id)
-    finally:
-        outcomes.close()
+        try:
+            for chunk_outcomes in outcomes:
+                for item_id, error in chunk_outcomes:
+                    if error is None:
+                        summary.done += 1
+                    else:
+                        summary.failed[item_id] = error
+                if progress is not None:
+                    progress(len(chunk_outcomes))
+                if summary.failed and on_error == "fail":
+                    item_id, error = next(iter(summary.failed.items()))
+                    raise FeatpipeError(f"{error} (stage {stage.name}; {summary.line()}; "
+                                        "re-run to resume, or use --on-error skip)",
+                                        item=item_id)
+        finally:
+            outcomes.close()  # the workers stop: what they wrote is counted below
+    except WriteError as err:
+        raise store_stopped(err, stage, todo, summary.skipped) from None
     return summary
 
 
-def _until_write_error(outcomes: Iterable[Outcomes], stage: Stage, summary: RunSummary
-                       ) -> Iterator[Outcomes]:
-    """The executor's outcomes; a :class:`WriteError` stops the run with what is kept."""
-    try:
-        yield from outcomes
-    except WriteError as err:
-        raise WriteError(f"{err} (stage {stage.name}: {summary.done} item(s) done by this run "
-                         "and every item recorded before are kept; re-run the same command "
-                         "once the store can be written)") from None
+def store_stopped(err: WriteError, stage: Stage, todo: Sequence[str], skipped: int
+                  ) -> WriteError:
+    """The one error of a run the store stopped (disk full, read-only): what is kept, counted
+    from the ledger and the files (workers may have written items not reported yet), of
+    the ``todo`` items this run had to compute and the ``skipped`` ones done before it."""
+    kept = len(stage.done_ids() & set(todo)) + skipped
+    return WriteError(f"{err} (stage {stage.name}: {kept} of {len(todo) + skipped} item(s) "
+                      "are done and kept, none is marked failed for this; re-run the same "
+                      "command once the store can be written)")

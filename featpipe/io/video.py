@@ -68,7 +68,13 @@ from typing import Protocol
 
 import numpy as np
 
-from featpipe.errors import InputError, ItemError, ParameterError, describe_error
+from featpipe.errors import (
+    InputError,
+    ItemError,
+    ParameterError,
+    WriteError,
+    describe_error,
+)
 from featpipe.io.images import is_image, read_image
 from featpipe.parameters import declared
 
@@ -515,6 +521,10 @@ def _decode_item(conn, request, decoder: str, program: WorkerProgram, log: _Stde
         conn.send(("end", item_id, job.finish(), problem and f"frames lost: {problem}"))
     except (BrokenPipeError, ConnectionError):
         raise
+    except WriteError as err:  # the store cannot be written: no item's fault, the run stops
+        if job is not None:
+            job.abort()
+        conn.send(("store-error", item_id, str(err)))
     except Exception as err:  # the parent turns it into an ItemError naming the file
         if job is not None:
             job.abort()
@@ -662,6 +672,7 @@ class DecodePool:
         ("restart", id)                        # forget the item's frames so far
         ("end", id, result, warning)           # the program's result; warning: frames lost
         ("error", id, ItemError, pid)          # the item failed in worker ``pid``
+        ("store-error", id, WriteError, pid)   # the store cannot be written (disk full)
 
     ``timeout`` is the time limit in seconds a worker may go without a message while it has
     an item: past it the worker is killed and its item fails (the next one gets a fresh
@@ -750,6 +761,10 @@ class DecodePool:
             if message[0] == "error":
                 item_id, path = worker.item
                 events.append(("error", item_id, ItemError(item_id, f"{path}: {message[2]}"),
+                               worker.pid))
+                worker.item = None
+            elif message[0] == "store-error":
+                events.append(("store-error", worker.item[0], WriteError(message[2]),
                                worker.pid))
                 worker.item = None
             else:

@@ -181,3 +181,55 @@ def test_a_marker_whose_pid_lives_but_holds_no_lock_is_stale(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+# -- 2d, 3.4: a full disk during extract and import is the store's one error -----------------
+def test_a_full_disk_during_extract_fails_no_item_and_the_rerun_resumes(tmp_path):
+    """Before: with --no-disk-check every item was recorded failed (``OSError: [Errno 28]``)
+    and with --on-error skip the name moved to a stage whose items all failed."""
+    from tests.cli.test_extract_cli import write_manifest
+    from tests.unit.test_video import write_video
+
+    for k in range(6):
+        write_video(tmp_path / f"v{k}.mp4", n_frames=20, size=(96, 80))
+    manifest = write_manifest(tmp_path, [(f"v{k}", f"v{k}.mp4", "a", "train")
+                                         for k in range(6)])
+    with mounted("-t", "tmpfs", "-o", "size=4m", "tmpfs", tmp_path / "disk") as disk:
+        command = [sys.executable, "-m", "featpipe", "extract", "-m", manifest, "-s",
+                   disk / "s", "-f", "dsift", "--sizes", "4,8", "--step", "4", "--every", "4",
+                   "-n", "r", "--no-disk-check", "--on-error", "skip"]  # ~1.8 MB an item
+        full = subprocess.run(list(map(str, command)), env=cli_env(), capture_output=True,
+                              text=True, timeout=600)
+        line = one_line_error(full)
+        store = Store(disk / "s")
+        stage, = store.all_stages()
+        kept = stage.done_ids()
+        assert 0 < len(kept) < 6
+        assert "No space left on device (disk full)" in line, line
+        assert f"{len(kept)} of 6 item(s) are done and kept" in line, line
+        assert stage.failed() == {} and all(e.status == "done" for e in stage.ledger())
+        assert "r" not in store.names() and not tmp_files(disk)
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        again = subprocess.run(list(map(str, command)), env=cli_env(), capture_output=True,
+                               text=True, timeout=600)
+        assert again.returncode == 0, again.stderr
+        assert f"{6 - len(kept)} done, {len(kept)} skipped" in again.stdout
+        assert store.resolve("r") == stage and stage.is_complete() and stage.failed() == {}
+
+
+def test_a_full_disk_during_import_counts_every_item_kept(tmp_path):
+    """Before: the items written in the batch that met the full disk were kept but not
+    counted (``48 item(s) done by this run`` where 62 were done)."""
+    from tests._stores import write_npy_dataset
+
+    manifest = write_npy_dataset(tmp_path / "data", n=40, dim=500)  # ~10-22 KiB per item
+    with mounted("-t", "tmpfs", "-o", "size=400k", "tmpfs", tmp_path / "disk") as disk:
+        full = subprocess.run(
+            [sys.executable, "-m", "featpipe", "import", "--manifest", str(manifest), "--from",
+             str(tmp_path / "data" / "npy"), "--store", str(disk / "s"), "--name", "fc"],
+            env=cli_env(), capture_output=True, text=True, timeout=300)
+        line = one_line_error(full)
+        stage, = Store(disk / "s").all_stages()
+        kept = len(stage.done_ids())
+        assert 0 < kept < 40 and f": {kept} of 40 item(s) are done and kept" in line, line
+        assert stage.failed() == {} and not tmp_files(disk)
