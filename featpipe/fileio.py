@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
 import logging
 import math
 import os
 import re
 import socket
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
@@ -75,6 +77,36 @@ def shard_of(item_id: str, n_shards: int) -> int:
 def tmp_path(path: Path) -> Path:
     """The temporary name a write of ``path`` goes through (same folder, host and pid)."""
     return path.with_name(f"{path.name}.tmp.{HOST}.{os.getpid()}")
+
+
+#: The end of a temporary name, ``.tmp.<host>.<pid>`` (of a file, or of a folder gc deletes).
+TMP_NAME = re.compile(r"\.tmp\.([^./]+)\.(\d+)$")
+#: A temporary file of another host is a leftover once it is this old (its writer cannot be
+#: checked from here).
+TMP_MAX_AGE_S = 86400.0
+
+
+def stale_tmp(path: Path) -> bool:
+    """Whether ``path`` (``<name>.tmp.<host>.<pid>``, a file or a folder) was left by a writer
+    that is gone: a process of this host that died, or one older than :data:`TMP_MAX_AGE_S`."""
+    match = TMP_NAME.search(path.name)
+    if match is None:
+        return False
+    if process_gone(match.group(1), int(match.group(2))):
+        return True
+    try:
+        return time.time() - path.stat().st_mtime > TMP_MAX_AGE_S
+    except FileNotFoundError:
+        return False
+
+
+def remove_stale_tmps(path: Path) -> None:
+    """Remove the temporary files that killed writers of ``path`` left beside it (an export
+    killed while writing leaves ``FILE.npz.tmp.<host>.<pid>``: its rerun removes it)."""
+    for leftover in path.parent.glob(f"{glob.escape(path.name)}.tmp.*"):
+        if leftover.is_file() and stale_tmp(leftover):
+            with writing(leftover, "remove"):
+                leftover.unlink(missing_ok=True)
 
 
 _WRITE_HINTS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",

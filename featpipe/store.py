@@ -46,6 +46,7 @@ from featpipe import FORMAT_VERSION, __version__
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.fileio import (
     HOST,
+    TMP_NAME,
     atomic_save_npy,
     atomic_save_npz,
     atomic_write_bytes,
@@ -717,6 +718,8 @@ class Store:
             return [], []
         stages, problems = [], []
         for path in sorted(self.stages_dir.iterdir()):
+            if TMP_NAME.search(path.name):  # a stage gc is deleting (or a killed gc left)
+                continue
             if not path.is_dir() or not (path / "stage.json").exists():
                 if path.is_dir() and STAGE_FOLDER.match(path.name) and \
                         time.time() - path.stat().st_mtime > CREATION_GRACE_S:

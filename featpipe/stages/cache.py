@@ -4,7 +4,8 @@
   inputs, creation, size, item counts or its models), for ``cache ls`` and ``cache show``.
 - :func:`verify`: load every done item, its sidecars and the models of each stage: readable,
   numeric, finite, and the same feature shape as the stage's other items.
-- :func:`gc`: remove unnamed stages that no named stage needs, and stale temporary files.
+- :func:`gc`: remove unnamed stages that no named stage needs, what killed commands left
+  (temporary files and folders, stage folders without ``stage.json``, unlisted shard files).
 
 A broken stage (corrupt ``stage.json``, packed file, ledger line, name file) is reported as a
 ``problem:`` line and the others are still listed, verified or collected.
@@ -12,9 +13,9 @@ A broken stage (corrupt ``stage.json``, packed file, ledger line, name file) is 
 
 from __future__ import annotations
 
+import json
 import math
 import os
-import re
 import shutil
 import time
 import zipfile
@@ -26,13 +27,12 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.errors import FeatpipeError, ParameterError
-from featpipe.fileio import check_npy_header, process_gone, writing
+from featpipe.fileio import HOST, TMP_NAME, check_npy_header, stale_tmp, writing
 from featpipe.io.importers import describe, signature
+from featpipe.packed import PACK_DIR, PACK_INDEX
 from featpipe.progress import stage_progress
 from featpipe.stages.base import Reporter, running_names
-from featpipe.store import Stage, Store
-
-_TMP = re.compile(r"\.tmp\.([^./]+)\.(\d+)$")
+from featpipe.store import CREATION_GRACE_S, STAGE_FOLDER, Stage, Store
 
 
 def store_problems(store: Store) -> tuple[list[Stage], list[str], list[str]]:
@@ -265,14 +265,69 @@ def _last_activity(stage_path: Path) -> float:
     return max((p.stat().st_mtime for p in paths if p.exists()), default=0.0)
 
 
-def _is_stale_tmp(path: Path, max_age_s: float) -> bool:
-    """A temporary file whose writer is gone: same host and dead pid, or older than max age."""
-    match = _TMP.search(path.name)
-    if match is None:
-        return False
-    if process_gone(match.group(1), int(match.group(2))):
-        return True
-    return time.time() - path.stat().st_mtime > max_age_s
+def _remove_folder(path: Path) -> None:
+    """Rename the folder to a temporary name of this process (atomic: a stage is there or
+    gone), then delete it; a gc killed meanwhile leaves ``<folder>.tmp.<host>.<pid>``, which
+    the next gc finds (:func:`_leftovers`)."""
+    with writing(path, "remove"):
+        if not TMP_NAME.search(path.name):
+            trash = path.with_name(f"{path.name}.tmp.{HOST}.{os.getpid()}")
+            os.replace(path, trash)
+            path = trash
+        shutil.rmtree(path)
+
+
+def _remove_file(path: Path) -> None:
+    with writing(path, "remove"):
+        path.unlink(missing_ok=True)
+
+
+def _leftovers(store: Store, stages: Sequence[Stage], min_age: float
+               ) -> list[tuple[Path, str]]:
+    """What killed commands left in the store: folders a killed gc was deleting
+    (``stages/<folder>.tmp.<host>.<pid>``), stage folders without ``stage.json`` (a killed
+    creation or an older gc) untouched for ``min_age`` minutes, and the shard files of a
+    killed ``cache pack`` that its index does not list (while no pack runs)."""
+    found: list[tuple[Path, str]] = []
+    if store.stages_dir.is_dir():
+        for path in sorted(store.stages_dir.iterdir()):
+            if not path.is_dir():
+                continue
+            if TMP_NAME.search(path.name) and stale_tmp(path):
+                found.append((path, "folder of a killed gc"))
+            elif STAGE_FOLDER.match(path.name) and not (path / "stage.json").exists() and \
+                    time.time() - _last_activity(path) > max(CREATION_GRACE_S, min_age * 60):
+                found.append((path, "stage folder without stage.json"))
+    for stage in stages:
+        found += [(path, "shard file of a killed pack") for path in _unlisted_shards(stage)]
+    return found
+
+
+def _unlisted_shards(stage: Stage) -> list[Path]:
+    """Shard files of ``stage`` its pack index does not list (none while a pack runs)."""
+    folder = stage.path / PACK_DIR
+    shards = sorted(folder.glob("shard-*.h5")) if folder.is_dir() else []
+    if not shards:
+        return []
+
+    def busy() -> None:
+        raise _Busy
+
+    try:
+        with stage.exclusive("pack", busy):
+            try:
+                listed = set(json.loads((folder / PACK_INDEX).read_text())["files"])
+            except FileNotFoundError:
+                listed = set()
+            except (OSError, ValueError, KeyError, TypeError):
+                return []  # a damaged index: verify reports it, nothing is guessed
+            return [path for path in shards if path.name not in listed]
+    except _Busy:
+        return []
+
+
+class _Busy(Exception):
+    """A pack holds the stage's pack lock."""
 
 
 def _size_and_files(path: Path) -> tuple[int, int]:
@@ -331,27 +386,34 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
             continue
         size = _size_and_files(stage.path)[0]
         if not dry_run:
-            with writing(stage.path, "remove"):
-                shutil.rmtree(stage.path)
+            _remove_folder(stage.path)
         freed += size
         removed.append(stage.path)
         reporter.info(f"{verb} stage {stage.name} ({size / 1e6:.1f} MB)")
+    leftovers = [] if blocked else _leftovers(
+        store, [s for s in stages if s.path not in removed], min_age)
+    for path, what in leftovers:
+        size = _size_and_files(path)[0] if path.is_dir() else path.stat().st_size
+        if not dry_run:
+            _remove_folder(path) if path.is_dir() else _remove_file(path)
+        freed += size
+        reporter.info(f"{verb} {what} {path}")
     tmp_files = 0
     if store.root.is_dir():
         for path in sorted(store.root.rglob("*.tmp.*")):
-            if any(path.is_relative_to(gone) for gone in removed):
+            if any(path.is_relative_to(gone) for gone in [*removed, *dict(leftovers)]):
                 continue
-            if path.is_file() and _is_stale_tmp(path, max_age_s=86400):
+            if path.is_file() and stale_tmp(path):
                 size = path.stat().st_size
                 if not dry_run:
-                    with writing(path, "remove"):
-                        path.unlink(missing_ok=True)
+                    _remove_file(path)
                 freed += size
                 tmp_files += 1
                 reporter.info(f"{verb} temporary file {path}")
     for name, folder in store.names().items():
         if not (store.stages_dir / folder / "stage.json").exists():
             reporter.warn(f"warning: name {name!r} points to missing stage {folder}")
-    reporter.info(f"gc: {verb} {len(removed)} stage(s) and {tmp_files} temporary file(s), "
-                  f"{freed / 1e6:.1f} MB; kept {len(keep)} named or needed stage(s)")
+    reporter.info(f"gc: {verb} {len(removed)} stage(s), {len(leftovers)} leftover(s) of killed "
+                  f"commands and {tmp_files} temporary file(s), {freed / 1e6:.1f} MB; kept "
+                  f"{len(keep)} named or needed stage(s)")
     return GcResult(removed, freed, broken + name_problems + unreadable)
