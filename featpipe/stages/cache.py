@@ -31,7 +31,7 @@ from featpipe.fileio import HOST, TMP_NAME, check_npy_header, stale_tmp, writing
 from featpipe.io.importers import describe, signature
 from featpipe.packed import PACK_DIR, PACK_INDEX
 from featpipe.progress import stage_progress
-from featpipe.stages.base import Reporter, running_names
+from featpipe.stages.base import Reporter, latest_stage, running_names
 from featpipe.store import CREATION_GRACE_S, STAGE_FOLDER, Stage, Store
 
 
@@ -126,6 +126,14 @@ def names_by_folder(store: Store) -> dict[str, list[str]]:
     return by_folder
 
 
+def runs_by_folder(store: Store) -> dict[str, list[str]]:
+    """The names whose unfinished run computes each stage folder (``names/.running``)."""
+    by_folder: dict[str, list[str]] = {}
+    for name, folder in running_names(store).items():
+        by_folder.setdefault(folder, []).append(name)
+    return by_folder
+
+
 def model_arrays(stage: Stage, name: str) -> dict[str, dict]:
     """Shape and dtype of each array of model ``name``, read from the ``.npz`` headers (no
     array is loaded)."""
@@ -146,15 +154,18 @@ def model_arrays(stage: Stage, name: str) -> dict[str, dict]:
 
 
 def describe_stage(stage: Stage, names: Sequence[str] = (), sizes: bool = True,
-                   models: bool = False) -> dict:
+                   models: bool = False, runs: Sequence[str] = ()) -> dict:
     """What ``cache ls``/``cache show`` print about a stage, as JSON-ready data.
 
+    ``runs`` (``unfinished_runs``) are the names whose unfinished run computes the stage
+    (``featpipe status NAME`` follows them here).
     Item stages have ``items`` (total, done, failed); fit stages have ``models`` (their
     names, or with ``models=True`` each model's arrays and metadata).  ``size_bytes`` sums
     the files of the stage folder.
     """
     meta = stage.meta
-    info = {"stage": stage.name, "names": list(names), "kind": stage.kind, "key": stage.key,
+    info = {"stage": stage.name, "names": list(names), "unfinished_runs": list(runs),
+            "kind": stage.kind, "key": stage.key,
             "created": meta.get("created"), "host": meta.get("host"),
             "dtype": meta.get("dtype", "float32"), "versions": meta.get("versions", {}),
             "inputs": stage.input_names, "params": stage.params}
@@ -183,11 +194,12 @@ def list_stages(store: Store) -> tuple[list[dict], list[str]]:
     """:func:`describe_stage` of every stage, and the problems of those that cannot be read."""
     stages, broken, name_problems = store_problems(store)
     problems = broken + name_problems
-    names = names_by_folder(store)
+    names, runs = names_by_folder(store), runs_by_folder(store)
     rows = []
     for stage in stages:
         try:
-            rows.append(describe_stage(stage, names.get(stage.name, [])))
+            rows.append(describe_stage(stage, names.get(stage.name, []),
+                                       runs=runs.get(stage.name, [])))
         except FeatpipeError as err:
             problems.append(f"stage {stage.name}: {err}")
     return rows, problems
@@ -213,9 +225,10 @@ def input_chain(stage: Stage, names: dict[str, list[str]]) -> list[dict]:
 def show(store: Store, name: str) -> dict:
     """Everything about stage ``name`` (``cache show``): :func:`describe_stage` with models in
     full, the inputs chain, and for item stages the timings and the first item's shape."""
-    stage = store.resolve(name)
+    stage = latest_stage(store, name)
     names = names_by_folder(store)
-    info = describe_stage(stage, names.get(stage.name, []), models=True)
+    info = describe_stage(stage, names.get(stage.name, []), models=True,
+                          runs=runs_by_folder(store).get(stage.name, []))
     info["input_chain"] = input_chain(stage, names)
     if not stage.is_model_stage:
         progress = stage_progress(stage)

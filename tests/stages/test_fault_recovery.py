@@ -302,3 +302,35 @@ def test_gc_removes_every_leftover_of_a_killed_command(tmp_path):
     fresh.mkdir()
     gc(store, min_age=0)
     assert fresh.exists()
+
+
+# -- 3.2: one view of an unfinished named run -------------------------------------------------
+def test_a_killed_named_extract_is_one_stage_for_status_ls_show_and_refs(tmp_path, cli):
+    """Before: ``status r`` followed the unfinished run, but ``cache ls`` showed no name and
+    ``cache refs r`` said there was no stage ``r``."""
+    import json
+
+    from tests.cli.test_extract_interrupt import start_slow_extract
+
+    proc = start_slow_extract(tmp_path)
+    store = Store(tmp_path / "store")
+    stage = wait_for(lambda: next((s for s in store.all_stages() if s.done_ids()), None),
+                     "a finished item", timeout=180)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert "raw" not in store.names()
+    status = cli("status", "-s", store.root, "raw")
+    assert status.exit_code == 0 and f"stage {stage.name}" in status.output
+    listed = cli("cache", "ls", "-s", store.root)
+    assert listed.exit_code == 0
+    row, = [line for line in listed.stdout.splitlines() if stage.name in line]
+    assert row.split()[0] == "raw(unfinished)", row
+    rows = json.loads(cli("cache", "ls", "-s", store.root, "--json").stdout)["stages"]
+    assert [r["unfinished_runs"] for r in rows] == [["raw"]]
+    refs = cli("cache", "refs", "-s", store.root, "raw")
+    assert refs.exit_code == 0, refs.output
+    assert f"stage {stage.name} (extract)" in refs.output
+    assert "unfinished runs for: raw" in refs.output
+    shown = cli("cache", "show", "-s", store.root, "raw")
+    assert shown.exit_code == 0 and f"stage {stage.name} (extract); unfinished run for raw" \
+        in shown.output
