@@ -37,7 +37,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -156,19 +156,23 @@ def worker_pool(n_jobs: int, **kwargs):
                     initargs=(os.getpid(),), **kwargs)
 
 
-def plan(stage: Stage, ids: Iterable[str], force: bool = False,
+def plan(stage: Stage, ids: Sequence[str], force: bool = False,
          shard: tuple[int, int] | None = None) -> tuple[list[str], RunSummary]:
-    """The ids this process must compute, and a summary pre-filled with skipped counts."""
+    """The ids this process must compute, and a summary pre-filled with skipped counts.
+
+    A done item whose file is cut short (:meth:`~featpipe.store.Stage.truncated_ids`) is
+    computed again, as ``cache verify`` says."""
     summary = RunSummary()
-    done = set() if force else stage.done_ids()
+    mine = [i for i in ids if shard is None or shard_of(i, shard[1]) == shard[0]]
+    done = set() if force else stage.done_ids().intersection(mine)
+    done -= stage.truncated_ids(done)
     todo = []
-    for item_id in ids:
-        if shard is not None and shard_of(item_id, shard[1]) != shard[0]:
-            summary.not_in_shard += 1
-        elif item_id in done:
+    for item_id in mine:
+        if item_id in done:
             summary.skipped += 1
         else:
             todo.append(item_id)
+    summary.not_in_shard = len(ids) - len(mine)
     return todo, summary
 
 

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import hashlib
 import json
+import math
 import os
 import re
 import time
@@ -50,6 +52,7 @@ from featpipe.fileio import (
     atomic_save_npy,
     atomic_save_npz,
     atomic_write_bytes,
+    check_npy_header,
     check_sidecar_name,
     checked_result,
     first_line,
@@ -364,6 +367,25 @@ class Stage:
             and (item_id in packed_ids or self.item_path(item_id).exists())
         }
 
+    def truncated_ids(self, ids: Iterable[str]) -> set[str]:
+        """Of ``ids``, the items whose loose file holds less data than its ``.npy`` header
+        declares (cut short by a failing disk or a copy: ``cache verify`` reports them), so
+        that a rerun recomputes them; one header read per item, no array is loaded."""
+        found = set()
+        for item_id in ids:
+            try:
+                with open(self.item_path(item_id), "rb") as handle:
+                    head = handle.read(NPY_HEAD_BYTES)
+                    size = os.fstat(handle.fileno()).st_size
+            except FileNotFoundError:
+                continue  # packed, or not computed
+            except OSError:
+                found.add(item_id)
+                continue
+            if _npy_bytes(head) > size:
+                found.add(item_id)
+        return found
+
     def packed(self):
         """The :class:`featpipe.packed.PackedItems` of this stage, or ``None`` if not packed."""
         return PackedItems.open(self.path)
@@ -593,6 +615,24 @@ def _marker_alive(marker: Path) -> bool | None:
     except OSError:  # no locks on this file system: ask whether the pid lives
         return not process_gone(host, int(pid))
     return False
+
+
+#: Bytes read to check an item's size against its header (featpipe's own headers are 128).
+NPY_HEAD_BYTES = 4096
+
+
+@functools.lru_cache(maxsize=4096)
+def _npy_bytes(head: bytes) -> float:
+    """The size an ``.npy`` file must have for the header at the start of ``head`` (items of
+    one stage mostly share headers, hence the cache); infinite for a damaged header."""
+    import io
+
+    handle = io.BytesIO(head)
+    try:
+        shape, dtype = check_npy_header(handle, 2**62)
+    except (ValueError, EOFError, OSError):
+        return float("inf")
+    return handle.tell() + math.prod(shape) * dtype.itemsize
 
 
 def _load_item_file(item_id: str, path: Path, mmap: bool = False) -> np.ndarray:

@@ -334,3 +334,26 @@ def test_a_killed_named_extract_is_one_stage_for_status_ls_show_and_refs(tmp_pat
     shown = cli("cache", "show", "-s", store.root, "raw")
     assert shown.exit_code == 0 and f"stage {stage.name} (extract); unfinished run for raw" \
         in shown.output
+
+
+# -- 3.3: a plain rerun recomputes a truncated item -------------------------------------------
+def test_a_plain_rerun_recomputes_the_truncated_item_verify_finds(tmp_path, cli):
+    """Before: verify said ``re-run to resume`` but the rerun skipped the item as complete;
+    only --force repaired it."""
+    from tests._stores import write_npy_dataset
+
+    manifest = write_npy_dataset(tmp_path / "data", n=6, dim=16)
+    command = ["import", "--manifest", manifest, "--from", tmp_path / "data" / "npy",
+               "--store", tmp_path / "s", "--name", "fc"]
+    cli(*command, check=True)
+    stage = Store(tmp_path / "s").resolve("fc")
+    victim = stage.item_path("v03")
+    victim.write_bytes(victim.read_bytes()[:-20])
+    verify = cli("cache", "verify", "--store", tmp_path / "s")
+    assert verify.exit_code == 1 and "'v03'" in verify.output and "truncated" in verify.output
+    again = cli(*command, check=True)
+    assert "1 done, 5 skipped" in again.output
+    assert "0 problem(s)" in cli("cache", "verify", "--store", tmp_path / "s",
+                                 check=True).output
+    np.testing.assert_array_equal(stage.read_item("v03"),
+                                  np.load(tmp_path / "data" / "npy" / "v03.npy"))
