@@ -31,3 +31,44 @@ def test_two_steps_naming_one_stage_are_refused_when_the_file_is_checked(tmp_pat
     proc = cli("run", path, "--store", tmp_path / "s")
     assert proc.exit_code == 2 and message in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "s").exists()
+
+
+@pytest.fixture
+def frames(tmp_path, cli):
+    from tests._stores import write_npy_dataset
+
+    manifest = write_npy_dataset(tmp_path / "data", n=3, dim=4)
+    cli("import", "--manifest", manifest, "--from", tmp_path / "data" / "npy", "--store",
+        tmp_path / "s", "--name", "frames", check=True)
+    return tmp_path / "s"
+
+
+def planned_stage(output: str) -> str:
+    return next(line.split()[1] for line in output.splitlines() if line.startswith("stage "))
+
+
+def test_an_integral_float_is_one_rule_on_the_command_line_and_in_a_pipeline(tmp_path, frames,
+                                                                            cli):
+    """Before: the command line refused ``--window 20.0`` that a pipeline file took."""
+    encode = ("encode", "--store", frames, "--input", "frames", "--method", "hrp",
+              "--dry-run", "--window")
+    whole, written_as_float = cli(*encode, "20"), cli(*encode, "20.0")
+    assert whole.exit_code == 0 and written_as_float.exit_code == 0, written_as_float.output
+    assert planned_stage(whole.output) == planned_stage(written_as_float.output)
+    from featpipe.store import Store
+
+    path = tmp_path / "p.toml"
+    source = Store(frames).resolve("frames").name
+    path.write_text(f"[steps.e]\nstage = 'encode'\ninput = '{source}'\nmethod = 'hrp'\n"
+                    "params = { window = 20.0 }\n")
+    run = cli("run", path, "--store", frames, "--dry-run")
+    assert run.exit_code == 0 and planned_stage(whole.output) in run.output, run.output
+    half = cli(*encode, "20.5")
+    assert half.exit_code == 2 and "must be a whole number, got '20.5'" in half.stderr
+    path.write_text(path.read_text().replace("20.0", "20.5"))
+    refused = cli("run", path, "--store", frames)
+    assert refused.exit_code == 2 and "window must be an int" in refused.stderr
+    for sizes, taken in (("4.0,8", True), ("4.5,8", False)):  # a list option: the same rule
+        listed = cli("extract", "-m", tmp_path / "none.csv", "-s", frames, "-f", "dsift",
+                     "--sizes", sizes, "--dry-run")
+        assert ("expected comma-separated int values" not in listed.stderr) == taken, sizes
