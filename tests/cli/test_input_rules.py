@@ -72,3 +72,28 @@ def test_an_integral_float_is_one_rule_on_the_command_line_and_in_a_pipeline(tmp
         listed = cli("extract", "-m", tmp_path / "none.csv", "-s", frames, "-f", "dsift",
                      "--sizes", sizes, "--dry-run")
         assert ("expected comma-separated int values" not in listed.stderr) == taken, sizes
+
+
+def test_an_id_and_a_file_name_in_other_unicode_normalisations_are_named_as_such(tmp_path,
+                                                                                cli):
+    """Before: ``not found`` (or ``does not exist``) with two names that print the same."""
+    import unicodedata
+
+    import numpy as np
+
+    composed = unicodedata.normalize("NFC", "café")
+    decomposed = unicodedata.normalize("NFD", "café")
+    assert composed != decomposed
+    (tmp_path / "npy").mkdir()
+    np.save(tmp_path / "npy" / f"{decomposed}.npy", np.ones((2, 3), np.float32))
+    np.save(tmp_path / "npy" / "tea.npy", np.ones((2, 3), np.float32))
+    manifest = tmp_path / "m.csv"
+    manifest.write_text(f"id,path,label,split1\n{composed},npy/{composed}.npy,a,train\n"
+                        "tea,npy/tea.npy,b,train\n", encoding="utf-8")
+    checked = cli("manifest", "check", manifest)
+    assert checked.exit_code == 1 and "differs in Unicode normalisation (NFC here, NFD on " \
+        "disk)" in checked.output, checked.output
+    imported = cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store",
+                   tmp_path / "s", "--name", "f", "--on-error", "skip")
+    assert "differs in Unicode normalisation (NFC here, NFD on disk)" in imported.output, \
+        imported.output
