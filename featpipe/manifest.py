@@ -279,16 +279,16 @@ def normalisation_twin(path: Path) -> Path | None:
     path = Path(os.path.abspath(path))
     found, changed = Path(path.anchor), False
     for part in path.parts[1:]:
-        if not (found / part).exists():
-            key = unicodedata.normalize("NFC", part)
-            try:
+        try:
+            if not (found / part).exists():
+                key = unicodedata.normalize("NFC", part)
                 twins = [e.name for e in os.scandir(found)
                          if unicodedata.normalize("NFC", e.name) == key]
-            except OSError:
-                return None
-            if not twins:
-                return None
-            part, changed = twins[0], True
+                if not twins:
+                    return None
+                part, changed = twins[0], True
+        except (OSError, ValueError):  # a name too long, a folder that cannot be listed
+            return None
         found = found / part
     return found if changed else None
 
