@@ -60,6 +60,7 @@ from featpipe.encode.svr import (
     rank_svr_unit_gram,
 )
 from featpipe.errors import InputError, ParameterError
+from featpipe.fileio import human_bytes, memory_bytes
 from featpipe.parameters import ValidatedEstimator, estimator_parameters
 
 SOLVERS = ("newton", "liblinear")
@@ -830,6 +831,24 @@ class HierarchicalRankPooling(_RankPoolingParams):
         if emit is not None and depth is not None and emit > depth:
             raise ParameterError("emit_layer", f"must be between 1 and depth={depth}, got "
                                  f"{emit}")
+        if depth is not None and params.get("psi") == "ser":
+            cls._check_fits(depth, emit)
+
+    @staticmethod
+    def _check_fits(depth: int, emit: int | None) -> None:
+        """SER doubles the dimension at every layer, so an item's vector has 2^layers times
+        its input's values (ψ applied ``depth`` times, ``emit_layer`` − 1 for a layer's
+        sequence): refuse, before anything is computed, a depth whose vectors exceed this
+        machine's memory even for a one-dimensional input."""
+        layers = depth if emit is None else emit - 1
+        need, memory = 4 * 2 ** layers, memory_bytes()  # float32 values
+        if need > memory:
+            most = (memory // 4).bit_length() - 1
+            raise ParameterError("depth", f"{depth} with psi ser doubles the dimension {layers} "
+                                 f"times: each item's vector needs {human_bytes(need)} per "
+                                 f"input feature, more than this machine's memory "
+                                 f"({human_bytes(memory)}); use depth <= {most} (fewer for "
+                                 "wide inputs) or psi ssr")
 
     def transform(self, sequences):
         if self.emit_layer is None:

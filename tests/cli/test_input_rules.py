@@ -97,3 +97,20 @@ def test_an_id_and_a_file_name_in_other_unicode_normalisations_are_named_as_such
                    tmp_path / "s", "--name", "f", "--on-error", "skip")
     assert "differs in Unicode normalisation (NFC here, NFD on disk)" in imported.output, \
         imported.output
+
+
+def test_a_depth_no_item_can_fit_is_a_usage_error_before_the_stage_exists(frames, cli):
+    """Before: ``--depth 50`` made a stage, then every item failed with ``MemoryError ...
+    64.0 PiB``."""
+    from featpipe.store import Store
+
+    before = {s.name for s in Store(frames).all_stages()}
+    encode = ("encode", "--store", frames, "--input", "frames", "--method", "hrp",
+              "--depth", "50")
+    refused = cli(*encode)
+    assert refused.exit_code == 2 and "Traceback" not in refused.stderr
+    assert "--depth 50 with psi ser doubles the dimension 50 times: each item's vector needs " \
+        "4096.0 TiB per input feature" in refused.stderr, refused.stderr
+    assert {s.name for s in Store(frames).all_stages()} == before
+    assert cli(*encode, "--psi", "ssr", "--dry-run").exit_code == 0  # the dimension stays
+    assert cli(*encode[:-1], "20", "--dry-run").exit_code == 0
