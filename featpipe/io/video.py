@@ -319,7 +319,9 @@ def iter_frames(path: str | os.PathLike, sampling: Sampling = Sampling(),
     sampling = sampling.validate()
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError("file does not exist")
+        from featpipe.manifest import normalisation_note
+
+        raise FileNotFoundError("file does not exist" + normalisation_note(path))
     if path.stat().st_size == 0:
         raise RuntimeError("empty file (0 bytes)")
     if is_image(path):
@@ -483,7 +485,8 @@ def _first_line(err: BaseException) -> str:
     """:func:`featpipe.errors.describe_error`, but a missing file and the decoders' own
     one-line causes (bare RuntimeErrors) read without a type name."""
     if isinstance(err, FileNotFoundError):
-        return "file does not exist"
+        own = err.filename is None and err.args  # iter_frames's own, with its note
+        return str(err.args[0]) if own else "file does not exist"
     text = str(err).strip()
     if type(err) is RuntimeError and text:
         return text.splitlines()[0]
@@ -541,7 +544,9 @@ def _probe(path: str, decoder: str, log: _StderrLog) -> VideoInfo | str:
     try:
         file = Path(path)
         if not file.exists():
-            return "file does not exist"
+            from featpipe.manifest import normalisation_note
+
+            return "file does not exist" + normalisation_note(file)
         if file.stat().st_size == 0:
             return "empty file (0 bytes)"
         if is_image(file):

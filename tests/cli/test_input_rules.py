@@ -114,3 +114,20 @@ def test_a_depth_no_item_can_fit_is_a_usage_error_before_the_stage_exists(frames
     assert {s.name for s in Store(frames).all_stages()} == before
     assert cli(*encode, "--psi", "ssr", "--dry-run").exit_code == 0  # the dimension stays
     assert cli(*encode[:-1], "20", "--dry-run").exit_code == 0
+
+
+def test_extract_names_a_video_path_in_another_unicode_normalisation(tmp_path, cli):
+    import unicodedata
+
+    from tests.cli.test_extract_cli import write_manifest
+    from tests.unit.test_video import write_video
+
+    write_video(tmp_path / unicodedata.normalize("NFD", "café.mp4"), n_frames=4,
+                size=(96, 80))
+    manifest = write_manifest(tmp_path, [("v", unicodedata.normalize("NFC", "café.mp4"), "a",
+                                          "train")])
+    result = cli("extract", "-m", manifest, "-s", tmp_path / "s", "-f", "dsift", "--sizes",
+                 "4", "--every", "2")
+    assert result.exit_code == 1
+    assert "differs in Unicode normalisation (NFC here, NFD on disk)" in result.output, \
+        result.output
