@@ -78,17 +78,6 @@ def test_a_pack_killed_by_sigkill_blocks_no_later_pack_and_gc_leaves_nothing(tmp
                               .read_item(i)) for i in stage.items.ids[:5])
 
 
-def test_a_second_pack_is_refused_while_a_live_process_packs(tmp_path):
-    from featpipe.errors import FeatpipeError
-    from featpipe.pack import pack_stage
-
-    stage = filled_stage(Store(tmp_path / "s"), 3)
-    with stage.exclusive("pack", lambda: None), \
-            pytest.raises(FeatpipeError, match="is being packed by another process"):
-        pack_stage(stage)
-    assert stage.packed() is None
-
-
 # -- 2c: a full disk during pack -------------------------------------------------------------
 def loose_files(stage) -> dict:
     return {p: p.read_bytes() for p in sorted((stage.path / "items").rglob("*.npy"))}
