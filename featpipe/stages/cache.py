@@ -300,7 +300,9 @@ def _leftovers(store: Store, stages: Sequence[Stage], min_age: float
     """What killed commands left in the store: folders a killed gc was deleting
     (``stages/<folder>.tmp.<host>.<pid>``), stage folders without ``stage.json`` (a killed
     creation or an older gc) untouched for ``min_age`` minutes, and the shard files of a
-    killed ``cache pack`` that its index does not list (while no pack runs)."""
+    killed ``cache pack`` that its index does not list (while no pack holds the stage's
+    lock, and written ``min_age`` minutes ago: a file system without locks is not trusted
+    to say)."""
     found: list[tuple[Path, str]] = []
     if store.stages_dir.is_dir():
         for path in sorted(store.stages_dir.iterdir()):
@@ -312,7 +314,8 @@ def _leftovers(store: Store, stages: Sequence[Stage], min_age: float
                     time.time() - _last_activity(path) > max(CREATION_GRACE_S, min_age * 60):
                 found.append((path, "stage folder without stage.json"))
     for stage in stages:
-        found += [(path, "shard file of a killed pack") for path in _unlisted_shards(stage)]
+        found += [(path, "shard file of a killed pack") for path in _unlisted_shards(stage)
+                  if time.time() - path.stat().st_mtime > min_age * 60]
     return found
 
 
