@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
 import io
 import logging
@@ -26,6 +27,7 @@ import math
 import os
 import re
 import socket
+import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -80,6 +82,36 @@ def tmp_path(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp.{HOST}.{os.getpid()}")
 
 
+#: The end of a temporary name, ``.tmp.<host>.<pid>`` (of a file, or of a folder gc deletes).
+TMP_NAME = re.compile(r"\.tmp\.([^./]+)\.(\d+)$")
+#: A temporary file of another host is a leftover once it is this old (its writer cannot be
+#: checked from here).
+TMP_MAX_AGE_S = 86400.0
+
+
+def stale_tmp(path: Path) -> bool:
+    """Whether ``path`` (``<name>.tmp.<host>.<pid>``, a file or a folder) was left by a writer
+    that is gone: a process of this host that died, or one older than :data:`TMP_MAX_AGE_S`."""
+    match = TMP_NAME.search(path.name)
+    if match is None:
+        return False
+    if process_gone(match.group(1), int(match.group(2))):
+        return True
+    try:
+        return time.time() - path.stat().st_mtime > TMP_MAX_AGE_S
+    except FileNotFoundError:
+        return False
+
+
+def remove_stale_tmps(path: Path) -> None:
+    """Remove the temporary files that killed writers of ``path`` left beside it (an export
+    killed while writing leaves ``FILE.npz.tmp.<host>.<pid>``: its rerun removes it)."""
+    for leftover in path.parent.glob(f"{glob.escape(path.name)}.tmp.*"):
+        if leftover.is_file() and stale_tmp(leftover):
+            with writing(leftover, "remove"):
+                leftover.unlink(missing_ok=True)
+
+
 _WRITE_HINTS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
                 errno.EROFS: "read-only file system"}
 
@@ -91,7 +123,7 @@ def os_reason(err: OSError, path: str | os.PathLike | None = None) -> str:
     ``path`` then has no free block left, that is a full disk, and it is said so.
     """
     code = err.errno
-    if code is None and path is not None and _free_bytes(Path(path)) == 0:
+    if code is None and path is not None and free_bytes(Path(path)) == 0:
         code = errno.ENOSPC
     text = os.strerror(code) if code is not None and not err.strerror else err.strerror
     text = text or first_line(err)
@@ -105,7 +137,7 @@ def first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _free_bytes(path: Path) -> int | None:
+def free_bytes(path: Path) -> int | None:
     """Bytes an unprivileged writer may still use on the file system of ``path``."""
     while not path.exists() and path != path.parent:
         path = path.parent

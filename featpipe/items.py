@@ -44,6 +44,7 @@ from featpipe.fileio import (
     checked_result,
     make_dirs,
     tmp_path,
+    writing,
 )
 
 #: bytes reserved for the header of an incrementally written .npy (magic, version, length,
@@ -279,7 +280,9 @@ class RowFile:
     """An ``.npy`` written a block of rows at a time: a placeholder header first, rows
     appended, the header patched with the final count on :meth:`close` (then fsynced).
     :attr:`checksum` is then the checksum of the bytes written (the rows' CRC is updated as
-    they are written, the header's added last: :func:`featpipe.checksums.npy_checksum`)."""
+    they are written, the header's added last: :func:`featpipe.checksums.npy_checksum`).
+    A failed write (disk full) is a :class:`~featpipe.errors.WriteError`: the store's
+    fault, not the item's."""
 
     def __init__(self, path: str | os.PathLike, dtype, row_shape: tuple[int, ...] | None = None):
         self.path = Path(path)
@@ -288,8 +291,9 @@ class RowFile:
         self.rows = 0
         self.crc = 0
         self.checksum: str | None = None
-        self.handle = open(self.path, "wb")  # noqa: SIM115 - closed by close()/abort()
-        self.handle.write(_npy_header(self.dtype, (0, *(self.row_shape or ()))))
+        with writing(self.path):
+            self.handle = open(self.path, "wb")  # noqa: SIM115 - closed by close()/abort()
+            self.handle.write(_npy_header(self.dtype, (0, *(self.row_shape or ()))))
 
     def append(self, rows: np.ndarray) -> None:
         rows = np.ascontiguousarray(rows, dtype=self.dtype)
@@ -298,21 +302,26 @@ class RowFile:
         elif rows.shape[1:] != self.row_shape:
             raise InputError(f"rows of shape {rows.shape[1:]} after rows of shape "
                              f"{self.row_shape}")
-        self.handle.write(rows.data)
+        with writing(self.path):
+            self.handle.write(rows.data)
         self.crc = zlib.crc32(rows.data, self.crc)
         self.rows += rows.shape[0]
 
     def close(self) -> None:
         header = _npy_header(self.dtype, (self.rows, *(self.row_shape or ())))
-        self.handle.seek(0)
-        self.handle.write(header)
+        with writing(self.path):
+            self.handle.seek(0)
+            self.handle.write(header)
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
+            self.handle.close()
         self.checksum = npy_checksum(header, self.crc)
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
-        self.handle.close()
 
     def abort(self) -> None:
-        self.handle.close()
+        try:
+            self.handle.close()  # flushes what is buffered: fails on a full disk
+        except OSError:
+            pass
         self.path.unlink(missing_ok=True)
 
 

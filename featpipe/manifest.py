@@ -18,6 +18,7 @@ import csv
 import io
 import os
 import re
+import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,12 +270,49 @@ class Manifest:
                                                      f"the manifest folder {root}"))
             if check_files and not absolute.exists():
                 problems.append(Problem(it.line, f"file {it.path!r} of {it.id!r} does not "
-                                                 "exist"))
+                                                 "exist" + normalisation_note(absolute)))
         return problems
 
 
 #: The problem of a manifest whose header is followed by no row.
 NO_ITEMS = "no items: the header is not followed by any row (import and extract refuse it)"
+
+
+def normalisation_twin(path: Path) -> Path | None:
+    """The existing path that differs from the missing ``path`` only in the Unicode
+    normalisation of its names (``café`` composed, NFC, or decomposed, NFD, as macOS and
+    some archives write file names), or ``None``."""
+    path = Path(os.path.abspath(path))
+    found, changed = Path(path.anchor), False
+    for part in path.parts[1:]:
+        try:
+            if not (found / part).exists():
+                key = unicodedata.normalize("NFC", part)
+                twins = [e.name for e in os.scandir(found)
+                         if unicodedata.normalize("NFC", e.name) == key]
+                if not twins:
+                    return None
+                part, changed = twins[0], True
+        except (OSError, ValueError):  # a name too long, a folder that cannot be listed
+            return None
+        found = found / part
+    return found if changed else None
+
+
+def _form(text: str) -> str:
+    return "NFC" if unicodedata.is_normalized("NFC", text) else \
+        "NFD" if unicodedata.is_normalized("NFD", text) else "mixed"
+
+
+def normalisation_note(path: Path) -> str:
+    """``; ...`` saying that a missing ``path`` exists under a name that differs only in its
+    Unicode normalisation (the two look identical when printed), or ``""``."""
+    twin = normalisation_twin(path)
+    if twin is None:
+        return ""
+    return (f"; {str(twin)!r} exists, which looks the same but differs in Unicode "
+            f"normalisation ({_form(str(path))} here, {_form(str(twin))} on disk): write the "
+            "id or path in the file's form, or rename the file")
 
 
 def _records(reader, problems: list[Problem]) -> Iterator[tuple[int, list[str]]]:

@@ -29,7 +29,6 @@ from featpipe.fileio import check_h5_dataset, first_line, safe_stem, shard_of
 
 PACK_DIR = "packed"
 PACK_INDEX = "pack.json"
-LOCK_NAME = "pack.lock"
 _SHARD_FILE = re.compile(r"^shard-\d{4,}-of-\d{4,}\.[0-9a-f]+\.h5$")
 
 

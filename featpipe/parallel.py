@@ -37,7 +37,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -159,19 +159,23 @@ def worker_pool(n_jobs: int, **kwargs):
                     initargs=(os.getpid(),), **kwargs)
 
 
-def plan(stage: Stage, ids: Iterable[str], force: bool = False,
+def plan(stage: Stage, ids: Sequence[str], force: bool = False,
          shard: tuple[int, int] | None = None) -> tuple[list[str], RunSummary]:
-    """The ids this process must compute, and a summary pre-filled with skipped counts."""
+    """The ids this process must compute, and a summary pre-filled with skipped counts.
+
+    A done item whose file is cut short (:meth:`~featpipe.store.Stage.truncated_ids`) is
+    computed again, as ``cache verify`` says."""
     summary = RunSummary()
-    done = set() if force else stage.done_ids()
+    mine = [i for i in ids if shard is None or shard_of(i, shard[1]) == shard[0]]
+    done = set() if force else stage.done_ids().intersection(mine)
+    done -= stage.truncated_ids(done)
     todo = []
-    for item_id in ids:
-        if shard is not None and shard_of(item_id, shard[1]) != shard[0]:
-            summary.not_in_shard += 1
-        elif item_id in done:
+    for item_id in mine:
+        if item_id in done:
             summary.skipped += 1
         else:
             todo.append(item_id)
+    summary.not_in_shard = len(ids) - len(mine)
     return todo, summary
 
 
@@ -380,29 +384,33 @@ def run_items(
     chunks = batches(todo, batch_size)
     outcomes = executor.outcomes(stage, compute, chunks)
     try:
-        for chunk_outcomes in _until_write_error(outcomes, stage, summary):
-            for item_id, error in chunk_outcomes:
-                if error is None:
-                    summary.done += 1
-                else:
-                    summary.failed[item_id] = error
-            if progress is not None:
-                progress(len(chunk_outcomes))
-            if summary.failed and on_error == "fail":
-                item_id, error = next(iter(summary.failed.items()))
-                raise FeatpipeError(f"{error} (stage {stage.name}; {summary.line()}; "
-                                    "re-run to resume, or use --on-error skip)", item=item_id)
-    finally:
-        outcomes.close()
+        try:
+            for chunk_outcomes in outcomes:
+                for item_id, error in chunk_outcomes:
+                    if error is None:
+                        summary.done += 1
+                    else:
+                        summary.failed[item_id] = error
+                if progress is not None:
+                    progress(len(chunk_outcomes))
+                if summary.failed and on_error == "fail":
+                    item_id, error = next(iter(summary.failed.items()))
+                    raise FeatpipeError(f"{error} (stage {stage.name}; {summary.line()}; "
+                                        "re-run to resume, or use --on-error skip)",
+                                        item=item_id)
+        finally:
+            outcomes.close()  # the workers stop: what they wrote is counted below
+    except WriteError as err:
+        raise store_stopped(err, stage, todo, summary.skipped) from None
     return summary
 
 
-def _until_write_error(outcomes: Iterable[Outcomes], stage: Stage, summary: RunSummary
-                       ) -> Iterator[Outcomes]:
-    """The executor's outcomes; a :class:`WriteError` stops the run with what is kept."""
-    try:
-        yield from outcomes
-    except WriteError as err:
-        raise WriteError(f"{err} (stage {stage.name}: {summary.done} item(s) done by this run "
-                         "and every item recorded before are kept; re-run the same command "
-                         "once the store can be written)") from None
+def store_stopped(err: WriteError, stage: Stage, todo: Sequence[str], skipped: int
+                  ) -> WriteError:
+    """The one error of a run the store stopped (disk full, read-only): what is kept, counted
+    from the ledger and the files (workers may have written items not reported yet), of
+    the ``todo`` items this run had to compute and the ``skipped`` ones done before it."""
+    kept = len(stage.done_ids() & set(todo)) + skipped
+    return WriteError(f"{err} (stage {stage.name}: {kept} of {len(todo) + skipped} item(s) "
+                      "are done and kept, none is marked failed for this; re-run the same "
+                      "command once the store can be written)")

@@ -418,6 +418,22 @@ def _number_type_of(default) -> set[type]:
     return {int} if isinstance(default, int) else {float}
 
 
+def whole_number(value) -> int | None:
+    """``value`` as an int when it is a whole number, else ``None``: ``20``, ``20.0`` and the
+    text ``"20.0"`` are 20; ``20.5``, ``inf`` and booleans are not.  The one rule by which an
+    integer parameter takes a float, on the command line (:mod:`featpipe.cli.options`), in a
+    pipeline file and in the library (:func:`typed_value`)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if math.isfinite(number) and number.is_integer() else None
+
+
 def typed_value(value, constraints=(), default=None):
     """``value`` as its declaration types it: a number is a float where the constraints
     accept floats only (``5`` -> ``5.0``), an int where they accept ints only (``20.0`` ->
@@ -435,8 +451,9 @@ def typed_value(value, constraints=(), default=None):
         return value
     if types == {float}:
         return float(value)
-    if types == {int} and isinstance(value, float) and value.is_integer():
-        return int(value)
+    if types == {int} and isinstance(value, float):
+        whole = whole_number(value)
+        return value if whole is None else whole
     return value
 
 

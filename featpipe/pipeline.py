@@ -38,10 +38,10 @@ known name); the values, with the checks the command line runs; and the referenc
 ``input``, ``inputs``, ``gmm``, ``pca`` or model parameter (``params = { model = "std" }``)
 must name an *earlier* step by its key (``[steps.KEY]``, whatever the step's ``name``), so
 a step never picks up a name left in the store by an earlier run, and steps cannot form a
-cycle.  A stage made outside the file is named explicitly: ``"@fc6"`` is the stage the
-store's name ``fc6`` points to, resolved to its folder (``kind-key``) before the first step
-runs and printed (``@fc6 = extract-5c0e...``, by ``--dry-run`` too); a folder name works as
-well.
+cycle; and no two steps give their stages one name (:func:`check_names`).  A stage made
+outside the file is named explicitly: ``"@fc6"`` is the stage the store's name ``fc6`` points
+to, resolved to its folder (``kind-key``) before the first step runs and printed (``@fc6 =
+extract-5c0e...``, by ``--dry-run`` too); a folder name works as well.
 
 A dry run asks each step what it would compute (the item stages' dry run, listing the first
 :data:`DRY_RUN_ITEMS` items of each; the fit stages' ``dry_run``) and prints its stage and
@@ -165,6 +165,7 @@ def load_pipeline(path: str | Path) -> Pipeline:
             raise PipelineError(f"{path}: {step.describe()}: {err}", usage=True) from None
         steps.append(step)
     check_references(steps, path)
+    check_names(steps, path)
     return Pipeline(path, steps, settings.get("store"))
 
 
@@ -373,6 +374,21 @@ def resolve_references(pipeline: Pipeline, store: Store,
                                     usage=True) from None
             reporter.info(f"{name} = {rename[name]}")
     return rename
+
+
+def check_names(steps: list[Step], path: Path) -> None:
+    """No two steps give their stage the same store name (``name``, by default the step's):
+    the name would flip between the two stages on every run."""
+    seen: dict[str, Step] = {}
+    for step in steps:
+        if "name" not in _signature(step.function).parameters:
+            continue
+        name = step.arguments.get("name") or step.name
+        if name in seen:
+            raise PipelineError(f"{path}: {step.describe()}: name {name!r} is already the "
+                                f"name of {seen[name].describe()}; give each step its own "
+                                "name", usage=True)
+        seen[name] = step
 
 
 def _record_of(arguments: Mapping, function: str) -> dict:

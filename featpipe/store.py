@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import time
@@ -49,9 +51,11 @@ from featpipe.checksums import CHECKSUM, ChecksumError, DamagedItem, as_text, ch
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.fileio import (
     HOST,
+    TMP_NAME,
     atomic_save_npy,
     atomic_save_npz,
     atomic_write_bytes,
+    check_npy_header,
     check_sidecar_name,
     checked_result,
     first_line,
@@ -385,6 +389,25 @@ class Stage:
             and (item_id in packed_ids or self.item_path(item_id).exists())
         }
 
+    def truncated_ids(self, ids: Iterable[str]) -> set[str]:
+        """Of ``ids``, the items whose loose file holds less data than its ``.npy`` header
+        declares (cut short by a failing disk or a copy: ``cache verify`` reports them), so
+        that a rerun recomputes them; one header read per item, no array is loaded."""
+        found = set()
+        for item_id in ids:
+            try:
+                with open(self.item_path(item_id), "rb") as handle:
+                    head = handle.read(NPY_HEAD_BYTES)
+                    size = os.fstat(handle.fileno()).st_size
+            except FileNotFoundError:
+                continue  # packed, or not computed
+            except OSError:
+                found.add(item_id)
+                continue
+            if _npy_bytes(head) > size:
+                found.add(item_id)
+        return found
+
     def packed(self):
         """The :class:`featpipe.packed.PackedItems` of this stage, or ``None`` if not packed."""
         return PackedItems.open(self.path)
@@ -465,43 +488,57 @@ class Stage:
             return _load_item_file(item_id, path, mmap, (fresh or {}).get(suffix))
 
     # -- processes computing it --------------------------------------------------------------
+    #: marker path -> the open file whose ``fcntl.flock`` says this process computes the stage
+    _held: dict[str, object] = {}
+
     def mark_running(self) -> None:
-        """Record this process as computing the stage (``running/<host>-<pid>``), until
-        :meth:`unmark_running`; ``cache gc`` keeps a stage while such a process lives.  The
-        markers of this host's processes that are gone (killed) are removed."""
+        """Record this process as computing the stage (``running/<host>-<pid>``, held with
+        ``fcntl.flock``, which the kernel drops when the process dies), until
+        :meth:`unmark_running`; ``cache gc`` keeps a stage (and its inputs) while such a
+        process lives.  The markers this host's dead processes left are removed."""
         self._check_on_disk()
         folder = self.path / RUNNING_DIR
         make_dirs(folder)
         for stale in folder.iterdir():
-            host, _, pid = stale.name.rpartition("-")
-            if pid.isdigit() and process_gone(host, int(pid)):
+            if _marker_alive(stale) is False:
                 with contextlib.suppress(OSError):
                     stale.unlink()
         marker = folder / f"{HOST}-{os.getpid()}"
         with writing(marker):
-            marker.touch()
+            handle = open(marker, "a+b")  # noqa: SIM115 - held until unmark_running
+        with contextlib.suppress(OSError):
+            import fcntl
+
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        previous = Stage._held.pop(str(marker), None)
+        if previous is not None:
+            previous.close()
+        Stage._held[str(marker)] = handle
 
     def unmark_running(self) -> None:
+        marker = self.path / RUNNING_DIR / f"{HOST}-{os.getpid()}"
         with contextlib.suppress(OSError):
-            (self.path / RUNNING_DIR / f"{HOST}-{os.getpid()}").unlink()
+            marker.unlink()
+        handle = Stage._held.pop(str(marker), None)
+        if handle is not None:
+            handle.close()
 
     def running_processes(self, max_age_s: float = 86400.0) -> list[str]:
         """``host-pid`` of the processes computing this stage now: a marker of this host whose
-        process lives, or one of another host touched in the last ``max_age_s`` seconds (its
-        process cannot be checked from here); a marker left by a killed process is stale."""
+        lock is held (its process lives), or one of another host touched in the last
+        ``max_age_s`` seconds (its process cannot be checked from here); a marker left by a
+        killed process is stale."""
         folder = self.path / RUNNING_DIR
         if not folder.is_dir():
             return []
         live = []
         for marker in sorted(folder.iterdir()):
-            host, _, pid = marker.name.rpartition("-")
             try:
                 age = time.time() - marker.stat().st_mtime
             except OSError:
                 continue
-            if not pid.isdigit() or process_gone(host, int(pid)):
-                continue
-            if host == HOST or age < max_age_s:
+            alive = _marker_alive(marker)
+            if alive or (alive is None and age < max_age_s):
                 live.append(marker.name)
         return live
 
@@ -509,8 +546,10 @@ class Stage:
     def exclusive(self, label: str, waiting: Callable[[], None]) -> Iterator[None]:
         """Hold this stage's lock ``locks/<label>`` (``fcntl.flock``) while the block runs:
         a second identical run (same stage, same shard) waits for the first, calling
-        ``waiting()`` first, then finds its items done.  Where the file system has no locks
-        (some network file systems) the block runs unlocked."""
+        ``waiting()`` first (which may raise instead, to refuse), then finds its items done.
+        The kernel drops the lock when its process dies, so a killed run leaves no stale lock.
+        Where the file system has no locks (some network file systems) the block runs
+        unlocked."""
         import fcntl
 
         self._check_on_disk()
@@ -632,6 +671,48 @@ def _meta_problem(meta, folder: str) -> str | None:
         return f"'dtype' must be a floating dtype, got {meta.get('dtype')!r}"
     return None
 
+
+def _marker_alive(marker: Path) -> bool | None:
+    """Whether the process of a ``running/<host>-<pid>`` marker lives: on this host, whether
+    its ``flock`` is held (the kernel drops it at the process's death, whatever reuses the
+    pid); ``None`` for another host's marker (not known from here)."""
+    import fcntl
+
+    host, _, pid = marker.name.rpartition("-")
+    if not pid.isdigit():
+        return False
+    if host != HOST:
+        return None
+    if int(pid) == os.getpid():
+        return str(marker) in Stage._held
+    try:
+        with open(marker, "rb") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError:  # no locks on this file system: ask whether the pid lives
+        return not process_gone(host, int(pid))
+    return False
+
+
+#: Bytes read to check an item's size against its header (featpipe's own headers are 128).
+NPY_HEAD_BYTES = 4096
+
+
+@functools.lru_cache(maxsize=4096)
+def _npy_bytes(head: bytes) -> float:
+    """The size an ``.npy`` file must have for the header at the start of ``head`` (items of
+    one stage mostly share headers, hence the cache); infinite for a damaged header."""
+    import io
+
+    handle = io.BytesIO(head)
+    try:
+        shape, dtype = check_npy_header(handle, 2**62)
+    except (ValueError, EOFError, OSError):
+        return float("inf")
+    return handle.tell() + math.prod(shape) * dtype.itemsize
 
 
 def _load_item_file(item_id: str, path: Path, mmap: bool = False,
@@ -761,6 +842,8 @@ class Store:
             return [], []
         stages, problems = [], []
         for path in sorted(self.stages_dir.iterdir()):
+            if TMP_NAME.search(path.name):  # a stage gc is deleting (or a killed gc left)
+                continue
             if not path.is_dir() or not (path / "stage.json").exists():
                 if path.is_dir() and STAGE_FOLDER.match(path.name) and \
                         time.time() - path.stat().st_mtime > CREATION_GRACE_S:

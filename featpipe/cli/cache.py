@@ -132,7 +132,8 @@ def ls(store_path, as_json, wide):
         table = [("NAMES", "STAGE", "KIND", "DONE", "FAILED", "TOTAL", "SIZE", "CREATED",
                   "INPUTS", "PARAMS")]
         for row in rows:
-            table.append((",".join(row["names"]) or "-", row["stage"], row["kind"],
+            names = row["names"] + [f"{n}(unfinished)" for n in row["unfinished_runs"]]
+            table.append((",".join(names) or "-", row["stage"], row["kind"],
                           *_counts(row), _compact_bytes(row["size_bytes"]),
                           _created(row["created"]), ",".join(row["inputs"]) or "-",
                           _params(row["params"], None if wide else PARAMS_WIDTH)))
@@ -179,7 +180,8 @@ def show(store_path, name, as_json):
         click.echo(json.dumps(info, indent=1, default=str))
         return
     names = f" as {','.join(info['names'])}" if info["names"] else ""
-    click.echo(f"stage {info['stage']}{names} ({info['kind']})")
+    runs = "".join(f"; unfinished run for {n}" for n in info["unfinished_runs"])
+    click.echo(f"stage {info['stage']}{names} ({info['kind']}){runs}")
     click.echo(f"created: {_created(info['created'])} on {info['host'] or '-'}; "
                f"{info['files']} file(s), {human_bytes(info['size_bytes'])}")
     versions = ", ".join(f"{k} {v}" for k, v in sorted(info["versions"].items()))

@@ -102,10 +102,35 @@ def _spec(name: str, params: list[Parameter], default, help_text: str,
     return spec
 
 
+class WholeNumber(click.ParamType):
+    """An integer option: a whole number, also written as a float (``--window 20.0`` is 20,
+    ``20.5`` is refused), by :func:`featpipe.parameters.whole_number`, the rule a pipeline
+    file and the library follow."""
+
+    name = "integer"
+
+    def convert(self, value, param, ctx):
+        from featpipe.parameters import whole_number
+
+        whole = whole_number(value)
+        if whole is None:
+            self.fail(f"must be a whole number, got {value!r}", param, ctx)
+        return whole
+
+
+def _whole(text: str) -> int:
+    from featpipe.parameters import whole_number
+
+    whole = whole_number(text)
+    if whole is None:
+        raise ValueError(text)
+    return whole
+
+
 def _list_of(kind: str):
     """The callback of a list-valued option: ``"4,6,8"`` -> ``[4, 6, 8]`` (items of type
     ``kind``: int, float or str)."""
-    convert = {"int": int, "float": float}.get(kind, str)
+    convert = {"int": _whole, "float": float}.get(kind, str)
 
     def split(ctx, param, value):
         if value is None:
@@ -126,7 +151,7 @@ def make_option(spec: Mapping) -> click.Option:
     if "choices" in spec:
         kwargs["type"] = click.Choice(spec["choices"])
     elif "type" in spec:
-        kwargs["type"] = {"int": int, "float": float}[spec["type"]]
+        kwargs["type"] = {"int": WholeNumber(), "float": float}[spec["type"]]
     if "metavar" in spec:
         kwargs["metavar"] = spec["metavar"]
     if "list" in spec:

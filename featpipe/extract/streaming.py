@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.content import file_changed_since_key
-from featpipe.errors import FeatpipeError, ItemError, describe_error
+from featpipe.errors import FeatpipeError, ItemError, WriteError, describe_error
 from featpipe.fileio import HOST, id_digest, safe_stem
 from featpipe.interrupts import critical
 from featpipe.io.video import SendFrames
@@ -460,7 +460,9 @@ class Extraction:
     decoded frames, ``on_warning(id, text)`` reports items accepted with lost frames (set
     them as attributes).  ``allow_partial`` keeps damaged videos' decodable frames.
     Closing the generator early (an interrupt, a failure with ``--on-error fail``) kills the
-    workers and removes the unfinished items' files: nothing half-written stays.
+    workers and removes the unfinished items' files: nothing half-written stays.  A store that
+    cannot be written (disk full) raises :class:`~featpipe.errors.WriteError` from ``run``
+    the same way: it is no item's fault, so no item is recorded as failed for it.
     """
 
     def __init__(self, stage: Stage, pool, sampling, outputs: FrameSinks | None = None, *,
@@ -503,6 +505,9 @@ class Extraction:
         try:
             with critical():  # an interrupt waits until the item is in place
                 pending.commit(self.stage, seconds=time.perf_counter() - item.started)
+        except WriteError:  # the store cannot be written: no item's fault, the run stops
+            pending.discard()
+            raise
         except Exception as err:
             pending.discard()
             return self._fail(item_id, describe_error(err))
@@ -519,6 +524,13 @@ class Extraction:
             with critical():
                 self.stage.record(item_id, "failed", error=error)
         return item_id, error
+
+    def _store_error(self, event: tuple) -> None:
+        """A worker could not write to the store (disk full): the run stops, no item is
+        recorded as failed for it (:meth:`_abandon` then removes what is unfinished)."""
+        _, item_id, error, pid = event
+        remove_partial_files(self.stage, item_id, pid)
+        raise error
 
     def _abandon(self) -> None:
         """Kill the workers; remove every unfinished item's temporary files."""
@@ -550,6 +562,8 @@ class Extraction:
                     yield self._commit(item_id, event[2], event[3])
                 elif kind == "error":
                     yield self._fail(item_id, event[2].cause, event[3])
+                elif kind == "store-error":
+                    self._store_error(event)
 
     def _run_model(self):
         """VGG-16: pack crops across items into batches; the model thread computes one
@@ -577,6 +591,8 @@ class Extraction:
                     if kind == "error":
                         yield self._fail(item_id, event[2].cause, event[3])
                         continue
+                    if kind == "store-error":
+                        self._store_error(event)
                     item = self._item(item_id)
                     if kind == "restart":  # the frames so far are void
                         item.output.abort()
@@ -615,6 +631,8 @@ class Extraction:
                                 preprocess.crop, preprocess, shape), shape)
                         try:
                             item.output.add(frame)
+                        except WriteError:
+                            raise
                         except Exception as err:
                             yield self._fail(item_id, describe_error(err))
                 for item_id in [i for i, it in self.items.items()
@@ -622,6 +640,8 @@ class Extraction:
                     item = self.items[item_id]
                     try:
                         pending = item.output.finish()
+                    except WriteError:
+                        raise
                     except Exception as err:
                         yield self._fail(item_id, describe_error(err))
                         continue

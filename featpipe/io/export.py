@@ -33,7 +33,13 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.errors import FeatpipeError, ParameterError
-from featpipe.fileio import atomic_save_npz, atomic_write, check_output_path, make_dirs
+from featpipe.fileio import (
+    atomic_save_npz,
+    atomic_write,
+    check_output_path,
+    make_dirs,
+    remove_stale_tmps,
+)
 from featpipe.store import Stage
 
 #: Output suffix -> format.
@@ -66,6 +72,7 @@ def export_stage(stage: Stage, output: str | Path, partial: bool = False
     arrays = export_arrays(stage, ids)
     path = Path(output)
     make_dirs(path.parent)
+    remove_stale_tmps(path)
     if fmt == "npz":
         atomic_save_npz(path, arrays)
     elif fmt == "hdf5":

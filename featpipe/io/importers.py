@@ -45,7 +45,7 @@ from featpipe.content import ContentHashes, changed_since_key, sha256_of, stat_r
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.fileio import check_h5_dataset, check_npy_header, first_line, npy_from_bytes
 from featpipe.io import matlab
-from featpipe.manifest import Manifest, ManifestItem, from_rows
+from featpipe.manifest import Manifest, ManifestItem, from_rows, normalisation_note
 from featpipe.parallel import ItemOutput
 
 log = logging.getLogger(__name__)
@@ -168,8 +168,9 @@ class NpyDirSource:
         paths = self._candidates(item)
         too_long = " (file name too long for this file system)" if any(
             _is_file(p) is None for p in paths) else ""
+        twins = "".join(dict.fromkeys(normalisation_note(p) for p in paths))
         return ("none of " + ", ".join(str(p)[:300] for p in paths)
-                + f" (formats tried: {', '.join(FOLDER_EXTENSIONS)}){too_long}")
+                + f" (formats tried: {', '.join(FOLDER_EXTENSIONS)}){too_long}{twins}")
 
 
 def _is_file(path: Path) -> bool | None:

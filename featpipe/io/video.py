@@ -68,7 +68,13 @@ from typing import Protocol
 
 import numpy as np
 
-from featpipe.errors import InputError, ItemError, ParameterError, describe_error
+from featpipe.errors import (
+    InputError,
+    ItemError,
+    ParameterError,
+    WriteError,
+    describe_error,
+)
 from featpipe.io.images import is_image, read_image
 from featpipe.parameters import declared
 
@@ -313,7 +319,9 @@ def iter_frames(path: str | os.PathLike, sampling: Sampling = Sampling(),
     sampling = sampling.validate()
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError("file does not exist")
+        from featpipe.manifest import normalisation_note
+
+        raise FileNotFoundError("file does not exist" + normalisation_note(path))
     if path.stat().st_size == 0:
         raise RuntimeError("empty file (0 bytes)")
     if is_image(path):
@@ -477,7 +485,8 @@ def _first_line(err: BaseException) -> str:
     """:func:`featpipe.errors.describe_error`, but a missing file and the decoders' own
     one-line causes (bare RuntimeErrors) read without a type name."""
     if isinstance(err, FileNotFoundError):
-        return "file does not exist"
+        own = err.filename is None and err.args  # iter_frames's own, with its note
+        return str(err.args[0]) if own else "file does not exist"
     text = str(err).strip()
     if type(err) is RuntimeError and text:
         return text.splitlines()[0]
@@ -515,6 +524,10 @@ def _decode_item(conn, request, decoder: str, program: WorkerProgram, log: _Stde
         conn.send(("end", item_id, job.finish(), problem and f"frames lost: {problem}"))
     except (BrokenPipeError, ConnectionError):
         raise
+    except WriteError as err:  # the store cannot be written: no item's fault, the run stops
+        if job is not None:
+            job.abort()
+        conn.send(("store-error", item_id, str(err)))
     except Exception as err:  # the parent turns it into an ItemError naming the file
         if job is not None:
             job.abort()
@@ -531,7 +544,9 @@ def _probe(path: str, decoder: str, log: _StderrLog) -> VideoInfo | str:
     try:
         file = Path(path)
         if not file.exists():
-            return "file does not exist"
+            from featpipe.manifest import normalisation_note
+
+            return "file does not exist" + normalisation_note(file)
         if file.stat().st_size == 0:
             return "empty file (0 bytes)"
         if is_image(file):
@@ -662,6 +677,7 @@ class DecodePool:
         ("restart", id)                        # forget the item's frames so far
         ("end", id, result, warning)           # the program's result; warning: frames lost
         ("error", id, ItemError, pid)          # the item failed in worker ``pid``
+        ("store-error", id, WriteError, pid)   # the store cannot be written (disk full)
 
     ``timeout`` is the time limit in seconds a worker may go without a message while it has
     an item: past it the worker is killed and its item fails (the next one gets a fresh
@@ -750,6 +766,10 @@ class DecodePool:
             if message[0] == "error":
                 item_id, path = worker.item
                 events.append(("error", item_id, ItemError(item_id, f"{path}: {message[2]}"),
+                               worker.pid))
+                worker.item = None
+            elif message[0] == "store-error":
+                events.append(("store-error", worker.item[0], WriteError(message[2]),
                                worker.pid))
                 worker.item = None
             else:

@@ -6,7 +6,8 @@
   stage against the checksums taken when they were written, then their values: readable,
   numeric, finite, and the same feature shape as the stage's other items; with ``repair``
   remove what is damaged so that a re-run recomputes exactly that (:func:`repair_stage`).
-- :func:`gc`: remove unnamed stages that no named stage needs, and stale temporary files.
+- :func:`gc`: remove unnamed stages that no named stage needs, what killed commands left
+  (temporary files and folders, stage folders without ``stage.json``, unlisted shard files).
 
 A broken stage (corrupt ``stage.json``, packed file, ledger line, name file) is reported as a
 ``problem:`` line and the others are still listed, verified or collected.
@@ -14,9 +15,9 @@ A broken stage (corrupt ``stage.json``, packed file, ledger line, name file) is 
 
 from __future__ import annotations
 
+import json
 import math
 import os
-import re
 import shutil
 import time
 import zipfile
@@ -29,14 +30,21 @@ import numpy as np
 
 from featpipe.checksums import ChecksumError, DamagedItem, check, file_checksum
 from featpipe.errors import FeatpipeError, ParameterError
-from featpipe.fileio import check_npy_header, first_line, process_gone, safe_stem, writing
+from featpipe.fileio import (
+    HOST,
+    TMP_NAME,
+    check_npy_header,
+    first_line,
+    safe_stem,
+    stale_tmp,
+    writing,
+)
 from featpipe.io.importers import describe, signature
 from featpipe.pack import repair_pack
+from featpipe.packed import PACK_DIR, PACK_INDEX
 from featpipe.progress import stage_progress
-from featpipe.stages.base import Reporter, running_names
-from featpipe.store import MODEL_SUMS, Stage, Store
-
-_TMP = re.compile(r"\.tmp\.([^./]+)\.(\d+)$")
+from featpipe.stages.base import Reporter, latest_stage, running_names
+from featpipe.store import CREATION_GRACE_S, MODEL_SUMS, STAGE_FOLDER, Stage, Store
 
 
 def store_problems(store: Store) -> tuple[list[Stage], list[str], list[str]]:
@@ -206,6 +214,14 @@ def names_by_folder(store: Store) -> dict[str, list[str]]:
     return by_folder
 
 
+def runs_by_folder(store: Store) -> dict[str, list[str]]:
+    """The names whose unfinished run computes each stage folder (``names/.running``)."""
+    by_folder: dict[str, list[str]] = {}
+    for name, folder in running_names(store).items():
+        by_folder.setdefault(folder, []).append(name)
+    return by_folder
+
+
 def model_arrays(stage: Stage, name: str) -> dict[str, dict]:
     """Shape and dtype of each array of model ``name``, read from the ``.npz`` headers (no
     array is loaded)."""
@@ -226,15 +242,18 @@ def model_arrays(stage: Stage, name: str) -> dict[str, dict]:
 
 
 def describe_stage(stage: Stage, names: Sequence[str] = (), sizes: bool = True,
-                   models: bool = False) -> dict:
+                   models: bool = False, runs: Sequence[str] = ()) -> dict:
     """What ``cache ls``/``cache show`` print about a stage, as JSON-ready data.
 
+    ``runs`` (``unfinished_runs``) are the names whose unfinished run computes the stage
+    (``featpipe status NAME`` follows them here).
     Item stages have ``items`` (total, done, failed); fit stages have ``models`` (their
     names, or with ``models=True`` each model's arrays and metadata).  ``size_bytes`` sums
     the files of the stage folder.
     """
     meta = stage.meta
-    info = {"stage": stage.name, "names": list(names), "kind": stage.kind, "key": stage.key,
+    info = {"stage": stage.name, "names": list(names), "unfinished_runs": list(runs),
+            "kind": stage.kind, "key": stage.key,
             "created": meta.get("created"), "host": meta.get("host"),
             "dtype": meta.get("dtype", "float32"), "versions": meta.get("versions", {}),
             "inputs": stage.input_names, "params": stage.params}
@@ -263,11 +282,12 @@ def list_stages(store: Store) -> tuple[list[dict], list[str]]:
     """:func:`describe_stage` of every stage, and the problems of those that cannot be read."""
     stages, broken, name_problems = store_problems(store)
     problems = broken + name_problems
-    names = names_by_folder(store)
+    names, runs = names_by_folder(store), runs_by_folder(store)
     rows = []
     for stage in stages:
         try:
-            rows.append(describe_stage(stage, names.get(stage.name, [])))
+            rows.append(describe_stage(stage, names.get(stage.name, []),
+                                       runs=runs.get(stage.name, [])))
         except FeatpipeError as err:
             problems.append(f"stage {stage.name}: {err}")
     return rows, problems
@@ -293,9 +313,10 @@ def input_chain(stage: Stage, names: dict[str, list[str]]) -> list[dict]:
 def show(store: Store, name: str) -> dict:
     """Everything about stage ``name`` (``cache show``): :func:`describe_stage` with models in
     full, the inputs chain, and for item stages the timings and the first item's shape."""
-    stage = store.resolve(name)
+    stage = latest_stage(store, name)
     names = names_by_folder(store)
-    info = describe_stage(stage, names.get(stage.name, []), models=True)
+    info = describe_stage(stage, names.get(stage.name, []), models=True,
+                          runs=runs_by_folder(store).get(stage.name, []))
     info["input_chain"] = input_chain(stage, names)
     if not stage.is_model_stage:
         progress = stage_progress(stage)
@@ -315,13 +336,15 @@ def show(store: Store, name: str) -> dict:
     return info
 
 
-def _needed(store: Store) -> tuple[set[str], list[str]]:
-    """Stage folders reachable from a name through the inputs chain, and the named or needed
-    stages whose inputs cannot be read (gc then removes no stage: it cannot tell which of
-    the others they need)."""
+def _needed(store: Store, stages: Sequence[Stage]) -> tuple[set[str], list[str]]:
+    """Stage folders reachable through the inputs chain from a name, from the marker of an
+    unfinished named run, or from a stage a live process computes (named or not: its
+    inputs are read while it runs), and the named or needed stages whose inputs cannot be
+    read (gc then removes no stage: it cannot tell which of the others they need)."""
     keep: set[str] = set()
     unreadable: list[str] = []
-    todo = [*store.names().values(), *running_names(store).values()]
+    todo = [*store.names().values(), *running_names(store).values(),
+            *(stage.name for stage in stages if stage.running_processes())]
     while todo:
         folder = todo.pop()
         if folder in keep or not (store.stages_dir / folder / "stage.json").exists():
@@ -343,14 +366,72 @@ def _last_activity(stage_path: Path) -> float:
     return max((p.stat().st_mtime for p in paths if p.exists()), default=0.0)
 
 
-def _is_stale_tmp(path: Path, max_age_s: float) -> bool:
-    """A temporary file whose writer is gone: same host and dead pid, or older than max age."""
-    match = _TMP.search(path.name)
-    if match is None:
-        return False
-    if process_gone(match.group(1), int(match.group(2))):
-        return True
-    return time.time() - path.stat().st_mtime > max_age_s
+def _remove_folder(path: Path) -> None:
+    """Rename the folder to a temporary name of this process (atomic: a stage is there or
+    gone), then delete it; a gc killed meanwhile leaves ``<folder>.tmp.<host>.<pid>``, which
+    the next gc finds (:func:`_leftovers`)."""
+    with writing(path, "remove"):
+        if not TMP_NAME.search(path.name):
+            trash = path.with_name(f"{path.name}.tmp.{HOST}.{os.getpid()}")
+            os.replace(path, trash)
+            path = trash
+        shutil.rmtree(path)
+
+
+def _remove_file(path: Path) -> None:
+    with writing(path, "remove"):
+        path.unlink(missing_ok=True)
+
+
+def _leftovers(store: Store, stages: Sequence[Stage], min_age: float
+               ) -> list[tuple[Path, str]]:
+    """What killed commands left in the store: folders a killed gc was deleting
+    (``stages/<folder>.tmp.<host>.<pid>``), stage folders without ``stage.json`` (a killed
+    creation or an older gc) untouched for ``min_age`` minutes, and the shard files of a
+    killed ``cache pack`` that its index does not list (while no pack holds the stage's
+    lock, and written ``min_age`` minutes ago: a file system without locks is not trusted
+    to say)."""
+    found: list[tuple[Path, str]] = []
+    if store.stages_dir.is_dir():
+        for path in sorted(store.stages_dir.iterdir()):
+            if not path.is_dir():
+                continue
+            if TMP_NAME.search(path.name) and stale_tmp(path):
+                found.append((path, "folder of a killed gc"))
+            elif STAGE_FOLDER.match(path.name) and not (path / "stage.json").exists() and \
+                    time.time() - _last_activity(path) > max(CREATION_GRACE_S, min_age * 60):
+                found.append((path, "stage folder without stage.json"))
+    for stage in stages:
+        found += [(path, "shard file of a killed pack") for path in _unlisted_shards(stage)
+                  if time.time() - path.stat().st_mtime > min_age * 60]
+    return found
+
+
+def _unlisted_shards(stage: Stage) -> list[Path]:
+    """Shard files of ``stage`` its pack index does not list (none while a pack runs)."""
+    folder = stage.path / PACK_DIR
+    shards = sorted(folder.glob("shard-*.h5")) if folder.is_dir() else []
+    if not shards:
+        return []
+
+    def busy() -> None:
+        raise _Busy
+
+    try:
+        with stage.exclusive("pack", busy):
+            try:
+                listed = set(json.loads((folder / PACK_INDEX).read_text())["files"])
+            except FileNotFoundError:
+                listed = set()
+            except (OSError, ValueError, KeyError, TypeError):
+                return []  # a damaged index: verify reports it, nothing is guessed
+            return [path for path in shards if path.name not in listed]
+    except _Busy:
+        return []
+
+
+class _Busy(Exception):
+    """A pack holds the stage's pack lock."""
 
 
 def _size_and_files(path: Path) -> tuple[int, int]:
@@ -379,18 +460,19 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
        reporter: Reporter | None = None) -> GcResult:
     """Remove unnamed stages that no named stage needs and stale temporary files.
 
-    A stage is needed when a name or the marker of an unfinished named run
-    (``names/.running/NAME``, also after its process was killed) points to it or to a stage
-    computed from it; a stage a live process is computing (its ``running/`` marker) is kept,
-    and so is one written to in the last ``min_age`` minutes (it may be in use).  A temporary file
-    (``*.tmp.<host>.<pid>``) is stale when its process is gone (same host) or it is older than
-    a day.  While a name or a needed stage cannot be read, no stage is removed.
+    A stage is needed when a name, the marker of an unfinished named run
+    (``names/.running/NAME``, also after its process was killed) or a live process computing
+    a stage (its ``running/`` marker, named run or not) points to it or to a stage computed
+    from it; a stage written to in the last ``min_age`` minutes is kept too (it may be in
+    use).  A temporary file (``*.tmp.<host>.<pid>``) is stale when its process is gone (same
+    host) or it is older than a day.  While a name or a needed stage cannot be read, no
+    stage is removed.
     """
     if not math.isfinite(min_age) or min_age < 0:
         raise ParameterError("min_age", f"must be a number of minutes >= 0, got {min_age}")
     reporter = reporter or Reporter()
     stages, broken, name_problems = store_problems(store)
-    keep, unreadable = _needed(store)
+    keep, unreadable = _needed(store, stages)
     for problem in broken + name_problems + unreadable:
         reporter.warn(f"problem: {problem}")
     blocked = name_problems + unreadable
@@ -403,36 +485,39 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
     for stage in stages:
         if stage.name in keep or blocked:
             continue
-        running = stage.running_processes()
-        if running:
-            reporter.info(f"kept stage {stage.name}: being computed by {', '.join(running)}")
-            continue
         if now - _last_activity(stage.path) < min_age * 60:
             reporter.info(f"kept stage {stage.name}: written to less than {min_age:g} min ago")
             continue
         size = _size_and_files(stage.path)[0]
         if not dry_run:
-            with writing(stage.path, "remove"):
-                shutil.rmtree(stage.path)
+            _remove_folder(stage.path)
         freed += size
         removed.append(stage.path)
         reporter.info(f"{verb} stage {stage.name} ({size / 1e6:.1f} MB)")
+    leftovers = [] if blocked else _leftovers(
+        store, [s for s in stages if s.path not in removed], min_age)
+    for path, what in leftovers:
+        size = _size_and_files(path)[0] if path.is_dir() else path.stat().st_size
+        if not dry_run:
+            _remove_folder(path) if path.is_dir() else _remove_file(path)
+        freed += size
+        reporter.info(f"{verb} {what} {path}")
     tmp_files = 0
     if store.root.is_dir():
         for path in sorted(store.root.rglob("*.tmp.*")):
-            if any(path.is_relative_to(gone) for gone in removed):
+            if any(path.is_relative_to(gone) for gone in [*removed, *dict(leftovers)]):
                 continue
-            if path.is_file() and _is_stale_tmp(path, max_age_s=86400):
+            if path.is_file() and stale_tmp(path):
                 size = path.stat().st_size
                 if not dry_run:
-                    with writing(path, "remove"):
-                        path.unlink(missing_ok=True)
+                    _remove_file(path)
                 freed += size
                 tmp_files += 1
                 reporter.info(f"{verb} temporary file {path}")
     for name, folder in store.names().items():
         if not (store.stages_dir / folder / "stage.json").exists():
             reporter.warn(f"warning: name {name!r} points to missing stage {folder}")
-    reporter.info(f"gc: {verb} {len(removed)} stage(s) and {tmp_files} temporary file(s), "
-                  f"{freed / 1e6:.1f} MB; kept {len(keep)} named or needed stage(s)")
+    reporter.info(f"gc: {verb} {len(removed)} stage(s), {len(leftovers)} leftover(s) of killed "
+                  f"commands and {tmp_files} temporary file(s), {freed / 1e6:.1f} MB; kept "
+                  f"{len(keep)} named or needed stage(s)")
     return GcResult(removed, freed, broken + name_problems + unreadable)

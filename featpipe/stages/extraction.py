@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from featpipe.content import CACHE_NAME, ContentHashes, save_read_hashes
-from featpipe.errors import FeatpipeError, ItemError, ParameterError
+from featpipe.errors import FeatpipeError, ItemError, ParameterError, WriteError
 from featpipe.extract.estimate import (
     Layout,
     Totals,
@@ -61,7 +61,7 @@ from featpipe.interrupts import Interrupt, Interrupted, interruptible
 from featpipe.io.images import is_image
 from featpipe.io.video import DecodePool, Sampling
 from featpipe.manifest import Manifest
-from featpipe.parallel import make_executor, parse_shard, plan, resolve_jobs
+from featpipe.parallel import make_executor, parse_shard, plan, resolve_jobs, store_stopped
 from featpipe.parameters import parameter_record, typed_value
 from featpipe.stages.base import (
     Reporter,
@@ -425,8 +425,8 @@ def _extraction(stage, pool, sampling, chosen: Chosen, sinks, settings: ExtractS
 def _run(stage, extraction: Extraction, todo: list[tuple[str, str]], summary, total: Totals,
          options: RunOptions, reporter: Reporter, name: str | None) -> StageRun:
     """Run the items ``todo`` (id, path) in this process's pipeline: progress in frames, one
-    summary line, the first failure ends the run with ``on_error='fail'``; a signal ends it
-    cleanly."""
+    summary line, the first failure ends the run with ``on_error='fail'``; a signal or a store
+    that cannot be written (disk full) ends it cleanly, with one line."""
     extraction.on_warning = lambda item_id, text: reporter.warn(f"warning: {item_id}: {text}")
     runs = extraction.run(todo)
     try:
@@ -447,6 +447,9 @@ def _run(stage, extraction: Extraction, todo: list[tuple[str, str]], summary, to
         runs.close()
         left = len(todo) - summary.done
         raise Interrupted(signal_.signum, summary.done, left) from None
+    except WriteError as err:  # the store's disk: no item failed, the rerun resumes
+        runs.close()
+        raise store_stopped(err, stage, [i for i, _ in todo], summary.skipped) from None
     finally:
         runs.close()
     reporter.info(f"summary: {summary.line()}")

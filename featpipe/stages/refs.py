@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from featpipe.errors import FeatpipeError
 from featpipe.fileio import writing
 from featpipe.progress import stage_progress
-from featpipe.stages.base import RUNNING, Reporter, running_names
+from featpipe.stages.base import RUNNING, Reporter, latest_stage, running_names
 from featpipe.store import Stage, Store
 
 _KEY = re.compile(r"^[0-9a-f]{6,}$")
@@ -61,7 +61,9 @@ class References:
 
 
 def find_stage(store: Store, text: str) -> Stage:
-    """The stage called ``text``: a name, a stage folder (``kind-key``) or a key alone."""
+    """The stage called ``text``: a name, a stage folder (``kind-key``) or a key alone.  A
+    name whose last run has not completed gives the stage that run computes, as ``featpipe
+    status NAME`` does (:func:`~featpipe.stages.base.latest_stage`)."""
     store.require()
     if _KEY.match(text) and not (store.names_dir / text).is_file():
         matches = sorted(p.name for p in store.stages_dir.glob(f"*-{text}*")
@@ -71,7 +73,7 @@ def find_stage(store: Store, text: str) -> Stage:
         if len(matches) > 1:
             raise FeatpipeError(f"key {text!r} matches {len(matches)} stages: "
                                 f"{', '.join(matches)}; give more of it")
-    return store.resolve(text)
+    return latest_stage(store, text)
 
 
 def references(store: Store, folder: str) -> References:

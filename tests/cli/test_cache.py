@@ -120,7 +120,8 @@ def test_gc_keeps_named_and_needed_stages_and_removes_stale_tmp(filled, cli):
     assert orphan.path.exists() and stale.exists()
     result = cli("cache", "gc", "--store", store.root)
     assert result.exit_code == 0, result.output
-    assert "removed 1 stage(s) and 1 temporary file(s)" in result.output
+    assert "removed 1 stage(s), 0 leftover(s) of killed commands and 1 temporary file(s)" \
+        in result.output
     assert not orphan.path.exists() and not stale.exists()
     assert alive.exists() and other_host_recent.exists()
     assert base.path.exists() and child.path.exists()  # base is needed by the named child

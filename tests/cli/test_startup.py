@@ -98,7 +98,9 @@ def test_generated_options_parse_as_before():
     from featpipe.cli.fit_gmm import fit_gmm
 
     options = {p.name: p for p in encode.params}
-    assert options["window"].type is click.INT and options["window"].default is None
+    from featpipe.cli.options import WholeNumber
+
+    assert isinstance(options["window"].type, WholeNumber) and options["window"].default is None
     assert options["per_frame"].opts == ["--per-frame"] and \
         options["per_frame"].secondary_opts == ["--per-item"]
     assert options["gmm"].metavar == "NAME"

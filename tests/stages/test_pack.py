@@ -119,8 +119,7 @@ def test_encode_reads_a_packed_input_stage_transparently(cli, tmp_path):
 
 def test_a_second_packer_is_refused_while_one_runs(tmp_path):
     _, stage = finished_stage(tmp_path, n=3)
-    (stage.path / "packed").mkdir()
-    (stage.path / "packed" / "pack.lock").write_text("otherhost 1\n")
-    with pytest.raises(FeatpipeError, match="is being packed by another process"):
+    with stage.exclusive("pack", lambda: None), \
+            pytest.raises(FeatpipeError, match="is being packed by another process"):
         pack_stage(stage)
     assert len(loose_files(stage)) == 6 and PackedItems.open(stage.path) is None

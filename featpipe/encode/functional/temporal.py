@@ -61,6 +61,7 @@ from featpipe.encode.svr import (
     rank_svr_unit_gram,
 )
 from featpipe.errors import InputError, ParameterError
+from featpipe.fileio import human_bytes, memory_bytes
 
 SOLVERS = ("newton", "liblinear")
 DIRECTIONS = ("fwd", "rev", "both")
@@ -813,12 +814,31 @@ def recursive_rank_pool_sequences(seqs, *, depth, psi, C, epsilon, directions, s
 
 def check_rank_pooling_rules(params: Mapping[str, object]) -> None:
     """The rules between rank-pooling parameters (``params`` may hold some of them): the
-    liblinear solver runs on the CPU only; ``emit_layer`` ≤ ``depth``."""
+    liblinear solver runs on the CPU only; ``emit_layer`` ≤ ``depth``; with psi ser, a depth
+    whose vectors fit in this machine's memory (:func:`check_ser_depth_fits`)."""
     if params.get("solver") == "liblinear" and params.get("device", "cpu") != "cpu":
         raise ParameterError("solver", "liblinear runs on the CPU only; use device cpu")
     emit, depth = params.get("emit_layer"), params.get("depth")
     if emit is not None and depth is not None and emit > depth:
         raise ParameterError("emit_layer", f"must be between 1 and depth={depth}, got {emit}")
+    if depth is not None and params.get("psi") == "ser":
+        check_ser_depth_fits(depth, emit)
+
+
+def check_ser_depth_fits(depth: int, emit: int | None) -> None:
+    """SER doubles the dimension at every layer, so an item's vector has 2^layers times
+    its input's values (ψ applied ``depth`` times, ``emit_layer`` − 1 for a layer's
+    sequence): refuse, before anything is computed, a depth whose vectors exceed this
+    machine's memory even for a one-dimensional input."""
+    layers = depth if emit is None else emit - 1
+    need, memory = 4 * 2 ** layers, memory_bytes()  # float32 values
+    if need > memory:
+        most = (memory // 4).bit_length() - 1
+        raise ParameterError("depth", f"{depth} with psi ser doubles the dimension {layers} "
+                             f"times: each item's vector needs {human_bytes(need)} per "
+                             f"input feature, more than this machine's memory "
+                             f"({human_bytes(memory)}); use depth <= {most} (fewer for "
+                             "wide inputs) or psi ssr")
 
 
 # ---------------------------------------------------------------------------------------------
