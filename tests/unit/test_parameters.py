@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from numbers import Integral, Real
 
 import pytest
 
@@ -70,3 +71,52 @@ def test_library_errors_name_parameters_and_the_cli_shows_flags(cli, tmp_path):
                  "--top-k", "3")
     assert result.exit_code == 2
     assert "error: --top-k must lie in 1..n_components (2), got 3" in result.stderr
+
+
+def test_a_parameter_whose_default_is_none_is_typed_by_its_declaration():
+    """``contrast_threshold`` (default None) takes floats: 2 and 2.0 are one record, one key;
+    ``max_pixels`` (default None) takes ints: 100.0 is 100 (issue 31 §4)."""
+    from featpipe.extract.dsift import DenseSIFT
+    from featpipe.parameters import estimator_parameters, parameter_record
+
+    params = estimator_parameters(DenseSIFT)
+    as_int = parameter_record(params, {"contrast_threshold": 2, "max_pixels": 100.0})
+    as_float = parameter_record(params, {"contrast_threshold": 2.0, "max_pixels": 100})
+    assert as_int == as_float
+    assert repr(as_int["contrast_threshold"]) == "2.0" and repr(as_int["max_pixels"]) == "100"
+    assert parameter_record(params, {})["contrast_threshold"] is None
+
+
+def test_typed_value_follows_the_declaration_then_the_default():
+    import numpy as np
+    from sklearn.utils._param_validation import Interval
+
+    from featpipe.parameters import typed_value
+
+    assert repr(typed_value(5, (float,))) == "5.0"
+    assert repr(typed_value(20.0, [Interval(Integral, 1, None, closed="left")])) == "20"
+    assert repr(typed_value(5, [Interval(Real, 0, None, closed="left"), None])) == "5.0"
+    assert repr(typed_value(3, (), 1.5)) == "3.0" and repr(typed_value(3.0, (), 1)) == "3"
+    assert repr(typed_value(3.0, (int, float))) == "3.0"  # both taken: kept as given
+    assert repr(typed_value(3, "no_validation", 0.5)) == "3.0"
+    assert repr(typed_value(np.float32(2.5), (float,))) == "2.5"
+    assert repr(typed_value(np.int64(4), (), 1.0)) == "4.0"
+    assert typed_value((8, 16.0), (), (4,)) == [8, 16] and typed_value([], (), ()) == []
+    assert typed_value([1, 2], (), []) == [1, 2]
+    assert typed_value(False, (int,)) is False and typed_value("ssr", (str,)) == "ssr"
+    assert repr(typed_value(7, ["random_state"])) == "7"
+
+
+def test_a_record_fills_defaults_in_declaration_order_and_refuses_strangers():
+    from featpipe.encode.temporal import HierarchicalRankPooling
+    from featpipe.parameters import estimator_parameters, parameter_record
+
+    params = estimator_parameters(HierarchicalRankPooling)
+    record = parameter_record(params, {"window": 10.0})
+    assert list(record) == [p.name for p in params]
+    assert repr(record["window"]) == "10"
+    with pytest.raises(ParameterError, match=r"^windw is not a parameter of --method hrp "
+                       r"\(did you mean window\?\)$"):
+        parameter_record(params, {"windw": 3}, "--method hrp")
+    with pytest.raises(ParameterError, match=r"^zzz is not a parameter of this stage$"):
+        parameter_record(params, {"zzz": 3})
