@@ -185,3 +185,42 @@ def test_smoothing_matches_vlfeat_kernel():
         radius = int(np.ceil(4 * sigma))
         expected = gaussian_filter(image, sigma, mode="nearest", radius=radius)
         np.testing.assert_allclose(vlfeat_smooth(image, sigma), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize(("sizes", "step", "start"), [((4,), 2, 0), ((4, 6, 8), 3, 1),
+                                                      ((6,), 5, 0)])
+def test_an_image_exactly_at_the_minimum_size_has_descriptors_one_pixel_less_none(
+        sizes, step, start):
+    """``min_side`` is 4 bins of the smallest size past its grid offset: a square image of that
+    side has exactly ``count`` descriptors (>= 1), one pixel narrower or shorter has none
+    (issue 31 §4); both engines keep the same grid."""
+    sift = DenseSIFT(sizes=sizes, step=step, start=start, contrast_threshold=0)
+    side = sift.min_side()
+    assert side == min(start + int(1.5 * (max(sizes) - s)) + 3 * s + 1 for s in sizes)
+    assert f"at least {side}x{side}" in sift.minimum_size()
+    image = np.random.default_rng(0).random((side, side))
+    for engine in ("featpipe", "opencv"):
+        sift.set_params(engine=engine)
+        result = sift.compute(image)
+        assert len(result.descriptors) == sift.count(side, side) >= 1, engine
+        for shape in ((side - 1, side), (side, side - 1)):
+            assert sift.count(*shape) == 0
+            assert len(sift.compute(image[:shape[0], :shape[1]]).descriptors) == 0, engine
+    one = min(sizes)  # the smallest size has the smallest minimum: one frame, at its centre
+    first = start + int(1.5 * (max(sizes) - one))
+    frames, _ = dsift(image, one, step, (first, first, side - 1, side - 1))
+    np.testing.assert_array_equal(frames[:, :2], [[first + 1.5 * one, first + 1.5 * one]])
+
+
+@pytest.mark.vlfeat
+@pytest.mark.parametrize("size", [4, 7])
+def test_the_minimum_size_frame_matches_cyvlfeat(size):
+    """A (3s + 1)² image holds one frame, and so it does for VLFeat."""
+    sift = pytest.importorskip("cyvlfeat.sift")
+    image = np.random.default_rng(size).random((3 * size + 1, 3 * size + 1)).astype(np.float32)
+    ref_frames, ref_desc = sift.dsift(image, step=1, size=size, fast=True, norm=True,
+                                      float_descriptors=True, window_size=1.5)
+    frames, desc = dsift(image, size, 1, window_size=1.5)
+    assert len(frames) == len(ref_frames) == 1
+    np.testing.assert_array_equal(frames[:, :2], ref_frames[:, [1, 0]])
+    assert _cosines(desc, ref_desc / 512).min() >= 0.999

@@ -174,3 +174,23 @@ def test_chi2_kernel_memory_is_the_matrix_plus_blocks():
     matrix = kernel.nbytes
     block = X.shape[0] * X.shape[1] * 8  # one float64 copy of a D-block
     assert peak <= matrix + 3 * block + 2**20, (peak, matrix)
+
+
+@pytest.mark.parametrize("kernel", ["chi2", "chi2+ser", "chi2-exp", "linear", "ssr"])
+def test_a_train_kernel_of_more_than_256_items_is_filled_and_symmetric(kernel):
+    """The train×train matrix computes its lower triangle and mirrors it in blocks of 256
+    rows: with 300 items every block off the diagonal must equal K(X, X) computed as a test
+    kernel (no mirroring), and the chi2 one the literal definition (issue 31 §4)."""
+    rng = np.random.default_rng(1)
+    X = rng.random((300, 6)) ** 2
+    if kernel in ("chi2", "chi2+ser"):
+        X[::3] *= -1  # signed rows: VLFeat's rule
+    fitted = K.PrecomputedKernel(kernel).fit(X)
+    train = fitted.train_kernel_
+    assert train.shape == (300, 300)
+    if kernel.startswith("chi2"):  # mirrored: exactly symmetric
+        np.testing.assert_array_equal(train, train.T)
+    assert_rel(train, fitted.transform(X))
+    assert np.abs(train[:256, 256:]).max() > 0
+    if kernel == "chi2":
+        assert_rel(train, literal_chi2(X, X))
