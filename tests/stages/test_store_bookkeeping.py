@@ -12,6 +12,7 @@ import pytest
 
 import featpipe.store
 from featpipe import FORMAT_VERSION
+from featpipe.errors import FeatpipeError
 from featpipe.manifest import from_rows
 from featpipe.store import Store
 
@@ -148,3 +149,110 @@ def test_a_well_formed_line_with_defaults_counts(tmp_path):
     assert stage.done_ids() == {"x", "y"}
     entry = stage.item_states()["x"]
     assert (entry.seconds, entry.time, entry.error) == (0.0, 0.0, None)
+
+
+def test_a_planned_stage_writes_nothing(tmp_path):
+    """A dry run plans a stage (its key and items) without creating it: every write refuses
+    in one line and leaves the store without a stage folder."""
+    items = from_rows([("x", "x.npy", ["a"], ["train"])], root=tmp_path)
+    planned = Store(tmp_path / "s").stage("import", {"p": 1}, items=items, create=False)
+    assert not planned.path.exists() and planned.items.ids == ["x"]
+    writes = [lambda: planned.write_item("x", np.ones(3)),
+              lambda: planned.record("x", "failed", error="e"),
+              planned.mark_running,
+              lambda: planned.save_model("m", {"a": np.ones(2)}),
+              lambda: planned.exclusive("run", lambda: None).__enter__()]
+    for write in writes:
+        with pytest.raises(FeatpipeError, match="is only planned"):
+            write()
+    assert not planned.path.exists()
+
+
+def test_an_item_records_the_seconds_it_took(tmp_path):
+    stage = _stage(tmp_path)
+    stage.write_item("x", np.ones(3), seconds=1.25)
+    stage.record("y", "failed", seconds=0.5, error="e")
+    states = stage.item_states()
+    assert (states["x"].seconds, states["y"].seconds) == (1.25, 0.5)
+    with pytest.raises(ValueError, match="ledger status must be 'done' or 'failed'"):
+        stage.record("x", "skipped")
+
+
+def test_running_processes_are_the_live_markers_of_this_host_and_fresh_ones_of_others(
+        tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from featpipe.fileio import HOST
+
+    stage = _stage(tmp_path)
+    assert stage.running_processes() == []
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    folder = stage.path / "running"
+    folder.mkdir()
+    (folder / f"{HOST}-{gone.stdout.strip()}").touch()  # a process of this host, ended
+    (folder / f"{HOST}-notapid").touch()
+    (folder / "elsewhere-12").touch()  # another host, seen recently
+    (folder / "faraway-13").touch()
+    old = time.time() - 3 * 86400
+    os.utime(folder / "faraway-13", (old, old))  # another host, silent for three days
+    stage.mark_running()
+    me = f"{HOST}-{os.getpid()}"
+    assert stage.running_processes() == sorted(["elsewhere-12", me])
+    assert not (folder / f"{HOST}-{gone.stdout.strip()}").exists()  # removed as stale
+    stage.unmark_running()
+    assert stage.running_processes() == ["elsewhere-12"]
+
+
+def test_a_store_folder_is_required_to_be_one(tmp_path):
+    with pytest.raises(FeatpipeError, match="the folder does not exist"):
+        Store(tmp_path / "none").require()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FeatpipeError, match="the folder is not a folder|is not a folder"):
+        Store(tmp_path / "file").require()
+    (tmp_path / "other").mkdir()
+    assert Store(tmp_path / "other").require().root == tmp_path / "other"  # empty: a new store
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    with pytest.raises(FeatpipeError, match="is not a featpipe store"):
+        Store(tmp_path / "other").require()
+    (tmp_path / "other" / "names").mkdir()
+    assert Store(tmp_path / "other").require()
+
+
+def test_names_resolve_to_stages_and_nothing_else(tmp_path):
+    stage = _stage(tmp_path)
+    store = stage.store
+    assert store.names() == {}
+    with pytest.raises(FeatpipeError, match=r"no stage named 'x' .*\(names: none yet"):
+        store.resolve("x")
+    store.set_name("feat", stage)
+    assert store.names() == {"feat": stage.name} and store.resolve("feat") == stage
+    assert store.resolve(stage.name) == stage
+    missing = stage.name[:-1] + ("0" if stage.name[-1] != "0" else "1")
+    with pytest.raises(FeatpipeError, match=f"no stage named '{missing}'"):
+        store.resolve(missing)  # a well-formed folder name that is no stage
+    (store.names_dir / "gone").write_text(missing + "\n")
+    with pytest.raises(FeatpipeError, match=f"name 'gone' points to missing stage {missing}"):
+        store.resolve("gone")
+
+
+def test_models_are_listed_and_an_object_array_is_refused_naming_it(tmp_path):
+    from tests.conftest import object_npy_bytes
+
+    stage = Store(tmp_path / "s").stage("fit-pca", {"dim": 2})
+    assert stage.model_names() == [] and not stage.has_model("pca")
+    stage.save_model("pca", {"w": np.eye(2)})
+    assert stage.model_names() == ["pca"] and stage.has_model("pca")
+    (stage.path / "models" / "pca.json").unlink()
+    assert not stage.has_model("pca")
+    import zipfile
+
+    with zipfile.ZipFile(stage.path / "models" / "bad.npz", "w") as archive:
+        archive.writestr("w.npy", object_npy_bytes())
+    (stage.path / "models" / "bad.json").write_text("{}")
+    with pytest.raises(FeatpipeError, match=r"array 'w' in .*bad.npz is an object array "
+                       r"\(featpipe never unpickles\)"):
+        stage.load_model("bad")
