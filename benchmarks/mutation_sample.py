@@ -47,9 +47,24 @@ def _is_docstring(node: ast.AST, parent: ast.AST | None) -> bool:
                       ast.AsyncFunctionDef) and parent.body and parent.body[0] is node
 
 
+def annotation_nodes(tree: ast.Module) -> set[int]:
+    """``id`` of every node inside an annotation: never evaluated under ``from __future__
+    import annotations``, so a mutation there is equivalent and is not drawn."""
+    roots = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg | ast.AnnAssign) and node.annotation is not None:
+            roots.append(node.annotation)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns:
+            roots.append(node.returns)
+    return {id(inner) for root in roots for inner in ast.walk(root)}
+
+
 def mutation_points(tree: ast.Module) -> list[tuple[int, str, tuple]]:
-    """Every ``(line, description, path)`` of one mutation; ``path`` finds the node again."""
+    """Every ``(line, description, path)`` of one mutation; ``path`` finds the node again.
+    Points inside annotations are numbered too (numbers stay those of earlier runs) and
+    marked ``annotation`` in their description."""
     points = []
+    annotations = annotation_nodes(tree)
     parents: dict[int, ast.AST] = {}
     for parent in ast.walk(tree):
         for child in ast.iter_child_nodes(parent):
@@ -57,6 +72,10 @@ def mutation_points(tree: ast.Module) -> list[tuple[int, str, tuple]]:
     for index, node in enumerate(ast.walk(tree)):
         line = getattr(node, "lineno", 0)
         parent = parents.get(id(node))
+        if id(node) in annotations:
+            if isinstance(node, ast.BinOp):
+                points.append((line, "annotation", (index, "bin", 0)))
+            continue
         if isinstance(node, ast.Compare):
             for k, op in enumerate(node.ops):
                 if type(op) in _CMP_SWAP:
@@ -173,14 +192,16 @@ def main() -> None:
     source = (REPO / args.module).read_text(encoding="utf-8")
     tree = ast.parse(source)
     points = mutation_points(tree)
-    numbered = list(enumerate(points))
+    numbered = [(n, p) for n, p in enumerate(points) if p[1] != "annotation"]
     if args.sample and args.sample < len(points):
         numbered = sorted(random.Random(args.seed).sample(numbered, args.sample))
     if args.only:
         wanted = {int(n) for n in args.only.split(",")}
         numbered = [(n, p) for n, p in enumerate(points) if n in wanted]
     lines = source.splitlines()
-    print(f"{args.module}: {len(points)} mutation points, running {len(numbered)}", flush=True)
+    drawable = sum(p[1] != "annotation" for p in points)
+    print(f"{args.module}: {len(points)} mutation points ({len(points) - drawable} in "
+          f"annotations, not drawn), running {len(numbered)}", flush=True)
     if args.list:
         for n, (line, what, _) in numbered:
             print(f"#{n} line {line}: {what}: {lines[line - 1].strip()[:90]}")
