@@ -94,3 +94,24 @@ def test_packed_files_are_read_while_another_process_holds_a_lock_on_them(tmp_pa
     finally:
         for handle in held:
             handle.close()
+
+
+def test_a_process_opens_each_packed_file_once(tmp_path, monkeypatch):
+    """Handles are kept per process: reading every item of a two-file pack opens two files
+    (a forked child opens its own)."""
+    import featpipe.packed
+
+    store, stage = packed_stage(tmp_path, n=8, shards=2)
+    opened = []
+    real_open = featpipe.packed.open_h5
+
+    def counting_open(path, mode="r"):
+        opened.append(path.name)
+        return real_open(path, mode)
+
+    monkeypatch.setattr(featpipe.packed, "open_h5", counting_open)
+    fresh = reopened(store)
+    for item_id in stage.items.ids:
+        fresh.read_item(item_id)
+        fresh.extras_of(item_id)
+    assert sorted(opened) == sorted(p.name for p in (stage.path / "packed").glob("*.h5"))
