@@ -224,3 +224,26 @@ def test_the_minimum_size_frame_matches_cyvlfeat(size):
     assert len(frames) == len(ref_frames) == 1
     np.testing.assert_array_equal(frames[:, :2], ref_frames[:, [1, 0]])
     assert _cosines(desc, ref_desc / 512).min() >= 0.999
+
+
+def test_every_parameter_is_declared_and_the_smallest_valid_values_run():
+    """Each ``__init__`` argument has its constraint (the stage key types values by it);
+    size 1, step 1 and ``max_pixels`` 16 are valid; ``effective_params`` fills the contrast
+    threshold's default (0.005; 0 for the opencv engine)."""
+    from featpipe.errors import ParameterError
+    from featpipe.parameters import estimator_parameters
+
+    names = [p.name for p in estimator_parameters(DenseSIFT)]
+    assert names == ["sizes", "step", "magnif", "window_size", "contrast_threshold",
+                     "low_contrast", "root_sift", "max_pixels", "start", "engine"]
+    with pytest.raises(ParameterError, match="start must be an int in the range"):
+        DenseSIFT.check_param_values({"start": -1})
+    image = np.random.default_rng(0).random((12, 12))
+    smallest = DenseSIFT(sizes=(1,), step=1, max_pixels=16)
+    result = smallest.compute(image)  # rescaled to 4 x 4: one frame of 1-pixel bins
+    assert len(result.descriptors) == smallest.count(12, 12) == 1
+    assert smallest.working_size(12, 12) == (4, 4, pytest.approx(1 / 3))
+    assert DenseSIFT().effective_params()["contrast_threshold"] == 0.005
+    assert DenseSIFT(contrast_threshold=0.01).effective_params()["contrast_threshold"] == 0.01
+    assert DenseSIFT(engine="opencv").effective_params() == {
+        **DenseSIFT(engine="opencv").get_params(), "contrast_threshold": 0.0}
