@@ -92,3 +92,26 @@ def test_a_pack_that_does_not_read_back_identical_removes_nothing(tmp_path, what
     assert len(loose(stage)) == 10
     for item_id in stage.items.ids:
         assert stage.read_item(item_id).tobytes() == expected_array(item_id).tobytes()
+
+
+def test_a_pack_that_fails_while_writing_leaves_nothing_behind(tmp_path, monkeypatch):
+    """An item that cannot be read in the middle of a shard stops the pack: no temporary or
+    shard file, no ``pack.json``, every loose file kept."""
+    from featpipe.errors import ItemError
+
+    stage = finished(tmp_path)
+    real_read = stage.read_item
+    victim = stage.items.ids[3]
+
+    def read_item(item_id, mmap=False):
+        if item_id == victim:
+            raise ItemError(item_id, "unreadable (simulated)")
+        return real_read(item_id, mmap)
+
+    monkeypatch.setattr(stage, "read_item", read_item)
+    with pytest.raises(ItemError, match="unreadable"):
+        pack_stage(stage, shards=1)
+    monkeypatch.undo()
+    left = [p.name for p in (stage.path / "packed").iterdir() if p.name != "pack.lock"]
+    assert left == []  # (a lock file may stay where the lock is an OS lock)
+    assert len(loose(stage)) == 10
