@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from featpipe.errors import FeatpipeError
+from featpipe.manifest import from_rows
 from featpipe.pack import pack_stage
 from featpipe.packed import PackedItems
 from featpipe.parallel import run_items
@@ -115,3 +116,13 @@ def test_a_pack_that_fails_while_writing_leaves_nothing_behind(tmp_path, monkeyp
     left = [p.name for p in (stage.path / "packed").iterdir() if p.name != "pack.lock"]
     assert left == []  # (a lock file may stay where the lock is an OS lock)
     assert len(loose(stage)) == 10
+
+
+def test_the_summary_line_gives_mebibytes(tmp_path):
+    items = from_rows([("big", "big.npy", ["a"], ["train"])], root=tmp_path)
+    stage = Store(tmp_path / "s").stage("import", {}, items=items)
+    stage.write_item("big", np.random.default_rng(0).random((768, 512)))  # 1.5 MiB float32
+    summary = pack_stage(stage)
+    assert 1.5 * 2**20 < summary.bytes < 1.6 * 2**20
+    assert summary.line() == ("packed 1 items into 1 HDF5 file(s), 1.5 MiB; removed 1 loose "
+                              "file(s)")
