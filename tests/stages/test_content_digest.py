@@ -73,21 +73,28 @@ def test_a_cache_entry_of_another_shape_or_another_file_is_hashed_again(tmp_path
 
 
 def test_an_unchanged_cache_is_not_written_and_no_cache_file_means_none(tmp_path):
-    a, _ = _files(tmp_path)
+    a, b = _files(tmp_path)
     ContentHashes(tmp_path / "cache.json").save()
     assert not (tmp_path / "cache.json").exists()
     none = ContentHashes(None)
     assert none.file_hash(a)[1] == sha256_of(a)
     none.save()  # nothing to write to
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "b.bin"]
-    cached = ContentHashes(tmp_path / "sub" / "cache.json")
+    path = tmp_path / "new" / "store" / "cache.json"  # folders made as needed
+    cached = ContentHashes(path)
     cached.file_hash(a)
     cached.save()
-    mtime = os.stat(tmp_path / "sub" / "cache.json").st_mtime_ns
-    again = ContentHashes(tmp_path / "sub" / "cache.json")
+    written = os.stat(path)
+    cached.save()  # saved already: nothing written again
+    again = ContentHashes(path)
     again.file_hash(a)
     again.save()  # served from the cache: nothing changed, nothing written
-    assert os.stat(tmp_path / "sub" / "cache.json").st_mtime_ns == mtime
+    assert (os.stat(path).st_ino, os.stat(path).st_mtime_ns) == (written.st_ino,
+                                                                 written.st_mtime_ns)
+    again.file_hash(b)
+    again.save()  # a new entry: written into the existing folder
+    assert ContentHashes(path).file_hash(b)[1] == sha256_of(b)
+    assert set(json.loads(path.read_text())) == {os.path.abspath(a), os.path.abspath(b)}
 
 
 def test_sha256_of_reads_a_file_of_several_blocks(tmp_path):

@@ -104,6 +104,7 @@ def test_typed_value_follows_the_declaration_then_the_default():
     assert typed_value((8, 16.0), (), (4,)) == [8, 16] and typed_value([], (), ()) == []
     assert typed_value([1, 2], (), []) == [1, 2]
     assert typed_value(False, (int,)) is False and typed_value("ssr", (str,)) == "ssr"
+    assert typed_value(True, (float,)) is True and typed_value(False, (), 0.5) is False
     assert repr(typed_value(7, ["random_state"])) == "7"
 
 
@@ -160,6 +161,8 @@ def test_check_parameter_values_asks_for_required_models_and_each_owners_rules()
     with pytest.raises(ParameterError, match="emit_layer"):  # a rule between two parameters
         check_parameter_values(hrp, {**defaults, "depth": 2, "emit_layer": 3}, "--method hrp")
     own = Parameter("k", 1, (int,), "a count")
+    with pytest.raises(AttributeError):  # a declaration is never changed in place
+        own.default = 2
     check_parameter_values([own], {"k": 2}, "x")
     with pytest.raises(ParameterError, match="^k must be"):
         check_parameter_values([own], {"k": "two"}, "x")
