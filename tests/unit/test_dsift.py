@@ -247,3 +247,16 @@ def test_every_parameter_is_declared_and_the_smallest_valid_values_run():
     assert DenseSIFT(contrast_threshold=0.01).effective_params()["contrast_threshold"] == 0.01
     assert DenseSIFT(engine="opencv").effective_params() == {
         **DenseSIFT(engine="opencv").get_params(), "contrast_threshold": 0.0}
+
+
+@pytest.mark.parametrize(("height", "width", "expected"), [
+    (1, 1000, (1, 16)), (1000, 1, (16, 1)), (3, 1000, (1, 16)), (100, 100, (4, 4)),
+    (160, 240, (3, 4))])
+def test_max_pixels_keeps_every_side_at_least_one_pixel(height, width, expected):
+    """A frame far longer than wide rescaled to 16 pixels: its short side stays 1 pixel and
+    the long one gives way (it was cut to 0 rows, and OpenCV's resize then failed)."""
+    sift = DenseSIFT(sizes=(1,), step=1, max_pixels=16)
+    new_h, new_w, _ = sift.working_size(height, width)
+    assert (new_h, new_w) == expected and new_h * new_w <= 16
+    result = sift.compute(np.random.default_rng(0).random((height, width)))
+    assert len(result.descriptors) == sift.count(height, width)
