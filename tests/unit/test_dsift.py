@@ -260,3 +260,20 @@ def test_max_pixels_keeps_every_side_at_least_one_pixel(height, width, expected)
     assert (new_h, new_w) == expected and new_h * new_w <= 16
     result = sift.compute(np.random.default_rng(0).random((height, width)))
     assert len(result.descriptors) == sift.count(height, width)
+
+
+def test_no_smoothing_at_sigma_zero_and_dropped_opencv_keypoints_are_an_error(monkeypatch):
+    import cv2
+
+    image = np.random.default_rng(0).random((20, 20)).astype(np.float32)
+    assert vlfeat_smooth(image, 0.0) is image
+    real = cv2.SIFT_create
+
+    class Dropping:
+        def compute(self, img, keypoints):
+            found, descriptors = real().compute(img, keypoints)
+            return found[:-1], descriptors[:-1]  # as if OpenCV removed one keypoint
+
+    monkeypatch.setattr(cv2, "SIFT_create", Dropping)
+    with pytest.raises(RuntimeError, match="OpenCV SIFT dropped keypoints on the dense grid"):
+        DenseSIFT(sizes=(4,), engine="opencv").compute(image)
