@@ -331,3 +331,14 @@ def test_the_estimates_of_frames_and_of_no_sampling():
         10, 25.0) == 10
     assert Sampling().expected(10, 25.0) == 10
     assert Sampling(fps=10).expected(10, 0.0) == 10  # an unknown rate: every frame counted
+
+
+def test_a_video_info_is_what_the_container_says_and_never_changes(tmp_path):
+    from featpipe.io.video import get_decoder
+
+    info = get_decoder("opencv").info(write_video(tmp_path / "v.mp4", n_frames=25, fps=25.0))
+    assert (info.frames, info.fps, info.height, info.width) == (25, 25.0, 48, 64)
+    with pytest.raises(AttributeError):  # frozen: what the container said is kept as said
+        info.fps = 10.0
+    with pytest.raises(AttributeError):
+        Sampling(fps=1.0).fps = 2.0
