@@ -314,8 +314,11 @@ class DenseSIFT(ValidatedEstimator, BaseEstimator):
             return height, width, 1.0
         scale = math.sqrt(self.max_pixels / (height * width))
         new_w, new_h = max(1, int(width * scale)), max(1, int(height * scale))
-        while new_w * new_h > self.max_pixels:
-            new_w, new_h = new_w - 1, new_h - 1
+        while new_w * new_h > self.max_pixels:  # a side kept at 1 pixel: shorten the other
+            if new_w > new_h:
+                new_w -= 1
+            else:
+                new_h -= 1
         return new_h, new_w, scale
 
     def count(self, height: int, width: int) -> int:

@@ -185,3 +185,95 @@ def test_smoothing_matches_vlfeat_kernel():
         radius = int(np.ceil(4 * sigma))
         expected = gaussian_filter(image, sigma, mode="nearest", radius=radius)
         np.testing.assert_allclose(vlfeat_smooth(image, sigma), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize(("sizes", "step", "start"), [((4,), 2, 0), ((4, 6, 8), 3, 1),
+                                                      ((6,), 5, 0)])
+def test_an_image_exactly_at_the_minimum_size_has_descriptors_one_pixel_less_none(
+        sizes, step, start):
+    """``min_side`` is 4 bins of the smallest size past its grid offset: a square image of that
+    side has exactly ``count`` descriptors (>= 1), one pixel narrower or shorter has none
+    (issue 31 §4); both engines keep the same grid."""
+    sift = DenseSIFT(sizes=sizes, step=step, start=start, contrast_threshold=0)
+    side = sift.min_side()
+    assert side == min(start + int(1.5 * (max(sizes) - s)) + 3 * s + 1 for s in sizes)
+    assert f"at least {side}x{side}" in sift.minimum_size()
+    image = np.random.default_rng(0).random((side, side))
+    for engine in ("featpipe", "opencv"):
+        sift.set_params(engine=engine)
+        result = sift.compute(image)
+        assert len(result.descriptors) == sift.count(side, side) >= 1, engine
+        for shape in ((side - 1, side), (side, side - 1)):
+            assert sift.count(*shape) == 0
+            assert len(sift.compute(image[:shape[0], :shape[1]]).descriptors) == 0, engine
+    one = min(sizes)  # the smallest size has the smallest minimum: one frame, at its centre
+    first = start + int(1.5 * (max(sizes) - one))
+    frames, _ = dsift(image, one, step, (first, first, side - 1, side - 1))
+    np.testing.assert_array_equal(frames[:, :2], [[first + 1.5 * one, first + 1.5 * one]])
+
+
+@pytest.mark.vlfeat
+@pytest.mark.parametrize("size", [4, 7])
+def test_the_minimum_size_frame_matches_cyvlfeat(size):
+    """A (3s + 1)² image holds one frame, and so it does for VLFeat."""
+    sift = pytest.importorskip("cyvlfeat.sift")
+    image = np.random.default_rng(size).random((3 * size + 1, 3 * size + 1)).astype(np.float32)
+    ref_frames, ref_desc = sift.dsift(image, step=1, size=size, fast=True, norm=True,
+                                      float_descriptors=True, window_size=1.5)
+    frames, desc = dsift(image, size, 1, window_size=1.5)
+    assert len(frames) == len(ref_frames) == 1
+    np.testing.assert_array_equal(frames[:, :2], ref_frames[:, [1, 0]])
+    assert _cosines(desc, ref_desc / 512).min() >= 0.999
+
+
+def test_every_parameter_is_declared_and_the_smallest_valid_values_run():
+    """Each ``__init__`` argument has its constraint (the stage key types values by it);
+    size 1, step 1 and ``max_pixels`` 16 are valid; ``effective_params`` fills the contrast
+    threshold's default (0.005; 0 for the opencv engine)."""
+    from featpipe.errors import ParameterError
+    from featpipe.parameters import estimator_parameters
+
+    names = [p.name for p in estimator_parameters(DenseSIFT)]
+    assert names == ["sizes", "step", "magnif", "window_size", "contrast_threshold",
+                     "low_contrast", "root_sift", "max_pixels", "start", "engine"]
+    with pytest.raises(ParameterError, match="start must be an int in the range"):
+        DenseSIFT.check_param_values({"start": -1})
+    image = np.random.default_rng(0).random((12, 12))
+    smallest = DenseSIFT(sizes=(1,), step=1, max_pixels=16)
+    result = smallest.compute(image)  # rescaled to 4 x 4: one frame of 1-pixel bins
+    assert len(result.descriptors) == smallest.count(12, 12) == 1
+    assert smallest.working_size(12, 12) == (4, 4, pytest.approx(1 / 3))
+    assert DenseSIFT().effective_params()["contrast_threshold"] == 0.005
+    assert DenseSIFT(contrast_threshold=0.01).effective_params()["contrast_threshold"] == 0.01
+    assert DenseSIFT(engine="opencv").effective_params() == {
+        **DenseSIFT(engine="opencv").get_params(), "contrast_threshold": 0.0}
+
+
+@pytest.mark.parametrize(("height", "width", "expected"), [
+    (1, 1000, (1, 16)), (1000, 1, (16, 1)), (3, 1000, (1, 16)), (100, 100, (4, 4)),
+    (160, 240, (3, 4))])
+def test_max_pixels_keeps_every_side_at_least_one_pixel(height, width, expected):
+    """A frame far longer than wide rescaled to 16 pixels: its short side stays 1 pixel and
+    the long one gives way (it was cut to 0 rows, and OpenCV's resize then failed)."""
+    sift = DenseSIFT(sizes=(1,), step=1, max_pixels=16)
+    new_h, new_w, _ = sift.working_size(height, width)
+    assert (new_h, new_w) == expected and new_h * new_w <= 16
+    result = sift.compute(np.random.default_rng(0).random((height, width)))
+    assert len(result.descriptors) == sift.count(height, width)
+
+
+def test_no_smoothing_at_sigma_zero_and_dropped_opencv_keypoints_are_an_error(monkeypatch):
+    import cv2
+
+    image = np.random.default_rng(0).random((20, 20)).astype(np.float32)
+    assert vlfeat_smooth(image, 0.0) is image
+    real = cv2.SIFT_create
+
+    class Dropping:
+        def compute(self, img, keypoints):
+            found, descriptors = real().compute(img, keypoints)
+            return found[:-1], descriptors[:-1]  # as if OpenCV removed one keypoint
+
+    monkeypatch.setattr(cv2, "SIFT_create", Dropping)
+    with pytest.raises(RuntimeError, match="OpenCV SIFT dropped keypoints on the dense grid"):
+        DenseSIFT(sizes=(4,), engine="opencv").compute(image)

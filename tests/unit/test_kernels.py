@@ -174,3 +174,64 @@ def test_chi2_kernel_memory_is_the_matrix_plus_blocks():
     matrix = kernel.nbytes
     block = X.shape[0] * X.shape[1] * 8  # one float64 copy of a D-block
     assert peak <= matrix + 3 * block + 2**20, (peak, matrix)
+
+
+@pytest.mark.parametrize("kernel", ["chi2", "chi2+ser", "chi2-exp", "linear", "ssr"])
+def test_a_train_kernel_of_more_than_256_items_is_filled_and_symmetric(kernel):
+    """The train×train matrix computes its lower triangle and mirrors it in blocks of 256
+    rows: with 300 items every block off the diagonal must equal K(X, X) computed as a test
+    kernel (no mirroring), and the chi2 one the literal definition (issue 31 §4)."""
+    rng = np.random.default_rng(1)
+    X = rng.random((300, 6)) ** 2
+    if kernel in ("chi2", "chi2+ser"):
+        X[::3] *= -1  # signed rows: VLFeat's rule
+    fitted = K.PrecomputedKernel(kernel).fit(X)
+    train = fitted.train_kernel_
+    assert train.shape == (300, 300)
+    if kernel.startswith("chi2"):  # mirrored: exactly symmetric
+        np.testing.assert_array_equal(train, train.T)
+    assert_rel(train, fitted.transform(X))
+    assert np.abs(train[:256, 256:]).max() > 0
+    if kernel == "chi2":
+        assert_rel(train, literal_chi2(X, X))
+
+
+def test_check_features_keeps_float32_widens_the_rest_and_refuses_empty_arrays():
+    assert K.check_features(np.ones((2, 3), np.float32)).dtype == np.float32
+    for dtype in (np.float64, np.float16, np.int32, np.uint8):
+        assert K.check_features(np.ones((2, 3), dtype)).dtype == np.float64
+    assert K.check_features(np.ones((1, 1))).shape == (1, 1)  # one item, one dimension
+    for shape in ((0, 3), (3, 0)):
+        with pytest.raises(InputError, match=rf"X: empty array of shape \({shape[0]}, "):
+            K.check_features(np.ones(shape))
+    with pytest.raises(InputError, match="expected a 2-D array"):
+        K.check_features(np.ones(3))
+    with pytest.raises(InputError, match="expected numeric encodings, got dtype"):
+        K.check_features(np.array([["a"]]))
+    with pytest.raises(InputError, match="dimension mismatch: Y has 2 dimensions, X has 3"):
+        K.linear_kernel(np.ones((2, 3)), np.ones((2, 2)))
+
+
+def test_chi2_exp_refuses_negative_train_or_test_encodings_and_uses_a_given_gamma():
+    X = np.random.default_rng(2).random((6, 4))
+    with pytest.raises(InputError, match="the train encodings has negative values"):
+        K.PrecomputedKernel("chi2-exp").fit(X - 0.5)
+    fitted = K.PrecomputedKernel("chi2-exp", gamma=0.25).fit(X)
+    assert fitted.gamma_ == 0.25
+    assert_rel(fitted.train_kernel_, np.exp(-0.25 * K.chi2_distance(X)))
+    with pytest.raises(InputError, match="the test encodings has negative values"):
+        fitted.transform(X - 0.5)
+    with pytest.raises(InputError, match="chi2-exp needs non-negative inputs, but Y has"):
+        K.chi2_distance(X, X - 0.5)
+
+
+@pytest.mark.parametrize("order", [0, 2])
+def test_explicit_features_follow_the_order_of_the_map(order):
+    X = np.random.default_rng(3).random((5, 4))
+    features = K.explicit_features("chi2-map", X, order=order)
+    assert features.shape == (5, (2 * order + 1) * 4)
+    np.testing.assert_array_equal(features,
+                                  HomogeneousKernelMap(order=order).fit().transform(X))
+    assert_rel(features @ features.T, K.chi2_map_kernel(X, order=order))
+    with pytest.raises(InputError, match="kernel 'chi2' has no explicit feature map"):
+        K.explicit_features("chi2", X)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from numbers import Integral, Real
 
 import numpy as np
 import pytest
@@ -174,3 +175,164 @@ def test_an_unreadable_constraint_has_no_table_form():
 
     with pytest.raises(TypeError, match="no form in the parameter table"):
         constraint_json(HasMethods(["fit"]))
+
+
+def test_a_parameter_whose_default_is_none_is_typed_by_its_declaration():
+    """``contrast_threshold`` (default None) takes floats: 2 and 2.0 are one record, one key;
+    ``max_pixels`` (default None) takes ints: 100.0 is 100 (issue 31 §4)."""
+    from featpipe.extract.dsift import DenseSIFT
+    from featpipe.parameters import estimator_parameters, parameter_record
+
+    params = estimator_parameters(DenseSIFT)
+    as_int = parameter_record(params, {"contrast_threshold": 2, "max_pixels": 100.0})
+    as_float = parameter_record(params, {"contrast_threshold": 2.0, "max_pixels": 100})
+    assert as_int == as_float
+    assert repr(as_int["contrast_threshold"]) == "2.0" and repr(as_int["max_pixels"]) == "100"
+    assert parameter_record(params, {})["contrast_threshold"] is None
+
+
+def test_typed_value_follows_the_declaration_then_the_default():
+    import numpy as np
+    from sklearn.utils._param_validation import Interval
+
+    from featpipe.parameters import typed_value
+
+    assert repr(typed_value(5, (float,))) == "5.0"
+    assert repr(typed_value(20.0, [Interval(Integral, 1, None, closed="left")])) == "20"
+    assert repr(typed_value(5, [Interval(Real, 0, None, closed="left"), None])) == "5.0"
+    assert repr(typed_value(3, (), 1.5)) == "3.0" and repr(typed_value(3.0, (), 1)) == "3"
+    assert repr(typed_value(3.0, (int, float))) == "3.0"  # both taken: kept as given
+    assert repr(typed_value(3, "no_validation", 0.5)) == "3.0"
+    assert repr(typed_value(np.float32(2.5), (float,))) == "2.5"
+    assert repr(typed_value(np.int64(4), (), 1.0)) == "4.0"
+    assert typed_value((8, 16.0), (), (4,)) == [8, 16] and typed_value([], (), ()) == []
+    assert typed_value([1, 2], (), []) == [1, 2]
+    assert typed_value(False, (int,)) is False and typed_value("ssr", (str,)) == "ssr"
+    assert typed_value(True, (float,)) is True and typed_value(False, (), 0.5) is False
+    assert repr(typed_value(7, ["random_state"])) == "7"
+
+
+def test_a_record_fills_defaults_in_declaration_order_and_refuses_strangers():
+    from featpipe.encode.temporal import HierarchicalRankPooling
+    from featpipe.parameters import estimator_parameters, parameter_record
+
+    params = estimator_parameters(HierarchicalRankPooling)
+    record = parameter_record(params, {"window": 10.0})
+    assert list(record) == [p.name for p in params]
+    assert repr(record["window"]) == "10"
+    with pytest.raises(ParameterError, match=r"^windw is not a parameter of --method hrp "
+                       r"\(did you mean window\?\)$"):
+        parameter_record(params, {"windw": 3}, "--method hrp")
+    with pytest.raises(ParameterError, match=r"^zzz is not a parameter of this stage$"):
+        parameter_record(params, {"zzz": 3})
+
+
+def test_check_value_takes_a_bool_only_where_one_is_declared():
+    from sklearn.utils._param_validation import Interval, StrOptions
+
+    from featpipe.parameters import check_params, check_value
+
+    ints = [Interval(Integral, 1, None, closed="left")]
+    check_value("stride", 3, ints)
+    for bad in (True, 0, "3"):
+        with pytest.raises(ParameterError, match=r"^stride must be an int in the range "
+                           r"\[1, inf\), got "):
+            check_value("stride", bad, ints)
+    check_value("flag", True, ["boolean"])
+    check_value("flag", False, [bool])
+    check_value("anything", object(), "no_validation")
+    with pytest.raises(ParameterError, match=r"^psi must be one of a, b or None, got 'c'$"):
+        check_value("psi", "c", [StrOptions({"b", "a"}), None])
+    check_params({"stride": ints}, {"stride": 2, "undeclared": True})
+    with pytest.raises(ParameterError, match="stride"):
+        check_params({"stride": ints}, {"undeclared": 1, "stride": 0})
+
+
+def test_check_parameter_values_asks_for_required_models_and_each_owners_rules():
+    from featpipe.encode.registry import load_methods
+    from featpipe.parameters import Parameter, check_parameter_values
+
+    fisher = load_methods()["fisher"].parameters
+    for missing in (None, ""):
+        with pytest.raises(ParameterError, match=r"^gmm is required by --method fisher: the "
+                           r"name of a model stage made by `featpipe fit gmm` or "):
+            check_parameter_values(fisher, {"gmm": missing}, "--method fisher")
+    hrp = load_methods()["hrp"].parameters
+    defaults = {p.name: p.default for p in hrp}
+    check_parameter_values(hrp, {**defaults, "window": 5}, "--method hrp")
+    with pytest.raises(ParameterError, match="window must be"):
+        check_parameter_values(hrp, {**defaults, "window": 0}, "--method hrp")
+    with pytest.raises(ParameterError, match="emit_layer"):  # a rule between two parameters
+        check_parameter_values(hrp, {**defaults, "depth": 2, "emit_layer": 3}, "--method hrp")
+    own = Parameter("k", 1, (int,), "a count")
+    with pytest.raises(AttributeError):  # a declaration is never changed in place
+        own.default = 2
+    check_parameter_values([own], {"k": 2}, "x")
+    with pytest.raises(ParameterError, match="^k must be"):
+        check_parameter_values([own], {"k": "two"}, "x")
+
+
+def test_record_parameters_of_a_dataclass_follow_its_annotations():
+    from sklearn.utils._param_validation import StrOptions
+
+    from featpipe.extract.settings import ExtractSettings
+    from featpipe.io.video import Sampling
+    from featpipe.parameters import record_parameters
+
+    sampling = {p.name: p for p in record_parameters(Sampling)}
+    assert list(sampling) == ["fps", "every", "frames"]
+    assert sampling["fps"].constraints == (float, None) and sampling["fps"].default is None
+    assert sampling["every"].constraints == (int, None)
+    assert sampling["every"].help == "Keep every N-th frame (1: all)."
+    settings = {p.name: p for p in record_parameters(ExtractSettings)}
+    assert "encode_params" not in settings  # a field, not a declared parameter
+    assert settings["positions"].constraints == ("boolean",)
+    (dtype,) = settings["dtype"].constraints
+    assert isinstance(dtype, StrOptions) and dtype.options == {"float32", "float16"}
+    assert settings["pca"].constraints == (str, None) and settings["pca"].model
+
+
+def test_docstring_sections_give_each_parameter_its_help():
+    from featpipe.parameters import ValidatedEstimator, estimator_parameters
+
+    class Base(ValidatedEstimator):
+        """A base.
+
+        Parameters
+        ----------
+        shared : int
+            Documented once,
+            on two lines.
+        """
+
+    class Child(Base):
+        """A child.
+
+        Parameters
+        ----------
+        a, b : float
+            Two at once.
+        c : str
+            The last.
+
+        Returns
+        -------
+        c : never a parameter
+            Not this one.
+        """
+
+        _parameter_constraints = {"a": [float], "b": [float], "c": [str], "shared": [int]}
+
+        def __init__(self, a=1.0, b=2.0, c="x", shared=3, *args, **kwargs):
+            pass
+
+    assert parameter_docs(Child) == {"shared": "Documented once, on two lines.",
+                                     "a": "Two at once.", "b": "Two at once.", "c": "The last."}
+    params = estimator_parameters(Child, exclude=("b",))
+    assert [(p.name, p.default, p.owner) for p in params] == [
+        ("a", 1.0, Child), ("c", "x", Child), ("shared", 3, Child)]
+    assert [p.name for p in estimator_parameters(Child, include=("c",))] == ["c"]
+    Child._parameter_constraints = {"a": [float]}
+    with pytest.raises(TypeError, match=r"Child.b needs a docstring entry and a constraint"):
+        estimator_parameters(Child)
+    assert parameter_docs(type("Bare", (), {"__doc__": "No sections."})) == {}

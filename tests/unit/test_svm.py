@@ -128,3 +128,20 @@ def test_bad_targets_and_parameters():
     model = OneVsRestSVC().fit(K_mat, np.array([[1, 0], [1, 0], [0, 1], [0, 1]]))
     with pytest.raises(InputError, match="4 columns"):
         model.decision_function(np.ones((2, 3)))
+
+
+def test_the_default_C_is_the_documented_1000_everywhere():
+    """docs/methods.md: libsvm C-SVC on the precomputed kernel, "default C = 1000"; the
+    estimators, the experiment settings, ``stages.classify`` and ``classify --C`` agree."""
+    import inspect
+
+    from featpipe import stages
+    from featpipe.classify.experiment import Settings
+    from tests.conftest import REPO, invoke_cli
+
+    assert "default C = 1000;" in (REPO / "docs" / "methods.md").read_text(encoding="utf-8")
+    assert OneVsRestSVC().C == OneVsRestLinearSVC().C == 1000.0
+    assert Settings().Cs == (1000.0,)
+    assert inspect.signature(stages.classify).parameters["C"].default == (1000.0,)
+    help_text = " ".join(invoke_cli("classify", "--help").output.split())
+    assert "[default: 1000]" in help_text

@@ -300,3 +300,45 @@ def test_truncated_avi_names_declared_and_decoded_frames_and_where_it_stopped(tm
     assert f"short read: decoded {decoded} of the 15 frames the container declares, stopping " \
            f"after frame {decoded - 1} at {stopped:.3f} s (truncated file?)" in message
     assert message.startswith("cut: ") and "--allow-partial" in message
+
+
+def test_fps_that_does_not_divide_the_video_rate(tmp_path):
+    """25 fps sampled at 10: the first frame at or after each k/10 s, frames 0, 3 (0.12 s),
+    5, 8, 10, 13, 15, 18, 20, 23; the dry run's estimate is the count kept (issue 31 §4)."""
+    path = write_video(tmp_path / "v.mp4", n_frames=25, fps=25.0)
+    frames = list(iter_frames(path, Sampling(fps=10)))
+    picked = [0, 3, 5, 8, 10, 13, 15, 18, 20, 23]
+    assert [t for t, _ in frames] == pytest.approx([k * 0.04 for k in picked], abs=1e-6)
+    means = [f.mean() for _, f in frames]  # frame k is 10k bright (mp4v is lossy: tolerance)
+    np.testing.assert_allclose(means, [10 * k for k in picked], atol=5)
+    assert Sampling(fps=10).expected(25, 25.0) == len(frames)
+    assert Sampling(fps=50).expected(25, 25.0) == 25 == len(list(iter_frames(
+        path, Sampling(fps=50))))
+
+
+@pytest.mark.parametrize("every", [1, 4, 5, 7, 24, 25, 30])
+def test_the_every_estimate_is_the_number_of_frames_kept(tmp_path, every):
+    """``--every N`` keeps frames 0, N, 2N, ...: ceil(T / N) of T frames; the dry run's
+    estimate (``Sampling.expected``) counts exactly those."""
+    path = write_video(tmp_path / "v.mp4", n_frames=25, fps=25.0)
+    kept = [t for t, _ in iter_frames(path, Sampling(every=every))]
+    assert kept == pytest.approx([k * 0.04 for k in range(0, 25, every)], abs=1e-6)
+    assert Sampling(every=every).expected(25, 25.0) == len(kept)
+
+
+def test_the_estimates_of_frames_and_of_no_sampling():
+    assert Sampling(frames=4).expected(10, 25.0) == 4 and Sampling(frames=40).expected(
+        10, 25.0) == 10
+    assert Sampling().expected(10, 25.0) == 10
+    assert Sampling(fps=10).expected(10, 0.0) == 10  # an unknown rate: every frame counted
+
+
+def test_a_video_info_is_what_the_container_says_and_never_changes(tmp_path):
+    from featpipe.io.video import get_decoder
+
+    info = get_decoder("opencv").info(write_video(tmp_path / "v.mp4", n_frames=25, fps=25.0))
+    assert (info.frames, info.fps, info.height, info.width) == (25, 25.0, 48, 64)
+    with pytest.raises(AttributeError):  # frozen: what the container said is kept as said
+        info.fps = 10.0
+    with pytest.raises(AttributeError):
+        Sampling(fps=1.0).fps = 2.0
