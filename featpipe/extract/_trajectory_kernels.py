@@ -140,19 +140,25 @@ def fast_atan2(y, x):
     return a
 
 
+#: channels of every integral histogram: 8 orientations and HOF's zero bin (HOG and MBH leave
+#: it 0); a compile-time constant lets the compiler unroll and vectorise the per-bin loops
+CHANNELS = 9
+
+
 @numba.njit(cache=True, nogil=True)
 def integral_histogram(xcomp, ycomp, n_orientations, zero_threshold, out):
     """The integral orientation histogram of the vector field (xcomp, ycomp) into ``out``
-    ((H + 1, W + 1, bins) float32; first row and column zero).  ``zero_threshold`` >= 0 adds
-    the zero bin (HOF): vectors no longer than it add 1 to the last bin."""
+    ((H + 1, W + 1, :data:`CHANNELS`) float32; first row and column zero).
+    ``zero_threshold`` >= 0 adds the zero bin (HOF, channel ``n_orientations``): vectors no
+    longer than it add 1 there instead."""
     height, width = xcomp.shape
-    bins = out.shape[2]
     base = np.float32(n_orientations / 360.0)
-    row = np.zeros(bins, dtype=np.float32)
+    row = np.zeros(CHANNELS, dtype=np.float32)
     out[0, :, :] = 0
     for y in range(height):
-        row[:] = 0
-        out[y + 1, 0, :] = 0
+        for b in range(CHANNELS):
+            row[b] = 0
+            out[y + 1, 0, b] = 0
         for x in range(width):
             vx = xcomp[y, x]
             vy = ycomp[y, x]
@@ -164,7 +170,7 @@ def integral_histogram(xcomp, ycomp, n_orientations, zero_threshold, out):
                 if angle >= 360:
                     angle -= np.float32(360.0)
                 position = angle * base
-                low = int(math.floor(position))
+                low = int(position)
                 upper = (position - low) * magnitude
                 high = low + 1
                 if high >= n_orientations:
@@ -173,19 +179,20 @@ def integral_histogram(xcomp, ycomp, n_orientations, zero_threshold, out):
                     low -= n_orientations
                 row[low] += magnitude - upper
                 row[high] += upper
-            for b in range(bins):
+            for b in range(CHANNELS):
                 out[y + 1, x + 1, b] = out[y, x + 1, b] + row[b]
 
 
 @numba.njit(cache=True, nogil=True)
-def accumulate_cells(integral, rows, left, top, cell, n_cells, time_cell, epsilon, out, column):
-    """Add each point's normalised block to its time cell: ``out[rows[i], time_cell[i],
-    column: column + n_cells² · bins]`` (points with a negative time cell are skipped).
+def accumulate_cells(integral, bins, rows, left, top, cell, n_cells, time_cell, epsilon, out,
+                     column):
+    """Add each point's normalised block of the first ``bins`` channels to its time cell:
+    ``out[rows[i], time_cell[i], column: column + n_cells² · bins]`` (points with a negative
+    time cell are skipped).
 
     The block's corner is (``left[i]``, ``top[i]``) in pixels; cell (cx, cy) covers
     ``cell`` × ``cell`` pixels from (left + cx·cell, top + cy·cell); entries run over cx, then
     cy, then the bins (the release's order)."""
-    bins = integral.shape[2]
     size = n_cells * n_cells * bins
     block = np.empty(size, dtype=np.float32)
     for i in range(left.shape[0]):

@@ -400,11 +400,12 @@ class CameraMotion:
 
 
 def orientation_integral(group: str, grey: np.ndarray, flow: np.ndarray) -> np.ndarray:
-    """The (H + 1, W + 1, bins) integral orientation histogram of one histogram group:
+    """The (H + 1, W + 1, 9) integral orientation histogram of one histogram group (its
+    first ``BINS[group]`` channels; the others 0):
     ``hog`` of the grey image's gradient, ``hof`` of the flow (with the zero bin), ``mbhx`` /
     ``mbhy`` of the gradient of the flow's x / y component.  Gradients are central
     differences ([−1, 0, 1], OpenCV's ``Sobel`` of size 1, edges reflected)."""
-    from featpipe.extract._trajectory_kernels import integral_histogram
+    from featpipe.extract._trajectory_kernels import CHANNELS, integral_histogram
 
     height, width = grey.shape
     if group == "hog":
@@ -416,7 +417,7 @@ def orientation_integral(group: str, grey: np.ndarray, flow: np.ndarray) -> np.n
         component = np.ascontiguousarray(flow[..., 0 if group == "mbhx" else 1])
         x = cv2.Sobel(component, cv2.CV_32F, 1, 0, ksize=1)
         y = cv2.Sobel(component, cv2.CV_32F, 0, 1, ksize=1)
-    integral = np.empty((height + 1, width + 1, BINS[group]), np.float32)
+    integral = np.empty((height + 1, width + 1, CHANNELS), np.float32)
     integral_histogram(x, y, 8, MIN_FLOW if group == "hof" else -1.0, integral)
     return integral
 
@@ -588,7 +589,7 @@ class Tracker:
             time_cell = np.where(steps < self.n_t_cells * self.t_stride,
                                  steps // self.t_stride, -1).astype(np.intp)
             for name in self.histograms:
-                accumulate_cells(integrals[name], rows, left, top, cell, self.n_cells,
+                accumulate_cells(integrals[name], BINS[name], rows, left, top, cell, self.n_cells,
                                  time_cell, np.float32(EPSILON), tracks.sums,
                                  self.columns[name])
         if tracks.displacements is not None:

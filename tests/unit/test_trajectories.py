@@ -95,7 +95,7 @@ def test_a_constant_flow_has_no_motion_boundaries():
         assert not integral.any()
         # each bin is 0 + epsilon: after L1 and the square root, every entry is sqrt(1/32)
         sums = np.zeros((1, 1, 32), np.float32)
-        accumulate_cells(integral, np.array([0]), np.array([5]), np.array([3]), 16, 2,
+        accumulate_cells(integral, 8, np.array([0]), np.array([5]), np.array([3]), 16, 2,
                          np.array([0]), np.float32(0.05), sums, 0)
         np.testing.assert_allclose(sums[0, 0], np.sqrt(1 / 32), rtol=1e-6)
     # and HOF puts all its mass in the right bins: 8·(angle of (0.8, -0.3)) / 360
@@ -111,6 +111,7 @@ def test_slow_flow_goes_to_the_zero_bin():
     flow = np.full((20, 20, 2), 0.2, np.float32)          # |flow| = 0.28 <= 0.4
     hof = orientation_integral("hof", np.zeros((20, 20), np.uint8), flow)[-1, -1]
     np.testing.assert_array_equal(hof, [0] * 8 + [400])
+    assert not orientation_integral("hog", np.zeros((20, 20), np.uint8), flow)[..., 8].any()
 
 
 def test_a_camera_pan_gives_many_trajectories_with_dt_and_few_with_idt(texture):
