@@ -140,80 +140,113 @@ def fast_atan2(y, x):
     return a
 
 
-#: channels of every integral histogram: 8 orientations and HOF's zero bin (HOG and MBH leave
-#: it 0); a compile-time constant lets the compiler unroll and vectorise the per-bin loops
+#: channels of each group in the integral histograms: 8 orientations and HOF's zero bin (HOG
+#: and MBH leave it 0); the groups HOG, HOF, MBHx, MBHy follow each other (36 channels), so
+#: that a pixel's histograms are contiguous and the per-channel loops unroll
 CHANNELS = 9
+GROUP_CHANNELS = 4 * CHANNELS
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _bin(vx, vy, n_orientations, zero_threshold, row, offset):
+    """Add the vector (vx, vy) to the running row sums of one group (``row[offset:]``)."""
+    magnitude = np.float32(math.sqrt(vx * vx + vy * vy))
+    if zero_threshold >= 0 and magnitude <= zero_threshold:
+        row[offset + n_orientations] += 1
+        return
+    angle = fast_atan2(vy, vx)
+    if angle >= 360:
+        angle -= np.float32(360.0)
+    position = angle * np.float32(n_orientations / 360.0)
+    low = int(position)
+    upper = (position - low) * magnitude
+    high = low + 1
+    if high >= n_orientations:
+        high -= n_orientations
+    if low >= n_orientations:
+        low -= n_orientations
+    row[offset + low] += magnitude - upper
+    row[offset + high] += upper
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _difference(image, y, x, dy, dx, channel):
+    """Central difference [−1, 0, 1] along (dy, dx), edges reflected (0 on the border)."""
+    height, width = image.shape[0], image.shape[1]
+    if dx:
+        if x == 0 or x == width - 1:
+            return np.float32(0.0)
+        return np.float32(image[y, x + 1, channel]) - np.float32(image[y, x - 1, channel])
+    if y == 0 or y == height - 1:
+        return np.float32(0.0)
+    return np.float32(image[y + 1, x, channel]) - np.float32(image[y - 1, x, channel])
 
 
 @numba.njit(cache=True, nogil=True)
-def integral_histogram(xcomp, ycomp, n_orientations, zero_threshold, out):
-    """The integral orientation histogram of the vector field (xcomp, ycomp) into ``out``
-    ((H + 1, W + 1, :data:`CHANNELS`) float32; first row and column zero).
-    ``zero_threshold`` >= 0 adds the zero bin (HOF, channel ``n_orientations``): vectors no
-    longer than it add 1 there instead."""
-    height, width = xcomp.shape
-    base = np.float32(n_orientations / 360.0)
-    row = np.zeros(CHANNELS, dtype=np.float32)
+def integral_histograms(grey, flow, hog, hof, mbh, zero_threshold, out):
+    """The integral orientation histograms of one scale into ``out`` ((H + 1, W + 1, 36)
+    float32; first row and column zero): channels 0-8 HOG of the gradient of the grey image
+    (H, W, 1),
+    9-17 HOF of the flow (8 orientations and the zero bin: vectors no longer than
+    ``zero_threshold`` add 1 there), 18-26 and 27-35 MBHx and MBHy, of the gradients of the
+    flow's x and y components.  Gradients are central differences (OpenCV's ``Sobel`` of size
+    1, edges reflected).  Groups not asked for stay 0."""
+    height, width = flow.shape[0], flow.shape[1]
+    row = np.zeros(GROUP_CHANNELS, dtype=np.float32)
     out[0, :, :] = 0
     for y in range(height):
-        for b in range(CHANNELS):
+        for b in range(GROUP_CHANNELS):
             row[b] = 0
             out[y + 1, 0, b] = 0
         for x in range(width):
-            vx = xcomp[y, x]
-            vy = ycomp[y, x]
-            magnitude = np.float32(math.sqrt(vx * vx + vy * vy))
-            if zero_threshold >= 0 and magnitude <= zero_threshold:
-                row[n_orientations] += 1
-            else:
-                angle = fast_atan2(vy, vx)
-                if angle >= 360:
-                    angle -= np.float32(360.0)
-                position = angle * base
-                low = int(position)
-                upper = (position - low) * magnitude
-                high = low + 1
-                if high >= n_orientations:
-                    high -= n_orientations
-                if low >= n_orientations:
-                    low -= n_orientations
-                row[low] += magnitude - upper
-                row[high] += upper
-            for b in range(CHANNELS):
+            if hog:
+                _bin(_difference(grey, y, x, 0, 1, 0), _difference(grey, y, x, 1, 0, 0), 8,
+                     np.float32(-1.0), row, 0)
+            if hof:
+                _bin(flow[y, x, 0], flow[y, x, 1], 8, zero_threshold, row, CHANNELS)
+            if mbh:
+                _bin(_difference(flow, y, x, 0, 1, 0), _difference(flow, y, x, 1, 0, 0), 8,
+                     np.float32(-1.0), row, 2 * CHANNELS)
+                _bin(_difference(flow, y, x, 0, 1, 1), _difference(flow, y, x, 1, 0, 1), 8,
+                     np.float32(-1.0), row, 3 * CHANNELS)
+            for b in range(GROUP_CHANNELS):
                 out[y + 1, x + 1, b] = out[y, x + 1, b] + row[b]
 
 
 @numba.njit(cache=True, nogil=True)
-def accumulate_cells(integral, bins, rows, left, top, cell, n_cells, time_cell, epsilon, out,
-                     column):
-    """Add each point's normalised block of the first ``bins`` channels to its time cell:
-    ``out[rows[i], time_cell[i], column: column + n_cells² · bins]`` (points with a negative
-    time cell are skipped).
+def accumulate_cells(integral, channels, bins, columns, rows, left, top, cell, n_cells,
+                     time_cell, epsilon, out):
+    """Add each point's normalised blocks to its time cell: for each group g, the first
+    ``bins[g]`` channels from ``channels[g]`` go to ``out[rows[i], time_cell[i], columns[g]:
+    columns[g] + n_cells² · bins[g]]`` (points with a negative time cell are skipped).
 
     The block's corner is (``left[i]``, ``top[i]``) in pixels; cell (cx, cy) covers
     ``cell`` × ``cell`` pixels from (left + cx·cell, top + cy·cell); entries run over cx, then
     cy, then the bins (the release's order)."""
-    size = n_cells * n_cells * bins
-    block = np.empty(size, dtype=np.float32)
+    block = np.empty(n_cells * n_cells * CHANNELS, dtype=np.float32)
     for i in range(left.shape[0]):
         t = time_cell[i]
         if t < 0:
             continue
-        k = 0
-        total = np.float32(0.0)
-        for cx in range(n_cells):
-            x0 = left[i] + cx * cell
-            x1 = x0 + cell
-            for cy in range(n_cells):
-                y0 = top[i] + cy * cell
-                y1 = y0 + cell
-                for b in range(bins):
-                    value = (integral[y1, x1, b] + integral[y0, x0, b]
-                             - integral[y1, x0, b] - integral[y0, x1, b])
-                    value = max(value, np.float32(0.0)) + epsilon
-                    block[k] = value
-                    total += value
-                    k += 1
-        scale = np.float32(1.0) / total
-        for k in range(size):
-            out[rows[i], t, column + k] += math.sqrt(block[k] * scale)
+        for g in range(channels.shape[0]):
+            first = channels[g]
+            n_bins = bins[g]
+            k = 0
+            total = np.float32(0.0)
+            for cx in range(n_cells):
+                x0 = left[i] + cx * cell
+                x1 = x0 + cell
+                for cy in range(n_cells):
+                    y0 = top[i] + cy * cell
+                    y1 = y0 + cell
+                    for b in range(first, first + n_bins):
+                        value = (integral[y1, x1, b] + integral[y0, x0, b]
+                                 - integral[y1, x0, b] - integral[y0, x1, b])
+                        value = max(value, np.float32(0.0)) + epsilon
+                        block[k] = value
+                        total += value
+                        k += 1
+            scale = np.float32(1.0) / total
+            column = columns[g]
+            for j in range(k):
+                out[rows[i], t, column + j] += math.sqrt(block[j] * scale)

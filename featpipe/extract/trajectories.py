@@ -399,27 +399,22 @@ class CameraMotion:
         return found
 
 
-def orientation_integral(group: str, grey: np.ndarray, flow: np.ndarray) -> np.ndarray:
-    """The (H + 1, W + 1, 9) integral orientation histogram of one histogram group (its
-    first ``BINS[group]`` channels; the others 0):
-    ``hog`` of the grey image's gradient, ``hof`` of the flow (with the zero bin), ``mbhx`` /
-    ``mbhy`` of the gradient of the flow's x / y component.  Gradients are central
-    differences ([−1, 0, 1], OpenCV's ``Sobel`` of size 1, edges reflected)."""
-    from featpipe.extract._trajectory_kernels import CHANNELS, integral_histogram
+def orientation_integrals(grey: np.ndarray, flow: np.ndarray, groups=tuple(BINS)
+                          ) -> np.ndarray:
+    """The (H + 1, W + 1, 36) integral orientation histograms of one scale, 9 channels per
+    group in :data:`BINS` order (:func:`~featpipe.extract._trajectory_kernels.
+    integral_histograms`): ``hog`` of the grey image's gradient, ``hof`` of the flow (with the
+    zero bin), ``mbhx`` / ``mbhy`` of the gradient of the flow's x / y component; groups not
+    in ``groups`` are 0."""
+    from featpipe.extract._trajectory_kernels import GROUP_CHANNELS, integral_histograms
 
     height, width = grey.shape
-    if group == "hog":
-        x = cv2.Sobel(grey, cv2.CV_32F, 1, 0, ksize=1)
-        y = cv2.Sobel(grey, cv2.CV_32F, 0, 1, ksize=1)
-    elif group == "hof":
-        x, y = np.ascontiguousarray(flow[..., 0]), np.ascontiguousarray(flow[..., 1])
-    else:
-        component = np.ascontiguousarray(flow[..., 0 if group == "mbhx" else 1])
-        x = cv2.Sobel(component, cv2.CV_32F, 1, 0, ksize=1)
-        y = cv2.Sobel(component, cv2.CV_32F, 0, 1, ksize=1)
-    integral = np.empty((height + 1, width + 1, CHANNELS), np.float32)
-    integral_histogram(x, y, 8, MIN_FLOW if group == "hof" else -1.0, integral)
-    return integral
+    out = np.empty((height + 1, width + 1, GROUP_CHANNELS), np.float32)
+    integral_histograms(grey[:, :, None], np.ascontiguousarray(flow, np.float32),
+                        "hog" in groups,
+                        "hof" in groups, "mbhx" in groups or "mbhy" in groups,
+                        np.float32(MIN_FLOW), out)
+    return out
 
 
 def people_mask(height: int, width: int, boxes: np.ndarray | None) -> np.ndarray:
@@ -486,6 +481,11 @@ class Tracker:
             self.columns[name] = width_sum
             width_sum += BINS[name] * block
         self.block_width = width_sum
+        order = list(BINS)
+        self.kernel_groups = (
+            np.array([9 * order.index(name) for name in self.histograms], np.intp),
+            np.array([BINS[name] for name in self.histograms], np.intp),
+            np.array([self.columns[name] for name in self.histograms], np.intp))
         self.camera = None
         if isinstance(estimator, ImprovedDenseTrajectories):
             self.camera = CameraMotion(estimator.keypoints, estimator.ransac_seed)
@@ -580,18 +580,15 @@ class Tracker:
             return None
         steps = tracks.steps[rows]
         if self.histograms:
-            integrals = {name: orientation_integral(name, prev_level, descriptor_flow)
-                         for name in self.histograms}
+            integrals = orientation_integrals(prev_level, descriptor_flow, self.histograms)
             half = self.patch // 2
             left = np.clip(xi - half, 0, width - self.patch)
             top = np.clip(yi - half, 0, height - self.patch)
             cell = self.patch // self.n_cells
             time_cell = np.where(steps < self.n_t_cells * self.t_stride,
                                  steps // self.t_stride, -1).astype(np.intp)
-            for name in self.histograms:
-                accumulate_cells(integrals[name], BINS[name], rows, left, top, cell, self.n_cells,
-                                 time_cell, np.float32(EPSILON), tracks.sums,
-                                 self.columns[name])
+            accumulate_cells(integrals, *self.kernel_groups, rows, left, top, cell,
+                             self.n_cells, time_cell, np.float32(EPSILON), tracks.sums)
         if tracks.displacements is not None:
             tracks.displacements[rows, steps] = descriptor_flow[yi, xi]
         tracks.points[rows, steps + 1] = moved
