@@ -8,10 +8,11 @@ is tracked.  Three passes, each one loop over the pixels or the tracked points:
   coefficients R0 (previous frame) and R1 (current frame, sampled bilinearly at x + d) the
   per-pixel 2×2 system A·d = b (its three distinct entries and b, 5 channels), then the
   displacement d = G⁻¹h from the Gaussian-blurred system (det + 10⁻³ keeps it finite);
-* :func:`integral_histogram`: each pixel's vector (x, y) split by its angle between the two
-  nearest of ``n`` orientation bins over 360° (linear in the angle, weighted by the magnitude;
-  for HOF vectors of magnitude <= ``zero_threshold`` add 1 to an extra last bin), summed into
-  an (H + 1, W + 1, bins) integral histogram (Viola & Jones; the release's ``BuildDescMat``);
+* :func:`integral_histograms`: each pixel's vector (magnitude, angle) split by its angle
+  between the two nearest of 8 orientation bins over 360° (linear in the angle, weighted by
+  the magnitude; for HOF vectors of magnitude <= ``zero_threshold`` add 1 to an extra last
+  bin), summed into an (H + 1, W + 1, bins) integral histogram (Viola & Jones; the release's
+  ``BuildDescMat``), the four groups at once;
 * :func:`accumulate_cells`: for each point its 2×2 cells (four look-ups each), each bin
   max(sum, 0) + ε, L1-normalised over the block and square-rooted, added to the point's
   time cell.
@@ -111,87 +112,24 @@ def farneback_solve(blurred, flow):
             flow[y, x, 1] = (g22 * h1 - g12 * h2) * idet
 
 
-_ATAN_P1 = np.float32(0.9997878412794807 * 180 / math.pi)
-_ATAN_P3 = np.float32(-0.3258083974640975 * 180 / math.pi)
-_ATAN_P5 = np.float32(0.1555786518463281 * 180 / math.pi)
-_ATAN_P7 = np.float32(-0.04432655554792128 * 180 / math.pi)
-_ATAN_EPS = np.float32(np.finfo(np.float64).eps)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def fast_atan2(y, x):
-    """atan2(y, x) in degrees in [0, 360) by OpenCV's polynomial (``cv::fastAtan2``, error
-    about 0.01 degree; the release bins its angles with it)."""
-    ax = abs(x)
-    ay = abs(y)
-    if ax >= ay:
-        c = ay / (ax + _ATAN_EPS)
-        c2 = c * c
-        a = (((_ATAN_P7 * c2 + _ATAN_P5) * c2 + _ATAN_P3) * c2 + _ATAN_P1) * c
-    else:
-        c = ax / (ay + _ATAN_EPS)
-        c2 = c * c
-        a = np.float32(90.0) - (((_ATAN_P7 * c2 + _ATAN_P5) * c2 + _ATAN_P3) * c2
-                                + _ATAN_P1) * c
-    if x < 0:
-        a = np.float32(180.0) - a
-    if y < 0:
-        a = np.float32(360.0) - a
-    return a
-
-
 #: channels of each group in the integral histograms: 8 orientations and HOF's zero bin (HOG
 #: and MBH leave it 0); the groups HOG, HOF, MBHx, MBHy follow each other (36 channels), so
 #: that a pixel's histograms are contiguous and the per-channel loops unroll
 CHANNELS = 9
-GROUP_CHANNELS = 4 * CHANNELS
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _bin(vx, vy, n_orientations, zero_threshold, row, offset):
-    """Add the vector (vx, vy) to the running row sums of one group (``row[offset:]``)."""
-    magnitude = np.float32(math.sqrt(vx * vx + vy * vy))
-    if zero_threshold >= 0 and magnitude <= zero_threshold:
-        row[offset + n_orientations] += 1
-        return
-    angle = fast_atan2(vy, vx)
-    if angle >= 360:
-        angle -= np.float32(360.0)
-    position = angle * np.float32(n_orientations / 360.0)
-    low = int(position)
-    upper = (position - low) * magnitude
-    high = low + 1
-    if high >= n_orientations:
-        high -= n_orientations
-    if low >= n_orientations:
-        low -= n_orientations
-    row[offset + low] += magnitude - upper
-    row[offset + high] += upper
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _difference(image, y, x, dy, dx, channel):
-    """Central difference [−1, 0, 1] along (dy, dx), edges reflected (0 on the border)."""
-    height, width = image.shape[0], image.shape[1]
-    if dx:
-        if x == 0 or x == width - 1:
-            return np.float32(0.0)
-        return np.float32(image[y, x + 1, channel]) - np.float32(image[y, x - 1, channel])
-    if y == 0 or y == height - 1:
-        return np.float32(0.0)
-    return np.float32(image[y + 1, x, channel]) - np.float32(image[y - 1, x, channel])
+GROUPS = 4
+GROUP_CHANNELS = GROUPS * CHANNELS
+ORIENTATIONS = 8
 
 
 @numba.njit(cache=True, nogil=True)
-def integral_histograms(grey, flow, hog, hof, mbh, zero_threshold, out):
+def integral_histograms(magnitude, angle, zero_threshold, out):
     """The integral orientation histograms of one scale into ``out`` ((H + 1, W + 1, 36)
-    float32; first row and column zero): channels 0-8 HOG of the gradient of the grey image
-    (H, W, 1),
-    9-17 HOF of the flow (8 orientations and the zero bin: vectors no longer than
-    ``zero_threshold`` add 1 there), 18-26 and 27-35 MBHx and MBHy, of the gradients of the
-    flow's x and y components.  Gradients are central differences (OpenCV's ``Sobel`` of size
-    1, edges reflected).  Groups not asked for stay 0."""
-    height, width = flow.shape[0], flow.shape[1]
+    float32; first row and column zero) from the (H, W, 4) magnitudes and angles (degrees,
+    [0, 360)) of the four vector fields HOG, HOF, MBHx, MBHy: channels 9g .. 9g + 7 hold
+    group g's 8 orientations; HOF's vectors no longer than ``zero_threshold`` add 1 to
+    channel 17 (its zero bin) instead."""
+    height, width = magnitude.shape[0], magnitude.shape[1]
+    base = np.float32(ORIENTATIONS / 360.0)
     row = np.zeros(GROUP_CHANNELS, dtype=np.float32)
     out[0, :, :] = 0
     for y in range(height):
@@ -199,16 +137,22 @@ def integral_histograms(grey, flow, hog, hof, mbh, zero_threshold, out):
             row[b] = 0
             out[y + 1, 0, b] = 0
         for x in range(width):
-            if hog:
-                _bin(_difference(grey, y, x, 0, 1, 0), _difference(grey, y, x, 1, 0, 0), 8,
-                     np.float32(-1.0), row, 0)
-            if hof:
-                _bin(flow[y, x, 0], flow[y, x, 1], 8, zero_threshold, row, CHANNELS)
-            if mbh:
-                _bin(_difference(flow, y, x, 0, 1, 0), _difference(flow, y, x, 1, 0, 0), 8,
-                     np.float32(-1.0), row, 2 * CHANNELS)
-                _bin(_difference(flow, y, x, 0, 1, 1), _difference(flow, y, x, 1, 0, 1), 8,
-                     np.float32(-1.0), row, 3 * CHANNELS)
+            for g in range(GROUPS):
+                m = magnitude[y, x, g]
+                offset = CHANNELS * g
+                if g == 1 and m <= zero_threshold:
+                    row[offset + ORIENTATIONS] += np.float32(1.0)
+                    continue
+                position = angle[y, x, g] * base
+                low = np.int32(position)
+                upper = (position - np.float32(low)) * m
+                if low >= ORIENTATIONS:
+                    low -= ORIENTATIONS
+                high = low + 1
+                if high >= ORIENTATIONS:
+                    high -= ORIENTATIONS
+                row[offset + low] += m - upper
+                row[offset + high] += upper
             for b in range(GROUP_CHANNELS):
                 out[y + 1, x + 1, b] = out[y, x + 1, b] + row[b]
 

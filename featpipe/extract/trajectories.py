@@ -399,20 +399,27 @@ class CameraMotion:
         return found
 
 
-def orientation_integrals(grey: np.ndarray, flow: np.ndarray, groups=tuple(BINS)
-                          ) -> np.ndarray:
+def orientation_integrals(grey: np.ndarray, flow: np.ndarray) -> np.ndarray:
     """The (H + 1, W + 1, 36) integral orientation histograms of one scale, 9 channels per
-    group in :data:`BINS` order (:func:`~featpipe.extract._trajectory_kernels.
-    integral_histograms`): ``hog`` of the grey image's gradient, ``hof`` of the flow (with the
-    zero bin), ``mbhx`` / ``mbhy`` of the gradient of the flow's x / y component; groups not
-    in ``groups`` are 0."""
+    group in :data:`BINS` order: ``hog`` of the grey image's gradient, ``hof`` of the flow
+    (with the zero bin), ``mbhx`` / ``mbhy`` of the gradient of the flow's x / y component.
+    Gradients are central differences ([−1, 0, 1], OpenCV's ``Sobel`` of size 1, edges
+    reflected); angles and magnitudes by ``cv2.cartToPolar`` (its angle is the release's
+    ``fastAtan2`` polynomial, within 0.3°)."""
     from featpipe.extract._trajectory_kernels import GROUP_CHANNELS, integral_histograms
 
     height, width = grey.shape
+    x = np.empty((height, width, 4), np.float32)
+    y = np.empty((height, width, 4), np.float32)
+    x[..., 0] = cv2.Sobel(grey, cv2.CV_32F, 1, 0, ksize=1)
+    y[..., 0] = cv2.Sobel(grey, cv2.CV_32F, 0, 1, ksize=1)
+    x[..., 1], y[..., 1] = flow[..., 0], flow[..., 1]
+    x[..., 2:] = cv2.Sobel(flow, cv2.CV_32F, 1, 0, ksize=1)
+    y[..., 2:] = cv2.Sobel(flow, cv2.CV_32F, 0, 1, ksize=1)
+    magnitude, angle = cv2.cartToPolar(x.reshape(height, -1), y.reshape(height, -1),
+                                       angleInDegrees=True)
     out = np.empty((height + 1, width + 1, GROUP_CHANNELS), np.float32)
-    integral_histograms(grey[:, :, None], np.ascontiguousarray(flow, np.float32),
-                        "hog" in groups,
-                        "hof" in groups, "mbhx" in groups or "mbhy" in groups,
+    integral_histograms(magnitude.reshape(height, width, 4), angle.reshape(height, width, 4),
                         np.float32(MIN_FLOW), out)
     return out
 
@@ -580,7 +587,7 @@ class Tracker:
             return None
         steps = tracks.steps[rows]
         if self.histograms:
-            integrals = orientation_integrals(prev_level, descriptor_flow, self.histograms)
+            integrals = orientation_integrals(prev_level, descriptor_flow)
             half = self.patch // 2
             left = np.clip(xi - half, 0, width - self.patch)
             top = np.clip(yi - half, 0, height - self.patch)
