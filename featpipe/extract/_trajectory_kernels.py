@@ -124,11 +124,11 @@ ORIENTATIONS = 8
 @numba.njit(cache=True, nogil=True)
 def integral_histograms(magnitude, angle, zero_threshold, out):
     """The integral orientation histograms of one scale into ``out`` ((H + 1, W + 1, 36)
-    float32; first row and column zero) from the (H, W, 4) magnitudes and angles (degrees,
-    [0, 360)) of the four vector fields HOG, HOF, MBHx, MBHy: channels 9g .. 9g + 7 hold
+    float32; first row and column zero) from the (4, H, W) magnitudes and angles (degrees,
+    [0, 360]) of the four vector fields HOG, HOF, MBHx, MBHy: channels 9g .. 9g + 7 hold
     group g's 8 orientations; HOF's vectors no longer than ``zero_threshold`` add 1 to
     channel 17 (its zero bin) instead."""
-    height, width = magnitude.shape[0], magnitude.shape[1]
+    height, width = magnitude.shape[1], magnitude.shape[2]
     base = np.float32(ORIENTATIONS / 360.0)
     row = np.zeros(GROUP_CHANNELS, dtype=np.float32)
     out[0, :, :] = 0
@@ -138,12 +138,12 @@ def integral_histograms(magnitude, angle, zero_threshold, out):
             out[y + 1, 0, b] = 0
         for x in range(width):
             for g in range(GROUPS):
-                m = magnitude[y, x, g]
+                m = magnitude[g, y, x]
                 offset = CHANNELS * g
                 if g == 1 and m <= zero_threshold:
                     row[offset + ORIENTATIONS] += np.float32(1.0)
                     continue
-                position = angle[y, x, g] * base
+                position = angle[g, y, x] * base
                 low = np.int32(position)
                 upper = (position - np.float32(low)) * m
                 if low >= ORIENTATIONS:
@@ -166,26 +166,29 @@ def accumulate_cells(integral, channels, bins, columns, rows, left, top, cell, n
 
     The block's corner is (``left[i]``, ``top[i]``) in pixels; cell (cx, cy) covers
     ``cell`` × ``cell`` pixels from (left + cx·cell, top + cy·cell); entries run over cx, then
-    cy, then the bins (the release's order)."""
+    cy, then the bins (the release's order).  The (n_cells + 1)² corners are read once."""
+    n_corners = n_cells + 1
+    corners = np.empty((n_corners, n_corners, GROUP_CHANNELS), dtype=np.float32)
     block = np.empty(n_cells * n_cells * CHANNELS, dtype=np.float32)
     for i in range(left.shape[0]):
         t = time_cell[i]
         if t < 0:
             continue
+        for cy in range(n_corners):
+            for cx in range(n_corners):
+                source = integral[top[i] + cy * cell, left[i] + cx * cell]
+                for b in range(GROUP_CHANNELS):
+                    corners[cy, cx, b] = source[b]
         for g in range(channels.shape[0]):
             first = channels[g]
             n_bins = bins[g]
             k = 0
             total = np.float32(0.0)
             for cx in range(n_cells):
-                x0 = left[i] + cx * cell
-                x1 = x0 + cell
                 for cy in range(n_cells):
-                    y0 = top[i] + cy * cell
-                    y1 = y0 + cell
                     for b in range(first, first + n_bins):
-                        value = (integral[y1, x1, b] + integral[y0, x0, b]
-                                 - integral[y1, x0, b] - integral[y0, x1, b])
+                        value = (corners[cy + 1, cx + 1, b] + corners[cy, cx, b]
+                                 - corners[cy + 1, cx, b] - corners[cy, cx + 1, b])
                         value = max(value, np.float32(0.0)) + epsilon
                         block[k] = value
                         total += value

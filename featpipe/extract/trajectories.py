@@ -409,17 +409,17 @@ def orientation_integrals(grey: np.ndarray, flow: np.ndarray) -> np.ndarray:
     from featpipe.extract._trajectory_kernels import GROUP_CHANNELS, integral_histograms
 
     height, width = grey.shape
-    x = np.empty((height, width, 4), np.float32)
-    y = np.empty((height, width, 4), np.float32)
-    x[..., 0] = cv2.Sobel(grey, cv2.CV_32F, 1, 0, ksize=1)
-    y[..., 0] = cv2.Sobel(grey, cv2.CV_32F, 0, 1, ksize=1)
-    x[..., 1], y[..., 1] = flow[..., 0], flow[..., 1]
-    x[..., 2:] = cv2.Sobel(flow, cv2.CV_32F, 1, 0, ksize=1)
-    y[..., 2:] = cv2.Sobel(flow, cv2.CV_32F, 0, 1, ksize=1)
-    magnitude, angle = cv2.cartToPolar(x.reshape(height, -1), y.reshape(height, -1),
-                                       angleInDegrees=True)
+    x = np.empty((4, height, width), np.float32)
+    y = np.empty((4, height, width), np.float32)
+    flow_x, flow_y = cv2.split(flow)
+    for plane, image in ((0, grey), (2, flow_x), (3, flow_y)):
+        cv2.Sobel(image, cv2.CV_32F, 1, 0, dst=x[plane], ksize=1)
+        cv2.Sobel(image, cv2.CV_32F, 0, 1, dst=y[plane], ksize=1)
+    x[1], y[1] = flow_x, flow_y
+    magnitude, angle = cv2.cartToPolar(x.reshape(4 * height, width),
+                                       y.reshape(4 * height, width), angleInDegrees=True)
     out = np.empty((height + 1, width + 1, GROUP_CHANNELS), np.float32)
-    integral_histograms(magnitude.reshape(height, width, 4), angle.reshape(height, width, 4),
+    integral_histograms(magnitude.reshape(4, height, width), angle.reshape(4, height, width),
                         np.float32(MIN_FLOW), out)
     return out
 
