@@ -563,40 +563,19 @@ class Tracker:
         """Move the tracks of scale k by one frame (those leaving the frame end, unseen), add
         their descriptors at their previous points, and return the valid ones that reach
         ``track_length`` steps: (descriptors, positions) or None."""
-        from featpipe.extract._trajectory_kernels import accumulate_cells
+        from featpipe.extract._trajectory_kernels import advance_tracks
 
-        n = len(tracks.steps)
-        if not n:
+        if not len(tracks.steps):
             return None
-        height, width = prev_level.shape
-        points = tracks.points[np.arange(n), tracks.steps]
-        xi = np.clip(np.rint(points[:, 0]), 0, width - 1).astype(np.intp)
-        yi = np.clip(np.rint(points[:, 1]), 0, height - 1).astype(np.intp)
-        moved = points + flow[yi, xi]
-        inside = ((moved[:, 0] > 0) & (moved[:, 0] < width) & (moved[:, 1] > 0)
-                  & (moved[:, 1] < height))
-        rows = np.flatnonzero(inside)
-        if len(rows) < n:
-            points, moved, xi, yi = points[rows], moved[rows], xi[rows], yi[rows]
-        tracks.alive = inside
-        if not len(rows):
-            return None
-        steps = tracks.steps[rows]
-        if self.histograms:
-            integrals = orientation_integrals(prev_level, descriptor_flow)
-            half = self.patch // 2
-            left = np.clip(xi - half, 0, width - self.patch)
-            top = np.clip(yi - half, 0, height - self.patch)
-            cell = self.patch // self.n_cells
-            time_cell = np.where(steps < self.n_t_cells * self.t_stride,
-                                 steps // self.t_stride, -1).astype(np.intp)
-            accumulate_cells(integrals, *self.kernel_groups, rows, left, top, cell,
-                             self.n_cells, time_cell, np.float32(EPSILON), tracks.sums)
-        if tracks.displacements is not None:
-            tracks.displacements[rows, steps] = descriptor_flow[yi, xi]
-        tracks.points[rows, steps + 1] = moved
-        tracks.steps[rows] = steps + 1
-        ended = rows[steps + 1 >= self.length]
+        integrals = (orientation_integrals(prev_level, descriptor_flow) if self.histograms
+                     else np.zeros((1, 1, 36), np.float32))
+        tracks.alive = np.ones(len(tracks.steps), bool)
+        displacements = (tracks.displacements if tracks.displacements is not None
+                         else np.zeros((0, 1, 2), np.float32))
+        advance_tracks(tracks.points, tracks.steps, flow, descriptor_flow, displacements,
+                       integrals, *self.kernel_groups, self.patch, self.n_cells, self.t_stride,
+                       self.n_t_cells, np.float32(EPSILON), tracks.sums, tracks.alive)
+        ended = np.flatnonzero(tracks.alive & (tracks.steps >= self.length))
         if not len(ended):
             return None
         tracks.alive[ended] = False
