@@ -208,7 +208,8 @@ def accumulate_cells(integral, channels, bins, columns, rows, left, top, cell, n
 @numba.njit(cache=True, nogil=True)
 def advance_tracks(points, steps, flow, descriptor_flow, displacements, integral, channels,
                    bins, columns, patch, n_cells, t_stride, n_t_cells, epsilon, sums, alive):
-    """One frame of every track of a scale: the point p = ``points[i, steps[i]]`` moves to
+    """One frame of every live track of a scale (``alive``): the point p = ``points[i,
+    steps[i]]`` moves to
     p + flow(round(p)) (rounded half to even and clamped to the frame, as ``cvRound``); a
     track whose new point is not strictly inside the frame is no longer ``alive``.  The others
     add their blocks at p (corner round(p) − patch/2 clamped into the frame) to their time
@@ -220,6 +221,8 @@ def advance_tracks(points, steps, flow, descriptor_flow, displacements, integral
     corners = np.empty((n_cells + 1, n_cells + 1, GROUP_CHANNELS), dtype=np.float32)
     block = np.empty(n_cells * n_cells * CHANNELS, dtype=np.float32)
     for i in range(steps.shape[0]):
+        if not alive[i]:
+            continue
         s = steps[i]
         px = points[i, s, 0]
         py = points[i, s, 1]

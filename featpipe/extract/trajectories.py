@@ -245,38 +245,48 @@ class ImprovedDenseTrajectories(DenseTrajectories):
 
 
 class _ScaleTracks:
-    """The trajectories being tracked at one scale: points (N, L + 1, 2) in the scale's
-    pixels, how many steps each has made, its histogram sums per time cell and (idt) its
-    camera-compensated displacements (N, L, 2).  ``alive`` marks the tracks kept after the
-    last step; :meth:`renew` drops the others and appends new ones (one copy per frame)."""
+    """The trajectories being tracked at one scale, in slots: points (C, L + 1, 2) in the
+    scale's pixels, how many steps each has made, its histogram sums per time cell and (idt)
+    its camera-compensated displacements (C, L, 2); ``alive`` marks the slots in use.  New
+    tracks take the lowest free slots (the capacity doubles when none is left), so nothing
+    is copied from frame to frame."""
 
     def __init__(self, length: int, n_t_cells: int, width: int, camera: bool):
         self.points = np.zeros((0, length + 1, 2), np.float32)
         self.steps = np.zeros(0, np.intp)
         self.sums = np.zeros((0, n_t_cells, width), np.float32)
-        self.displacements = np.zeros((0, length, 2), np.float32) if camera else None
-        self.alive = np.ones(0, bool)
+        self.displacements = np.zeros((0, length, 2), np.float32)   # no rows for dt
+        self.camera = camera
+        self.alive = np.zeros(0, bool)
 
     def current(self) -> np.ndarray:
-        """(M, 2) last points of the tracks still alive."""
+        """(M, 2) last points of the live tracks."""
         rows = np.flatnonzero(self.alive)
         return self.points[rows, self.steps[rows]]
 
     def renew(self, points: np.ndarray) -> None:
-        """Keep the live tracks and start new ones at ``points`` (M, 2)."""
-        n, alive = len(points), self.alive
-        arrays = [self.points, self.steps, self.sums, self.displacements]
-        out = []
-        for array in arrays:
-            if array is None:
-                out.append(None)
-                continue
-            kept = array if alive.all() else array[alive]
-            new = np.zeros((n,) + array.shape[1:], array.dtype)
-            out.append(np.concatenate([kept, new]))
-        self.points, self.steps, self.sums, self.displacements = out
-        self.points[len(self.points) - n:, 0] = points
-        self.alive = np.ones(len(self.steps), bool)
+        """Start new tracks at ``points`` (M, 2) in free slots."""
+        free = np.flatnonzero(~self.alive)
+        if len(free) < len(points):
+            grow = max(len(self.alive), len(points) - len(free), 64)
+            self.points = np.concatenate([self.points, np.zeros((grow,) + self.points.shape[1:],
+                                                                np.float32)])
+            self.steps = np.concatenate([self.steps, np.zeros(grow, np.intp)])
+            self.sums = np.concatenate([self.sums, np.zeros((grow,) + self.sums.shape[1:],
+                                                            np.float32)])
+            if self.camera:
+                self.displacements = np.concatenate([
+                    self.displacements,
+                    np.zeros((grow,) + self.displacements.shape[1:], np.float32)])
+            self.alive = np.concatenate([self.alive, np.zeros(grow, bool)])
+            free = np.flatnonzero(~self.alive)
+        slots = free[:len(points)]
+        self.points[slots, 0] = points
+        self.steps[slots] = 0
+        self.sums[slots] = 0
+        if self.camera:
+            self.displacements[slots] = 0
+        self.alive[slots] = True
 
 
 def dense_sample(grey: np.ndarray, points: np.ndarray, step: int, quality: float
@@ -565,16 +575,14 @@ class Tracker:
         ``track_length`` steps: (descriptors, positions) or None."""
         from featpipe.extract._trajectory_kernels import advance_tracks
 
-        if not len(tracks.steps):
+        if not tracks.alive.any():
             return None
         integrals = (orientation_integrals(prev_level, descriptor_flow) if self.histograms
                      else np.zeros((1, 1, 36), np.float32))
-        tracks.alive = np.ones(len(tracks.steps), bool)
-        displacements = (tracks.displacements if tracks.displacements is not None
-                         else np.zeros((0, 1, 2), np.float32))
-        advance_tracks(tracks.points, tracks.steps, flow, descriptor_flow, displacements,
-                       integrals, *self.kernel_groups, self.patch, self.n_cells, self.t_stride,
-                       self.n_t_cells, np.float32(EPSILON), tracks.sums, tracks.alive)
+        advance_tracks(tracks.points, tracks.steps, flow, descriptor_flow,
+                       tracks.displacements, integrals, *self.kernel_groups, self.patch,
+                       self.n_cells, self.t_stride, self.n_t_cells, np.float32(EPSILON),
+                       tracks.sums, tracks.alive)
         ended = np.flatnonzero(tracks.alive & (tracks.steps >= self.length))
         if not len(ended):
             return None
@@ -582,7 +590,7 @@ class Tracker:
         scale = np.float32(self.scales[k])
         points = tracks.points[ended] * scale
         valid, shape, mean = trajectory_shapes(points)
-        if tracks.displacements is not None:
+        if tracks.camera:
             moves = tracks.displacements[ended] * scale
             magnitude = np.sqrt((moves ** 2).sum(axis=2))
             valid &= magnitude.max(axis=1) > CAMERA_MIN_MOVE
