@@ -405,26 +405,35 @@ class CameraMotion:
         return found
 
 
-def orientation_integrals(grey: np.ndarray, flow: np.ndarray) -> np.ndarray:
+def orientation_integrals(grey: np.ndarray, flow: np.ndarray, work: dict | None = None
+                          ) -> np.ndarray:
     """The (H + 1, W + 1, 36) integral orientation histograms of one scale, 9 channels per
     group in :data:`BINS` order: ``hog`` of the grey image's gradient, ``hof`` of the flow
     (with the zero bin), ``mbhx`` / ``mbhy`` of the gradient of the flow's x / y component.
     Gradients are central differences ([−1, 0, 1], OpenCV's ``Sobel`` of size 1, edges
     reflected); angles and magnitudes by ``cv2.cartToPolar`` (its angle is the release's
-    ``fastAtan2`` polynomial, within 0.3°)."""
+    ``fastAtan2`` polynomial, within 0.3°).  ``work`` keeps the arrays for the next call
+    of the same size (the result is one of them: it is overwritten then)."""
     from featpipe.extract._trajectory_kernels import GROUP_CHANNELS, integral_histograms
 
     height, width = grey.shape
-    x = np.empty((4, height, width), np.float32)
-    y = np.empty((4, height, width), np.float32)
+    work = {} if work is None else work
+    if work.get("shape") != (height, width):
+        work.clear()
+        work["shape"] = (height, width)
+        for name in ("x", "y", "magnitude", "angle"):
+            work[name] = np.empty((4 * height, width), np.float32)
+        work["out"] = np.empty((height + 1, width + 1, GROUP_CHANNELS), np.float32)
+    x = work["x"].reshape(4, height, width)
+    y = work["y"].reshape(4, height, width)
     flow_x, flow_y = cv2.split(flow)
     for plane, image in ((0, grey), (2, flow_x), (3, flow_y)):
         cv2.Sobel(image, cv2.CV_32F, 1, 0, dst=x[plane], ksize=1)
         cv2.Sobel(image, cv2.CV_32F, 0, 1, dst=y[plane], ksize=1)
     x[1], y[1] = flow_x, flow_y
-    magnitude, angle = cv2.cartToPolar(x.reshape(4 * height, width),
-                                       y.reshape(4 * height, width), angleInDegrees=True)
-    out = np.empty((height + 1, width + 1, GROUP_CHANNELS), np.float32)
+    magnitude, angle = cv2.cartToPolar(work["x"], work["y"], magnitude=work["magnitude"],
+                                       angle=work["angle"], angleInDegrees=True)
+    out = work["out"]
     integral_histograms(magnitude.reshape(4, height, width), angle.reshape(4, height, width),
                         np.float32(MIN_FLOW), out)
     return out
@@ -435,7 +444,7 @@ def people_mask(height: int, width: int, boxes: np.ndarray | None) -> np.ndarray
     mask = np.ones((height, width), np.uint8)
     if boxes is None:
         return mask
-    for x1, y1, x2, y2 in np.asarray(boxes, np.float64).reshape(-1, 4)[:, :4]:
+    for x1, y1, x2, y2 in np.atleast_2d(np.asarray(boxes, np.float64))[:, :4]:
         top, left = max(int(math.ceil(y1)), 0), max(int(math.ceil(x1)), 0)
         bottom, right = min(int(math.floor(y2)), height - 1), min(int(math.floor(x2)), width - 1)
         if bottom >= top and right >= left:
@@ -507,6 +516,7 @@ class Tracker:
         stride = 1 / float(estimator.scale_factor)
         self.flow_engine = (DISPyramid(self.sizes, self.scales) if estimator.flow == "dis"
                             else FarnebackPyramid(self.sizes, self.scales, stride))
+        self.work: list[dict] = [{} for _ in self.scales]
         self.tracks = [_ScaleTracks(self.length, self.n_t_cells, self.block_width,
                                     self.camera is not None) for _ in self.scales]
         self.frame = 0
@@ -577,7 +587,8 @@ class Tracker:
 
         if not tracks.alive.any():
             return None
-        integrals = (orientation_integrals(prev_level, descriptor_flow) if self.histograms
+        integrals = (orientation_integrals(prev_level, descriptor_flow, self.work[k])
+                     if self.histograms
                      else np.zeros((1, 1, 36), np.float32))
         advance_tracks(tracks.points, tracks.steps, flow, descriptor_flow,
                        tracks.displacements, integrals, *self.kernel_groups, self.patch,
