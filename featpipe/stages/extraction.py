@@ -32,6 +32,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -155,7 +156,7 @@ def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: Extract
     """The stage key's record of the inputs and the features: the manifest (its files by
     content), the sampling and the decoder (none when every item is an image, read whole
     whatever they say), and the method's parameters (a network's weights by their
-    identity)."""
+    identity; human boxes by the content of each item's file)."""
     videos = any(not is_image(manifest.resolve_path(it)) for it in manifest)
     params: dict = {"features": chosen.method.name,
                     "manifest": manifest_digest(manifest, hashes),
@@ -163,6 +164,11 @@ def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: Extract
                     "decoder": settings.decoder if videos else None}
     if chosen.method.runs == "worker":
         params[chosen.method.name] = chosen.record
+        if settings.human_boxes is not None:
+            from featpipe.extract.boxes import boxes_digest
+
+            params["human_boxes"] = boxes_digest(settings.human_boxes, manifest.ids,
+                                                 hashes.file_hash)
     else:
         from featpipe.extract.vgg import weights_identity
 
@@ -295,6 +301,12 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
     settings.check(chosen.method)
     if chosen.method.default_fps is not None and sampling == Sampling():
         sampling = Sampling(fps=chosen.method.default_fps)
+    if settings.human_boxes is not None:
+        if sampling.fps is not None or sampling.frames is not None:
+            raise ParameterError("human_boxes", "are given per video frame: sample every frame "
+                                 "or every N-th (--every N), not --fps or --frames")
+        settings = dataclasses.replace(settings,
+                                       human_boxes=str(Path(settings.human_boxes).resolve()))
     hashes = ContentHashes(store.root / CACHE_NAME)
     plan_ = _plan(store, manifest, chosen, sampling, settings, hashes)
     if not options.dry_run:
@@ -398,7 +410,8 @@ def _extraction(stage, pool, sampling, chosen: Chosen, sinks, settings: ExtractS
     """The pipeline of the chosen method: in the workers, or a network in this process
     (``model``: one already loaded)."""
     if chosen.method.runs == "worker":
-        pool.program = LocalFeatureProgram(chosen.method, chosen.record, sinks)
+        pool.program = LocalFeatureProgram(chosen.method, chosen.record, sinks,
+                                           settings.human_boxes, sampling.every or 1)
         return Extraction(stage, pool, sampling, sinks, allow_partial=settings.allow_partial,
                           record_failures=record_failures)
     estimator = chosen.estimator()
