@@ -203,7 +203,9 @@ def _items(store, chosen: Chosen, settings: ExtractSettings, estimator, dim: int
     if settings.encode is not None:
         sinks, layout, models, encoded = _encoder_plan(
             store, settings, sinks, (rows_per_frame, dim, itemsize),
-            chain=(chosen.method.name, int(estimator.n_features), settings.pca))
+            chain=(chosen.method.name, int(estimator.n_features), settings.pca,
+                   tuple(g for g, _ in estimator.groups()) if hasattr(estimator, "groups")
+                   else None))
         return layout, sinks, {"encode": encoded}, models
     if settings.sample_descriptors is not None:
         rows = int(typed_value(settings.sample_descriptors, (int,)))
@@ -245,12 +247,24 @@ def _encoder_plan(store, settings: ExtractSettings, outputs, shape, chain):
 
 
 def _check_projections(method, given, models, encoder, dim, features, feature_dim,
-                       pca) -> None:
+                       pca, groups) -> None:
     """The chain features -> ``--pca`` -> the encoder, checked before any work: a model stage
     that carries its own PCA (``fit gmm --pca/--pca-dim``) projects the raw features itself,
     so ``--pca`` as well would project them twice; a model fitted on projected descriptors
-    needs ``--pca``.  ``encoder.input_dim`` (when it has one) is what the encoder takes."""
+    needs ``--pca``; a model of descriptor groups (``fit gmm --groups``,
+    ``encoder.input_groups``) needs the raw rows of the same ``groups``.
+    ``encoder.input_dim`` (when it has one) is what the encoder takes."""
     from featpipe.extract.pca import MODEL_NAME, PCAProjection
+
+    wanted = getattr(encoder, "input_groups", None)
+    if wanted is not None and (pca is not None or groups != wanted):
+        names = ", ".join(f"{key} {given.get(key)}" for key in models)
+        got = "projected rows (--pca)" if pca is not None else (
+            f"the groups {','.join(groups)}" if groups else f"{features} rows without groups")
+        raise FeatpipeError(f"--encode {method} ({names}) was fitted on the groups "
+                            f"{','.join(wanted)} of raw rows; this extraction gives {got}: "
+                            f"use --descriptors {','.join(wanted)}"
+                            + (" without --pca" if pca is not None else ""))
 
     expected = getattr(encoder, "input_dim", None)
     if expected is None or expected == dim:
