@@ -13,11 +13,13 @@ import math
 from dataclasses import dataclass
 from numbers import Integral, Real
 
+import cv2
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from featpipe.errors import ParameterError
+from featpipe.errors import InputError, ParameterError
+from featpipe.extract.features import FeatureMethod
 from featpipe.parameters import ValidatedEstimator
 
 #: the descriptor groups and their sizes with the default parameters, in the release's order
@@ -28,6 +30,18 @@ FLOWS = ("farneback", "dis")
 KEYPOINTS = ("orb", "akaze", "corners")
 #: the release's ratio of neighbouring spatial scales
 SCALE_FACTOR = 1 / math.sqrt(2)
+#: the release's constants: a histogram cell's bins get EPSILON added before the L1
+#: normalisation; flow no longer than MIN_FLOW px goes to HOF's zero bin; trajectories whose
+#: x and y standard deviations are both below MIN_STD px are static, either above MAX_STD
+#: erratic; a step longer than MAX_STEP px and 0.7 of the trajectory's length is a jump; an
+#: idt trajectory whose camera-compensated steps are all at most CAMERA_MIN_MOVE px followed
+#: the camera
+EPSILON = 0.05
+MIN_FLOW = 0.4
+MIN_STD = math.sqrt(3)
+MAX_STD = 50.0
+MAX_STEP = 20.0
+CAMERA_MIN_MOVE = 1.0
 
 
 def parse_descriptors(spec: str) -> tuple[str, ...]:
@@ -92,6 +106,9 @@ class DenseTrajectories(ValidatedEstimator, BaseEstimator):
         Descriptor groups, comma-separated: trajectory, hog, hof, mbhx, mbhy, mbh (both),
         all.
     """
+
+    #: whether :meth:`Tracker.add` uses people's boxes (idt's homography leaves them out)
+    takes_boxes = False
 
     _parameter_constraints: dict = {
         "step": [Interval(Integral, 1, None, closed="left")],
@@ -174,7 +191,7 @@ class DenseTrajectories(ValidatedEstimator, BaseEstimator):
 
     def usable(self, height: int, width: int) -> bool:
         """Whether a frame of that size holds a descriptor volume."""
-        return min(height, width) >= int(self.patch_size) + 1
+        return min(height, width) >= int(self.patch_size)
 
     def count(self, height: int, width: int) -> int:
         """An upper bound of the trajectories that end at one frame: the sampling cells of
@@ -187,7 +204,7 @@ class DenseTrajectories(ValidatedEstimator, BaseEstimator):
 
     def minimum_size(self) -> str:
         """The smallest usable frame, in words."""
-        side = int(self.patch_size) + 1
+        side = int(self.patch_size)
         return f"at least {side}x{side} with patch_size {int(self.patch_size)}"
 
     def start(self, height: int, width: int) -> Tracker:
@@ -207,6 +224,8 @@ class ImprovedDenseTrajectories(DenseTrajectories):
         Seed of OpenCV's random generator before each RANSAC (reproducible results).
     """
 
+    takes_boxes = True
+
     _parameter_constraints: dict = {
         **DenseTrajectories._parameter_constraints,
         "keypoints": [StrOptions(set(KEYPOINTS))],
@@ -224,21 +243,392 @@ class ImprovedDenseTrajectories(DenseTrajectories):
         self.ransac_seed = ransac_seed
 
 
+class _ScaleTracks:
+    """The trajectories being tracked at one scale: points (N, L + 1, 2) in the scale's
+    pixels, how many steps each has made, its histogram sums per time cell and (idt) its
+    camera-compensated displacements (N, L, 2).  ``alive`` marks the tracks kept after the
+    last step; :meth:`renew` drops the others and appends new ones (one copy per frame)."""
+
+    def __init__(self, length: int, n_t_cells: int, width: int, camera: bool):
+        self.points = np.zeros((0, length + 1, 2), np.float32)
+        self.steps = np.zeros(0, np.intp)
+        self.sums = np.zeros((0, n_t_cells, width), np.float32)
+        self.displacements = np.zeros((0, length, 2), np.float32) if camera else None
+        self.alive = np.ones(0, bool)
+
+    def current(self) -> np.ndarray:
+        """(M, 2) last points of the tracks still alive."""
+        rows = np.flatnonzero(self.alive)
+        return self.points[rows, self.steps[rows]]
+
+    def renew(self, points: np.ndarray) -> None:
+        """Keep the live tracks and start new ones at ``points`` (M, 2)."""
+        n, alive = len(points), self.alive
+        arrays = [self.points, self.steps, self.sums, self.displacements]
+        out = []
+        for array in arrays:
+            if array is None:
+                out.append(None)
+                continue
+            kept = array if alive.all() else array[alive]
+            new = np.zeros((n,) + array.shape[1:], array.dtype)
+            out.append(np.concatenate([kept, new]))
+        self.points, self.steps, self.sums, self.displacements = out
+        self.points[len(self.points) - n:, 0] = points
+        self.alive = np.ones(len(self.steps), bool)
+
+
+def dense_sample(grey: np.ndarray, points: np.ndarray, step: int, quality: float
+                 ) -> np.ndarray:
+    """New points (M, 2) on a grid of ``step`` pixels, at (j·step + ⌊step/2⌋, i·step +
+    ⌊step/2⌋), in cells that hold none of ``points`` and where the minimum eigenvalue of the
+    structure tensor (3×3 Sobel, 3×3 window) exceeds ``quality`` times its maximum over the
+    frame (Shi & Tomasi, CVPR 1994; the release's ``DenseSample``); row-major order."""
+    height, width = grey.shape
+    rows, cols = height // step, width // step
+    if rows == 0 or cols == 0:
+        return np.zeros((0, 2), np.float32)
+    eig = cv2.cornerMinEigenVal(grey, 3, ksize=3)
+    threshold = float(eig.max()) * quality
+    occupied = np.zeros((rows, cols), bool)
+    if len(points):
+        cell = np.floor(points).astype(np.intp)
+        inside = ((cell[:, 0] >= 0) & (cell[:, 1] >= 0) & (cell[:, 0] < cols * step)
+                  & (cell[:, 1] < rows * step))
+        occupied[cell[inside, 1] // step, cell[inside, 0] // step] = True
+    offset = step // 2
+    ys = np.arange(rows) * step + offset
+    xs = np.arange(cols) * step + offset
+    chosen = (eig[np.ix_(ys, xs)] > threshold) & ~occupied
+    i, j = np.nonzero(chosen)
+    return np.stack([xs[j], ys[i]], axis=1).astype(np.float32)
+
+
+def trajectory_shapes(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The release's ``IsValid`` on (M, L + 1, 2) points in frame pixels: (valid mask, shape
+    (M, 2L) = displacements / Σ|displacement|, mean position (M, 2)).
+
+    Static (std of x and of y both < √3), erratic (either std > 50) and jumping (a largest
+    displacement > 20 px and > 0.7 of the whole length) trajectories are invalid."""
+    mean = points.mean(axis=1)
+    std = np.sqrt(((points - mean[:, None]) ** 2).mean(axis=1))
+    steps = np.diff(points, axis=1)
+    magnitude = np.sqrt((steps ** 2).sum(axis=2))
+    length = magnitude.sum(axis=1)
+    largest = magnitude.max(axis=1)
+    valid = ~((std[:, 0] < MIN_STD) & (std[:, 1] < MIN_STD))
+    valid &= ~((std[:, 0] > MAX_STD) | (std[:, 1] > MAX_STD))
+    valid &= ~((largest > MAX_STEP) & (largest > 0.7 * length))
+    shape = steps / np.where(length > 0, length, 1)[:, None, None]
+    return valid, shape.reshape(len(points), -1).astype(np.float32), mean
+
+
+class CameraMotion:
+    """The homography between two frames (the improved trajectories' camera motion).
+
+    Matches: keypoints of the previous and the current frame (ORB or AKAZE binary
+    descriptors, Hamming distance; each current keypoint's nearest previous one within 25 px
+    along x and y), plus Shi–Tomasi corners of the previous frame (at most 1000, quality
+    0.001, 3 px apart) moved by the flow.  People's boxes are masked out of both.  With more
+    than 50 matches, a RANSAC homography (1 px reprojection threshold, confidence 0.995, at
+    most 2000 iterations, OpenCV's USAC with the seed ``seed``) is kept when it has more than
+    25 inliers; otherwise the identity.
+    """
+
+    def __init__(self, keypoints: str, seed: int):
+        self.seed = int(seed)
+        if keypoints == "orb":
+            self.detector = cv2.ORB_create(500)
+        elif keypoints == "akaze":
+            self.detector = cv2.AKAZE_create()
+        else:
+            self.detector = None
+        self.matcher = cv2.BFMatcher(cv2.NORM_HAMMING)
+        self.previous = None
+
+    def keypoints(self, grey: np.ndarray, mask: np.ndarray) -> None:
+        """Detect the keypoints of the frame that becomes the previous one."""
+        if self.detector is None:
+            return
+        keypoints, descriptors = self.detector.detectAndCompute(grey, mask)
+        positions = np.array([k.pt for k in keypoints], np.float32).reshape(-1, 2)
+        self.previous = (positions, descriptors)
+
+    def keypoint_matches(self, grey: np.ndarray, mask: np.ndarray):
+        previous = self.previous
+        self.keypoints(grey, mask)
+        if self.detector is None or previous is None:
+            return np.zeros((0, 2), np.float32), np.zeros((0, 2), np.float32)
+        (prev_xy, prev_desc), (xy, desc) = previous, self.previous
+        if prev_desc is None or desc is None or not len(prev_xy) or not len(xy):
+            return np.zeros((0, 2), np.float32), np.zeros((0, 2), np.float32)
+        delta = np.abs(xy[:, None, :] - prev_xy[None, :, :])
+        window = ((delta[..., 0] < 25) & (delta[..., 1] < 25)).astype(np.uint8)
+        matches = self.matcher.match(desc, prev_desc, window)
+        query = np.array([m.queryIdx for m in matches], np.intp)
+        train = np.array([m.trainIdx for m in matches], np.intp)
+        return prev_xy[train], xy[query]
+
+    def homography(self, prev_grey: np.ndarray, grey: np.ndarray, flow: np.ndarray,
+                   mask: np.ndarray) -> np.ndarray:
+        """H (3 × 3) with current ≈ H · previous (homogeneous pixel coordinates)."""
+        prev_kp, kp = self.keypoint_matches(grey, mask)
+        corners = cv2.goodFeaturesToTrack(prev_grey, 1000, 0.001, 3, mask=mask)
+        corners = (np.zeros((0, 2), np.float32) if corners is None
+                   else corners.reshape(-1, 2).astype(np.float32))
+        height, width = prev_grey.shape
+        xi = np.clip(np.rint(corners[:, 0]), 0, width - 1).astype(np.intp)
+        yi = np.clip(np.rint(corners[:, 1]), 0, height - 1).astype(np.intp)
+        moved = np.stack([xi, yi], axis=1).astype(np.float32) + flow[yi, xi]
+        src = np.concatenate([corners, prev_kp]).astype(np.float32)
+        dst = np.concatenate([moved, kp]).astype(np.float32)
+        if len(src) <= 50:
+            return np.eye(3)
+        params = cv2.UsacParams()
+        params.randomGeneratorState = self.seed
+        params.threshold = 1.0
+        params.confidence = 0.995
+        params.maxIterations = 2000
+        params.sampler = cv2.SAMPLING_UNIFORM
+        params.score = cv2.SCORE_METHOD_RANSAC
+        params.loMethod = cv2.LOCAL_OPTIM_NULL
+        params.final_polisher = cv2.LSQ_POLISHER
+        found, inliers = cv2.findHomography(src, dst, params)
+        if found is None or inliers is None or int(inliers.sum()) <= 25:
+            return np.eye(3)
+        return found
+
+
+def orientation_integral(group: str, grey: np.ndarray, flow: np.ndarray) -> np.ndarray:
+    """The (H + 1, W + 1, bins) integral orientation histogram of one histogram group:
+    ``hog`` of the grey image's gradient, ``hof`` of the flow (with the zero bin), ``mbhx`` /
+    ``mbhy`` of the gradient of the flow's x / y component.  Gradients are central
+    differences ([−1, 0, 1], OpenCV's ``Sobel`` of size 1, edges reflected)."""
+    from featpipe.extract._trajectory_kernels import integral_histogram
+
+    height, width = grey.shape
+    if group == "hog":
+        x = cv2.Sobel(grey, cv2.CV_32F, 1, 0, ksize=1)
+        y = cv2.Sobel(grey, cv2.CV_32F, 0, 1, ksize=1)
+    elif group == "hof":
+        x, y = np.ascontiguousarray(flow[..., 0]), np.ascontiguousarray(flow[..., 1])
+    else:
+        component = np.ascontiguousarray(flow[..., 0 if group == "mbhx" else 1])
+        x = cv2.Sobel(component, cv2.CV_32F, 1, 0, ksize=1)
+        y = cv2.Sobel(component, cv2.CV_32F, 0, 1, ksize=1)
+    integral = np.empty((height + 1, width + 1, BINS[group]), np.float32)
+    integral_histogram(x, y, 8, MIN_FLOW if group == "hof" else -1.0, integral)
+    return integral
+
+
+def people_mask(height: int, width: int, boxes: np.ndarray | None) -> np.ndarray:
+    """uint8 mask, 0 inside the boxes (x1, y1, x2, y2; pixels ⌈x1⌉..⌊x2⌋ inclusive)."""
+    mask = np.ones((height, width), np.uint8)
+    if boxes is None:
+        return mask
+    for x1, y1, x2, y2 in np.asarray(boxes, np.float64).reshape(-1, 4)[:, :4]:
+        top, left = max(int(math.ceil(y1)), 0), max(int(math.ceil(x1)), 0)
+        bottom, right = min(int(math.floor(y2)), height - 1), min(int(math.floor(x2)), width - 1)
+        if bottom >= top and right >= left:
+            mask[top:bottom + 1, left:right + 1] = 0
+    return mask
+
+
+def warp_current(prev_grey: np.ndarray, grey: np.ndarray, homography: np.ndarray,
+                 grid: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """The current frame in the previous frame's coordinates, w(p) = current(H·p) (bilinear);
+    where H·p falls within 5 px of the border (or outside) the previous frame's pixel."""
+    xs, ys = grid
+    h = homography
+    w = h[2, 0] * xs + h[2, 1] * ys + h[2, 2]
+    w = np.where(w != 0, 1 / np.where(w != 0, w, 1), 0)
+    map_x = ((h[0, 0] * xs + h[0, 1] * ys + h[0, 2]) * w).astype(np.float32)
+    map_y = ((h[1, 0] * xs + h[1, 1] * ys + h[1, 2]) * w).astype(np.float32)
+    warped = cv2.remap(grey, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT,
+                       borderValue=0)
+    height, width = grey.shape
+    margin = 5
+    inside = ((map_x > margin) & (map_x < width - 1 - margin) & (map_y > margin)
+              & (map_y < height - 1 - margin))
+    return np.where(inside, warped, prev_grey)
+
+
 class Tracker:
-    """The state of one video: the last frame's pyramid and the trajectories being tracked.
+    """The state of one video: the last frame's pyramids and the trajectories being tracked.
 
     :meth:`add` takes one frame after another and returns the trajectories that end there.
+    It holds two frames' pyramids and at most one trajectory per sampling cell and frame of
+    the last ``track_length`` frames, whatever the video's length.
     """
 
     def __init__(self, estimator: DenseTrajectories, height: int, width: int):
-        self.estimator = estimator
+        from featpipe.extract.optical_flow import DISPyramid, FarnebackPyramid, level_scales
+
         self.height, self.width = height, width
-        self.n_features = estimator.n_features
+        self.groups = estimator.groups()
+        self.n_features = sum(s.stop - s.start for _, s in self.groups)
+        self.length = int(estimator.track_length)
+        self.step = int(estimator.step)
+        self.quality = float(estimator.quality)
+        self.patch = int(estimator.patch_size)
+        self.n_cells = int(estimator.n_xy_cells)
+        self.n_t_cells = int(estimator.n_t_cells)
+        self.t_stride = self.length // self.n_t_cells
+        self.usable = estimator.usable(height, width)
+        levels = estimator.scales(height, width) if self.usable else []
+        self.scales = level_scales(len(levels), 1 / float(estimator.scale_factor))
+        self.sizes = [(int(round(height / s)), int(round(width / s))) for s in self.scales]
+        self.histograms = [name for name, _ in self.groups if name in BINS]
+        block = self.n_cells * self.n_cells
+        self.columns, width_sum = {}, 0
+        for name in self.histograms:
+            self.columns[name] = width_sum
+            width_sum += BINS[name] * block
+        self.block_width = width_sum
+        self.camera = None
+        if isinstance(estimator, ImprovedDenseTrajectories):
+            self.camera = CameraMotion(estimator.keypoints, estimator.ransac_seed)
+            self.grid = np.meshgrid(np.arange(width, dtype=np.float64),
+                                    np.arange(height, dtype=np.float64))
+        stride = 1 / float(estimator.scale_factor)
+        self.flow_engine = (DISPyramid(self.sizes, self.scales) if estimator.flow == "dis"
+                            else FarnebackPyramid(self.sizes, self.scales, stride))
+        self.tracks = [_ScaleTracks(self.length, self.n_t_cells, self.block_width,
+                                    self.camera is not None) for _ in self.scales]
         self.frame = 0
+        self.previous = None
+
+    def _empty(self) -> TrajectoryFrame:
+        return TrajectoryFrame(np.zeros((0, self.n_features), np.float32),
+                               np.zeros((0, 3), np.float32))
+
+    def _pyramid(self, grey: np.ndarray) -> list[np.ndarray]:
+        levels = [grey]
+        for height, width in self.sizes[1:]:
+            levels.append(cv2.resize(levels[-1], (width, height),
+                                     interpolation=cv2.INTER_LINEAR))
+        return levels
 
     def add(self, rgb_frame: np.ndarray, boxes: np.ndarray | None = None) -> TrajectoryFrame:
         """Track one (H, W, 3) uint8 RGB frame; ``boxes`` (B, 4) x1, y1, x2, y2 of people
         (idt: left out of the homography).  Returns the trajectories ending at this frame."""
+        frame = np.asarray(rgb_frame)
+        if frame.shape[:2] != (self.height, self.width):
+            raise InputError(f"frame {self.frame} is {frame.shape[1]}x{frame.shape[0]}, the "
+                             f"video's first was {self.width}x{self.height}")
         self.frame += 1
-        return TrajectoryFrame(np.zeros((0, self.n_features), np.float32),
-                               np.zeros((0, 3), np.float32))
+        if not self.usable:
+            return self._empty()
+        if frame.ndim == 3 and frame.shape[2] >= 3:
+            grey = cv2.cvtColor(np.ascontiguousarray(frame[:, :, :3], np.uint8),
+                                cv2.COLOR_RGB2GRAY)
+        else:
+            grey = np.ascontiguousarray(frame.reshape(self.height, self.width), np.uint8)
+        pyramid = self._pyramid(grey)
+        expansion = self.flow_engine.expand(grey)
+        mask = people_mask(self.height, self.width, boxes) if self.camera is not None else None
+        if self.previous is None:
+            for tracks, level in zip(self.tracks, pyramid, strict=True):
+                tracks.renew(dense_sample(level, tracks.current(), self.step, self.quality))
+            if self.camera is not None:
+                self.camera.keypoints(grey, mask)
+            self.previous = (grey, pyramid, expansion)
+            return self._empty()
+        prev_grey, prev_pyramid, prev_expansion = self.previous
+        flows = self.flow_engine.flow(prev_expansion, expansion)
+        descriptor_flows = flows
+        if self.camera is not None:
+            homography = self.camera.homography(prev_grey, grey, flows[0], mask)
+            warped = warp_current(prev_grey, grey, homography, self.grid)
+            descriptor_flows = self.flow_engine.flow(prev_expansion,
+                                                     self.flow_engine.expand(warped))
+        done_desc, done_pos = [], []
+        for k, tracks in enumerate(self.tracks):
+            out = self._step(k, tracks, prev_pyramid[k], flows[k], descriptor_flows[k])
+            if out is not None:
+                done_desc.append(out[0])
+                done_pos.append(out[1])
+            tracks.renew(dense_sample(pyramid[k], tracks.current(), self.step, self.quality))
+        self.previous = (grey, pyramid, expansion)
+        if not done_desc:
+            return self._empty()
+        return TrajectoryFrame(np.concatenate(done_desc), np.concatenate(done_pos))
+
+    def _step(self, k: int, tracks: _ScaleTracks, prev_level: np.ndarray, flow: np.ndarray,
+              descriptor_flow: np.ndarray):
+        """Move the tracks of scale k by one frame (those leaving the frame end, unseen), add
+        their descriptors at their previous points, and return the valid ones that reach
+        ``track_length`` steps: (descriptors, positions) or None."""
+        from featpipe.extract._trajectory_kernels import accumulate_cells
+
+        n = len(tracks.steps)
+        if not n:
+            return None
+        height, width = prev_level.shape
+        points = tracks.points[np.arange(n), tracks.steps]
+        xi = np.clip(np.rint(points[:, 0]), 0, width - 1).astype(np.intp)
+        yi = np.clip(np.rint(points[:, 1]), 0, height - 1).astype(np.intp)
+        moved = points + flow[yi, xi]
+        inside = ((moved[:, 0] > 0) & (moved[:, 0] < width) & (moved[:, 1] > 0)
+                  & (moved[:, 1] < height))
+        rows = np.flatnonzero(inside)
+        if len(rows) < n:
+            points, moved, xi, yi = points[rows], moved[rows], xi[rows], yi[rows]
+        tracks.alive = inside
+        if not len(rows):
+            return None
+        steps = tracks.steps[rows]
+        if self.histograms:
+            integrals = {name: orientation_integral(name, prev_level, descriptor_flow)
+                         for name in self.histograms}
+            half = self.patch // 2
+            left = np.clip(xi - half, 0, width - self.patch)
+            top = np.clip(yi - half, 0, height - self.patch)
+            cell = self.patch // self.n_cells
+            time_cell = np.where(steps < self.n_t_cells * self.t_stride,
+                                 steps // self.t_stride, -1).astype(np.intp)
+            for name in self.histograms:
+                accumulate_cells(integrals[name], rows, left, top, cell, self.n_cells,
+                                 time_cell, np.float32(EPSILON), tracks.sums,
+                                 self.columns[name])
+        if tracks.displacements is not None:
+            tracks.displacements[rows, steps] = descriptor_flow[yi, xi]
+        tracks.points[rows, steps + 1] = moved
+        tracks.steps[rows] = steps + 1
+        ended = rows[steps + 1 >= self.length]
+        if not len(ended):
+            return None
+        tracks.alive[ended] = False
+        scale = np.float32(self.scales[k])
+        points = tracks.points[ended] * scale
+        valid, shape, mean = trajectory_shapes(points)
+        if tracks.displacements is not None:
+            moves = tracks.displacements[ended] * scale
+            magnitude = np.sqrt((moves ** 2).sum(axis=2))
+            valid &= magnitude.max(axis=1) > CAMERA_MIN_MOVE
+            total = magnitude.sum(axis=1)
+            shape = (moves / np.where(total > 0, total, 1)[:, None, None]).reshape(len(moves), -1)
+        sums = tracks.sums[ended[valid]] / np.float32(self.t_stride)
+        shape, mean = shape[valid], mean[valid]
+        descriptors = np.empty((len(shape), self.n_features), np.float32)
+        for name, columns in self.groups:
+            if name == "trajectory":
+                descriptors[:, columns] = shape
+            else:
+                start = self.columns[name]
+                size = columns.stop - columns.start
+                per_cell = size // self.n_t_cells
+                descriptors[:, columns] = sums[:, :, start:start + per_cell].reshape(-1, size)
+        positions = np.empty((len(shape), 3), np.float32)
+        positions[:, :2] = mean
+        positions[:, 2] = scale
+        return descriptors, positions
+
+
+#: tracking needs consecutive frames: both methods read every frame unless told otherwise
+FEATURE_METHODS = [
+    FeatureMethod("dt", "dense trajectories (local: trajectory, HOG, HOF, MBH)",
+                  DenseTrajectories, "dense trajectories"),
+    FeatureMethod("idt", "improved dense trajectories (camera motion removed)",
+                  ImprovedDenseTrajectories, "improved dense trajectories"),
+]

@@ -1,0 +1,161 @@
+"""Dense optical flow on a pyramid of scales, as dense trajectories need it: one flow per scale.
+
+Farnebäck (SCIA 2003, "Two-frame motion estimation based on polynomial expansion"), the way the
+dense-trajectory release runs it (``OpticalFlow.h``): each frame's polynomial expansion is
+computed once per scale and serves two frame pairs, and the flow of every scale is kept.
+
+* Scale k of size (h_k, w_k) = round(size / s_k), s_k = stride^k: the grey frame is smoothed by
+  a Gaussian of σ_k = (s_k − 1)/2 (kernel max(3, round(5σ_k) | 1); σ_0 = 0 means OpenCV's 0.8 for
+  a 3×3 kernel) and resized bilinearly.
+* Polynomial expansion f(x) ≈ xᵀAx + bᵀx + c by weighted least squares over a
+  (2n + 1)² window of Gaussian weights (n = 7, σ = 1.5): six separable correlations with g,
+  x·g, x²·g (edges replicated), combined by the inverse Gram matrix; five coefficients per pixel.
+* Coarse to fine: the coarsest scale starts from zero flow, each finer one from the coarser flow
+  resized bilinearly and multiplied by the stride.  Per scale, ``iterations`` (2) updates: the
+  system from R0 and R1 sampled at x + d (:func:`~featpipe.extract._trajectory_kernels.
+  farneback_matrices`), blurred by a Gaussian window (``winsize`` 10: 11 taps, σ = 1.5),
+  solved per pixel; then a 5×5 median filter of each component (Wang et al., IJCV 2013, §3.1),
+  which is the flow kept for the scale and passed to the next one.
+
+:class:`DISPyramid` (``flow="dis"``): OpenCV's DIS flow (Kroeger et al., ECCV 2016) on the full
+frame, resized to each scale (area interpolation) and divided by its scale, then the same median
+filter: one flow computation per frame pair in place of a pyramid of Farnebäck iterations.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+
+def smoothed_pyramid(grey: np.ndarray, sizes: list[tuple[int, int]], scales: list[float]
+                     ) -> list[np.ndarray]:
+    """The float32 grey frame at each scale: Gaussian of σ = (s − 1)/2, then a bilinear
+    resize (the release's flow pyramid; sizes (height, width))."""
+    image = grey.astype(np.float32)
+    out = []
+    for (height, width), scale in zip(sizes, scales, strict=True):
+        sigma = (scale - 1) * 0.5
+        ksize = max(int(round(sigma * 5)) | 1, 3)
+        blurred = cv2.GaussianBlur(image, (ksize, ksize), sigma, sigmaY=sigma)
+        out.append(cv2.resize(blurred, (width, height), interpolation=cv2.INTER_LINEAR))
+    return out
+
+
+def median_flow(flow: np.ndarray) -> np.ndarray:
+    """A 5×5 median filter of each flow component."""
+    out = np.empty_like(flow)
+    out[..., 0] = cv2.medianBlur(np.ascontiguousarray(flow[..., 0]), 5)
+    out[..., 1] = cv2.medianBlur(np.ascontiguousarray(flow[..., 1]), 5)
+    return out
+
+
+class FarnebackPyramid:
+    """Farnebäck flow at every scale, polynomial expansions shared between frame pairs."""
+
+    def __init__(self, sizes: list[tuple[int, int]], scales: list[float], stride: float,
+                 poly_n: int = 7, poly_sigma: float = 1.5, winsize: int = 10,
+                 iterations: int = 2):
+        self.sizes, self.scales, self.stride = sizes, scales, float(stride)
+        self.iterations = iterations
+        t = np.arange(-poly_n, poly_n + 1, dtype=np.float64)
+        g = np.exp(-t * t / (2 * poly_sigma * poly_sigma))
+        g /= g.sum()
+        self.g, self.xg, self.xxg = (g.astype(np.float32), (t * g).astype(np.float32),
+                                     (t * t * g).astype(np.float32))
+        gram = np.zeros((6, 6))
+        gx, gy = np.meshgrid(t, t)
+        w = np.outer(g, g)
+        gram[0, 0] = w.sum()
+        gram[1, 1] = (w * gx * gx).sum()
+        gram[3, 3] = (w * gx ** 4).sum()
+        gram[5, 5] = (w * gx * gx * gy * gy).sum()
+        gram[2, 2] = gram[0, 3] = gram[0, 4] = gram[3, 0] = gram[4, 0] = gram[1, 1]
+        gram[4, 4] = gram[3, 3]
+        gram[3, 4] = gram[4, 3] = gram[5, 5]
+        inverse = np.linalg.inv(gram)
+        self.ig11, self.ig03 = inverse[1, 1], inverse[0, 3]
+        self.ig33, self.ig55 = inverse[3, 3], inverse[5, 5]
+        half = winsize // 2
+        sigma = half * 0.3
+        k = np.exp(-np.arange(-half, half + 1) ** 2 / (2 * sigma * sigma))
+        self.window = (k / k.sum()).astype(np.float32)
+
+    def _correlate(self, image, kx, ky):
+        return cv2.sepFilter2D(image, cv2.CV_32F, kx, ky, borderType=cv2.BORDER_REPLICATE)
+
+    def expand(self, grey: np.ndarray) -> list[np.ndarray]:
+        """The (h_k, w_k, 5) polynomial coefficients of a uint8 grey frame at every scale."""
+        out = []
+        g, xg, xxg = self.g, self.xg, self.xxg
+        for image in smoothed_pyramid(grey, self.sizes, self.scales):
+            coeffs = np.empty(image.shape + (5,), np.float32)
+            b1 = self._correlate(image, g, g)
+            coeffs[..., 0] = self._correlate(image, g, xg) * np.float32(self.ig11)
+            coeffs[..., 1] = self._correlate(image, xg, g) * np.float32(self.ig11)
+            coeffs[..., 2] = (b1 * np.float32(self.ig03)
+                              + self._correlate(image, g, xxg) * np.float32(self.ig33))
+            coeffs[..., 3] = (b1 * np.float32(self.ig03)
+                              + self._correlate(image, xxg, g) * np.float32(self.ig33))
+            coeffs[..., 4] = self._correlate(image, xg, xg) * np.float32(self.ig55)
+            out.append(coeffs)
+        return out
+
+    def flow(self, previous: list[np.ndarray], current: list[np.ndarray]) -> list[np.ndarray]:
+        """(h_k, w_k, 2) flow from the previous frame to the current one at every scale."""
+        from featpipe.extract._trajectory_kernels import farneback_matrices, farneback_solve
+
+        flows: list[np.ndarray] = [None] * len(self.sizes)
+        coarser = None
+        for k in range(len(self.sizes) - 1, -1, -1):
+            height, width = self.sizes[k]
+            if coarser is None:
+                flow = np.zeros((height, width, 2), np.float32)
+            else:
+                flow = cv2.resize(coarser, (width, height), interpolation=cv2.INTER_LINEAR)
+                flow *= np.float32(self.stride)
+            system = np.empty((height, width, 5), np.float32)
+            farneback_matrices(previous[k], current[k], flow, system)
+            for i in range(self.iterations):
+                blurred = self._correlate(system, self.window, self.window)
+                farneback_solve(blurred, flow)
+                if i < self.iterations - 1:
+                    farneback_matrices(previous[k], current[k], flow, system)
+            coarser = flows[k] = median_flow(flow)
+        return flows
+
+
+class DISPyramid:
+    """OpenCV's DIS flow on the full frame, resized to every scale and median-filtered."""
+
+    def __init__(self, sizes: list[tuple[int, int]], scales: list[float],
+                 preset: int = cv2.DISOPTICAL_FLOW_PRESET_FAST):
+        self.sizes, self.scales = sizes, scales
+        self.dis = cv2.DISOpticalFlow_create(preset)
+
+    def expand(self, grey: np.ndarray) -> np.ndarray:
+        """DIS needs the frame itself."""
+        return grey
+
+    def flow(self, previous: np.ndarray, current: np.ndarray) -> list[np.ndarray]:
+        """(h_k, w_k, 2) flow from the previous frame to the current one at every scale."""
+        full = self.dis.calc(previous, current, None)
+        flows = []
+        for (height, width), scale in zip(self.sizes, self.scales, strict=True):
+            if scale == 1:
+                flow = full
+            else:
+                flow = cv2.resize(full, (width, height), interpolation=cv2.INTER_AREA)
+                flow *= np.float32(1 / scale)
+            flows.append(median_flow(flow))
+        return flows
+
+
+def level_scales(count: int, stride: float) -> list[float]:
+    """s_k = stride^k as the release forms them (a float32 running product)."""
+    scales, scale = [], np.float32(1.0)
+    for _ in range(count):
+        scales.append(float(scale))
+        scale = np.float32(scale * np.float32(stride))
+    return scales
+

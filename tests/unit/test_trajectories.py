@@ -1,0 +1,223 @@
+"""Dense trajectories (dt, idt): known answers on synthetic videos of tiny frames."""
+
+from __future__ import annotations
+
+import math
+
+import cv2
+import numpy as np
+import pytest
+
+from featpipe.errors import InputError, ParameterError
+from featpipe.extract._trajectory_kernels import accumulate_cells
+from featpipe.extract.trajectories import (
+    GROUPS,
+    DenseTrajectories,
+    ImprovedDenseTrajectories,
+    dense_sample,
+    orientation_integral,
+    parse_descriptors,
+    trajectory_shapes,
+)
+
+HEIGHT, WIDTH = 48, 64
+
+
+@pytest.fixture(scope="module")
+def texture():
+    """A smooth random texture (Gaussian-blurred noise, stretched to [0, 255])."""
+    rng = np.random.default_rng(7)
+    noise = cv2.GaussianBlur(rng.random((160, 200)).astype(np.float32) * 255, (0, 0), 2.0)
+    return (noise - noise.mean()) * (120 / noise.std()) + 128
+
+
+def shifted(texture, dx, dy, size=(HEIGHT, WIDTH)):
+    """The texture moved by (dx, dy) px (bilinear), cut to a HEIGHT × WIDTH RGB frame."""
+    matrix = np.float32([[1, 0, dx - 40], [0, 1, dy - 40]])
+    grey = cv2.warpAffine(texture, matrix, size[::-1], flags=cv2.INTER_LINEAR)
+    grey = np.clip(np.rint(grey), 0, 255).astype(np.uint8)
+    return np.dstack([grey, grey, grey])
+
+
+def run(estimator, frames, boxes=None):
+    """Every frame's trajectories, concatenated: (descriptors, positions, ending frames)."""
+    tracker = estimator.start(*frames[0].shape[:2])
+    descriptors, positions, ends = [], [], []
+    for t, frame in enumerate(frames):
+        out = tracker.add(frame, None if boxes is None else boxes[t])
+        assert out.descriptors.dtype == np.float32 and out.positions.dtype == np.float32
+        assert out.descriptors.shape == (len(out.positions), estimator.n_features)
+        descriptors.append(out.descriptors)
+        positions.append(out.positions)
+        ends += [t] * len(out.positions)
+    return np.concatenate(descriptors), np.concatenate(positions), np.array(ends)
+
+
+def columns(estimator, name):
+    return dict(estimator.groups())[name]
+
+
+def test_a_translating_texture_gives_straight_trajectories_of_its_displacement(texture):
+    dx, dy = 0.45, 0.45                       # 45 degrees (y down): HOF bin 1 exactly
+    frames = [shifted(texture, dx * t, dy * t) for t in range(18)]
+    dt = DenseTrajectories()
+    descriptors, positions, ends = run(dt, frames)
+    assert len(descriptors) > 30
+    assert ends.min() == 15                   # 16 points: the first end at frame 15
+    shape = descriptors[:, columns(dt, "trajectory")].reshape(-1, 15, 2)
+    expected = np.array([dx, dy]) / (15 * math.hypot(dx, dy))
+    # every normalised step is the displacement's direction, 1/15 of the whole length
+    assert np.median(np.abs(shape - expected)) < 0.002
+    assert np.abs(shape.mean(axis=(0, 1)) - expected).max() < 0.001
+    # HOF: in every 2x2x3 cell, bin 1 (45 degrees) holds most of the histogram
+    hof = descriptors[:, columns(dt, "hof")].reshape(-1, 12, 9)
+    assert (hof.argmax(axis=2) == 1).mean() > 0.95
+    # the square root of L1-normalised bins: squares give the share of each time cell's mass
+    share = (hof[:, :, 1] ** 2).reshape(-1, 3, 4).sum(axis=2)
+    assert np.median(share) > 0.9
+    # positions: the mean of 16 points, inside the frame, at a scale of 1 or sqrt(2)
+    assert set(np.round(positions[:, 2].astype(float), 4)) <= {1.0, 1.4142}
+    assert (positions[:, 0] > 0).all() and (positions[:, 0] < WIDTH).all()
+
+
+def test_a_static_scene_gives_no_trajectories(texture):
+    frames = [shifted(texture, 0, 0)] * 18
+    descriptors, _, _ = run(DenseTrajectories(), frames)
+    assert len(descriptors) == 0
+
+
+def test_a_constant_flow_has_no_motion_boundaries():
+    flow = np.empty((40, 50, 2), np.float32)
+    flow[...] = (0.8, -0.3)
+    grey = np.zeros((40, 50), np.uint8)
+    for group in ("mbhx", "mbhy"):
+        integral = orientation_integral(group, grey, flow)
+        assert not integral.any()
+        # each bin is 0 + epsilon: after L1 and the square root, every entry is sqrt(1/32)
+        sums = np.zeros((1, 1, 32), np.float32)
+        accumulate_cells(integral, np.array([0]), np.array([5]), np.array([3]), 16, 2,
+                         np.array([0]), np.float32(0.05), sums, 0)
+        np.testing.assert_allclose(sums[0, 0], np.sqrt(1 / 32), rtol=1e-6)
+    # and HOF puts all its mass in the right bins: 8·(angle of (0.8, -0.3)) / 360
+    hof = orientation_integral("hof", grey, flow)[-1, -1]
+    position = (math.degrees(math.atan2(-0.3, 0.8)) % 360) / 45
+    low = int(position)
+    magnitude = math.hypot(0.8, -0.3) * 40 * 50
+    np.testing.assert_allclose(hof[low], (1 - (position - low)) * magnitude, rtol=1e-3)
+    np.testing.assert_allclose(hof[(low + 1) % 8], (position - low) * magnitude, rtol=1e-3)
+
+
+def test_slow_flow_goes_to_the_zero_bin():
+    flow = np.full((20, 20, 2), 0.2, np.float32)          # |flow| = 0.28 <= 0.4
+    hof = orientation_integral("hof", np.zeros((20, 20), np.uint8), flow)[-1, -1]
+    np.testing.assert_array_equal(hof, [0] * 8 + [400])
+
+
+def test_a_camera_pan_gives_many_trajectories_with_dt_and_few_with_idt(texture):
+    frames = [shifted(texture, 0.9 * t, -0.4 * t) for t in range(18)]
+    dt, _, _ = run(DenseTrajectories(), frames)
+    idt, _, _ = run(ImprovedDenseTrajectories(), frames)
+    assert len(dt) > 50
+    assert len(idt) <= 0.05 * len(dt)
+
+
+def test_idt_keeps_an_object_moving_over_a_panning_background(texture):
+    rng = np.random.default_rng(3)
+    patch = cv2.GaussianBlur(rng.random((24, 24)).astype(np.float32) * 255, (0, 0), 1.5)
+    patch = np.clip((patch - patch.mean()) * 4 + 128, 0, 255).astype(np.uint8)
+    frames = []
+    for t in range(18):
+        frame = shifted(texture, 0.9 * t, 0, (64, 112)).copy()
+        x = 4 + 4 * t                             # 3.1 px per frame against the background
+        frame[20:44, x:x + 24] = patch[..., None]
+        frames.append(frame)
+    idt = ImprovedDenseTrajectories()
+    descriptors, positions, _ = run(idt, frames)
+    assert len(descriptors) > 0
+    # what survives moved with the object (right, relative to the background)
+    shape = descriptors[:, columns(idt, "trajectory")].reshape(-1, 15, 2)
+    assert np.median(shape[:, :, 0].sum(axis=1)) > 0.5
+
+
+def test_idt_is_reproducible_and_its_seed_is_a_parameter(texture):
+    frames = [shifted(texture, 0.7 * t, 0.2 * t) for t in range(17)]
+    first = run(ImprovedDenseTrajectories(ransac_seed=3), frames)
+    second = run(ImprovedDenseTrajectories(ransac_seed=3), frames)
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_human_boxes_are_taken_and_checked(texture):
+    frames = [shifted(texture, 0.7 * t, 0.2 * t) for t in range(17)]
+    boxes = [np.array([[10.2, 5.0, 30.0, 40.7]], np.float32)] * len(frames)
+    descriptors, _, _ = run(ImprovedDenseTrajectories(), frames, boxes)
+    assert descriptors.shape[1] == 426
+
+
+def test_selected_groups_are_the_columns_of_all_groups(texture):
+    frames = [shifted(texture, 0.45 * t, 0.3 * t) for t in range(17)]
+    full, positions, _ = run(DenseTrajectories(), frames)
+    chosen = DenseTrajectories(descriptors="mbh,hof")
+    part, part_positions, _ = run(chosen, frames)
+    assert [name for name, _ in chosen.groups()] == ["hof", "mbhx", "mbhy"]
+    np.testing.assert_array_equal(part_positions, positions)
+    np.testing.assert_allclose(part, full[:, 126:], rtol=1e-6)
+
+
+def test_groups_shapes_and_parsing():
+    dt = DenseTrajectories()
+    assert dt.n_features == sum(GROUPS.values()) == 426
+    assert [(n, s.stop - s.start) for n, s in dt.groups()] == list(GROUPS.items())
+    assert parse_descriptors("hog,hof,mbh") == ("hog", "hof", "mbhx", "mbhy")
+    assert parse_descriptors("mbhy, trajectory") == ("trajectory", "mbhy")
+    assert parse_descriptors("all") == tuple(GROUPS)
+    small = DenseTrajectories(track_length=10, n_xy_cells=3, n_t_cells=2, descriptors="all")
+    assert dict((n, s.stop - s.start) for n, s in small.groups()) == {
+        "trajectory": 20, "hog": 144, "hof": 162, "mbhx": 144, "mbhy": 144}
+    # 320x240: six scales (the shorter side stays >= 32), 64x48 + 45x34 + 32x24 + ... cells
+    assert [round(s, 3) for s, _, _ in dt.scales(240, 320)] == [1, 1.414, 2, 2.828, 4, 5.657]
+    assert dt.count(240, 320) == sum((h // 5) * (w // 5) for _, h, w in dt.scales(240, 320))
+    assert dt.count(20, 200) == 0 and "32x32" in dt.minimum_size()
+
+
+def test_a_frame_too_small_gives_nothing_and_a_wrong_size_an_error():
+    tracker = DenseTrajectories().start(20, 30)
+    assert tracker.add(np.zeros((20, 30, 3), np.uint8)).descriptors.shape == (0, 426)
+    tracker = DenseTrajectories().start(HEIGHT, WIDTH)
+    tracker.add(np.zeros((HEIGHT, WIDTH, 3), np.uint8))
+    with pytest.raises(InputError, match="frame 1 is 30x20"):
+        tracker.add(np.zeros((20, 30, 3), np.uint8))
+
+
+@pytest.mark.parametrize("params, name", [
+    ({"step": 0}, "step"), ({"flow": "lk"}, "flow"), ({"descriptors": "hog,sift"}, "descriptors"),
+    ({"n_t_cells": 20}, "n_t_cells"), ({"n_xy_cells": 40}, "n_xy_cells"),
+    ({"scale_factor": 1.5}, "scale_factor"), ({"keypoints": "surf"}, "keypoints"),
+    ({"ransac_seed": -1}, "ransac_seed")])
+def test_parameter_errors_name_the_parameter(params, name):
+    with pytest.raises(ParameterError) as err:
+        ImprovedDenseTrajectories(**params).groups()
+    assert err.value.param == name
+
+
+def test_dense_sampling_skips_flat_areas_and_occupied_cells():
+    grey = np.zeros((30, 40), np.uint8)
+    grey[:, 20:] = np.random.default_rng(0).integers(0, 255, (30, 20), dtype=np.uint8)
+    points = dense_sample(grey, np.zeros((0, 2), np.float32), 5, 0.001)
+    assert (points[:, 0] >= 17).all()            # nothing in the flat left half
+    assert {tuple(p) for p in points} >= {(22.0, 2.0), (37.0, 27.0)}
+    again = dense_sample(grey, np.array([[21.3, 3.9]], np.float32), 5, 0.001)
+    assert (22.0, 2.0) not in {tuple(p) for p in again}
+    assert len(again) == len(points) - 1
+
+
+def test_pruning_rules():
+    t = np.arange(16, dtype=np.float32)[:, None]
+    line = np.concatenate([t * 0.5, t * 0], axis=1)           # 7.5 px in 15 steps
+    static = line * 0.1                                         # std 0.23 px
+    jump = line.copy()
+    jump[8:, 0] += 25                                           # one 25 px step
+    valid, shape, mean = trajectory_shapes(np.stack([line, static, jump]))
+    assert valid.tolist() == [True, False, False]
+    np.testing.assert_allclose(shape[0].reshape(15, 2), [[1 / 15, 0]] * 15, rtol=1e-6)
+    np.testing.assert_allclose(mean[0], [3.75, 0])
