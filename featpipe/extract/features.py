@@ -29,7 +29,8 @@ from featpipe import settings
 from featpipe.parameters import Parameter, estimator_parameters
 
 #: Modules that define FEATURE_METHODS.
-FEATURE_MODULES: list[str] = ["featpipe.extract.vgg", "featpipe.extract.dsift"]
+FEATURE_MODULES: list[str] = ["featpipe.extract.vgg", "featpipe.extract.dsift",
+                              "featpipe.extract.trajectories"]
 #: Entry point group of plugin modules; environment variable listing plugin modules.
 ENTRY_POINT_GROUP = "featpipe.features"
 PLUGIN_VARIABLE = "FEATPIPE_FEATURES"
