@@ -19,6 +19,7 @@ from featpipe.extract.trajectories import DenseTrajectories, ImprovedDenseTrajec
 from featpipe.fileio import shard_of
 from featpipe.io.video import Sampling, iter_frames
 from featpipe.manifest import Manifest
+from featpipe.reporting import Progress
 from featpipe.stages.base import Reporter, RunOptions
 from featpipe.store import Store
 from tests._avi import write_avi
@@ -100,16 +101,31 @@ def test_descriptors_select_the_groups_columns(clips, tmp_path):
 
 
 class Lines(Reporter):
+    """Keeps the info lines and the progress: (total, label, unit) and the units advanced."""
+
     def __init__(self):
-        self.lines = []
+        self.lines, self.bars = [], []
 
     def info(self, text):
         self.lines.append(text)
 
+    def progress(self, total, label, unit="items"):
+        bars = self.bars
 
-def test_dry_run_estimates_rows_and_bytes_from_the_bound_per_frame(clips, tmp_path):
+        class Count(Progress):
+            def __init__(self):
+                self.done = 0
+                bars.append((total, label, unit, self))
+
+            def advance(self, n=1):
+                self.done += n
+
+        return Count()
+
+
+def test_dry_run_estimate_and_progress(clips, tmp_path):
     """Rows = frames x count(height, width), the upper bound of trajectories ending at a
-    frame; nothing is created."""
+    frame; nothing is created.  The run's progress counts the decoded frames."""
     _, manifest = clips
     store = Store(tmp_path / "s")
     reporter = Lines()
@@ -120,6 +136,10 @@ def test_dry_run_estimates_rows_and_bytes_from_the_bound_per_frame(clips, tmp_pa
     line = next(x for x in reporter.lines if x.startswith("would compute carphone"))
     assert f"10 frames -> 10 sampled, {10 * bound:,} rows" in line
     assert not store.all_stages()
+    reporter = Lines()
+    stages.extract(store, manifest, "idt", params=SMALL, reporter=reporter, name="t")
+    ((total, label, unit, bar),) = reporter.bars
+    assert (total, label, unit, bar.done) == (20, "extract t", "frames", 20)
 
 
 def test_a_frame_too_small_fails_its_item_with_one_line(clips, tmp_path):
