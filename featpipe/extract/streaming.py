@@ -262,9 +262,9 @@ class LocalFeatureProgram:
     frame's size) go to the item's :class:`FrameSinks` on a second thread.
 
     A stateless method computes each frame alone (``estimator.compute(frame)``); a stateful
-    one (dense trajectories) has ``estimator.start(height, width)``, which gives one tracker
-    per item, made at its first frame and remade by a restart (a second decoding pass), and
-    ``tracker.add(frame)`` gives what ends at that frame.  ``boxes`` is a folder of human
+    one (dense trajectories) has no ``compute`` but ``start(height, width)``, which gives one
+    tracker per item, made at its first frame and remade by a restart (a second decoding
+    pass), and ``tracker.add(frame)`` gives what ends at that frame.  ``boxes`` is a folder of human
     boxes per item (:mod:`featpipe.extract.boxes`; the tracker then gets ``boxes=``, the
     frame's (B, 4) boxes or None), ``frame_step`` the sampling's ``every`` (video frame =
     sampled frame x step)."""
@@ -307,7 +307,7 @@ class _LocalFeatureJob:
     def _compute(self, frame: np.ndarray):
         """The frame's features: alone, or through the item's tracker."""
         estimator = self.program._estimator
-        if not hasattr(estimator, "start"):
+        if hasattr(estimator, "compute"):  # stateless (a parameter may be called `start`)
             return estimator.compute(frame)
         if self.tracker is None:
             self.tracker = estimator.start(*frame.shape[:2])
