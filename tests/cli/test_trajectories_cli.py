@@ -109,3 +109,33 @@ def test_a_sigkilled_extract_is_finished_by_the_same_command(tmp_path):
     other = Store(tmp_path / "fresh").all_stages()[0]
     for k in range(ITEMS):
         np.testing.assert_array_equal(stage.read_item(f"v{k}"), other.read_item(f"v{k}"))
+
+
+def test_grouped_models_from_the_command_line(tmp_path, cli):
+    """sample -> fit gmm --groups (one PCA and GMM per group) -> streamed per-frame grouped FVs
+    -> one group's part -> rank pooling, as the recipe's steps run them."""
+    ids = write_clips(tmp_path)
+    manifest = write_manifest(tmp_path, [(i, f"{i}.avi", i, "train") for i in ids])
+    extract = ("extract", "-m", manifest, "-s", tmp_path / "s", "-f", "idt", *OPTIONS,
+               "--descriptors", "hog,hof,mbh")
+    steps = [(*extract, "--sample-descriptors", 400, "-n", "sample"),
+             ("fit", "gmm", "-s", tmp_path / "s", "-i", "sample", "--groups", "hog,mbh",
+              "--pca-fraction", 0.25, "--components", 2, "-n", "g"),
+             (*extract, "--encode", "fisher", "--gmm", "g", "--per-frame", "-n", "fv"),
+             ("encode", "-s", tmp_path / "s", "-i", "fv", "--method", "fisher-group", "--gmm",
+              "g", "--group", "mbh", "-n", "fv-mbh"),
+             ("encode", "-s", tmp_path / "s", "-i", "fv-mbh", "--method", "rankpool", "-n",
+              "rp-mbh")]
+    for step in steps:
+        result = cli(*step)
+        assert result.exit_code == 0, (step, result.output)
+    assert "mbh: columns 136..263, PCA 128 -> 32, K=2" in cli(*steps[1], "--force").output
+    store = Store(tmp_path / "s")
+    fv, mbh = store.resolve("fv").read_item("motion"), store.resolve("fv-mbh").read_item("motion")
+    assert fv.shape == (10, 2 * 2 * (16 + 32)) and mbh.shape == (10, 2 * 2 * 32)
+    np.testing.assert_array_equal(mbh, fv[:, 64:])
+    assert store.resolve("rp-mbh").read_item("motion").shape == (2 * 2 * 2 * 32,)
+    wrong = cli("extract", "-m", manifest, "-s", tmp_path / "s", "-f", "idt", *OPTIONS,
+                "--encode", "fisher", "--gmm", "g", "--per-frame")
+    assert wrong.exit_code == 1
+    assert "use --descriptors hog,hof,mbhx,mbhy" in wrong.output
