@@ -27,7 +27,7 @@ GROUPS = {"trajectory": 30, "hog": 96, "hof": 108, "mbhx": 96, "mbhy": 96}
 #: orientation bins of each histogram group (HOF's last bin is the zero-flow bin)
 BINS = {"hog": 8, "hof": 9, "mbhx": 8, "mbhy": 8}
 FLOWS = ("farneback", "dis")
-KEYPOINTS = ("orb", "akaze", "corners")
+KEYPOINTS = ("orb", "sift", "corners")
 #: the release's ratio of neighbouring spatial scales
 SCALE_FACTOR = 1 / math.sqrt(2)
 #: the release's constants: a histogram cell's bins get EPSILON added before the L1
@@ -218,10 +218,13 @@ class ImprovedDenseTrajectories(DenseTrajectories):
 
     Parameters
     ----------
-    keypoints : {"orb", "akaze", "corners"}
-        Keypoints matched between frames for the homography, with the flow matches.
-    ransac_seed : int
-        Seed of OpenCV's random generator before each RANSAC (reproducible results).
+    keypoints : {"orb", "sift", "corners"}
+        Keypoints matched between frames for the homography, besides the flow's corner
+        matches: ORB (500 per frame, Hamming distance: the fastest detector with descriptors
+        in OpenCV's wheels, and what the release's ORB build uses), SIFT (500 per frame, L2
+        distance: float descriptors like the release's SURF, several times slower) or
+        corners (the flow's matches alone).  SURF is in neither the wheels nor Debian's
+        OpenCV; AKAZE left OpenCV 5's main modules.
     """
 
     takes_boxes = True
@@ -229,53 +232,61 @@ class ImprovedDenseTrajectories(DenseTrajectories):
     _parameter_constraints: dict = {
         **DenseTrajectories._parameter_constraints,
         "keypoints": [StrOptions(set(KEYPOINTS))],
-        "ransac_seed": [Interval(Integral, 0, None, closed="left")],
     }
 
     def __init__(self, step=5, n_scales=8, scale_factor=SCALE_FACTOR, quality=0.001,
                  track_length=15, patch_size=32, n_xy_cells=2, n_t_cells=3, flow="farneback",
-                 descriptors="trajectory,hog,hof,mbh", keypoints="orb", ransac_seed=0):
+                 descriptors="trajectory,hog,hof,mbh", keypoints="orb"):
         super().__init__(step=step, n_scales=n_scales, scale_factor=scale_factor,
                          quality=quality, track_length=track_length, patch_size=patch_size,
                          n_xy_cells=n_xy_cells, n_t_cells=n_t_cells, flow=flow,
                          descriptors=descriptors)
         self.keypoints = keypoints
-        self.ransac_seed = ransac_seed
 
 
 class _ScaleTracks:
-    """The trajectories being tracked at one scale: points (N, L + 1, 2) in the scale's
-    pixels, how many steps each has made, its histogram sums per time cell and (idt) its
-    camera-compensated displacements (N, L, 2).  ``alive`` marks the tracks kept after the
-    last step; :meth:`renew` drops the others and appends new ones (one copy per frame)."""
+    """The trajectories being tracked at one scale, in slots: points (C, L + 1, 2) in the
+    scale's pixels, how many steps each has made, its histogram sums per time cell and (idt)
+    its camera-compensated displacements (C, L, 2); ``alive`` marks the slots in use.  New
+    tracks take the lowest free slots (the capacity doubles when none is left), so nothing
+    is copied from frame to frame."""
 
     def __init__(self, length: int, n_t_cells: int, width: int, camera: bool):
         self.points = np.zeros((0, length + 1, 2), np.float32)
         self.steps = np.zeros(0, np.intp)
         self.sums = np.zeros((0, n_t_cells, width), np.float32)
-        self.displacements = np.zeros((0, length, 2), np.float32) if camera else None
-        self.alive = np.ones(0, bool)
+        self.displacements = np.zeros((0, length, 2), np.float32)   # no rows for dt
+        self.camera = camera
+        self.alive = np.zeros(0, bool)
 
     def current(self) -> np.ndarray:
-        """(M, 2) last points of the tracks still alive."""
+        """(M, 2) last points of the live tracks."""
         rows = np.flatnonzero(self.alive)
         return self.points[rows, self.steps[rows]]
 
     def renew(self, points: np.ndarray) -> None:
-        """Keep the live tracks and start new ones at ``points`` (M, 2)."""
-        n, alive = len(points), self.alive
-        arrays = [self.points, self.steps, self.sums, self.displacements]
-        out = []
-        for array in arrays:
-            if array is None:
-                out.append(None)
-                continue
-            kept = array if alive.all() else array[alive]
-            new = np.zeros((n,) + array.shape[1:], array.dtype)
-            out.append(np.concatenate([kept, new]))
-        self.points, self.steps, self.sums, self.displacements = out
-        self.points[len(self.points) - n:, 0] = points
-        self.alive = np.ones(len(self.steps), bool)
+        """Start new tracks at ``points`` (M, 2) in free slots."""
+        free = np.flatnonzero(~self.alive)
+        if len(free) < len(points):
+            grow = max(len(self.alive), len(points) - len(free), 64)
+            self.points = np.concatenate([self.points, np.zeros((grow,) + self.points.shape[1:],
+                                                                np.float32)])
+            self.steps = np.concatenate([self.steps, np.zeros(grow, np.intp)])
+            self.sums = np.concatenate([self.sums, np.zeros((grow,) + self.sums.shape[1:],
+                                                            np.float32)])
+            if self.camera:
+                self.displacements = np.concatenate([
+                    self.displacements,
+                    np.zeros((grow,) + self.displacements.shape[1:], np.float32)])
+            self.alive = np.concatenate([self.alive, np.zeros(grow, bool)])
+            free = np.flatnonzero(~self.alive)
+        slots = free[:len(points)]
+        self.points[slots, 0] = points
+        self.steps[slots] = 0
+        self.sums[slots] = 0
+        if self.camera:
+            self.displacements[slots] = 0
+        self.alive[slots] = True
 
 
 def dense_sample(grey: np.ndarray, points: np.ndarray, step: int, quality: float
@@ -326,24 +337,27 @@ def trajectory_shapes(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
 class CameraMotion:
     """The homography between two frames (the improved trajectories' camera motion).
 
-    Matches: keypoints of the previous and the current frame (ORB or AKAZE binary
-    descriptors, Hamming distance; each current keypoint's nearest previous one within 25 px
+    Matches: keypoints of the previous and the current frame (ORB, Hamming distance, or
+    SIFT, L2 distance; each current keypoint's nearest previous one within 25 px
     along x and y), plus Shi–Tomasi corners of the previous frame (at most 1000, quality
     0.001, 3 px apart) moved by the flow.  People's boxes are masked out of both.  With more
-    than 50 matches, a RANSAC homography (1 px reprojection threshold, confidence 0.995, at
-    most 2000 iterations, OpenCV's USAC with the seed ``seed``) is kept when it has more than
-    25 inliers; otherwise the identity.
+    than 50 matches, a RANSAC homography (OpenCV's ``findHomography``: 1 px reprojection
+    threshold, confidence 0.995, at most 2000 iterations, Levenberg–Marquardt on the inliers)
+    is kept when it has more than 25 inliers; otherwise the identity (the release's rules).
+
+    Reproducible: OpenCV's RANSAC draws its samples from a generator it seeds with a fixed
+    state at every call (``RNG((uint64)-1)`` in ``ptsetreg.cpp``), so equal matches give
+    equal homographies, whatever the global seed (``cv2.setRNGSeed`` has no effect on it).
+    OpenCV's USAC with a chosen seed was tried and left out: its homographies differ from the
+    classic RANSAC's by about 1 px at the frame corners, enough to change 15 % of the
+    trajectories of a clip against the release.
     """
 
-    def __init__(self, keypoints: str, seed: int):
-        self.seed = int(seed)
-        if keypoints == "orb":
-            self.detector = cv2.ORB_create(500)
-        elif keypoints == "akaze":
-            self.detector = cv2.AKAZE_create()
-        else:
-            self.detector = None
-        self.matcher = cv2.BFMatcher(cv2.NORM_HAMMING)
+    def __init__(self, keypoints: str):
+        self.detector = {"orb": lambda: cv2.ORB_create(500),
+                         "sift": lambda: cv2.SIFT_create(500),
+                         "corners": lambda: None}[keypoints]()
+        self.matcher = cv2.BFMatcher(cv2.NORM_L2 if keypoints == "sift" else cv2.NORM_HAMMING)
         self.previous = None
 
     def keypoints(self, grey: np.ndarray, mask: np.ndarray) -> None:
@@ -384,41 +398,45 @@ class CameraMotion:
         dst = np.concatenate([moved, kp]).astype(np.float32)
         if len(src) <= 50:
             return np.eye(3)
-        params = cv2.UsacParams()
-        params.randomGeneratorState = self.seed
-        params.threshold = 1.0
-        params.confidence = 0.995
-        params.maxIterations = 2000
-        params.sampler = cv2.SAMPLING_UNIFORM
-        params.score = cv2.SCORE_METHOD_RANSAC
-        params.loMethod = cv2.LOCAL_OPTIM_NULL
-        params.final_polisher = cv2.LSQ_POLISHER
-        found, inliers = cv2.findHomography(src, dst, params)
+        found, inliers = cv2.findHomography(src, dst, cv2.RANSAC, 1.0, maxIters=2000,
+                                            confidence=0.995)
         if found is None or inliers is None or int(inliers.sum()) <= 25:
             return np.eye(3)
         return found
 
 
-def orientation_integral(group: str, grey: np.ndarray, flow: np.ndarray) -> np.ndarray:
-    """The (H + 1, W + 1, bins) integral orientation histogram of one histogram group:
-    ``hog`` of the grey image's gradient, ``hof`` of the flow (with the zero bin), ``mbhx`` /
-    ``mbhy`` of the gradient of the flow's x / y component.  Gradients are central
-    differences ([−1, 0, 1], OpenCV's ``Sobel`` of size 1, edges reflected)."""
-    from featpipe.extract._trajectory_kernels import integral_histogram
+def orientation_integrals(grey: np.ndarray, flow: np.ndarray, work: dict | None = None
+                          ) -> np.ndarray:
+    """The (H + 1, W + 1, 36) integral orientation histograms of one scale, 9 channels per
+    group in :data:`BINS` order: ``hog`` of the grey image's gradient, ``hof`` of the flow
+    (with the zero bin), ``mbhx`` / ``mbhy`` of the gradient of the flow's x / y component.
+    Gradients are central differences ([−1, 0, 1], OpenCV's ``Sobel`` of size 1, edges
+    reflected); angles and magnitudes by ``cv2.cartToPolar`` (its angle is the release's
+    ``fastAtan2`` polynomial, within 0.3°).  ``work`` keeps the arrays for the next call
+    of the same size (the result is one of them: it is overwritten then)."""
+    from featpipe.extract._trajectory_kernels import GROUP_CHANNELS, integral_histograms
 
     height, width = grey.shape
-    if group == "hog":
-        x = cv2.Sobel(grey, cv2.CV_32F, 1, 0, ksize=1)
-        y = cv2.Sobel(grey, cv2.CV_32F, 0, 1, ksize=1)
-    elif group == "hof":
-        x, y = np.ascontiguousarray(flow[..., 0]), np.ascontiguousarray(flow[..., 1])
-    else:
-        component = np.ascontiguousarray(flow[..., 0 if group == "mbhx" else 1])
-        x = cv2.Sobel(component, cv2.CV_32F, 1, 0, ksize=1)
-        y = cv2.Sobel(component, cv2.CV_32F, 0, 1, ksize=1)
-    integral = np.empty((height + 1, width + 1, BINS[group]), np.float32)
-    integral_histogram(x, y, 8, MIN_FLOW if group == "hof" else -1.0, integral)
-    return integral
+    work = {} if work is None else work
+    if work.get("shape") != (height, width):
+        work.clear()
+        work["shape"] = (height, width)
+        for name in ("x", "y", "magnitude", "angle"):
+            work[name] = np.empty((4 * height, width), np.float32)
+        work["out"] = np.empty((height + 1, width + 1, GROUP_CHANNELS), np.float32)
+    x = work["x"].reshape(4, height, width)
+    y = work["y"].reshape(4, height, width)
+    flow_x, flow_y = cv2.split(flow)
+    for plane, image in ((0, grey), (2, flow_x), (3, flow_y)):
+        cv2.Sobel(image, cv2.CV_32F, 1, 0, dst=x[plane], ksize=1)
+        cv2.Sobel(image, cv2.CV_32F, 0, 1, dst=y[plane], ksize=1)
+    x[1], y[1] = flow_x, flow_y
+    magnitude, angle = cv2.cartToPolar(work["x"], work["y"], magnitude=work["magnitude"],
+                                       angle=work["angle"], angleInDegrees=True)
+    out = work["out"]
+    integral_histograms(magnitude.reshape(4, height, width), angle.reshape(4, height, width),
+                        np.float32(MIN_FLOW), out)
+    return out
 
 
 def people_mask(height: int, width: int, boxes: np.ndarray | None) -> np.ndarray:
@@ -426,7 +444,7 @@ def people_mask(height: int, width: int, boxes: np.ndarray | None) -> np.ndarray
     mask = np.ones((height, width), np.uint8)
     if boxes is None:
         return mask
-    for x1, y1, x2, y2 in np.asarray(boxes, np.float64).reshape(-1, 4)[:, :4]:
+    for x1, y1, x2, y2 in np.atleast_2d(np.asarray(boxes, np.float64))[:, :4]:
         top, left = max(int(math.ceil(y1)), 0), max(int(math.ceil(x1)), 0)
         bottom, right = min(int(math.floor(y2)), height - 1), min(int(math.floor(x2)), width - 1)
         if bottom >= top and right >= left:
@@ -485,14 +503,20 @@ class Tracker:
             self.columns[name] = width_sum
             width_sum += BINS[name] * block
         self.block_width = width_sum
+        order = list(BINS)
+        self.kernel_groups = (
+            np.array([9 * order.index(name) for name in self.histograms], np.intp),
+            np.array([BINS[name] for name in self.histograms], np.intp),
+            np.array([self.columns[name] for name in self.histograms], np.intp))
         self.camera = None
         if isinstance(estimator, ImprovedDenseTrajectories):
-            self.camera = CameraMotion(estimator.keypoints, estimator.ransac_seed)
+            self.camera = CameraMotion(estimator.keypoints)
             self.grid = np.meshgrid(np.arange(width, dtype=np.float64),
                                     np.arange(height, dtype=np.float64))
         stride = 1 / float(estimator.scale_factor)
         self.flow_engine = (DISPyramid(self.sizes, self.scales) if estimator.flow == "dis"
                             else FarnebackPyramid(self.sizes, self.scales, stride))
+        self.work: list[dict] = [{} for _ in self.scales]
         self.tracks = [_ScaleTracks(self.length, self.n_t_cells, self.block_width,
                                     self.camera is not None) for _ in self.scales]
         self.frame = 0
@@ -559,50 +583,25 @@ class Tracker:
         """Move the tracks of scale k by one frame (those leaving the frame end, unseen), add
         their descriptors at their previous points, and return the valid ones that reach
         ``track_length`` steps: (descriptors, positions) or None."""
-        from featpipe.extract._trajectory_kernels import accumulate_cells
+        from featpipe.extract._trajectory_kernels import advance_tracks
 
-        n = len(tracks.steps)
-        if not n:
+        if not tracks.alive.any():
             return None
-        height, width = prev_level.shape
-        points = tracks.points[np.arange(n), tracks.steps]
-        xi = np.clip(np.rint(points[:, 0]), 0, width - 1).astype(np.intp)
-        yi = np.clip(np.rint(points[:, 1]), 0, height - 1).astype(np.intp)
-        moved = points + flow[yi, xi]
-        inside = ((moved[:, 0] > 0) & (moved[:, 0] < width) & (moved[:, 1] > 0)
-                  & (moved[:, 1] < height))
-        rows = np.flatnonzero(inside)
-        if len(rows) < n:
-            points, moved, xi, yi = points[rows], moved[rows], xi[rows], yi[rows]
-        tracks.alive = inside
-        if not len(rows):
-            return None
-        steps = tracks.steps[rows]
-        if self.histograms:
-            integrals = {name: orientation_integral(name, prev_level, descriptor_flow)
-                         for name in self.histograms}
-            half = self.patch // 2
-            left = np.clip(xi - half, 0, width - self.patch)
-            top = np.clip(yi - half, 0, height - self.patch)
-            cell = self.patch // self.n_cells
-            time_cell = np.where(steps < self.n_t_cells * self.t_stride,
-                                 steps // self.t_stride, -1).astype(np.intp)
-            for name in self.histograms:
-                accumulate_cells(integrals[name], rows, left, top, cell, self.n_cells,
-                                 time_cell, np.float32(EPSILON), tracks.sums,
-                                 self.columns[name])
-        if tracks.displacements is not None:
-            tracks.displacements[rows, steps] = descriptor_flow[yi, xi]
-        tracks.points[rows, steps + 1] = moved
-        tracks.steps[rows] = steps + 1
-        ended = rows[steps + 1 >= self.length]
+        integrals = (orientation_integrals(prev_level, descriptor_flow, self.work[k])
+                     if self.histograms
+                     else np.zeros((1, 1, 36), np.float32))
+        advance_tracks(tracks.points, tracks.steps, flow, descriptor_flow,
+                       tracks.displacements, integrals, *self.kernel_groups, self.patch,
+                       self.n_cells, self.t_stride, self.n_t_cells, np.float32(EPSILON),
+                       tracks.sums, tracks.alive)
+        ended = np.flatnonzero(tracks.alive & (tracks.steps >= self.length))
         if not len(ended):
             return None
         tracks.alive[ended] = False
         scale = np.float32(self.scales[k])
         points = tracks.points[ended] * scale
         valid, shape, mean = trajectory_shapes(points)
-        if tracks.displacements is not None:
+        if tracks.camera:
             moves = tracks.displacements[ended] * scale
             magnitude = np.sqrt((moves ** 2).sum(axis=2))
             valid &= magnitude.max(axis=1) > CAMERA_MIN_MOVE
