@@ -9,13 +9,15 @@ import click
 
 from featpipe.cli import LazyGroup
 
-#: the example pipeline file, package data (pyproject's ``package-data``)
-PIPELINE = ("templates", "pipeline.toml")
+#: the example pipeline files by name, package data (pyproject's ``package-data``): the
+#: walkthrough's, and the dense-trajectory recipe of issue 32 (docs/walkthrough.md)
+PIPELINES = {"walkthrough": ("templates", "pipeline.toml"),
+             "trajectories": ("templates", "trajectories.toml")}
 
 
-def example_pipeline() -> str:
-    """The text of the shipped example pipeline file (docs/walkthrough.md)."""
-    return resources.files("featpipe").joinpath(*PIPELINE).read_text(encoding="utf-8")
+def example_pipeline(name: str = "walkthrough") -> str:
+    """The text of a shipped example pipeline file (docs/walkthrough.md)."""
+    return resources.files("featpipe").joinpath(*PIPELINES[name]).read_text(encoding="utf-8")
 
 
 @click.group(cls=LazyGroup)
@@ -24,9 +26,11 @@ def example():
 
 
 @example.command("pipeline")
-def pipeline():
-    """Print the walkthrough's pipeline file (featpipe example pipeline > pipeline.toml)."""
-    click.echo(example_pipeline(), nl=False)
+@click.argument("name", default="walkthrough", type=click.Choice(list(PIPELINES)))
+def pipeline(name):
+    """Print a pipeline file: the walkthrough's (featpipe example pipeline > pipeline.toml) or
+    the dense-trajectory recipe's (featpipe example pipeline trajectories)."""
+    click.echo(example_pipeline(name), nl=False)
 
 
 @example.command("clips")

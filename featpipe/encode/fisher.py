@@ -980,6 +980,11 @@ class _FisherItemStream:
 
 def _build(params, models):
     params = {k: v for k, v in params.items() if k != "gmm"}
+    from featpipe.encode.fisher_groups import GroupedFisherEncoder, is_grouped
+
+    if is_grouped(models["gmm"]):  # fit gmm --groups: one GMM per descriptor group
+        return GroupedFisherEncoder(models["gmm"], lambda arrays: FisherItemEncoder(
+            arrays, **params), params.get("per_frame", False))
     return FisherItemEncoder(gmm_stage_arrays(models["gmm"]), **params)
 
 

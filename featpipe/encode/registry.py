@@ -55,6 +55,7 @@ METHOD_MODULES: dict[str, tuple[str, ...]] = {
     "featpipe.encode.standardize": ("standardize",),
     "featpipe.encode.spatial": ("spatial-grid",),
     "featpipe.encode.fisher": ("fisher",),
+    "featpipe.encode.fisher_groups": ("fisher-group",),
     "featpipe.encode.bilinear": ("bilinear", "cov", "cbp-ts", "cbp-rm"),
     "featpipe.learn.dhrp": ("dhrp",),
     "featpipe.learn.gmsop": ("gmsop",),

@@ -15,7 +15,11 @@ Where a method runs:
   estimator has ``n_features`` (values per row), ``count(height, width)`` (rows per frame;
   0 when the frame is too small for one), ``compute(rgb_frame)`` returning
   ``.descriptors`` (N, n_features) and ``.positions`` (N, 3: x, y, scale in frame pixels),
-  and may have ``minimum_size()`` (words for the smallest frame that gives a row).
+  and may have ``minimum_size()`` (words for the smallest frame that gives a row).  A
+  stateful method (dense trajectories: a frame's rows depend on the frames before it) has
+  ``start(height, width)`` instead of ``compute``: one tracker per video, whose
+  ``add(rgb_frame)`` returns the rows that end at that frame (``add(rgb_frame, boxes=...)``
+  with ``--human-boxes`` when the estimator's ``takes_boxes`` is true).
 * ``"model"``: a network in the parent process fed with crops from the workers (VGG-16,
   :mod:`featpipe.extract.vgg`).
 """
@@ -29,7 +33,8 @@ from featpipe import settings
 from featpipe.parameters import Parameter, estimator_parameters
 
 #: Modules that define FEATURE_METHODS.
-FEATURE_MODULES: list[str] = ["featpipe.extract.vgg", "featpipe.extract.dsift"]
+FEATURE_MODULES: list[str] = ["featpipe.extract.vgg", "featpipe.extract.dsift",
+                              "featpipe.extract.trajectories"]
 #: Entry point group of plugin modules; environment variable listing plugin modules.
 ENTRY_POINT_GROUP = "featpipe.features"
 PLUGIN_VARIABLE = "FEATPIPE_FEATURES"

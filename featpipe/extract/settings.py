@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from featpipe.errors import ParameterError
 from featpipe.parameters import declared
@@ -23,7 +24,8 @@ MAX_DECODE_TIMEOUT = 1e6
 @dataclass(frozen=True)
 class ExtractSettings:
     """What each item holds (part of the stage key): the stored ``dtype``; local features'
-    ``positions``; the ``pca`` stage that projects the features first; then the features
+    ``positions``; the ``human_boxes`` folder of a method that takes boxes (by content); the
+    ``pca`` stage that projects the features first; then the features
     themselves, or their encoding by ``encode`` with ``encode_params`` (``featpipe encode``'s
     parameters of that method), or ``sample_descriptors`` rows drawn with ``sample_seed``.
     How the stage runs: a network's ``device`` and ``batch_size``, the ``decoder`` (part of
@@ -45,6 +47,9 @@ class ExtractSettings:
     sample_descriptors: int | None = declared(
         None, "Store only N rows per item, drawn uniformly (for fit pca / fit gmm).")
     sample_seed: int = declared(0, "Seed of --sample-descriptors (with the item id).")
+    human_boxes: str | None = declared(
+        None, "Folder of human boxes per item (DIR/<id>.bb, the improved trajectories' -H "
+        "format) left out of the camera motion estimate (idt).")
     allow_partial: bool = declared(
         False, "Keep truncated or damaged videos' decodable frames (warned per item) instead "
         "of failing them.")
@@ -75,6 +80,12 @@ class ExtractSettings:
         if self.encode is not None and not method.local:
             raise ParameterError("encode", f"applies to local features, not {method.name}; "
                                  "encode its per-frame vectors with `featpipe encode`")
+        if self.human_boxes is not None:
+            if not getattr(method.estimator, "takes_boxes", False):
+                raise ParameterError("human_boxes", f"applies to methods that estimate the "
+                                     f"camera motion (idt), not {method.name}")
+            if not Path(self.human_boxes).is_dir():
+                raise ParameterError("human_boxes", f"{self.human_boxes} is not a folder")
         from featpipe.settings import node_checks_deferred
 
         if self.device == "cuda" and not node_checks_deferred():  # else on the node

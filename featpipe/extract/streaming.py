@@ -3,8 +3,10 @@ encoded as they come (a pipeline *file* is :mod:`featpipe.pipeline`).
 
 Where the work runs:
 
-* **dense SIFT**: each decoding worker (:class:`~featpipe.io.video.DecodePool`) runs the
-  whole chain on its item (:class:`LocalFeatureProgram`): decode (a thread), dense SIFT,
+* **dense SIFT, dense trajectories**: each decoding worker
+  (:class:`~featpipe.io.video.DecodePool`) runs the whole chain on its item
+  (:class:`LocalFeatureProgram`; trajectories keep one tracker per item): decode (a thread),
+  the features,
   then, on a second thread, PCA and the item's output (rows appended to disk, an encoder's
   stream, or a sample); only a small result travels back.  ``--jobs N`` = N workers.
 * **VGG-16**: the workers decode, resize and crop (:class:`CropProgram`); the parent packs
@@ -258,12 +260,23 @@ class _Background:
 class LocalFeatureProgram:
     """A local feature method computed in the decoding worker (``method.runs == "worker"``,
     :mod:`featpipe.extract.features`): each frame's descriptors (with positions and the
-    frame's size) go to the item's :class:`FrameSinks` on a second thread."""
+    frame's size) go to the item's :class:`FrameSinks` on a second thread.
 
-    def __init__(self, method, record: Mapping, outputs: FrameSinks):
+    A stateless method computes each frame alone (``estimator.compute(frame)``); a stateful
+    one (dense trajectories) has no ``compute`` but ``start(height, width)``, which gives one
+    tracker per item, made at its first frame and remade by a restart (a second decoding
+    pass), and ``tracker.add(frame)`` gives what ends at that frame.  ``boxes`` is a folder of human
+    boxes per item (:mod:`featpipe.extract.boxes`; the tracker then gets ``boxes=``, the
+    frame's (B, 4) boxes or None), ``frame_step`` the sampling's ``every`` (video frame =
+    sampled frame x step)."""
+
+    def __init__(self, method, record: Mapping, outputs: FrameSinks, boxes: str | None = None,
+                 frame_step: int = 1):
         self.method = method
         self.record = dict(record)
         self.outputs = outputs
+        self.boxes = boxes
+        self.frame_step = frame_step
         self._estimator = None
 
     def __getstate__(self):
@@ -279,12 +292,29 @@ class _LocalFeatureJob:
     def __init__(self, program: LocalFeatureProgram, item_id: str):
         self.program = program
         self.item_id = item_id
+        self.boxes = None
+        if program.boxes is not None:
+            from featpipe.extract.boxes import FrameBoxes, boxes_path
+
+            self.boxes = FrameBoxes(boxes_path(program.boxes, item_id), program.frame_step)
         self._open()
 
     def _open(self) -> None:
         self.output = self.program.outputs.open(self.item_id)
         self.worker = _Background(self.output.add)
         self.frames = 0
+        self.tracker = None
+
+    def _compute(self, frame: np.ndarray):
+        """The frame's features: alone, or through the item's tracker."""
+        estimator = self.program._estimator
+        if hasattr(estimator, "compute"):  # stateless (a parameter may be called `start`)
+            return estimator.compute(frame)
+        if self.tracker is None:
+            self.tracker = estimator.start(*frame.shape[:2])
+        if self.boxes is None:
+            return self.tracker.add(frame)
+        return self.tracker.add(frame, boxes=self.boxes.of(self.frames))
 
     def add(self, frame: np.ndarray, seconds: float):
         estimator, label = self.program._estimator, self.program.method.label
@@ -295,7 +325,7 @@ class _LocalFeatureJob:
                 f"one {label} descriptor" + (f" ({minimum()})" if minimum else "")
                 + ": no descriptors")
         try:
-            result = estimator.compute(frame)
+            result = self._compute(frame)
         except Exception as err:
             raise RuntimeError(f"{label} failed on frame {self.frames}: {err}") from None
         self.worker.put(Frame(result.descriptors, self.frames, seconds, result.positions,
@@ -307,6 +337,8 @@ class _LocalFeatureJob:
         self._open()
 
     def finish(self) -> PendingItem:
+        if self.boxes is not None:
+            self.boxes.check(self.frames)
         self.worker.close()
         return self.output.finish()
 

@@ -32,6 +32,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -161,7 +162,7 @@ def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: Extract
     """The stage key's record of the inputs and the features: the manifest (its files by
     content), the sampling and the decoder (none when every item is an image, read whole
     whatever they say), and the method's parameters (a network's weights by their
-    identity)."""
+    identity; human boxes by the content of each item's file)."""
     videos = any(not is_image(manifest.resolve_path(it)) for it in manifest)
     params: dict = {"features": chosen.method.name,
                     "manifest": manifest_digest(manifest, hashes, read),
@@ -169,6 +170,11 @@ def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: Extract
                     "decoder": settings.decoder if videos else None}
     if chosen.method.runs == "worker":
         params[chosen.method.name] = chosen.record
+        if settings.human_boxes is not None:
+            from featpipe.extract.boxes import boxes_digest
+
+            params["human_boxes"] = boxes_digest(settings.human_boxes, manifest.ids,
+                                                 hashes.file_hash)
     else:
         from featpipe.extract.vgg import weights_identity
 
@@ -203,7 +209,9 @@ def _items(store, chosen: Chosen, settings: ExtractSettings, estimator, dim: int
     if settings.encode is not None:
         sinks, layout, models, encoded = _encoder_plan(
             store, settings, sinks, (rows_per_frame, dim, itemsize),
-            chain=(chosen.method.name, int(estimator.n_features), settings.pca))
+            chain=(chosen.method.name, int(estimator.n_features), settings.pca,
+                   tuple(g for g, _ in estimator.groups()) if hasattr(estimator, "groups")
+                   else None))
         return layout, sinks, {"encode": encoded}, models
     if settings.sample_descriptors is not None:
         rows = int(typed_value(settings.sample_descriptors, (int,)))
@@ -245,12 +253,24 @@ def _encoder_plan(store, settings: ExtractSettings, outputs, shape, chain):
 
 
 def _check_projections(method, given, models, encoder, dim, features, feature_dim,
-                       pca) -> None:
+                       pca, groups) -> None:
     """The chain features -> ``--pca`` -> the encoder, checked before any work: a model stage
     that carries its own PCA (``fit gmm --pca/--pca-dim``) projects the raw features itself,
     so ``--pca`` as well would project them twice; a model fitted on projected descriptors
-    needs ``--pca``.  ``encoder.input_dim`` (when it has one) is what the encoder takes."""
+    needs ``--pca``; a model of descriptor groups (``fit gmm --groups``,
+    ``encoder.input_groups``) needs the raw rows of the same ``groups``.
+    ``encoder.input_dim`` (when it has one) is what the encoder takes."""
     from featpipe.extract.pca import MODEL_NAME, PCAProjection
+
+    wanted = getattr(encoder, "input_groups", None)
+    if wanted is not None and (pca is not None or groups != wanted):
+        names = ", ".join(f"{key} {given.get(key)}" for key in models)
+        got = "projected rows (--pca)" if pca is not None else (
+            f"the groups {','.join(groups)}" if groups else f"{features} rows without groups")
+        raise FeatpipeError(f"--encode {method} ({names}) was fitted on the groups "
+                            f"{','.join(wanted)} of raw rows; this extraction gives {got}: "
+                            f"use --descriptors {','.join(wanted)}"
+                            + (" without --pca" if pca is not None else ""))
 
     expected = getattr(encoder, "input_dim", None)
     if expected is None or expected == dim:
@@ -301,6 +321,12 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
     settings.check(chosen.method)
     if chosen.method.default_fps is not None and sampling == Sampling():
         sampling = Sampling(fps=chosen.method.default_fps)
+    if settings.human_boxes is not None:
+        if sampling.fps is not None or sampling.frames is not None:
+            raise ParameterError("human_boxes", "are given per video frame: sample every frame "
+                                 "or every N-th (--every N), not --fps or --frames")
+        settings = dataclasses.replace(settings,
+                                       human_boxes=str(Path(settings.human_boxes).resolve()))
     hashes = ContentHashes(store.root / CACHE_NAME)
     plan_ = _plan(store, manifest, chosen, sampling, settings, hashes)
     if not options.dry_run:
@@ -405,7 +431,8 @@ def _extraction(stage, pool, sampling, chosen: Chosen, sinks, settings: ExtractS
     """The pipeline of the chosen method: in the workers, or a network in this process
     (``model``: one already loaded)."""
     if chosen.method.runs == "worker":
-        pool.program = LocalFeatureProgram(chosen.method, chosen.record, sinks)
+        pool.program = LocalFeatureProgram(chosen.method, chosen.record, sinks,
+                                           settings.human_boxes, sampling.every or 1)
         return Extraction(stage, pool, sampling, sinks, allow_partial=settings.allow_partial,
                           record_failures=record_failures)
     estimator = chosen.estimator()

@@ -72,6 +72,8 @@ STAGE_CONSTRAINTS = {
     "split": [Interval(Integral, 1, None, closed="left")],
     "val_fraction": [Interval(Real, 0, 1, closed="left")],
     "pca_dim": [Interval(Integral, 1, None, closed="left"), None],
+    "pca_fraction": [Interval(Real, 0, 1, closed="right"), None],
+    "groups": [str, None],
 }
 
 
@@ -220,23 +222,33 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, sample: int = 
 # -- GMM ------------------------------------------------------------------------------------
 
 def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
-            pca_dim: int | None = None, sample: int = 200_000, force: bool = False,
+            pca_dim: int | None = None, pca_fraction: float | None = None,
+            groups: str | None = None, sample: int = 200_000, force: bool = False,
             dry_run: bool = False, reporter: Reporter | None = None, **params) -> Stage:
     """A diagonal GMM (:class:`~featpipe.encode.fisher.GaussianMixtureModel`, ``params``) on
     ``sample`` train descriptors of ``input`` (seeded by the GMM's ``random_state``).
 
     ``pca`` names a fitted PCA stage applied first; ``pca_dim`` fits a PCA to that dimension
-    on the same sample instead (not both).  The projection is saved in the GMM stage as its
-    ``pca`` model, so ``encode --method fisher`` projects before encoding.
+    on the same sample instead, ``pca_fraction`` to that fraction of the dimension (0.5
+    halves it; one of the three).  The projection is saved in the GMM stage as its ``pca``
+    model, so ``encode --method fisher`` projects before encoding.
+
+    ``groups`` (``"hog,hof,mbh"``: descriptor groups of a dense-trajectory stage,
+    :mod:`featpipe.extract.groups`) fits one projection (``pca_dim`` or ``pca_fraction``) and
+    one GMM per group on the same sampled rows, saved as ``pca-<group>`` and ``gmm-<group>``
+    and listed, with the columns they take, by the ``groups`` model (written last).
     """
     from featpipe.encode.fisher import GaussianMixtureModel
     from featpipe.extract.pca import MODEL_NAME, PCAProjection, load_pca
 
     reporter = reporter or Reporter()
     check_name(name)
-    pca_dim, sample = _typed(pca_dim=pca_dim, sample=sample)
-    if pca and pca_dim:
-        raise ParameterError("pca_dim", "cannot be combined with --pca (a fitted PCA stage)")
+    pca_dim, pca_fraction, groups, sample = _typed(pca_dim=pca_dim, pca_fraction=pca_fraction,
+                                                   groups=groups, sample=sample)
+    given = [k for k, v in (("pca", pca), ("pca_dim", pca_dim), ("pca_fraction", pca_fraction))
+             if v]
+    if len(given) > 1:
+        raise ParameterError(given[1], f"cannot be combined with --{given[0].replace('_', '-')}")
     if pca_dim is not None:
         PCAProjection.check_param_values({"n_components": pca_dim})
     if sample < 1:
@@ -244,17 +256,37 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
     params = estimator_record(GaussianMixtureModel, params)
     gmm = GaussianMixtureModel(**params)
     source = store.resolve(input)
+    layout = None
+    if groups is not None:
+        from featpipe.extract.groups import parse_groups, stage_columns
+
+        if pca:
+            raise ParameterError("pca", "cannot be combined with --groups (each group gets its "
+                                 "own projection: --pca-dim or --pca-fraction)")
+        columns = stage_columns(source)
+        layout = parse_groups(groups, columns)
+        groups = ",".join(g for g, _ in layout)
     ids = train_item_ids(source)
     pca_stages = [store.resolve(pca)] if pca else []
-    stage, fitted = _model_stage(store, "gmm", params, [source, *pca_stages], "gmm", name=name,
+    stage, fitted = _model_stage(store, "gmm", params, [source, *pca_stages],
+                                 "gmm" if layout is None else "groups", name=name,
                                  force=force, dry_run=dry_run, reporter=reporter,
                                  pca=pca_stages[0].name if pca_stages else None,
-                                 pca_dim=pca_dim, sample=sample, split=1)
+                                 pca_dim=pca_dim, sample=sample, split=1,
+                                 **({"pca_fraction": pca_fraction} if pca_fraction else {}),
+                                 **({"groups": groups} if layout else {}))
     if fitted:
         return stage
     x = sample_descriptors(source, ids, sample, gmm.random_state)
+    if layout is not None:
+        _fit_groups(stage, x, layout, columns, (pca_dim, pca_fraction), params, reporter)
+        _fitted(store, name, stage, reporter)
+        reporter.info(f"summary: {len(layout)} groups, K={gmm.n_components}, on {len(x)} rows "
+                      f"from {len(ids)} items")
+        return stage
+    dim = pca_dim or (max(1, round(pca_fraction * x.shape[1])) if pca_fraction else None)
     projection = load_pca(pca_stages[0]) if pca_stages else \
-        PCAProjection(pca_dim).fit(x) if pca_dim else None
+        PCAProjection(dim).fit(x) if dim else None
     if projection is not None:
         x = projection.transform(x)
     start = time.perf_counter()
@@ -270,6 +302,39 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
                   f"from {len(ids)} items, {gmm.n_iter_} iterations, mean log-likelihood "
                   f"{meta['log_likelihood']:.4f}, {gmm.n_restarts_} restarts, {seconds:.1f}s")
     return stage
+
+
+def _fit_groups(stage: Stage, x: np.ndarray, layout, columns, projection, params: dict,
+                reporter: Reporter) -> None:
+    """One projection and one GMM per group of ``layout`` on its columns of the sampled rows
+    ``x``; then the ``groups`` model: each group's columns (``columns``, (G, 2) start and
+    stop), the input's own groups and width (checked by the encoders)."""
+    from featpipe.encode.fisher import GaussianMixtureModel
+    from featpipe.extract.pca import PCAProjection
+
+    pca_dim, pca_fraction = projection
+    for group, cols in layout:
+        part = x[:, cols]
+        dim = pca_dim or (max(1, round(pca_fraction * part.shape[1])) if pca_fraction else None)
+        if dim is not None:
+            if dim > part.shape[1]:
+                raise ParameterError("pca_dim", f"{dim} is more than group {group}'s "
+                                     f"{part.shape[1]} values")
+            pca = PCAProjection(dim).fit(part)
+            part = pca.transform(part)
+            stage.save_model(f"pca-{group}", pca, {"group": group})
+        gmm = GaussianMixtureModel(**params).fit(part)
+        stage.save_model(f"gmm-{group}", gmm, {
+            "group": group, "n_descriptors": int(part.shape[0]), "dim": int(part.shape[1]),
+            "log_likelihood": float(gmm.log_likelihoods_[-1])})
+        reporter.info(f"{group}: columns {cols.start}..{cols.stop - 1}"
+                      + (f", PCA {cols.stop - cols.start} -> {dim}" if dim else "")
+                      + f", K={gmm.n_components}, {gmm.n_iter_} iterations, mean "
+                      f"log-likelihood {gmm.log_likelihoods_[-1]:.4f}")
+    stage.save_model("groups", {"columns": np.array([[c.start, c.stop] for _, c in layout],
+                                                    np.int64)},
+                     {"model": "groups", "groups": [g for g, _ in layout],
+                      "input_groups": list(columns), "input_dim": int(x.shape[1])})
 
 
 # -- deep Fisher kernel ---------------------------------------------------------------------

@@ -131,11 +131,16 @@ def _model_of(method: str) -> str:
             "gmsop": "model-gmsop"}.get(method, "g")
 
 
+#: parameters a method requires (no default), given alike through the three entry points
+REQUIRED = {"fisher-group": {"group": "hog"}}
+
+
 @pytest.mark.parametrize("method", sorted(load_methods()))
 def test_each_encode_method_has_one_key_through_the_three_entry_points(cli, world, method):
     root, store = world
     chosen = load_methods()[method]
     models = {p.name: _model_of(method) for p in chosen.parameters if p.model}
+    models.update(REQUIRED.get(method, {}))
     # the command line: defaults omitted, model stages by name
     args = ["encode", "-s", store.root, "-i", "frames", "-m", method, "-n", "x", "--dry-run"]
     for name, value in models.items():
