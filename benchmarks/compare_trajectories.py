@@ -28,8 +28,11 @@ Per clip and program pair it prints:
   frame).
 
 Usage: python benchmarks/compare_trajectories.py [--bin DIR] [--release-src DIR]
-       [--frames 60] [--clips bigbuckbunny,bikes,carphone] [--programs dt,idt]
-       [--repeats 1] [--work DIR] [--keep]
+       [--frames 60] [--clips bigbuckbunny,bikes,carphone] [--programs dt,idt,idt-mask255]
+       [--repeats 1] [--shipped DT_SRC,IDT_SRC] [--work DIR] [--keep]
+(``--shipped``: the untouched release sources; featpipe's dt / idt on the KTH clip each ships
+are compared with the output it ships, computed by the authors: DenseTrack v1.2, and
+DenseTrackStab with SURF.)
 (``--bin`` defaults to $DT_REFERENCE_BIN or /work/dt-reference/bin.)
 """
 
@@ -54,7 +57,13 @@ SIZE = (320, 240)
 #: the release's columns: 10 fields, then the groups in this order
 FIELDS = 10
 RELEASE_GROUPS = (("trajectory", 30), ("hog", 96), ("hof", 108), ("mbhx", 96), ("mbhy", 96))
-PROGRAMS = {"dt": "DenseTrack", "idt": "DenseTrackStab"}
+#: program name -> the release's binary; featpipe's feature is the name before "-".
+#: ``idt-mask255``: DenseTrackStab with ORB given its mask as 0/255 (the release's mask is 0/1,
+#: which OpenCV 4.6's ORB reads as "nothing" on every pyramid level but the first: 109 keypoints
+#: instead of 450 on carphone); optional, built by the RESULTS section's one-line change.
+PROGRAMS = {"dt": "DenseTrack", "idt": "DenseTrackStab", "idt-mask255": "DenseTrackStab-mask255"}
+#: the test clip each release ships, with the output it expected (SURF for DenseTrackStab)
+SHIPPED = ("test_sequences/person01_boxing_d1_uncomp.avi", "test_sequences/person01_boxing_d1.gz")
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "OPENCV_FOR_THREADS_NUM": "1"}
 
@@ -303,6 +312,52 @@ def compare(release: np.ndarray, ours: dict, n_frames: int) -> dict:
     return out
 
 
+def load_ours(path: str) -> dict:
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def speed(runs_rel: list[dict], runs_fp: list[dict], n_frames: int) -> dict:
+    """Frames/s (fastest run) and memory (largest) of both programs."""
+    return {"release_fps": n_frames / min(r["wall"] for r in runs_rel),
+            "release_cpu_fps": n_frames / min(r["cpu"] for r in runs_rel),
+            "featpipe_fps": n_frames / min(r["loop_wall"] for r in runs_fp),
+            "featpipe_cpu_fps": n_frames / min(r["loop_cpu"] for r in runs_fp),
+            "featpipe_process_cpu_fps": n_frames / min(r["cpu"] for r in runs_fp),
+            "release_rss": max(r["max_rss_mib"] for r in runs_rel),
+            "featpipe_growth": max(r["rss_growth_mib"] for r in runs_fp),
+            "featpipe_rss": max(r["max_rss_mib"] for r in runs_fp),
+            "warm_up": min(r["warm_up_cpu"] for r in runs_fp)}
+
+
+def compare_shipped(sources: list[str], work: str) -> None:
+    """featpipe's dt / idt on each release's KTH test clip against the output it ships."""
+    import gzip
+
+    for kind, source in zip(("dt", "idt"), sources, strict=False):
+        avi, expected = (os.path.join(source, p) for p in SHIPPED)
+        if not (os.path.exists(avi) and os.path.exists(expected)):
+            print(f"shipped {kind}: {avi} or {expected} not found; left out")
+            continue
+        text = os.path.join(work, f"shipped_{kind}.txt")
+        with gzip.open(expected, "rb") as f, open(text, "wb") as out:
+            out.write(f.read())
+        ours_path = os.path.join(work, f"shipped_{kind}.featpipe.npz")
+        run_featpipe(kind, avi, ours_path)
+        n_frames = sum(1 for _ in decode(avi))
+        row = compare(parse_release(text), load_ours(ours_path), n_frames)
+        ratio = row["featpipe_per_frame"] / max(row["release_per_frame"], 1e-9)
+        print(f"shipped KTH clip, featpipe {kind} vs the output the "
+              f"{'DT v1.2 (DenseTrack)' if kind == 'dt' else 'IDT (SURF)'} release ships "
+              f"({n_frames} frames): trajectories/frame {row['featpipe_per_frame']:.1f} vs "
+              f"{row['release_per_frame']:.1f} (x{ratio:.3f}); matched {row['matched']} "
+              f"({100 * row['matched_share']:.0f} %)")
+        print("    median cosine: " + ", ".join(f"{name} {row[name]:.4f}"
+                                               for name, _ in RELEASE_GROUPS)
+              + "; 5th percentile: " + ", ".join(f"{name} {row[name + '_p5']:.3f}"
+                                                  for name, _ in RELEASE_GROUPS))
+
+
 def release_flows(dumper: str, avi: str, work: str, pairs: int) -> dict:
     """{(pair, level): flow} from the release's own Farnebäck."""
     folder = os.path.join(work, "flow_" + os.path.basename(avi))
@@ -385,7 +440,10 @@ def main() -> int:
                         help="the release's DT sources patched by dt-ocv4.patch (flow check)")
     parser.add_argument("--frames", type=int, default=60)
     parser.add_argument("--clips", default=",".join(CLIPS))
-    parser.add_argument("--programs", default="dt,idt")
+    parser.add_argument("--programs", default="dt,idt,idt-mask255",
+                        help="release programs to compare (those not built are left out)")
+    parser.add_argument("--shipped", default=None,
+                        help="DT_SRC,IDT_SRC: compare with the outputs the releases ship")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of each program (alternating); speed = fastest")
     parser.add_argument("--flow-pairs", type=int, default=5)
@@ -398,13 +456,20 @@ def main() -> int:
         return 0
 
     programs = [p.strip() for p in args.programs.split(",") if p.strip()]
-    missing = [os.path.join(args.bin, PROGRAMS[p]) for p in programs
-               if not os.access(os.path.join(args.bin, PROGRAMS[p]), os.X_OK)]
-    if missing:
-        print(f"skipped: the release's programs are not built ({', '.join(missing)} missing); "
-              "build them with ../shared/reference/dense-trajectories/build.sh "
-              "(see its README) and pass --bin DIR")
+    unknown = [p for p in programs if p not in PROGRAMS]
+    if unknown:
+        raise SystemExit(f"error: --programs: unknown {', '.join(unknown)} (known: "
+                         f"{', '.join(PROGRAMS)})")
+    built = [p for p in programs if os.access(os.path.join(args.bin, PROGRAMS[p]), os.X_OK)]
+    if not built:
+        print(f"skipped: the release's programs are not built (none of "
+              f"{', '.join(PROGRAMS[p] for p in programs)} in {args.bin}); build them with "
+              "../shared/reference/dense-trajectories/build.sh (see its README) and pass "
+              "--bin DIR")
         return 0
+    for program in set(programs) - set(built):
+        print(f"left out: {program} ({os.path.join(args.bin, PROGRAMS[program])} not built)")
+    programs = built
     if not (shutil.which("taskset") and os.access("/usr/bin/time", os.X_OK)):
         print("skipped: taskset (util-linux) and /usr/bin/time (GNU time) are needed to run "
               "both programs on one core and measure them")
@@ -420,35 +485,25 @@ def main() -> int:
     _print_blas()
     dumper = build_dumper(args.release_src, work) if args.release_src else None
 
-    rows = []
     for clip in [c.strip() for c in args.clips.split(",") if c.strip()]:
         avi = prepare_clip(clip, args.frames, work)
         n_frames = sum(1 for _ in decode(avi))
+        featpipe_runs = {}
         for program in programs:
+            kind = program.split("-")[0]
             base = os.path.join(work, f"{clip}_{program}")
-            runs_rel, runs_fp = [], []
+            ours_path = os.path.join(work, f"{clip}_{kind}.featpipe.npz")
+            runs_rel = []
             for _ in range(args.repeats):  # alternate, so that load hits both alike
                 runs_rel.append(run_measured([os.path.join(args.bin, PROGRAMS[program]), avi],
                                              base + ".release.txt", one_core_env()))
-                runs_fp.append(run_featpipe(program, avi, base + ".featpipe.npz"))
-            release = parse_release(base + ".release.txt")
-            with np.load(base + ".featpipe.npz", allow_pickle=False) as data:
-                ours = {k: data[k] for k in data.files}
+                if kind not in featpipe_runs or len(featpipe_runs[kind]) < args.repeats:
+                    featpipe_runs.setdefault(kind, []).append(
+                        run_featpipe(kind, avi, ours_path))
             row = {"clip": clip, "program": program, "frames": n_frames,
-                   **compare(release, ours, n_frames)}
-            rel_wall = min(r["wall"] for r in runs_rel)
-            rel_cpu = min(r["cpu"] for r in runs_rel)
-            fp_wall = min(r["loop_wall"] for r in runs_fp)
-            fp_cpu = min(r["loop_cpu"] for r in runs_fp)
-            fp_process_cpu = min(r["cpu"] for r in runs_fp)
-            row.update(release_fps=n_frames / rel_wall, release_cpu_fps=n_frames / rel_cpu,
-                       featpipe_fps=n_frames / fp_wall, featpipe_cpu_fps=n_frames / fp_cpu,
-                       featpipe_process_cpu_fps=n_frames / fp_process_cpu,
-                       release_rss=max(r["max_rss_mib"] for r in runs_rel),
-                       featpipe_growth=max(r["rss_growth_mib"] for r in runs_fp),
-                       featpipe_rss=max(r["max_rss_mib"] for r in runs_fp),
-                       warm_up=min(r["warm_up_cpu"] for r in runs_fp))
-            rows.append(row)
+                   **compare(parse_release(base + ".release.txt"), load_ours(ours_path),
+                             n_frames)}
+            row.update(speed(runs_rel, featpipe_runs[kind], n_frames))
             _print_row(row)
             if program == "dt" and dumper:
                 for level in compare_flow(dumper, avi, work, args.flow_pairs):
@@ -456,6 +511,8 @@ def main() -> int:
                           f"{level['mean_epe']:.4f} px, median {level['median_epe']:.4f}, "
                           f"99th pct {level['p99_epe']:.3f} (release's mean |flow| "
                           f"{level['mean_magnitude']:.3f} px)")
+    if args.shipped:
+        compare_shipped(args.shipped.split(","), work)
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
     if args.work is None and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
