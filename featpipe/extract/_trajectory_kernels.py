@@ -8,10 +8,11 @@ is tracked.  Three passes, each one loop over the pixels or the tracked points:
   coefficients R0 (previous frame) and R1 (current frame, sampled bilinearly at x + d) the
   per-pixel 2×2 system A·d = b (its three distinct entries and b, 5 channels), then the
   displacement d = G⁻¹h from the Gaussian-blurred system (det + 10⁻³ keeps it finite);
-* :func:`integral_histogram`: each pixel's vector (x, y) split by its angle between the two
-  nearest of ``n`` orientation bins over 360° (linear in the angle, weighted by the magnitude;
-  for HOF vectors of magnitude <= ``zero_threshold`` add 1 to an extra last bin), summed into
-  an (H + 1, W + 1, bins) integral histogram (Viola & Jones; the release's ``BuildDescMat``);
+* :func:`integral_histograms`: each pixel's vector (magnitude, angle) split by its angle
+  between the two nearest of 8 orientation bins over 360° (linear in the angle, weighted by
+  the magnitude; for HOF vectors of magnitude <= ``zero_threshold`` add 1 to an extra last
+  bin), summed into an (H + 1, W + 1, bins) integral histogram (Viola & Jones; the release's
+  ``BuildDescMat``), the four groups at once;
 * :func:`accumulate_cells`: for each point its 2×2 cells (four look-ups each), each bin
   max(sum, 0) + ε, L1-normalised over the block and square-rooted, added to the point's
   time cell.
@@ -111,102 +112,88 @@ def farneback_solve(blurred, flow):
             flow[y, x, 1] = (g22 * h1 - g12 * h2) * idet
 
 
-_ATAN_P1 = np.float32(0.9997878412794807 * 180 / math.pi)
-_ATAN_P3 = np.float32(-0.3258083974640975 * 180 / math.pi)
-_ATAN_P5 = np.float32(0.1555786518463281 * 180 / math.pi)
-_ATAN_P7 = np.float32(-0.04432655554792128 * 180 / math.pi)
-_ATAN_EPS = np.float32(np.finfo(np.float64).eps)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def fast_atan2(y, x):
-    """atan2(y, x) in degrees in [0, 360) by OpenCV's polynomial (``cv::fastAtan2``, error
-    about 0.01 degree; the release bins its angles with it)."""
-    ax = abs(x)
-    ay = abs(y)
-    if ax >= ay:
-        c = ay / (ax + _ATAN_EPS)
-        c2 = c * c
-        a = (((_ATAN_P7 * c2 + _ATAN_P5) * c2 + _ATAN_P3) * c2 + _ATAN_P1) * c
-    else:
-        c = ax / (ay + _ATAN_EPS)
-        c2 = c * c
-        a = np.float32(90.0) - (((_ATAN_P7 * c2 + _ATAN_P5) * c2 + _ATAN_P3) * c2
-                                + _ATAN_P1) * c
-    if x < 0:
-        a = np.float32(180.0) - a
-    if y < 0:
-        a = np.float32(360.0) - a
-    return a
+#: channels of each group in the integral histograms: 8 orientations and HOF's zero bin (HOG
+#: and MBH leave it 0); the groups HOG, HOF, MBHx, MBHy follow each other (36 channels), so
+#: that a pixel's histograms are contiguous and the per-channel loops unroll
+CHANNELS = 9
+GROUPS = 4
+GROUP_CHANNELS = GROUPS * CHANNELS
+ORIENTATIONS = 8
 
 
 @numba.njit(cache=True, nogil=True)
-def integral_histogram(xcomp, ycomp, n_orientations, zero_threshold, out):
-    """The integral orientation histogram of the vector field (xcomp, ycomp) into ``out``
-    ((H + 1, W + 1, bins) float32; first row and column zero).  ``zero_threshold`` >= 0 adds
-    the zero bin (HOF): vectors no longer than it add 1 to the last bin."""
-    height, width = xcomp.shape
-    bins = out.shape[2]
-    base = np.float32(n_orientations / 360.0)
-    row = np.zeros(bins, dtype=np.float32)
+def integral_histograms(magnitude, angle, zero_threshold, out):
+    """The integral orientation histograms of one scale into ``out`` ((H + 1, W + 1, 36)
+    float32; first row and column zero) from the (4, H, W) magnitudes and angles (degrees,
+    [0, 360]) of the four vector fields HOG, HOF, MBHx, MBHy: channels 9g .. 9g + 7 hold
+    group g's 8 orientations; HOF's vectors no longer than ``zero_threshold`` add 1 to
+    channel 17 (its zero bin) instead."""
+    height, width = magnitude.shape[1], magnitude.shape[2]
+    base = np.float32(ORIENTATIONS / 360.0)
+    row = np.zeros(GROUP_CHANNELS, dtype=np.float32)
     out[0, :, :] = 0
     for y in range(height):
-        row[:] = 0
-        out[y + 1, 0, :] = 0
+        for b in range(GROUP_CHANNELS):
+            row[b] = 0
+            out[y + 1, 0, b] = 0
         for x in range(width):
-            vx = xcomp[y, x]
-            vy = ycomp[y, x]
-            magnitude = np.float32(math.sqrt(vx * vx + vy * vy))
-            if zero_threshold >= 0 and magnitude <= zero_threshold:
-                row[n_orientations] += 1
-            else:
-                angle = fast_atan2(vy, vx)
-                if angle >= 360:
-                    angle -= np.float32(360.0)
-                position = angle * base
-                low = int(math.floor(position))
-                upper = (position - low) * magnitude
+            for g in range(GROUPS):
+                m = magnitude[g, y, x]
+                offset = CHANNELS * g
+                if g == 1 and m <= zero_threshold:
+                    row[offset + ORIENTATIONS] += np.float32(1.0)
+                    continue
+                position = angle[g, y, x] * base
+                low = np.int32(position)
+                upper = (position - np.float32(low)) * m
+                if low >= ORIENTATIONS:
+                    low -= ORIENTATIONS
                 high = low + 1
-                if high >= n_orientations:
-                    high -= n_orientations
-                if low >= n_orientations:
-                    low -= n_orientations
-                row[low] += magnitude - upper
-                row[high] += upper
-            for b in range(bins):
+                if high >= ORIENTATIONS:
+                    high -= ORIENTATIONS
+                row[offset + low] += m - upper
+                row[offset + high] += upper
+            for b in range(GROUP_CHANNELS):
                 out[y + 1, x + 1, b] = out[y, x + 1, b] + row[b]
 
 
 @numba.njit(cache=True, nogil=True)
-def accumulate_cells(integral, rows, left, top, cell, n_cells, time_cell, epsilon, out, column):
-    """Add each point's normalised block to its time cell: ``out[rows[i], time_cell[i],
-    column: column + n_cells² · bins]`` (points with a negative time cell are skipped).
+def accumulate_cells(integral, channels, bins, columns, rows, left, top, cell, n_cells,
+                     time_cell, epsilon, out):
+    """Add each point's normalised blocks to its time cell: for each group g, the first
+    ``bins[g]`` channels from ``channels[g]`` go to ``out[rows[i], time_cell[i], columns[g]:
+    columns[g] + n_cells² · bins[g]]`` (points with a negative time cell are skipped).
 
     The block's corner is (``left[i]``, ``top[i]``) in pixels; cell (cx, cy) covers
     ``cell`` × ``cell`` pixels from (left + cx·cell, top + cy·cell); entries run over cx, then
-    cy, then the bins (the release's order)."""
-    bins = integral.shape[2]
-    size = n_cells * n_cells * bins
-    block = np.empty(size, dtype=np.float32)
+    cy, then the bins (the release's order).  The (n_cells + 1)² corners are read once."""
+    n_corners = n_cells + 1
+    corners = np.empty((n_corners, n_corners, GROUP_CHANNELS), dtype=np.float32)
+    block = np.empty(n_cells * n_cells * CHANNELS, dtype=np.float32)
     for i in range(left.shape[0]):
         t = time_cell[i]
         if t < 0:
             continue
-        k = 0
-        total = np.float32(0.0)
-        for cx in range(n_cells):
-            x0 = left[i] + cx * cell
-            x1 = x0 + cell
-            for cy in range(n_cells):
-                y0 = top[i] + cy * cell
-                y1 = y0 + cell
-                for b in range(bins):
-                    value = (integral[y1, x1, b] + integral[y0, x0, b]
-                             - integral[y1, x0, b] - integral[y0, x1, b])
-                    value = max(value, np.float32(0.0)) + epsilon
-                    block[k] = value
-                    total += value
-                    k += 1
-        scale = np.float32(1.0) / total
-        for k in range(size):
-            out[rows[i], t, column + k] += math.sqrt(block[k] * scale)
+        for cy in range(n_corners):
+            for cx in range(n_corners):
+                source = integral[top[i] + cy * cell, left[i] + cx * cell]
+                for b in range(GROUP_CHANNELS):
+                    corners[cy, cx, b] = source[b]
+        for g in range(channels.shape[0]):
+            first = channels[g]
+            n_bins = bins[g]
+            k = 0
+            total = np.float32(0.0)
+            for cx in range(n_cells):
+                for cy in range(n_cells):
+                    for b in range(first, first + n_bins):
+                        value = (corners[cy + 1, cx + 1, b] + corners[cy, cx, b]
+                                 - corners[cy + 1, cx, b] - corners[cy, cx + 1, b])
+                        value = max(value, np.float32(0.0)) + epsilon
+                        block[k] = value
+                        total += value
+                        k += 1
+            scale = np.float32(1.0) / total
+            column = columns[g]
+            for j in range(k):
+                out[rows[i], t, column + j] += math.sqrt(block[j] * scale)

@@ -27,7 +27,7 @@ GROUPS = {"trajectory": 30, "hog": 96, "hof": 108, "mbhx": 96, "mbhy": 96}
 #: orientation bins of each histogram group (HOF's last bin is the zero-flow bin)
 BINS = {"hog": 8, "hof": 9, "mbhx": 8, "mbhy": 8}
 FLOWS = ("farneback", "dis")
-KEYPOINTS = ("orb", "akaze", "corners")
+KEYPOINTS = ("orb", "sift", "corners")
 #: the release's ratio of neighbouring spatial scales
 SCALE_FACTOR = 1 / math.sqrt(2)
 #: the release's constants: a histogram cell's bins get EPSILON added before the L1
@@ -218,10 +218,13 @@ class ImprovedDenseTrajectories(DenseTrajectories):
 
     Parameters
     ----------
-    keypoints : {"orb", "akaze", "corners"}
-        Keypoints matched between frames for the homography, with the flow matches.
-    ransac_seed : int
-        Seed of OpenCV's random generator before each RANSAC (reproducible results).
+    keypoints : {"orb", "sift", "corners"}
+        Keypoints matched between frames for the homography, besides the flow's corner
+        matches: ORB (500 per frame, Hamming distance: the fastest detector with descriptors
+        in OpenCV's wheels, and what the release's ORB build uses), SIFT (500 per frame, L2
+        distance: float descriptors like the release's SURF, several times slower) or
+        corners (the flow's matches alone).  SURF is in neither the wheels nor Debian's
+        OpenCV; AKAZE left OpenCV 5's main modules.
     """
 
     takes_boxes = True
@@ -229,18 +232,16 @@ class ImprovedDenseTrajectories(DenseTrajectories):
     _parameter_constraints: dict = {
         **DenseTrajectories._parameter_constraints,
         "keypoints": [StrOptions(set(KEYPOINTS))],
-        "ransac_seed": [Interval(Integral, 0, None, closed="left")],
     }
 
     def __init__(self, step=5, n_scales=8, scale_factor=SCALE_FACTOR, quality=0.001,
                  track_length=15, patch_size=32, n_xy_cells=2, n_t_cells=3, flow="farneback",
-                 descriptors="trajectory,hog,hof,mbh", keypoints="orb", ransac_seed=0):
+                 descriptors="trajectory,hog,hof,mbh", keypoints="orb"):
         super().__init__(step=step, n_scales=n_scales, scale_factor=scale_factor,
                          quality=quality, track_length=track_length, patch_size=patch_size,
                          n_xy_cells=n_xy_cells, n_t_cells=n_t_cells, flow=flow,
                          descriptors=descriptors)
         self.keypoints = keypoints
-        self.ransac_seed = ransac_seed
 
 
 class _ScaleTracks:
@@ -326,24 +327,27 @@ def trajectory_shapes(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
 class CameraMotion:
     """The homography between two frames (the improved trajectories' camera motion).
 
-    Matches: keypoints of the previous and the current frame (ORB or AKAZE binary
-    descriptors, Hamming distance; each current keypoint's nearest previous one within 25 px
+    Matches: keypoints of the previous and the current frame (ORB, Hamming distance, or
+    SIFT, L2 distance; each current keypoint's nearest previous one within 25 px
     along x and y), plus Shi–Tomasi corners of the previous frame (at most 1000, quality
     0.001, 3 px apart) moved by the flow.  People's boxes are masked out of both.  With more
-    than 50 matches, a RANSAC homography (1 px reprojection threshold, confidence 0.995, at
-    most 2000 iterations, OpenCV's USAC with the seed ``seed``) is kept when it has more than
-    25 inliers; otherwise the identity.
+    than 50 matches, a RANSAC homography (OpenCV's ``findHomography``: 1 px reprojection
+    threshold, confidence 0.995, at most 2000 iterations, Levenberg–Marquardt on the inliers)
+    is kept when it has more than 25 inliers; otherwise the identity (the release's rules).
+
+    Reproducible: OpenCV's RANSAC draws its samples from a generator it seeds with a fixed
+    state at every call (``RNG((uint64)-1)`` in ``ptsetreg.cpp``), so equal matches give
+    equal homographies, whatever the global seed (``cv2.setRNGSeed`` has no effect on it).
+    OpenCV's USAC with a chosen seed was tried and left out: its homographies differ from the
+    classic RANSAC's by about 1 px at the frame corners, enough to change 15 % of the
+    trajectories of a clip against the release.
     """
 
-    def __init__(self, keypoints: str, seed: int):
-        self.seed = int(seed)
-        if keypoints == "orb":
-            self.detector = cv2.ORB_create(500)
-        elif keypoints == "akaze":
-            self.detector = cv2.AKAZE_create()
-        else:
-            self.detector = None
-        self.matcher = cv2.BFMatcher(cv2.NORM_HAMMING)
+    def __init__(self, keypoints: str):
+        self.detector = {"orb": lambda: cv2.ORB_create(500),
+                         "sift": lambda: cv2.SIFT_create(500),
+                         "corners": lambda: None}[keypoints]()
+        self.matcher = cv2.BFMatcher(cv2.NORM_L2 if keypoints == "sift" else cv2.NORM_HAMMING)
         self.previous = None
 
     def keypoints(self, grey: np.ndarray, mask: np.ndarray) -> None:
@@ -384,41 +388,36 @@ class CameraMotion:
         dst = np.concatenate([moved, kp]).astype(np.float32)
         if len(src) <= 50:
             return np.eye(3)
-        params = cv2.UsacParams()
-        params.randomGeneratorState = self.seed
-        params.threshold = 1.0
-        params.confidence = 0.995
-        params.maxIterations = 2000
-        params.sampler = cv2.SAMPLING_UNIFORM
-        params.score = cv2.SCORE_METHOD_RANSAC
-        params.loMethod = cv2.LOCAL_OPTIM_NULL
-        params.final_polisher = cv2.LSQ_POLISHER
-        found, inliers = cv2.findHomography(src, dst, params)
+        found, inliers = cv2.findHomography(src, dst, cv2.RANSAC, 1.0, maxIters=2000,
+                                            confidence=0.995)
         if found is None or inliers is None or int(inliers.sum()) <= 25:
             return np.eye(3)
         return found
 
 
-def orientation_integral(group: str, grey: np.ndarray, flow: np.ndarray) -> np.ndarray:
-    """The (H + 1, W + 1, bins) integral orientation histogram of one histogram group:
-    ``hog`` of the grey image's gradient, ``hof`` of the flow (with the zero bin), ``mbhx`` /
-    ``mbhy`` of the gradient of the flow's x / y component.  Gradients are central
-    differences ([−1, 0, 1], OpenCV's ``Sobel`` of size 1, edges reflected)."""
-    from featpipe.extract._trajectory_kernels import integral_histogram
+def orientation_integrals(grey: np.ndarray, flow: np.ndarray) -> np.ndarray:
+    """The (H + 1, W + 1, 36) integral orientation histograms of one scale, 9 channels per
+    group in :data:`BINS` order: ``hog`` of the grey image's gradient, ``hof`` of the flow
+    (with the zero bin), ``mbhx`` / ``mbhy`` of the gradient of the flow's x / y component.
+    Gradients are central differences ([−1, 0, 1], OpenCV's ``Sobel`` of size 1, edges
+    reflected); angles and magnitudes by ``cv2.cartToPolar`` (its angle is the release's
+    ``fastAtan2`` polynomial, within 0.3°)."""
+    from featpipe.extract._trajectory_kernels import GROUP_CHANNELS, integral_histograms
 
     height, width = grey.shape
-    if group == "hog":
-        x = cv2.Sobel(grey, cv2.CV_32F, 1, 0, ksize=1)
-        y = cv2.Sobel(grey, cv2.CV_32F, 0, 1, ksize=1)
-    elif group == "hof":
-        x, y = np.ascontiguousarray(flow[..., 0]), np.ascontiguousarray(flow[..., 1])
-    else:
-        component = np.ascontiguousarray(flow[..., 0 if group == "mbhx" else 1])
-        x = cv2.Sobel(component, cv2.CV_32F, 1, 0, ksize=1)
-        y = cv2.Sobel(component, cv2.CV_32F, 0, 1, ksize=1)
-    integral = np.empty((height + 1, width + 1, BINS[group]), np.float32)
-    integral_histogram(x, y, 8, MIN_FLOW if group == "hof" else -1.0, integral)
-    return integral
+    x = np.empty((4, height, width), np.float32)
+    y = np.empty((4, height, width), np.float32)
+    flow_x, flow_y = cv2.split(flow)
+    for plane, image in ((0, grey), (2, flow_x), (3, flow_y)):
+        cv2.Sobel(image, cv2.CV_32F, 1, 0, dst=x[plane], ksize=1)
+        cv2.Sobel(image, cv2.CV_32F, 0, 1, dst=y[plane], ksize=1)
+    x[1], y[1] = flow_x, flow_y
+    magnitude, angle = cv2.cartToPolar(x.reshape(4 * height, width),
+                                       y.reshape(4 * height, width), angleInDegrees=True)
+    out = np.empty((height + 1, width + 1, GROUP_CHANNELS), np.float32)
+    integral_histograms(magnitude.reshape(4, height, width), angle.reshape(4, height, width),
+                        np.float32(MIN_FLOW), out)
+    return out
 
 
 def people_mask(height: int, width: int, boxes: np.ndarray | None) -> np.ndarray:
@@ -485,9 +484,14 @@ class Tracker:
             self.columns[name] = width_sum
             width_sum += BINS[name] * block
         self.block_width = width_sum
+        order = list(BINS)
+        self.kernel_groups = (
+            np.array([9 * order.index(name) for name in self.histograms], np.intp),
+            np.array([BINS[name] for name in self.histograms], np.intp),
+            np.array([self.columns[name] for name in self.histograms], np.intp))
         self.camera = None
         if isinstance(estimator, ImprovedDenseTrajectories):
-            self.camera = CameraMotion(estimator.keypoints, estimator.ransac_seed)
+            self.camera = CameraMotion(estimator.keypoints)
             self.grid = np.meshgrid(np.arange(width, dtype=np.float64),
                                     np.arange(height, dtype=np.float64))
         stride = 1 / float(estimator.scale_factor)
@@ -579,18 +583,15 @@ class Tracker:
             return None
         steps = tracks.steps[rows]
         if self.histograms:
-            integrals = {name: orientation_integral(name, prev_level, descriptor_flow)
-                         for name in self.histograms}
+            integrals = orientation_integrals(prev_level, descriptor_flow)
             half = self.patch // 2
             left = np.clip(xi - half, 0, width - self.patch)
             top = np.clip(yi - half, 0, height - self.patch)
             cell = self.patch // self.n_cells
             time_cell = np.where(steps < self.n_t_cells * self.t_stride,
                                  steps // self.t_stride, -1).astype(np.intp)
-            for name in self.histograms:
-                accumulate_cells(integrals[name], rows, left, top, cell, self.n_cells,
-                                 time_cell, np.float32(EPSILON), tracks.sums,
-                                 self.columns[name])
+            accumulate_cells(integrals, *self.kernel_groups, rows, left, top, cell,
+                             self.n_cells, time_cell, np.float32(EPSILON), tracks.sums)
         if tracks.displacements is not None:
             tracks.displacements[rows, steps] = descriptor_flow[yi, xi]
         tracks.points[rows, steps + 1] = moved

