@@ -189,8 +189,10 @@ def parse_release(path: str) -> np.ndarray:
 
 
 def featpipe_child(kind: str, avi: str, out: str) -> None:
-    """(In a child process on one core.) Stream the clip through featpipe's tracker; save
-    descriptors, positions and end frames; print timing and memory as JSON."""
+    """(In a child process on one core.) Stream the clip through featpipe's tracker, each
+    frame's trajectories written to disk as they come (nothing accumulates in memory, as with
+    the release printing its lines); then save descriptors, positions and end frames as .npz
+    and print timing and memory as JSON."""
     import cv2
 
     from featpipe.extract.trajectories import DenseTrajectories, ImprovedDenseTrajectories
@@ -207,24 +209,29 @@ def featpipe_child(kind: str, avi: str, out: str) -> None:
     with open("/proc/self/clear_refs", "w") as f:  # reset the peak RSS (VmHWM)
         f.write("5")
     rss_before = _status_kib("VmRSS")
-    descriptors, positions, frames = [], [], []
     start = time.perf_counter()
     cpu_start = time.process_time()
     index = 0
-    while True:
-        ok, frame = capture.read()
-        if not ok:
-            break
-        result = tracker.add(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
-        descriptors.append(result.descriptors)
-        positions.append(result.positions)
-        frames.append(np.full(len(result.positions), index, np.int32))
-        index += 1
+    with open(out + ".desc", "wb") as desc_file, open(out + ".pos", "wb") as pos_file:
+        while True:
+            ok, frame = capture.read()
+            if not ok:
+                break
+            result = tracker.add(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+            result.descriptors.astype(np.float32).tofile(desc_file)
+            rows = np.column_stack([result.positions.astype(np.float32),
+                                    np.full(len(result.positions), index, np.float32)])
+            rows.tofile(pos_file)
+            index += 1
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu_start
     peak = _status_kib("VmHWM")
-    np.savez(out, descriptors=np.concatenate(descriptors), positions=np.concatenate(positions),
-             frames=np.concatenate(frames))
+    positions = np.fromfile(out + ".pos", np.float32).reshape(-1, 4)
+    descriptors = np.fromfile(out + ".desc", np.float32).reshape(-1, estimator.n_features)
+    np.savez(out, descriptors=descriptors,
+             positions=positions[:, :3], frames=positions[:, 3].astype(np.int32))
+    os.remove(out + ".desc")
+    os.remove(out + ".pos")
     print(json.dumps({"loop_wall": wall, "loop_cpu": cpu, "frames": index, "warm_up_cpu": warm_cpu,
                       "rss_growth_mib": (peak - rss_before) / 1024}))
 
