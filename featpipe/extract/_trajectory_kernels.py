@@ -157,6 +157,36 @@ def integral_histograms(magnitude, angle, zero_threshold, out):
                 out[y + 1, x + 1, b] = out[y, x + 1, b] + row[b]
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _add_blocks(integral, channels, bins, columns, left, top, cell, n_cells, epsilon, out,
+                corners, block):
+    """Add one point's normalised blocks (corner (left, top)) to ``out`` (one time cell)."""
+    n_corners = n_cells + 1
+    for cy in range(n_corners):
+        for cx in range(n_corners):
+            source = integral[top + cy * cell, left + cx * cell]
+            for b in range(GROUP_CHANNELS):
+                corners[cy, cx, b] = source[b]
+    for g in range(channels.shape[0]):
+        first = channels[g]
+        n_bins = bins[g]
+        k = 0
+        total = np.float32(0.0)
+        for cx in range(n_cells):
+            for cy in range(n_cells):
+                for b in range(first, first + n_bins):
+                    value = (corners[cy + 1, cx + 1, b] + corners[cy, cx, b]
+                             - corners[cy + 1, cx, b] - corners[cy, cx + 1, b])
+                    value = max(value, np.float32(0.0)) + epsilon
+                    block[k] = value
+                    total += value
+                    k += 1
+        scale = np.float32(1.0) / total
+        column = columns[g]
+        for j in range(k):
+            out[column + j] += np.sqrt(block[j] * scale)
+
+
 @numba.njit(cache=True, nogil=True)
 def accumulate_cells(integral, channels, bins, columns, rows, left, top, cell, n_cells,
                      time_cell, epsilon, out):
@@ -167,33 +197,50 @@ def accumulate_cells(integral, channels, bins, columns, rows, left, top, cell, n
     The block's corner is (``left[i]``, ``top[i]``) in pixels; cell (cx, cy) covers
     ``cell`` × ``cell`` pixels from (left + cx·cell, top + cy·cell); entries run over cx, then
     cy, then the bins (the release's order).  The (n_cells + 1)² corners are read once."""
-    n_corners = n_cells + 1
-    corners = np.empty((n_corners, n_corners, GROUP_CHANNELS), dtype=np.float32)
+    corners = np.empty((n_cells + 1, n_cells + 1, GROUP_CHANNELS), dtype=np.float32)
     block = np.empty(n_cells * n_cells * CHANNELS, dtype=np.float32)
     for i in range(left.shape[0]):
-        t = time_cell[i]
-        if t < 0:
+        if time_cell[i] >= 0:
+            _add_blocks(integral, channels, bins, columns, left[i], top[i], cell, n_cells,
+                        epsilon, out[rows[i], time_cell[i]], corners, block)
+
+
+@numba.njit(cache=True, nogil=True)
+def advance_tracks(points, steps, flow, descriptor_flow, displacements, integral, channels,
+                   bins, columns, patch, n_cells, t_stride, n_t_cells, epsilon, sums, alive):
+    """One frame of every live track of a scale (``alive``): the point p = ``points[i,
+    steps[i]]`` moves to
+    p + flow(round(p)) (rounded half to even and clamped to the frame, as ``cvRound``); a
+    track whose new point is not strictly inside the frame is no longer ``alive``.  The others
+    add their blocks at p (corner round(p) − patch/2 clamped into the frame) to their time
+    cell of ``sums``, record ``descriptor_flow`` at round(p) in ``displacements`` (when it has
+    rows), append the new point and count the step."""
+    height, width = flow.shape[0], flow.shape[1]
+    half = patch // 2
+    cell = patch // n_cells
+    corners = np.empty((n_cells + 1, n_cells + 1, GROUP_CHANNELS), dtype=np.float32)
+    block = np.empty(n_cells * n_cells * CHANNELS, dtype=np.float32)
+    for i in range(steps.shape[0]):
+        if not alive[i]:
             continue
-        for cy in range(n_corners):
-            for cx in range(n_corners):
-                source = integral[top[i] + cy * cell, left[i] + cx * cell]
-                for b in range(GROUP_CHANNELS):
-                    corners[cy, cx, b] = source[b]
-        for g in range(channels.shape[0]):
-            first = channels[g]
-            n_bins = bins[g]
-            k = 0
-            total = np.float32(0.0)
-            for cx in range(n_cells):
-                for cy in range(n_cells):
-                    for b in range(first, first + n_bins):
-                        value = (corners[cy + 1, cx + 1, b] + corners[cy, cx, b]
-                                 - corners[cy + 1, cx, b] - corners[cy, cx + 1, b])
-                        value = max(value, np.float32(0.0)) + epsilon
-                        block[k] = value
-                        total += value
-                        k += 1
-            scale = np.float32(1.0) / total
-            column = columns[g]
-            for j in range(k):
-                out[rows[i], t, column + j] += math.sqrt(block[j] * scale)
+        s = steps[i]
+        px = points[i, s, 0]
+        py = points[i, s, 1]
+        xi = min(max(int(np.rint(px)), 0), width - 1)
+        yi = min(max(int(np.rint(py)), 0), height - 1)
+        mx = px + flow[yi, xi, 0]
+        my = py + flow[yi, xi, 1]
+        if not (mx > 0 and mx < width and my > 0 and my < height):
+            alive[i] = False
+            continue
+        if s < n_t_cells * t_stride and channels.shape[0] > 0:
+            left = min(max(xi - half, 0), width - patch)
+            top = min(max(yi - half, 0), height - patch)
+            _add_blocks(integral, channels, bins, columns, left, top, cell, n_cells, epsilon,
+                        sums[i, s // t_stride], corners, block)
+        if displacements.shape[0] > 0:
+            displacements[i, s, 0] = descriptor_flow[yi, xi, 0]
+            displacements[i, s, 1] = descriptor_flow[yi, xi, 1]
+        points[i, s + 1, 0] = mx
+        points[i, s + 1, 1] = my
+        steps[i] = s + 1

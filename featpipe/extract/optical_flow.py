@@ -17,9 +17,10 @@ computed once per scale and serves two frame pairs, and the flow of every scale 
   solved per pixel; then a 5×5 median filter of each component (Wang et al., IJCV 2013, §3.1),
   which is the flow kept for the scale and passed to the next one.
 
-:class:`DISPyramid` (``flow="dis"``): OpenCV's DIS flow (Kroeger et al., ECCV 2016) on the full
-frame, resized to each scale (area interpolation) and divided by its scale, then the same median
-filter: one flow computation per frame pair in place of a pyramid of Farnebäck iterations.
+:class:`DISPyramid` (``flow="dis"``): OpenCV's DIS flow (Kroeger et al., ECCV 2016, fast
+preset) on the full frame, resized to each scale (area interpolation) and divided by it, then
+the same median filter: one flow computation per frame pair in place of a pyramid of Farnebäck
+iterations.
 """
 
 from __future__ import annotations
@@ -43,11 +44,8 @@ def smoothed_pyramid(grey: np.ndarray, sizes: list[tuple[int, int]], scales: lis
 
 
 def median_flow(flow: np.ndarray) -> np.ndarray:
-    """A 5×5 median filter of each flow component."""
-    out = np.empty_like(flow)
-    out[..., 0] = cv2.medianBlur(np.ascontiguousarray(flow[..., 0]), 5)
-    out[..., 1] = cv2.medianBlur(np.ascontiguousarray(flow[..., 1]), 5)
-    return out
+    """A 5×5 median filter of each flow component (OpenCV's filters each channel apart)."""
+    return cv2.medianBlur(flow, 5)
 
 
 class FarnebackPyramid:
@@ -140,13 +138,10 @@ class DISPyramid:
     def flow(self, previous: np.ndarray, current: np.ndarray) -> list[np.ndarray]:
         """(h_k, w_k, 2) flow from the previous frame to the current one at every scale."""
         full = self.dis.calc(previous, current, None)
-        flows = []
-        for (height, width), scale in zip(self.sizes, self.scales, strict=True):
-            if scale == 1:
-                flow = full
-            else:
-                flow = cv2.resize(full, (width, height), interpolation=cv2.INTER_AREA)
-                flow *= np.float32(1 / scale)
+        flows = [median_flow(full)]
+        for (height, width), scale in zip(self.sizes[1:], self.scales[1:], strict=True):
+            flow = cv2.resize(full, (width, height), interpolation=cv2.INTER_AREA)
+            flow *= np.float32(1 / scale)
             flows.append(median_flow(flow))
         return flows
 

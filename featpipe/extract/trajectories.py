@@ -245,38 +245,48 @@ class ImprovedDenseTrajectories(DenseTrajectories):
 
 
 class _ScaleTracks:
-    """The trajectories being tracked at one scale: points (N, L + 1, 2) in the scale's
-    pixels, how many steps each has made, its histogram sums per time cell and (idt) its
-    camera-compensated displacements (N, L, 2).  ``alive`` marks the tracks kept after the
-    last step; :meth:`renew` drops the others and appends new ones (one copy per frame)."""
+    """The trajectories being tracked at one scale, in slots: points (C, L + 1, 2) in the
+    scale's pixels, how many steps each has made, its histogram sums per time cell and (idt)
+    its camera-compensated displacements (C, L, 2); ``alive`` marks the slots in use.  New
+    tracks take the lowest free slots (the capacity doubles when none is left), so nothing
+    is copied from frame to frame."""
 
     def __init__(self, length: int, n_t_cells: int, width: int, camera: bool):
         self.points = np.zeros((0, length + 1, 2), np.float32)
         self.steps = np.zeros(0, np.intp)
         self.sums = np.zeros((0, n_t_cells, width), np.float32)
-        self.displacements = np.zeros((0, length, 2), np.float32) if camera else None
-        self.alive = np.ones(0, bool)
+        self.displacements = np.zeros((0, length, 2), np.float32)   # no rows for dt
+        self.camera = camera
+        self.alive = np.zeros(0, bool)
 
     def current(self) -> np.ndarray:
-        """(M, 2) last points of the tracks still alive."""
+        """(M, 2) last points of the live tracks."""
         rows = np.flatnonzero(self.alive)
         return self.points[rows, self.steps[rows]]
 
     def renew(self, points: np.ndarray) -> None:
-        """Keep the live tracks and start new ones at ``points`` (M, 2)."""
-        n, alive = len(points), self.alive
-        arrays = [self.points, self.steps, self.sums, self.displacements]
-        out = []
-        for array in arrays:
-            if array is None:
-                out.append(None)
-                continue
-            kept = array if alive.all() else array[alive]
-            new = np.zeros((n,) + array.shape[1:], array.dtype)
-            out.append(np.concatenate([kept, new]))
-        self.points, self.steps, self.sums, self.displacements = out
-        self.points[len(self.points) - n:, 0] = points
-        self.alive = np.ones(len(self.steps), bool)
+        """Start new tracks at ``points`` (M, 2) in free slots."""
+        free = np.flatnonzero(~self.alive)
+        if len(free) < len(points):
+            grow = max(len(self.alive), len(points) - len(free), 64)
+            self.points = np.concatenate([self.points, np.zeros((grow,) + self.points.shape[1:],
+                                                                np.float32)])
+            self.steps = np.concatenate([self.steps, np.zeros(grow, np.intp)])
+            self.sums = np.concatenate([self.sums, np.zeros((grow,) + self.sums.shape[1:],
+                                                            np.float32)])
+            if self.camera:
+                self.displacements = np.concatenate([
+                    self.displacements,
+                    np.zeros((grow,) + self.displacements.shape[1:], np.float32)])
+            self.alive = np.concatenate([self.alive, np.zeros(grow, bool)])
+            free = np.flatnonzero(~self.alive)
+        slots = free[:len(points)]
+        self.points[slots, 0] = points
+        self.steps[slots] = 0
+        self.sums[slots] = 0
+        if self.camera:
+            self.displacements[slots] = 0
+        self.alive[slots] = True
 
 
 def dense_sample(grey: np.ndarray, points: np.ndarray, step: int, quality: float
@@ -395,26 +405,35 @@ class CameraMotion:
         return found
 
 
-def orientation_integrals(grey: np.ndarray, flow: np.ndarray) -> np.ndarray:
+def orientation_integrals(grey: np.ndarray, flow: np.ndarray, work: dict | None = None
+                          ) -> np.ndarray:
     """The (H + 1, W + 1, 36) integral orientation histograms of one scale, 9 channels per
     group in :data:`BINS` order: ``hog`` of the grey image's gradient, ``hof`` of the flow
     (with the zero bin), ``mbhx`` / ``mbhy`` of the gradient of the flow's x / y component.
     Gradients are central differences ([−1, 0, 1], OpenCV's ``Sobel`` of size 1, edges
     reflected); angles and magnitudes by ``cv2.cartToPolar`` (its angle is the release's
-    ``fastAtan2`` polynomial, within 0.3°)."""
+    ``fastAtan2`` polynomial, within 0.3°).  ``work`` keeps the arrays for the next call
+    of the same size (the result is one of them: it is overwritten then)."""
     from featpipe.extract._trajectory_kernels import GROUP_CHANNELS, integral_histograms
 
     height, width = grey.shape
-    x = np.empty((4, height, width), np.float32)
-    y = np.empty((4, height, width), np.float32)
+    work = {} if work is None else work
+    if work.get("shape") != (height, width):
+        work.clear()
+        work["shape"] = (height, width)
+        for name in ("x", "y", "magnitude", "angle"):
+            work[name] = np.empty((4 * height, width), np.float32)
+        work["out"] = np.empty((height + 1, width + 1, GROUP_CHANNELS), np.float32)
+    x = work["x"].reshape(4, height, width)
+    y = work["y"].reshape(4, height, width)
     flow_x, flow_y = cv2.split(flow)
     for plane, image in ((0, grey), (2, flow_x), (3, flow_y)):
         cv2.Sobel(image, cv2.CV_32F, 1, 0, dst=x[plane], ksize=1)
         cv2.Sobel(image, cv2.CV_32F, 0, 1, dst=y[plane], ksize=1)
     x[1], y[1] = flow_x, flow_y
-    magnitude, angle = cv2.cartToPolar(x.reshape(4 * height, width),
-                                       y.reshape(4 * height, width), angleInDegrees=True)
-    out = np.empty((height + 1, width + 1, GROUP_CHANNELS), np.float32)
+    magnitude, angle = cv2.cartToPolar(work["x"], work["y"], magnitude=work["magnitude"],
+                                       angle=work["angle"], angleInDegrees=True)
+    out = work["out"]
     integral_histograms(magnitude.reshape(4, height, width), angle.reshape(4, height, width),
                         np.float32(MIN_FLOW), out)
     return out
@@ -425,7 +444,7 @@ def people_mask(height: int, width: int, boxes: np.ndarray | None) -> np.ndarray
     mask = np.ones((height, width), np.uint8)
     if boxes is None:
         return mask
-    for x1, y1, x2, y2 in np.asarray(boxes, np.float64).reshape(-1, 4)[:, :4]:
+    for x1, y1, x2, y2 in np.atleast_2d(np.asarray(boxes, np.float64))[:, :4]:
         top, left = max(int(math.ceil(y1)), 0), max(int(math.ceil(x1)), 0)
         bottom, right = min(int(math.floor(y2)), height - 1), min(int(math.floor(x2)), width - 1)
         if bottom >= top and right >= left:
@@ -497,6 +516,7 @@ class Tracker:
         stride = 1 / float(estimator.scale_factor)
         self.flow_engine = (DISPyramid(self.sizes, self.scales) if estimator.flow == "dis"
                             else FarnebackPyramid(self.sizes, self.scales, stride))
+        self.work: list[dict] = [{} for _ in self.scales]
         self.tracks = [_ScaleTracks(self.length, self.n_t_cells, self.block_width,
                                     self.camera is not None) for _ in self.scales]
         self.frame = 0
@@ -563,47 +583,25 @@ class Tracker:
         """Move the tracks of scale k by one frame (those leaving the frame end, unseen), add
         their descriptors at their previous points, and return the valid ones that reach
         ``track_length`` steps: (descriptors, positions) or None."""
-        from featpipe.extract._trajectory_kernels import accumulate_cells
+        from featpipe.extract._trajectory_kernels import advance_tracks
 
-        n = len(tracks.steps)
-        if not n:
+        if not tracks.alive.any():
             return None
-        height, width = prev_level.shape
-        points = tracks.points[np.arange(n), tracks.steps]
-        xi = np.clip(np.rint(points[:, 0]), 0, width - 1).astype(np.intp)
-        yi = np.clip(np.rint(points[:, 1]), 0, height - 1).astype(np.intp)
-        moved = points + flow[yi, xi]
-        inside = ((moved[:, 0] > 0) & (moved[:, 0] < width) & (moved[:, 1] > 0)
-                  & (moved[:, 1] < height))
-        rows = np.flatnonzero(inside)
-        if len(rows) < n:
-            points, moved, xi, yi = points[rows], moved[rows], xi[rows], yi[rows]
-        tracks.alive = inside
-        if not len(rows):
-            return None
-        steps = tracks.steps[rows]
-        if self.histograms:
-            integrals = orientation_integrals(prev_level, descriptor_flow)
-            half = self.patch // 2
-            left = np.clip(xi - half, 0, width - self.patch)
-            top = np.clip(yi - half, 0, height - self.patch)
-            cell = self.patch // self.n_cells
-            time_cell = np.where(steps < self.n_t_cells * self.t_stride,
-                                 steps // self.t_stride, -1).astype(np.intp)
-            accumulate_cells(integrals, *self.kernel_groups, rows, left, top, cell,
-                             self.n_cells, time_cell, np.float32(EPSILON), tracks.sums)
-        if tracks.displacements is not None:
-            tracks.displacements[rows, steps] = descriptor_flow[yi, xi]
-        tracks.points[rows, steps + 1] = moved
-        tracks.steps[rows] = steps + 1
-        ended = rows[steps + 1 >= self.length]
+        integrals = (orientation_integrals(prev_level, descriptor_flow, self.work[k])
+                     if self.histograms
+                     else np.zeros((1, 1, 36), np.float32))
+        advance_tracks(tracks.points, tracks.steps, flow, descriptor_flow,
+                       tracks.displacements, integrals, *self.kernel_groups, self.patch,
+                       self.n_cells, self.t_stride, self.n_t_cells, np.float32(EPSILON),
+                       tracks.sums, tracks.alive)
+        ended = np.flatnonzero(tracks.alive & (tracks.steps >= self.length))
         if not len(ended):
             return None
         tracks.alive[ended] = False
         scale = np.float32(self.scales[k])
         points = tracks.points[ended] * scale
         valid, shape, mean = trajectory_shapes(points)
-        if tracks.displacements is not None:
+        if tracks.camera:
             moves = tracks.displacements[ended] * scale
             magnitude = np.sqrt((moves ** 2).sum(axis=2))
             valid &= magnitude.max(axis=1) > CAMERA_MIN_MOVE

@@ -17,6 +17,7 @@ from featpipe.extract.trajectories import (
     dense_sample,
     orientation_integrals,
     parse_descriptors,
+    people_mask,
     trajectory_shapes,
 )
 
@@ -203,6 +204,10 @@ def test_human_boxes_are_taken_and_checked(texture):
     boxes = [np.array([[10.2, 5.0, 30.0, 40.7]], np.float32)] * len(frames)
     descriptors, _, _ = run(ImprovedDenseTrajectories(), frames, boxes)
     assert descriptors.shape[1] == 426
+    # the release's lines carry a confidence: a fifth column is ignored
+    mask = people_mask(48, 64, np.array([[10.2, 5.0, 30.0, 40.7, 0.9], [-5, -5, 2.5, 1, 1]]))
+    assert mask[5:41, 11:31].sum() == 0 and mask[:2, :3].sum() == 0
+    assert mask.sum() == 48 * 64 - 36 * 20 - 2 * 3
 
 
 def test_selected_groups_are_the_columns_of_all_groups(texture):
