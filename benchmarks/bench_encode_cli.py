@@ -1,10 +1,11 @@
 """The same hrp job in process and through the command line: what a CLI job costs on top.
 
-Ten (``--sequences``; issue 30 §2: 100) 300 × 4096 float32 sequences (non-negative smooth walks, like ReLU fc6) are imported into
-a store; ``HierarchicalRankPooling().transform`` encodes them in this process (after a
-warm-up), then ``featpipe encode --method hrp`` encodes them in a fresh process; a third
-process only imports what that command imports.  Prints wall and CPU seconds (the CPU time
-of the child processes from ``getrusage``) and the ratio CLI / in-process.
+Ten (``--sequences``; issue 30 §2 asks 100) 300 × 4096 float32 sequences (non-negative
+smooth walks, like ReLU fc6) are imported into a store; ``HierarchicalRankPooling().transform``
+encodes them in this process (after a warm-up), then ``featpipe encode --method hrp`` encodes
+them in a fresh process; a third process only imports what that command imports.  Prints
+wall and CPU seconds (the CPU time of the child processes from ``getrusage``) and the ratio
+CLI / in-process.
 
     python benchmarks/bench_encode_cli.py [--sequences 10] [--repeats 3]
 """
