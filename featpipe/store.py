@@ -504,6 +504,8 @@ class Stage:
                 with contextlib.suppress(OSError):
                     stale.unlink()
         marker = folder / f"{HOST}-{os.getpid()}"
+        if str(marker) in Stage._held and marker.exists():
+            return  # marked (and locked) already by this process
         with writing(marker):
             handle = open(marker, "a+b")  # noqa: SIM115 - held until unmark_running
         with contextlib.suppress(OSError):

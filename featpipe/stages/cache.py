@@ -458,7 +458,8 @@ class GcResult:
 
 def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
        reporter: Reporter | None = None) -> GcResult:
-    """Remove unnamed stages that no named stage needs and stale temporary files.
+    """Remove unnamed stages that no named stage needs, what killed commands left
+    (:func:`_leftovers`) and stale temporary files.
 
     A stage is needed when a name, the marker of an unfinished named run
     (``names/.running/NAME``, also after its process was killed) or a live process computing
@@ -498,8 +499,12 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
         store, [s for s in stages if s.path not in removed], min_age)
     for path, what in leftovers:
         size = _size_and_files(path)[0] if path.is_dir() else path.stat().st_size
-        if not dry_run:
-            _remove_folder(path) if path.is_dir() else _remove_file(path)
+        if dry_run:
+            pass
+        elif path.is_dir():
+            _remove_folder(path)
+        else:
+            _remove_file(path)
         freed += size
         reporter.info(f"{verb} {what} {path}")
     tmp_files = 0

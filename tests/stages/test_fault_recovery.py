@@ -164,7 +164,13 @@ def test_a_marker_whose_pid_lives_but_holds_no_lock_is_stale(tmp_path):
         (stage.path / "running" / f"{HOST}-{other.pid}").touch()
         assert stage.running_processes() == []
         stage.mark_running()
+        stage.mark_running()  # twice (nested runs): the lock stays held
         assert stage.running_processes() == [f"{HOST}-{os.getpid()}"]
+        seen = subprocess.run(  # another process of this host sees this one computing it
+            [sys.executable, "-c", "import sys; from featpipe.store import Stage; "
+             "print(Stage(sys.argv[1]).running_processes())", str(stage.path)],
+            env=cli_env(), capture_output=True, text=True, timeout=120)
+        assert seen.stdout.strip() == str([f"{HOST}-{os.getpid()}"]), seen.stderr
         stage.unmark_running()
         assert gc(Store(tmp_path / "s"), min_age=0).removed == [stage.path]
     finally:
