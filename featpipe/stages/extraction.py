@@ -239,7 +239,7 @@ def _encoder_plan(store, settings: ExtractSettings, outputs, shape, chain):
         given.setdefault("device", settings.device)
     params, models = method_models(store, chosen, given)
     encoder = chosen.build(dict(params), models)
-    _check_projections(method, given, models, encoder, dim, *chain)
+    _check_projections(method, given, models, encoder, dim, chain)
     try:
         code_dim, per_frame = encoded_size(encoder, dim)
     except FeatpipeError as err:  # e.g. a GMM fitted on other descriptors
@@ -252,16 +252,17 @@ def _encoder_plan(store, settings: ExtractSettings, outputs, shape, chain):
     return outputs, layout, models, {"method": method, **params}
 
 
-def _check_projections(method, given, models, encoder, dim, features, feature_dim,
-                       pca, groups) -> None:
+def _check_projections(method, given, models, encoder, dim, chain) -> None:
     """The chain features -> ``--pca`` -> the encoder, checked before any work: a model stage
     that carries its own PCA (``fit gmm --pca/--pca-dim``) projects the raw features itself,
     so ``--pca`` as well would project them twice; a model fitted on projected descriptors
     needs ``--pca``; a model of descriptor groups (``fit gmm --groups``,
     ``encoder.input_groups``) needs the raw rows of the same ``groups``.
-    ``encoder.input_dim`` (when it has one) is what the encoder takes."""
+    ``encoder.input_dim`` (when it has one) is what the encoder takes; ``chain`` is (the
+    features' name, their dimension, the ``--pca`` stage, their groups or None)."""
     from featpipe.extract.pca import MODEL_NAME, PCAProjection
 
+    features, feature_dim, pca, groups = chain
     wanted = getattr(encoder, "input_groups", None)
     if wanted is not None and (pca is not None or groups != wanted):
         names = ", ".join(f"{key} {given.get(key)}" for key in models)

@@ -124,8 +124,8 @@ def test_usage_errors(small_set, tmp_path, cli):
 #: every flag `featpipe extract` has had for its sampling and run settings
 SETTINGS_FLAGS = ["--fps", "--every", "--frames", "--device", "--batch-size", "--dtype",
                   "--positions", "--no-positions", "--pca", "--encode", "--sample-descriptors",
-                  "--sample-seed", "--allow-partial", "--disk-check", "--no-disk-check",
-                  "--decoder", "--decode-timeout"]
+                  "--sample-seed", "--human-boxes", "--allow-partial", "--disk-check",
+                  "--no-disk-check", "--decoder", "--decode-timeout"]
 
 
 def test_settings_options_are_generated_from_the_declarations():
@@ -137,8 +137,9 @@ def test_settings_options_are_generated_from_the_declarations():
     declared = record_parameters(Sampling) + record_parameters(ExtractSettings)
     assert [p.name for p in declared] == [
         "fps", "every", "frames", "device", "batch_size", "dtype", "positions", "pca",
-        "encode", "sample_descriptors", "sample_seed", "allow_partial", "disk_check",
-        "decoder", "decode_timeout"]  # encode_params: the --encode method's own options
+        "encode", "sample_descriptors", "sample_seed", "human_boxes", "allow_partial",
+        "disk_check", "decoder",
+        "decode_timeout"]  # encode_params: the --encode method's own options
     for param in declared:
         option = options[param.name]
         assert (option.default, option.help) == (param.default, param.help)
