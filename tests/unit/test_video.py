@@ -342,3 +342,17 @@ def test_a_video_info_is_what_the_container_says_and_never_changes(tmp_path):
         info.fps = 10.0
     with pytest.raises(AttributeError):
         Sampling(fps=1.0).fps = 2.0
+
+
+def test_in_flight_names_each_item_being_decoded_and_its_worker(tmp_path):
+    path = write_video(tmp_path / "v.mp4", n_frames=25, fps=25.0)
+    with DecodePool(workers=1) as pool:
+        pool.submit([("v", path)], Sampling(every=5))
+        events = pool.poll(0.0)  # dispatched: the worker has it now
+        seen = pool.in_flight()
+        pids = {worker.pid for worker in pool.workers}
+        while pool.busy:
+            events += pool.poll(5.0)
+        assert pool.in_flight() == {}
+    assert list(seen) == ["v"] and seen["v"] in pids
+    assert frame_counts(events) == {"v": 5}
