@@ -4,7 +4,26 @@ Dense trajectories (Wang, Kläser, Schmid, Liu, IJCV 2013) and their improved ve
 Schmid, ICCV 2013), re-implemented from the papers and the behaviour of the authors' releases
 (DT v1.2 ``DenseTrack``, the improved ``DenseTrackStab``); no code of theirs is used.
 
-Work in progress: the API (parameters, groups, shapes); the algorithm follows.
+Per video, :meth:`DenseTrajectories.start` gives a :class:`Tracker`; each frame given to
+:meth:`Tracker.add` returns the trajectories that end there:
+
+* scales s_k = (1/``scale_factor``)^k while the shorter side / s_k >= ``patch_size``; the grey
+  frame resized bilinearly from scale to scale;
+* points every ``step`` px where the minimum eigenvalue of the structure tensor exceeds
+  ``quality`` × its frame maximum, in grid cells with no tracked point (first frame, then
+  every frame: :func:`dense_sample`);
+* p_{t+1} = p_t + ω_t(round(p_t)), ω the median-filtered flow of the scale
+  (:mod:`featpipe.extract.optical_flow`); a point leaving the frame ends its track unseen;
+* after ``track_length`` steps the track is pruned (:func:`trajectory_shapes`) or emitted:
+  shape Δp / Σ‖Δp‖, and per frame the HOG, HOF, MBHx, MBHy blocks of ``n_xy_cells``² cells
+  of a ``patch_size`` square at p_t (integral histograms, bins + 0.05, L1 then square root),
+  averaged over each of ``n_t_cells`` time cells;
+* ``idt`` (:class:`CameraMotion`): a homography per frame pair by RANSAC on keypoint and flow
+  matches, people's boxes masked; the flow against the warped frame gives HOF, MBH and the
+  shape, and drops tracks whose compensated steps are all <= 1 px.
+
+The definitions in full: docs/methods.md; the choices and the differences from the release:
+docs/extraction.md.
 """
 
 from __future__ import annotations
