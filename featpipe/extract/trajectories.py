@@ -442,7 +442,7 @@ def orientation_integrals(grey: np.ndarray, flow: np.ndarray, work: dict | None 
 def people_mask(height: int, width: int, boxes: np.ndarray | None) -> np.ndarray:
     """uint8 mask, 0 inside the boxes (x1, y1, x2, y2; pixels ⌈x1⌉..⌊x2⌋ inclusive)."""
     mask = np.ones((height, width), np.uint8)
-    if boxes is None:
+    if boxes is None or not np.size(boxes):
         return mask
     for x1, y1, x2, y2 in np.atleast_2d(np.asarray(boxes, np.float64))[:, :4]:
         top, left = max(int(math.ceil(y1)), 0), max(int(math.ceil(x1)), 0)
@@ -537,17 +537,25 @@ class Tracker:
         """Track one (H, W, 3) uint8 RGB frame; ``boxes`` (B, 4) x1, y1, x2, y2 of people
         (idt: left out of the homography).  Returns the trajectories ending at this frame."""
         frame = np.asarray(rgb_frame)
-        if frame.shape[:2] != (self.height, self.width):
-            raise InputError(f"frame {self.frame} is {frame.shape[1]}x{frame.shape[0]}, the "
-                             f"video's first was {self.width}x{self.height}")
+        if frame.ndim < 2 or frame.shape[:2] != (self.height, self.width):
+            raise InputError(f"frame {self.frame} has shape {frame.shape}, the video's first "
+                             f"was {self.width}x{self.height}")
+        if frame.dtype != np.uint8 or not (frame.ndim == 2 or frame.shape[2] in (1, 3, 4)):
+            raise InputError(f"frame {self.frame} is {frame.dtype} of shape {frame.shape}: "
+                             "dense trajectories take uint8 grey or RGB frames")
+        if boxes is not None:
+            boxes = np.asarray(boxes, np.float64)
+            if boxes.size and (boxes.ndim != 2 or boxes.shape[1] < 4
+                               or not np.isfinite(boxes[:, :4]).all()):
+                raise InputError(f"frame {self.frame}: people's boxes must be finite rows of "
+                                 f"x1, y1, x2, y2, got shape {boxes.shape}")
         self.frame += 1
         if not self.usable:
             return self._empty()
         if frame.ndim == 3 and frame.shape[2] >= 3:
-            grey = cv2.cvtColor(np.ascontiguousarray(frame[:, :, :3], np.uint8),
-                                cv2.COLOR_RGB2GRAY)
+            grey = cv2.cvtColor(np.ascontiguousarray(frame[:, :, :3]), cv2.COLOR_RGB2GRAY)
         else:
-            grey = np.ascontiguousarray(frame.reshape(self.height, self.width), np.uint8)
+            grey = np.ascontiguousarray(frame.reshape(self.height, self.width))
         pyramid = self._pyramid(grey)
         expansion = self.flow_engine.expand(grey)
         mask = people_mask(self.height, self.width, boxes) if self.camera is not None else None

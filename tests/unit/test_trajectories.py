@@ -241,8 +241,17 @@ def test_a_frame_too_small_gives_nothing_and_a_wrong_size_an_error():
     assert tracker.add(np.zeros((20, 30, 3), np.uint8)).descriptors.shape == (0, 426)
     tracker = DenseTrajectories().start(HEIGHT, WIDTH)
     tracker.add(np.zeros((HEIGHT, WIDTH, 3), np.uint8))
-    with pytest.raises(InputError, match="frame 1 is 30x20"):
+    with pytest.raises(InputError, match=r"frame 1 has shape \(20, 30, 3\), the video's first"):
         tracker.add(np.zeros((20, 30, 3), np.uint8))
+    with pytest.raises(InputError, match="frame 1 is float32 .* take uint8"):
+        tracker.add(np.zeros((HEIGHT, WIDTH, 3), np.float32))
+    idt = ImprovedDenseTrajectories().start(HEIGHT, WIDTH)
+    with pytest.raises(InputError, match="frame 0: people's boxes"):
+        idt.add(np.zeros((HEIGHT, WIDTH, 3), np.uint8), np.array([[1.0, 2.0, 3.0]]))
+    with pytest.raises(InputError, match="frame 0: people's boxes"):
+        idt.add(np.zeros((HEIGHT, WIDTH, 3), np.uint8), np.array([[1.0, np.nan, 3.0, 4.0]]))
+    assert idt.add(np.zeros((HEIGHT, WIDTH), np.uint8), np.zeros((0, 4))).positions.shape == (
+        0, 3)
 
 
 @pytest.mark.parametrize("params, name", [
