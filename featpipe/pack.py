@@ -232,7 +232,17 @@ def repair_pack(stage: Stage, damaged: set[str], damaged_files: set[str]) -> lis
     """Rewrite the packed files of ``stage`` that hold ``damaged`` items, or that are damaged
     themselves (``damaged_files``: names), without the items that are damaged or cannot be
     read (an item whose bytes still match its checksum is kept), then ``pack.json``; returns
-    the ids dropped, which a re-run of the stage's command recomputes as loose files."""
+    the ids dropped, which a re-run of the stage's command recomputes as loose files.  Holds
+    the pack lock, as :func:`pack_stage` does (a pack running is refused)."""
+
+    def refuse() -> None:
+        raise FeatpipeError(f"stage {stage.name} is being packed by another process")
+
+    with stage.exclusive("pack", refuse):
+        return _repair_locked(stage, damaged, damaged_files)
+
+
+def _repair_locked(stage: Stage, damaged: set[str], damaged_files: set[str]) -> list[str]:
     packed = stage.packed()
     folder = stage.path / PACK_DIR
     index = json.loads((folder / PACK_INDEX).read_text(encoding="utf-8"))

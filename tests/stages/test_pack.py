@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from featpipe.cli.cache_pack import pack
 from featpipe.errors import FeatpipeError
 from featpipe.fileio import safe_stem, shard_of
-from featpipe.pack import pack_stage
+from featpipe.pack import pack_stage, repair_pack
 from featpipe.packed import PackedItems
 from featpipe.parallel import run_items
 from featpipe.store import Store
@@ -123,3 +123,17 @@ def test_a_second_packer_is_refused_while_one_runs(tmp_path):
             pytest.raises(FeatpipeError, match="is being packed by another process"):
         pack_stage(stage)
     assert len(loose_files(stage)) == 6 and PackedItems.open(stage.path) is None
+
+
+def test_a_pack_repair_is_refused_while_a_pack_runs(tmp_path):
+    """cache verify --repair rewrites packed files (integrity) under the pack lock (faults):
+    never while a pack writes the same stage's files."""
+    _, stage = finished_stage(tmp_path, n=3)
+    pack_stage(stage)
+    index = (stage.path / "packed" / "pack.json").read_bytes()
+    files = sorted(p.name for p in (stage.path / "packed").glob("shard-*.h5"))
+    with stage.exclusive("pack", lambda: None), \
+            pytest.raises(FeatpipeError, match="is being packed by another process"):
+        repair_pack(stage, set(), set(files))
+    assert (stage.path / "packed" / "pack.json").read_bytes() == index
+    assert sorted(p.name for p in (stage.path / "packed").glob("shard-*.h5")) == files
