@@ -2,8 +2,10 @@
 # uses the active virtual environment, or creates and activates .venv when none is active,
 # then installs only what is missing there: CPU torch (torch==2.13.0) when no torch imports,
 # then what `python bin/missing.py EXTRA...` lists (this checkout with those extras when
-# featpipe itself is missing; an installed featpipe is kept).  Every step that fails stops the
-# script with pip's own error above one line that names the step.
+# featpipe itself is missing; an installed featpipe is kept); then compiles featpipe's numba
+# kernels into their cache (`python -m featpipe.compiled`: once per environment, seconds when
+# they are cached already), so that no job pays for it.  Every install step that fails stops
+# the script with pip's own error above one line that names the step.
 
 # install_step SCRIPT WHAT PIP-ARGUMENT...: one `pip install`, announced, its failure named.
 install_step() {
@@ -43,4 +45,7 @@ prepare_environment() {
     mapfile -t arguments <<<"$arguments"   # one pip argument per line
     install_step "$script" "what is missing" "${arguments[@]}"
   fi
+  python -m featpipe.compiled ||
+    echo "$script: compiling featpipe's kernels ahead failed (above); each compiles on its" \
+      "first use instead" >&2
 }

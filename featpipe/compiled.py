@@ -88,11 +88,24 @@ def _warm_chi2():
     chi2_kernel(X, X[:2])
 
 
+def _warm_trajectories():
+    import numpy as np
+
+    from featpipe.extract.trajectories import DenseTrajectories
+
+    rng = np.random.default_rng(0)
+    texture = rng.integers(0, 256, (72, 90), dtype=np.uint8)
+    tracker = DenseTrajectories(n_scales=1).start(64, 64)
+    for t in range(17):  # a texture moving right: trajectories end from frame 15 on
+        tracker.add(np.ascontiguousarray(texture[4:68, 2 + t // 2:66 + t // 2]))
+
+
 #: kernel -> what compiles it, through the functions jobs call
 KERNELS: dict[str, Callable[[], None]] = {
     "hrp window kernel": _warm_hrp,
     "Fisher-vector kernels": _warm_fisher,
     "chi-square kernel": _warm_chi2,
+    "dense-trajectory kernels": _warm_trajectories,
 }
 
 

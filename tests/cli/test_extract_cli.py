@@ -276,9 +276,10 @@ def test_wrong_container_frame_count_is_corrected(small_set, tmp_path, cli):
 
 def test_no_extraction_function_takes_more_than_eight_parameters():
     """Issue 26: parameters are grouped in the estimators and the settings records.  Allowed
-    beyond 8: an estimator's ``__init__`` (its parameters are its declarations) and the stage
+    beyond 8: an estimator's ``__init__`` (its parameters are its declarations), the stage
     function (store, manifest, features, params, sampling, settings, name, options,
-    reporter)."""
+    reporter) and numba kernels (``@numba.njit``: compiled code takes its arrays one by one,
+    as a C kernel would)."""
     import ast
     from pathlib import Path
 
@@ -296,7 +297,8 @@ def test_no_extraction_function_takes_more_than_eight_parameters():
             body = getattr(node, "body", [])
             for func in body if isinstance(body, list) else []:
                 if not isinstance(func, ast.FunctionDef) or (
-                        func.name == "__init__" and getattr(node, "name", "") in estimators):
+                        func.name == "__init__" and getattr(node, "name", "") in estimators) \
+                        or any("njit" in ast.unparse(d) for d in func.decorator_list):
                     continue
                 args = func.args
                 names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]

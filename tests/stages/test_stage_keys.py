@@ -265,7 +265,7 @@ FITS = [
      {"n_components": 2, "sample": 50, "max_iter": 100.0},
      {"n_components": 2.0, "sample": 50, "tol": 0.00001, "random_state": 0}),
     ("dhrp", ["--C", "1", "--epochs", "3"], {"C": 1, "epochs": 3.0, "lr": 0.01},
-     {"C": 1.0, "epochs": 3, "svm_C": 1}),
+     {"C": 1.0, "epochs": 3, "svm_C": 1000}),
     ("gmsop", ["--components", "4", "--top-k", "2", "--seed", "1"],
      {"n_components": 4, "top_k": 2.0, "random_state": 1},
      {"n_components": 4.0, "top_k": 2, "random_state": 1, "balance_weight": 100}),

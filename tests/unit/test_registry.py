@@ -10,8 +10,12 @@ def test_load_method_gives_the_method_load_methods_lists():
     methods = registry.load_methods()
     assert sorted(methods) == sorted(n for names in registry.METHOD_MODULES.values()
                                      for n in names)
-    for name, method in methods.items():
-        assert registry.load_method(name) is method
+    for name, method in methods.items():  # the same method, from its table where it has one
+        alone = registry.load_method(name)
+        assert (alone.name, alone.summary, alone.fixed, alone.batch_size) == \
+            (method.name, method.summary, method.fixed, method.batch_size)
+        assert [(p.name, p.default, p.required) for p in alone.parameters] == \
+            [(p.name, p.default, p.required) for p in method.parameters]
     with pytest.raises(KeyError):
         registry.load_method("no-such-method")
 
