@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from featpipe.errors import FeatpipeError
-from featpipe.fileio import atomic_write_bytes
+from featpipe.fileio import atomic_write_bytes, write_if_changed
 
 #: The cache file of a store, beside ``stages/`` and ``names/``.
 CACHE_NAME = "content-hashes.json"
@@ -118,13 +118,7 @@ def save_read_hashes(stage_path: str | os.PathLike, hashes: dict[str, str | None
     """Keep ``hashes`` (item id -> SHA-256 of its file when the key was computed) in the
     stage; the stage key covers them, so every run of the stage writes the same content."""
     path = Path(stage_path) / READ_HASHES
-    data = json.dumps(hashes, sort_keys=True).encode("utf-8")
-    try:
-        if path.read_bytes() == data:
-            return
-    except OSError:
-        pass
-    atomic_write_bytes(path, data)
+    write_if_changed(path, json.dumps(hashes, sort_keys=True).encode("utf-8"))
 
 
 @functools.lru_cache(maxsize=8)

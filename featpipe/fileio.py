@@ -227,6 +227,17 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     atomic_write(path, lambda handle: handle.write(data))
 
 
+def write_if_changed(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` (atomically) unless the file holds exactly it already: a
+    rerun that changes nothing touches nothing."""
+    try:
+        if Path(path).read_bytes() == data:
+            return
+    except OSError:
+        pass
+    atomic_write_bytes(path, data)
+
+
 def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> str:
     """``np.save`` made atomic (no pickle); returns the checksum of the bytes written
     (:func:`featpipe.checksums.npy_checksum`), summed while they are written and fsynced

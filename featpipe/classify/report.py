@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from featpipe import __version__
-from featpipe.fileio import atomic_write_bytes
+from featpipe.fileio import write_if_changed
 
 #: Distributions whose versions a report records (the first OpenCV one found is used).
 _PACKAGES = ("numpy", "scipy", "scikit-learn", "torch", "libsvm-official", "liblinear-official",
@@ -269,20 +269,9 @@ def plot_ap(result: Mapping, config: Mapping, path: Path) -> None:
     plt.close(fig)
 
 
-def write_if_changed(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` (atomically) unless the file holds exactly it already: a
-    rerun that changes nothing touches nothing."""
-    try:
-        if path.read_bytes() == data:
-            return
-    except OSError:
-        pass
-    atomic_write_bytes(path, data)
-
-
 def write_report(path: str | Path, report: Mapping) -> list[Path]:
     """Write REPORT.json, the PNG plots and REPORT.md, each only where the file is missing or
-    differs (:func:`write_if_changed`); returns the report's files."""
+    differs (:func:`featpipe.fileio.write_if_changed`); returns the report's files."""
     import io
 
     path = Path(path)
