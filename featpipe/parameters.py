@@ -251,6 +251,40 @@ class ValidatedEstimator:
         self.check_param_values(self.get_params(deep=False))
 
 
+class DeclaredEstimator(ValidatedEstimator):
+    """scikit-learn's estimator contract for parameters (``sklearn/base.py``:
+    ``get_params``, ``set_params``, the repr of the non-default values; ``sklearn.base.clone``
+    copies one) without importing scikit-learn, for the feature methods: they fit nothing
+    and are built in every decoding worker, where importing scikit-learn (SciPy's statistics
+    and pandas with it) costs 2-3 s of CPU per process.  No nested estimators: ``deep`` changes
+    nothing.  Constraints use :class:`DeclaredInterval` and :class:`DeclaredOptions`."""
+
+    @classmethod
+    def _parameter_names(cls) -> list[str]:
+        """The ``__init__`` arguments, sorted (as ``BaseEstimator._get_param_names``)."""
+        return sorted(name for name, arg in inspect.signature(cls.__init__).parameters.items()
+                      if name != "self"
+                      and arg.kind not in (arg.VAR_KEYWORD, arg.VAR_POSITIONAL))
+
+    def get_params(self, deep: bool = True) -> dict:
+        return {name: getattr(self, name) for name in self._parameter_names()}
+
+    def set_params(self, **params):
+        names = self._parameter_names()
+        for name, value in params.items():
+            if name not in names:
+                raise ValueError(f"Invalid parameter {name!r} for estimator {self}. Valid "
+                                 f"parameters are: {names!r}.")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        defaults = inspect.signature(type(self).__init__).parameters
+        shown = [f"{name}={value!r}" for name, value in self.get_params().items()
+                 if repr(value) != repr(defaults[name].default)]  # as scikit-learn decides
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+
 @dataclass(frozen=True)
 class Parameter:
     """One parameter of an estimator or of an encode method.
@@ -385,9 +419,7 @@ def record_parameters(cls) -> tuple[Parameter, ...]:
             continue
         types = typing.get_args(hints[field_.name]) or (hints[field_.name],)
         if field_.metadata["choices"]:
-            from sklearn.utils._param_validation import StrOptions
-
-            constraints = [StrOptions(set(field_.metadata["choices"]))]
+            constraints = [DeclaredOptions(field_.metadata["choices"])]
         else:
             constraints = ["boolean" if t is bool else t for t in types if t is not type(None)]
         constraints += [None] if type(None) in types else []

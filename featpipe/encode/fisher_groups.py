@@ -24,13 +24,11 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from featpipe.errors import InputError, ParameterError
+from featpipe.extract.groups import MODEL_NAME
 from featpipe.extract.pca import PCAProjection
 from featpipe.items import Frame, LocalFeatures, MemorySink, PerFrameStream, stream_item
 from featpipe.parallel import ItemOutput
 from featpipe.parameters import ValidatedEstimator, estimator_parameters, model_parameter
-
-#: the model of a ``fit gmm --groups`` stage that lists its groups (written last)
-MODEL_NAME = "groups"
 
 
 def is_grouped(stage) -> bool:

@@ -41,12 +41,10 @@ from numbers import Integral, Real
 
 import cv2
 import numpy as np
-from sklearn.base import BaseEstimator
-from sklearn.utils._param_validation import Interval, StrOptions
 
 from featpipe.errors import InputError
 from featpipe.extract.features import FeatureMethod
-from featpipe.parameters import ValidatedEstimator
+from featpipe.parameters import DeclaredEstimator, DeclaredInterval, DeclaredOptions
 
 NUM_BINS = 4
 NUM_ORIENTATIONS = 8
@@ -226,7 +224,7 @@ class DenseSIFTResult:
     positions: np.ndarray
 
 
-class DenseSIFT(ValidatedEstimator, BaseEstimator):
+class DenseSIFT(DeclaredEstimator):
     """Multi-scale dense SIFT (``vl_phow`` with ``'fast'``), scikit-learn style.
 
     Parameters
@@ -260,15 +258,15 @@ class DenseSIFT(ValidatedEstimator, BaseEstimator):
     #: (:func:`featpipe.parameters.parameter_record`); :meth:`_check` validates.
     _parameter_constraints: dict = {
         "sizes": [list, tuple],
-        "step": [Interval(Integral, 1, None, closed="left")],
-        "magnif": [Interval(Real, 0, None, closed="neither")],
-        "window_size": [Interval(Real, 0, None, closed="neither")],
-        "contrast_threshold": [Interval(Real, 0, None, closed="left"), None],
-        "low_contrast": [StrOptions(set(LOW_CONTRAST))],
+        "step": [DeclaredInterval(Integral, 1, None, closed="left")],
+        "magnif": [DeclaredInterval(Real, 0, None, closed="neither")],
+        "window_size": [DeclaredInterval(Real, 0, None, closed="neither")],
+        "contrast_threshold": [DeclaredInterval(Real, 0, None, closed="left"), None],
+        "low_contrast": [DeclaredOptions(set(LOW_CONTRAST))],
         "root_sift": ["boolean"],
-        "max_pixels": [Interval(Integral, 16, None, closed="left"), None],
-        "start": [Interval(Integral, 0, None, closed="left")],
-        "engine": [StrOptions(set(ENGINES))],
+        "max_pixels": [DeclaredInterval(Integral, 16, None, closed="left"), None],
+        "start": [DeclaredInterval(Integral, 0, None, closed="left")],
+        "engine": [DeclaredOptions(set(ENGINES))],
     }
 
     def __init__(self, sizes=(4, 6, 8, 10), step=2, magnif=6.0, window_size=1.5,

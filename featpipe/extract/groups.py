@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from featpipe.errors import FeatpipeError, ParameterError
 
+#: the model of a grouped fit stage (``fit pca --groups``, ``fit gmm --groups``) that lists
+#: its groups and their columns (written last)
+MODEL_NAME = "groups"
 #: modelling names that span several of the extraction's groups
 COMBINED = {"mbh": ("mbhx", "mbhy")}
 

@@ -127,4 +127,9 @@ def project(x, mean, matrix) -> np.ndarray:
 
 def load_pca(stage: Stage) -> PCAProjection:
     """The fitted :class:`PCAProjection` of a ``pca`` stage (``transform(X)`` ready)."""
+    from featpipe.extract.groups import MODEL_NAME as GROUPS_MODEL
+
+    if not stage.has_model(MODEL_NAME) and stage.has_model(GROUPS_MODEL):
+        raise FeatpipeError(f"stage {stage.name} holds one PCA per descriptor group (fit pca "
+                            "--groups): use it with fit gmm --groups")
     return stage.load_model(MODEL_NAME, PCAProjection)

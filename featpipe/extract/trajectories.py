@@ -34,12 +34,10 @@ from numbers import Integral, Real
 
 import cv2
 import numpy as np
-from sklearn.base import BaseEstimator
-from sklearn.utils._param_validation import Interval, StrOptions
 
 from featpipe.errors import InputError, ParameterError
 from featpipe.extract.features import FeatureMethod
-from featpipe.parameters import ValidatedEstimator
+from featpipe.parameters import DeclaredEstimator, DeclaredInterval, DeclaredOptions
 
 #: the descriptor groups and their sizes with the default parameters, in the release's order
 GROUPS = {"trajectory": 30, "hog": 96, "hof": 108, "mbhx": 96, "mbhy": 96}
@@ -95,7 +93,7 @@ class TrajectoryFrame:
     positions: np.ndarray
 
 
-class DenseTrajectories(ValidatedEstimator, BaseEstimator):
+class DenseTrajectories(DeclaredEstimator):
     """Dense trajectories (Wang, Kläser, Schmid, Liu, IJCV 2013), one video at a time.
 
     Parameters
@@ -130,15 +128,15 @@ class DenseTrajectories(ValidatedEstimator, BaseEstimator):
     takes_boxes = False
 
     _parameter_constraints: dict = {
-        "step": [Interval(Integral, 1, None, closed="left")],
-        "n_scales": [Interval(Integral, 1, None, closed="left")],
-        "scale_factor": [Interval(Real, 0, 1, closed="neither")],
-        "quality": [Interval(Real, 0, 1, closed="left")],
-        "track_length": [Interval(Integral, 2, None, closed="left")],
-        "patch_size": [Interval(Integral, 2, None, closed="left")],
-        "n_xy_cells": [Interval(Integral, 1, None, closed="left")],
-        "n_t_cells": [Interval(Integral, 1, None, closed="left")],
-        "flow": [StrOptions(set(FLOWS))],
+        "step": [DeclaredInterval(Integral, 1, None, closed="left")],
+        "n_scales": [DeclaredInterval(Integral, 1, None, closed="left")],
+        "scale_factor": [DeclaredInterval(Real, 0, 1, closed="neither")],
+        "quality": [DeclaredInterval(Real, 0, 1, closed="left")],
+        "track_length": [DeclaredInterval(Integral, 2, None, closed="left")],
+        "patch_size": [DeclaredInterval(Integral, 2, None, closed="left")],
+        "n_xy_cells": [DeclaredInterval(Integral, 1, None, closed="left")],
+        "n_t_cells": [DeclaredInterval(Integral, 1, None, closed="left")],
+        "flow": [DeclaredOptions(set(FLOWS))],
         "descriptors": [str],
     }
 
@@ -250,7 +248,7 @@ class ImprovedDenseTrajectories(DenseTrajectories):
 
     _parameter_constraints: dict = {
         **DenseTrajectories._parameter_constraints,
-        "keypoints": [StrOptions(set(KEYPOINTS))],
+        "keypoints": [DeclaredOptions(set(KEYPOINTS))],
     }
 
     def __init__(self, step=5, n_scales=8, scale_factor=SCALE_FACTOR, quality=0.001,

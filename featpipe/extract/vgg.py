@@ -28,12 +28,10 @@ from numbers import Integral
 from pathlib import Path
 
 import numpy as np
-from sklearn.base import BaseEstimator
-from sklearn.utils._param_validation import Interval, StrOptions
 
 from featpipe.errors import FeatpipeError, InputError, ParameterError
 from featpipe.extract.features import FeatureMethod
-from featpipe.parameters import ValidatedEstimator
+from featpipe.parameters import DeclaredEstimator, DeclaredInterval, DeclaredOptions
 
 LAYERS = ("fc6", "conv5_3")
 #: channels per conv layer; "M" is a 2x2 max-pool (torchvision's cfg "D")
@@ -320,7 +318,7 @@ class VGG16Features:
         return self.model_.fc6(batch) if self.layer == "fc6" else self.model_.conv5_3(batch)
 
 
-class VGG16(ValidatedEstimator, BaseEstimator):
+class VGG16(DeclaredEstimator):
     """The VGG-16 feature method: one layer's output for each frame, with the preprocessing
     of torchvision's weights (:class:`VGGPreprocess`, in the decoding workers) and the
     network (:class:`VGG16Features`, in the parent).
@@ -340,9 +338,9 @@ class VGG16(ValidatedEstimator, BaseEstimator):
 
     _parameter_constraints = {
         "weights": [str, None],
-        "resize": [Interval(Integral, 32, None, closed="left")],
-        "crop": [Interval(Integral, 32, None, closed="left")],
-        "layer": [StrOptions(set(LAYERS))],
+        "resize": [DeclaredInterval(Integral, 32, None, closed="left")],
+        "crop": [DeclaredInterval(Integral, 32, None, closed="left")],
+        "layer": [DeclaredOptions(set(LAYERS))],
     }
 
     def __init__(self, weights=None, resize=256, crop=224, layer="fc6"):

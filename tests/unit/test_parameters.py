@@ -273,11 +273,9 @@ def test_check_parameter_values_asks_for_required_models_and_each_owners_rules()
 
 
 def test_record_parameters_of_a_dataclass_follow_its_annotations():
-    from sklearn.utils._param_validation import StrOptions
-
     from featpipe.extract.settings import ExtractSettings
     from featpipe.io.video import Sampling
-    from featpipe.parameters import record_parameters
+    from featpipe.parameters import DeclaredOptions, record_parameters
 
     sampling = {p.name: p for p in record_parameters(Sampling)}
     assert list(sampling) == ["fps", "every", "frames"]
@@ -288,7 +286,7 @@ def test_record_parameters_of_a_dataclass_follow_its_annotations():
     assert "encode_params" not in settings  # a field, not a declared parameter
     assert settings["positions"].constraints == ("boolean",)
     (dtype,) = settings["dtype"].constraints
-    assert isinstance(dtype, StrOptions) and dtype.options == {"float32", "float16"}
+    assert isinstance(dtype, DeclaredOptions) and dtype.options == {"float32", "float16"}
     assert settings["pca"].constraints == (str, None) and settings["pca"].model
 
 
@@ -336,3 +334,28 @@ def test_docstring_sections_give_each_parameter_its_help():
     with pytest.raises(TypeError, match=r"Child.b needs a docstring entry and a constraint"):
         estimator_parameters(Child)
     assert parameter_docs(type("Bare", (), {"__doc__": "No sections."})) == {}
+
+
+def test_a_declared_estimator_keeps_scikit_learns_parameter_contract():
+    """:class:`DeclaredEstimator` (the feature methods' base, which must not import
+    scikit-learn) answers get_params, set_params, repr and clone as ``BaseEstimator`` does."""
+    from sklearn.base import BaseEstimator, clone
+
+    from featpipe.parameters import DeclaredEstimator
+
+    def init(self, step=5, sizes=(4, 6), flow="farneback", weights=None):
+        self.step, self.sizes, self.flow, self.weights = step, sizes, flow, weights
+
+    ours = type("Tracks", (DeclaredEstimator,), {"__init__": init})
+    theirs = type("Tracks", (BaseEstimator,), {"__init__": init})
+    for given in ({}, {"flow": "dis"}, {"step": 5.0, "sizes": [4, 6]}, {"weights": "w.pth"}):
+        a, b = ours(**given), theirs(**given)
+        assert a.get_params() == b.get_params() == a.get_params(deep=False)
+        assert repr(a) == repr(b)
+        copy = clone(a)
+        assert type(copy) is ours and copy.get_params() == a.get_params() and copy is not a
+    assert ours().set_params(step=3, flow="dis").get_params() == \
+        theirs().set_params(step=3, flow="dis").get_params()
+    for estimator in (ours(), theirs()):
+        with pytest.raises(ValueError, match="Invalid parameter 'stride'"):
+            estimator.set_params(stride=2)
