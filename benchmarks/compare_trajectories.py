@@ -25,11 +25,14 @@ Per clip and program pair it prints:
   machine); featpipe's tracking loop after a warm-up (numba kernels loaded), and its whole
   process (Python start-up, imports, warm-up) beside it; memory: max RSS of each process
   (``/usr/bin/time``) and featpipe's RSS growth while tracking (peak reset before the first
-  frame).
+  frame);
+* the command a user runs, ``featpipe extract --features dt|idt --jobs 1`` on the clip
+  (``--cli``): its process and its decoding worker on core 0, decoding, the store's writes
+  and every start-up cost included, frames/s by CPU time and max RSS beside the release's.
 
 Usage: python benchmarks/compare_trajectories.py [--bin DIR] [--release-src DIR]
        [--frames 60] [--clips bigbuckbunny,bikes,carphone] [--programs dt,idt,idt-mask255]
-       [--repeats 1] [--shipped DT_SRC,IDT_SRC] [--work DIR] [--keep]
+       [--repeats 1] [--shipped DT_SRC,IDT_SRC] [--work DIR] [--keep] [--cli]
 (``--shipped``: the untouched release sources; featpipe's dt / idt on the KTH clip each ships
 are compared with the output it ships, computed by the authors: DenseTrack v1.2, and
 DenseTrackStab with SURF.)
@@ -267,6 +270,22 @@ def run_featpipe(kind: str, avi: str, out: str) -> dict:
     return measured
 
 
+def run_extract_command(kind: str, avi: str, work: str) -> dict:
+    """``featpipe extract --features KIND --jobs 1 -q`` on the clip alone, into a fresh store
+    (the whole command: its process and its decoding worker, both on core 0)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    folder = tempfile.mkdtemp(prefix=f"cli_{kind}_", dir=work)
+    manifest = os.path.join(folder, "clip.csv")
+    with open(manifest, "w") as f:
+        f.write(f"id,path,label,split1\nclip,{os.path.abspath(avi)},x,train\n")
+    env = dict(one_core_env(), PYTHONPATH=repo)
+    command = [sys.executable, "-m", "featpipe", "extract", "--manifest", manifest, "--store",
+               os.path.join(folder, "store"), "--features", kind, "--jobs", "1", "-q"]
+    measured = run_measured(command, os.path.join(folder, "out.txt"), env)
+    shutil.rmtree(folder, ignore_errors=True)
+    return measured
+
+
 # ----------------------------------------------------------------------------- comparison
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -456,6 +475,8 @@ def main() -> int:
     parser.add_argument("--flow-pairs", type=int, default=5)
     parser.add_argument("--work", default=None)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--cli", action="store_true",
+                        help="also time the command featpipe extract on each clip")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -512,6 +533,14 @@ def main() -> int:
                              n_frames)}
             row.update(speed(runs_rel, featpipe_runs[kind], n_frames))
             _print_row(row)
+            if args.cli and not program.endswith("mask255"):
+                command = run_extract_command(kind, avi, work)
+                fps = n_frames / command["cpu"]
+                print(f"    featpipe extract --features {kind} (the command: start-up, "
+                      f"decoding, one worker, the store): {fps:.1f} frames/s by CPU time "
+                      f"(x{fps / row['release_cpu_fps']:.2f} the release's), "
+                      f"{n_frames / command['wall']:.1f} by wall time; max "
+                      f"RSS {command['max_rss_mib']:.0f} MiB")
             if program == "dt" and dumper:
                 for level in compare_flow(dumper, avi, work, args.flow_pairs):
                     print(f"    flow level {level['level']}: end-point error mean "
