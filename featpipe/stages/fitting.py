@@ -318,7 +318,7 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
     source = store.resolve(input)
     layout, columns = _group_layout(source, groups)
     groups = None if layout is None else ",".join(g for g, _ in layout)
-    for group, cols in layout if pca_dim is not None else []:  # before any stage exists
+    for group, cols in (layout or []) if pca_dim is not None else []:  # before any stage
         _projected_dim(cols.stop - cols.start, pca_dim, None, group, "pca_dim")
     ids = train_item_ids(source)
     pca_stages = [store.resolve(pca)] if pca else []
