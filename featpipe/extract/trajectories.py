@@ -424,40 +424,6 @@ class CameraMotion:
         return found
 
 
-def orientation_integrals(grey: np.ndarray, flow: np.ndarray, work: dict | None = None
-                          ) -> np.ndarray:
-    """The (H + 1, W + 1, 36) integral orientation histograms of one scale, 9 channels per
-    group in :data:`BINS` order: ``hog`` of the grey image's gradient, ``hof`` of the flow
-    (with the zero bin), ``mbhx`` / ``mbhy`` of the gradient of the flow's x / y component.
-    Gradients are central differences ([−1, 0, 1], OpenCV's ``Sobel`` of size 1, edges
-    reflected); angles and magnitudes by ``cv2.cartToPolar`` (its angle is the release's
-    ``fastAtan2`` polynomial, within 0.3°).  ``work`` keeps the arrays for the next call
-    of the same size (the result is one of them: it is overwritten then)."""
-    from featpipe.extract._trajectory_kernels import GROUP_CHANNELS, integral_histograms
-
-    height, width = grey.shape
-    work = {} if work is None else work
-    if work.get("shape") != (height, width):
-        work.clear()
-        work["shape"] = (height, width)
-        for name in ("x", "y", "magnitude", "angle"):
-            work[name] = np.empty((4 * height, width), np.float32)
-        work["out"] = np.empty((height + 1, width + 1, GROUP_CHANNELS), np.float32)
-    x = work["x"].reshape(4, height, width)
-    y = work["y"].reshape(4, height, width)
-    flow_x, flow_y = cv2.split(flow)
-    for plane, image in ((0, grey), (2, flow_x), (3, flow_y)):
-        cv2.Sobel(image, cv2.CV_32F, 1, 0, dst=x[plane], ksize=1)
-        cv2.Sobel(image, cv2.CV_32F, 0, 1, dst=y[plane], ksize=1)
-    x[1], y[1] = flow_x, flow_y
-    magnitude, angle = cv2.cartToPolar(work["x"], work["y"], magnitude=work["magnitude"],
-                                       angle=work["angle"], angleInDegrees=True)
-    out = work["out"]
-    integral_histograms(magnitude.reshape(4, height, width), angle.reshape(4, height, width),
-                        np.float32(MIN_FLOW), out)
-    return out
-
-
 def people_mask(height: int, width: int, boxes: np.ndarray | None) -> np.ndarray:
     """uint8 mask, 0 inside the boxes (x1, y1, x2, y2; pixels ⌈x1⌉..⌊x2⌋ inclusive)."""
     mask = np.ones((height, width), np.uint8)
@@ -499,6 +465,7 @@ class Tracker:
     """
 
     def __init__(self, estimator: DenseTrajectories, height: int, width: int):
+        from featpipe.extract._trajectory_kernels import GROUP_CHANNELS
         from featpipe.extract.optical_flow import DISPyramid, FarnebackPyramid, level_scales
 
         self.height, self.width = height, width
@@ -535,7 +502,8 @@ class Tracker:
         stride = 1 / float(estimator.scale_factor)
         self.flow_engine = (DISPyramid(self.sizes, self.scales) if estimator.flow == "dis"
                             else FarnebackPyramid(self.sizes, self.scales, stride))
-        self.work: list[dict] = [{} for _ in self.scales]
+        #: the ring of integral-histogram rows advance_tracks makes, shared by the scales
+        self.rows = np.empty((self.patch + 1) * (width + 1) * GROUP_CHANNELS, np.float32)
         self.tracks = [_ScaleTracks(self.length, self.n_t_cells, self.block_width,
                                     self.camera is not None) for _ in self.scales]
         self.frame = 0
@@ -610,17 +578,17 @@ class Tracker:
         """Move the tracks of scale k by one frame (those leaving the frame end, unseen), add
         their descriptors at their previous points, and return the valid ones that reach
         ``track_length`` steps: (descriptors, positions) or None."""
-        from featpipe.extract._trajectory_kernels import advance_tracks
+        from featpipe.extract._trajectory_kernels import GROUP_CHANNELS, advance_tracks
 
         if not tracks.alive.any():
             return None
-        integrals = (orientation_integrals(prev_level, descriptor_flow, self.work[k])
-                     if self.histograms
-                     else np.zeros((1, 1, 36), np.float32))
-        advance_tracks(tracks.points, tracks.steps, flow, descriptor_flow,
-                       tracks.displacements, integrals, *self.kernel_groups, self.patch,
-                       self.n_cells, self.t_stride, self.n_t_cells, np.float32(EPSILON),
-                       tracks.sums, tracks.alive)
+        height, width = flow.shape[:2]
+        rows = self.rows[:(self.patch + 1) * (width + 1) * GROUP_CHANNELS]
+        advance_tracks(tracks.points, tracks.steps, flow, prev_level, descriptor_flow,
+                       tracks.displacements, *self.kernel_groups, self.patch, self.n_cells,
+                       self.t_stride, self.n_t_cells, np.float32(EPSILON),
+                       np.float32(MIN_FLOW), tracks.sums, tracks.alive,
+                       rows.reshape(self.patch + 1, width + 1, GROUP_CHANNELS))
         ended = np.flatnonzero(tracks.alive & (tracks.steps >= self.length))
         if not len(ended):
             return None
