@@ -374,3 +374,58 @@ def advance_tracks(points, steps, flow, grey, descriptor_flow, displacements, ch
                 i = order[j]
                 _add_blocks(rows, channels, bins, columns, lefts[i], top, cell, n_cells,
                             epsilon, sums[i, time_cells[i]], cells, scales)
+
+
+@numba.njit(cache=True, nogil=True)
+def grid_points(eig, quality, step, points, steps, alive, out):
+    """The grid points (x, y) = (j·step + ⌊step/2⌋, i·step + ⌊step/2⌋), row-major, whose
+    ``eig`` exceeds ``quality`` × its maximum (compared in float64) and whose cell of step ×
+    step pixels holds no live track's last point ⌊``points[i, steps[i]]``⌋, into ``out``;
+    returns how many."""
+    rows, cols = eig.shape[0] // step, eig.shape[1] // step
+    threshold = np.float64(eig.max()) * quality
+    occupied = np.zeros((rows, cols), np.bool_)
+    for i in range(alive.shape[0]):
+        if alive[i]:
+            cx = math.floor(points[i, steps[i], 0])
+            cy = math.floor(points[i, steps[i], 1])
+            if 0 <= cx < cols * step and 0 <= cy < rows * step:
+                occupied[cy // step, cx // step] = True
+    offset = step // 2
+    count = 0
+    for i in range(rows):
+        y = i * step + offset
+        for j in range(cols):
+            x = j * step + offset
+            if not occupied[i, j] and np.float64(eig[y, x]) > threshold:
+                out[count, 0] = x
+                out[count, 1] = y
+                count += 1
+    return count
+
+
+@numba.njit(cache=True, nogil=True)
+def start_tracks(new, points, steps, sums, displacements, alive):
+    """Start a track at each of ``new`` (M, 2) in the lowest free slots (not ``alive``):
+    first point, no steps, zero sums and (when it has rows) displacements; False, and
+    nothing changed, when fewer than M slots are free."""
+    free = 0
+    for i in range(alive.shape[0]):
+        free += not alive[i]
+    if free < new.shape[0]:
+        return False
+    j = 0
+    for i in range(alive.shape[0]):
+        if j == new.shape[0]:
+            break
+        if alive[i]:
+            continue
+        points[i, 0, 0] = new[j, 0]
+        points[i, 0, 1] = new[j, 1]
+        steps[i] = 0
+        sums[i] = 0
+        if displacements.shape[0] > 0:
+            displacements[i] = 0
+        alive[i] = True
+        j += 1
+    return True

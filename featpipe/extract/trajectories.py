@@ -278,16 +278,15 @@ class _ScaleTracks:
         self.camera = camera
         self.alive = np.zeros(0, bool)
 
-    def current(self) -> np.ndarray:
-        """(M, 2) last points of the live tracks."""
-        rows = np.flatnonzero(self.alive)
-        return self.points[rows, self.steps[rows]]
+    def renew(self, grey: np.ndarray, step: int, quality: float) -> None:
+        """Start new tracks at the points :func:`dense_sample` picks in ``grey`` around the
+        live tracks, in the lowest free slots."""
+        from featpipe.extract._trajectory_kernels import start_tracks
 
-    def renew(self, points: np.ndarray) -> None:
-        """Start new tracks at ``points`` (M, 2) in free slots."""
-        free = np.flatnonzero(~self.alive)
-        if len(free) < len(points):
-            grow = max(len(self.alive), len(points) - len(free), 64)
+        new = dense_sample(grey, step, quality, self.points, self.steps, self.alive)
+        while not start_tracks(new, self.points, self.steps, self.sums, self.displacements,
+                               self.alive):
+            grow = max(len(self.alive), len(new) - int((~self.alive).sum()), 64)
             self.points = np.concatenate([self.points, np.zeros((grow,) + self.points.shape[1:],
                                                                 np.float32)])
             self.steps = np.concatenate([self.steps, np.zeros(grow, np.intp)])
@@ -298,40 +297,23 @@ class _ScaleTracks:
                     self.displacements,
                     np.zeros((grow,) + self.displacements.shape[1:], np.float32)])
             self.alive = np.concatenate([self.alive, np.zeros(grow, bool)])
-            free = np.flatnonzero(~self.alive)
-        slots = free[:len(points)]
-        self.points[slots, 0] = points
-        self.steps[slots] = 0
-        self.sums[slots] = 0
-        if self.camera:
-            self.displacements[slots] = 0
-        self.alive[slots] = True
 
 
-def dense_sample(grey: np.ndarray, points: np.ndarray, step: int, quality: float
-                 ) -> np.ndarray:
+def dense_sample(grey: np.ndarray, step: int, quality: float, points: np.ndarray,
+                 steps: np.ndarray, alive: np.ndarray) -> np.ndarray:
     """New points (M, 2) on a grid of ``step`` pixels, at (j·step + ⌊step/2⌋, i·step +
-    ⌊step/2⌋), in cells that hold none of ``points`` and where the minimum eigenvalue of the
-    structure tensor (3×3 Sobel, 3×3 window) exceeds ``quality`` times its maximum over the
-    frame (Shi & Tomasi, CVPR 1994; the release's ``DenseSample``); row-major order."""
+    ⌊step/2⌋), in cells that hold no live track's last point (``points[i, steps[i]]`` where
+    ``alive[i]``) and where the minimum eigenvalue of the structure tensor (3×3 Sobel, 3×3
+    window) exceeds ``quality`` times its maximum over the frame (Shi & Tomasi, CVPR 1994;
+    the release's ``DenseSample``); row-major order."""
+    from featpipe.extract._trajectory_kernels import grid_points
+
     height, width = grey.shape
-    rows, cols = height // step, width // step
-    if rows == 0 or cols == 0:
-        return np.zeros((0, 2), np.float32)
+    out = np.empty(((height // step) * (width // step), 2), np.float32)
+    if not len(out):
+        return out
     eig = cv2.cornerMinEigenVal(grey, 3, ksize=3)
-    threshold = float(eig.max()) * quality
-    occupied = np.zeros((rows, cols), bool)
-    if len(points):
-        cell = np.floor(points).astype(np.intp)
-        inside = ((cell[:, 0] >= 0) & (cell[:, 1] >= 0) & (cell[:, 0] < cols * step)
-                  & (cell[:, 1] < rows * step))
-        occupied[cell[inside, 1] // step, cell[inside, 0] // step] = True
-    offset = step // 2
-    ys = np.arange(rows) * step + offset
-    xs = np.arange(cols) * step + offset
-    chosen = (eig[np.ix_(ys, xs)] > threshold) & ~occupied
-    i, j = np.nonzero(chosen)
-    return np.stack([xs[j], ys[i]], axis=1).astype(np.float32)
+    return out[:grid_points(eig, float(quality), step, points, steps, alive, out)]
 
 
 def trajectory_shapes(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -548,7 +530,7 @@ class Tracker:
         mask = people_mask(self.height, self.width, boxes) if self.camera is not None else None
         if self.previous is None:
             for tracks, level in zip(self.tracks, pyramid, strict=True):
-                tracks.renew(dense_sample(level, tracks.current(), self.step, self.quality))
+                tracks.renew(level, self.step, self.quality)
             if self.camera is not None:
                 self.camera.keypoints(grey, mask)
             self.previous = (grey, pyramid, expansion)
@@ -567,7 +549,7 @@ class Tracker:
             if out is not None:
                 done_desc.append(out[0])
                 done_pos.append(out[1])
-            tracks.renew(dense_sample(pyramid[k], tracks.current(), self.step, self.quality))
+            tracks.renew(pyramid[k], self.step, self.quality)
         self.previous = (grey, pyramid, expansion)
         if not done_desc:
             return self._empty()

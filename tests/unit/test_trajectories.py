@@ -304,11 +304,14 @@ def test_parameter_errors_name_the_parameter(params, name):
 def test_dense_sampling_skips_flat_areas_and_occupied_cells():
     grey = np.zeros((30, 40), np.uint8)
     grey[:, 20:] = np.random.default_rng(0).integers(0, 255, (30, 20), dtype=np.uint8)
-    points = dense_sample(grey, np.zeros((0, 2), np.float32), 5, 0.001)
+    none = np.zeros((0, 1, 2), np.float32), np.zeros(0, np.intp), np.zeros(0, bool)
+    points = dense_sample(grey, 5, 0.001, *none)
     assert (points[:, 0] >= 17).all()            # nothing in the flat left half
     assert {tuple(p) for p in points} >= {(22.0, 2.0), (37.0, 27.0)}
-    again = dense_sample(grey, np.array([[21.3, 3.9]], np.float32), 5, 0.001)
-    assert (22.0, 2.0) not in {tuple(p) for p in again}
+    # a live track's last point occupies its cell; its earlier points and dead tracks don't
+    tracks = np.array([[[37.0, 27.0], [21.3, 3.9]], [[32.0, 7.0], [32.0, 7.0]]], np.float32)
+    again = dense_sample(grey, 5, 0.001, tracks, np.array([1, 0]), np.array([True, False]))
+    assert {tuple(p) for p in points} - {tuple(p) for p in again} == {(22.0, 2.0)}
     assert len(again) == len(points) - 1
 
 
