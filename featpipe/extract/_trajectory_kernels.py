@@ -214,34 +214,38 @@ def _integral_row(grey, flow, y, zero_threshold, work, previous, current):
     Each pixel's vector (magnitude m, angle θ: :func:`_polar`) of group g (HOG, HOF, MBHx,
     MBHy: :func:`_gradient_row`) goes to channels 9g .. 9g + 7: position θ·8/360 split
     between the two nearest bins, linearly, weighted by m; HOF's vectors with m <=
-    ``zero_threshold`` add 1 to channel 17 (its zero bin) instead.  ``work`` holds
-    (x parts, y parts, magnitudes, angles) ((4, 4W)) and the pixel histograms ((W, 36))."""
-    parts, histograms = work
+    ``zero_threshold`` add 1 to channel 17 (its zero bin) instead.  ``work`` holds four
+    float32 rows (4W), the lower bins (4W, int32) and the pixel histograms ((W, 36))."""
+    parts, lows, histograms = work
     width = grey.shape[1]
     _gradient_row(grey, flow, y, parts[0].reshape(GROUPS, width),
                   parts[1].reshape(GROUPS, width))
-    x_parts, y_parts, magnitude, angle = parts[0], parts[1], parts[2], parts[3]
-    for i in range(x_parts.shape[0]):
-        magnitude[i], angle[i] = _polar(x_parts[i], y_parts[i])
+    # one vectorised loop after another, then the scatter into the pixel histograms
+    x_parts, y_parts, lower, upper = parts[0], parts[1], parts[2], parts[3]
     base = np.float32(ORIENTATIONS / 360.0)
+    for i in range(x_parts.shape[0]):
+        m, angle = _polar(x_parts[i], y_parts[i])
+        position = angle * base
+        low = np.int32(position)
+        upper[i] = (position - np.float32(low)) * m
+        lower[i] = m - upper[i]
+        lows[i] = low - ORIENTATIONS if low >= ORIENTATIONS else low
+        x_parts[i] = m
+    for i in range(width, 2 * width):                 # HOF's slow vectors: the zero bin
+        slow = x_parts[i] <= zero_threshold
+        x_parts[i] = np.float32(1.0) if slow else np.float32(0.0)
+        lower[i] = np.float32(0.0) if slow else lower[i]
+        upper[i] = np.float32(0.0) if slow else upper[i]
     histograms[:, :] = 0
     for g in range(GROUPS):
         offset = CHANNELS * g
         for x in range(width):
-            m = magnitude[g * width + x]
-            position = angle[g * width + x] * base
-            low = np.int32(position)
-            upper = (position - np.float32(low)) * m
-            lower = m - upper
-            low = low - ORIENTATIONS if low >= ORIENTATIONS else low
-            high = 0 if low == ORIENTATIONS - 1 else low + 1
-            if g == 1:      # branch-free: whether a flow vector is slow is noise
-                slow = m <= zero_threshold
-                histograms[x, offset + ORIENTATIONS] = np.float32(1.0) if slow else 0
-                lower = np.float32(0.0) if slow else lower
-                upper = np.float32(0.0) if slow else upper
-            histograms[x, offset + low] = lower
-            histograms[x, offset + high] = upper
+            i = g * width + x
+            low = lows[i]
+            histograms[x, offset + low] = lower[i]
+            histograms[x, offset + (0 if low == ORIENTATIONS - 1 else low + 1)] = upper[i]
+    for x in range(width):
+        histograms[x, CHANNELS + ORIENTATIONS] = x_parts[width + x]
     # the channel loops run to a bound numba cannot see, so that LLVM vectorises them
     channels = histograms.shape[1]
     for b in range(channels):
@@ -256,7 +260,7 @@ def _integral_row(grey, flow, y, zero_threshold, work, previous, current):
 @numba.njit(cache=True, nogil=True, inline="always")
 def _add_blocks(rows, channels, bins, columns, left, top, cell, n_cells, epsilon, out, cells,
                 scales):
-    """Add one point's normalised blocks (corner (left, top)) to ``out`` (one time cell);
+    """One point's normalised blocks (corner (left, top)) into ``out``;
     integral row r is ``rows[r % len(rows)]``; ``cells`` ((n_cells², 36)) and ``scales``
     (36) are work space.  The loops over the channels run to ``rows.shape[2]``, a bound
     LLVM cannot see, so that it vectorises them instead of unrolling them."""
@@ -277,8 +281,9 @@ def _add_blocks(rows, channels, bins, columns, left, top, cell, n_cells, epsilon
         for k in range(n_cells * n_cells):
             for b in range(first, first + bins[g]):
                 total += cells[k, b]
+        scale = np.float32(1.0) / total
         for b in range(first, first + bins[g]):
-            scales[b] = np.float32(1.0) / total
+            scales[b] = scale
     for k in range(n_cells * n_cells):
         for b in range(n_channels):
             cells[k, b] = _sqrt(cells[k, b] * scales[b])
@@ -287,7 +292,7 @@ def _add_blocks(rows, channels, bins, columns, left, top, cell, n_cells, epsilon
         for k in range(n_cells * n_cells):
             start = columns[g] + k * bins[g] - first
             for b in range(first, first + bins[g]):
-                out[start + b] += cells[k, b]
+                out[start + b] = cells[k, b]
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -360,9 +365,10 @@ def advance_tracks(points, steps, flow, grey, descriptor_flow, displacements, ch
         filled[tops[i]] += 1
         last = max(last, tops[i])
     n_rows = rows.shape[0]
-    work = (np.empty((4, GROUPS * width), np.float32),
+    work = (np.empty((4, GROUPS * width), np.float32), np.empty(GROUPS * width, np.int32),
             np.empty((width, GROUP_CHANNELS), np.float32))
     cells = np.empty((n_cells * n_cells, GROUP_CHANNELS), np.float32)
+    blocks = np.empty((count, sums.shape[2]), np.float32)
     scales = np.zeros(GROUP_CHANNELS, np.float32)
     rows[0, :, :] = 0
     for y in range(last + patch):
@@ -371,9 +377,18 @@ def advance_tracks(points, steps, flow, grey, descriptor_flow, displacements, ch
         top = y + 1 - patch
         if top >= 0:
             for j in range(starts[top], starts[top + 1]):
-                i = order[j]
-                _add_blocks(rows, channels, bins, columns, lefts[i], top, cell, n_cells,
-                            epsilon, sums[i, time_cells[i]], cells, scales)
+                _add_blocks(rows, channels, bins, columns, lefts[order[j]], top, cell,
+                            n_cells, epsilon, blocks[j], cells, scales)
+    # added to the tracks' sums in slot order (a stream through memory, not a scatter)
+    rank = np.empty(n, np.intp)
+    for j in range(count):
+        rank[order[j]] = j
+    for j in range(count):
+        i = describe[j]
+        cell_sums = sums[i, time_cells[i]]
+        block = blocks[rank[i]]
+        for b in range(block.shape[0]):
+            cell_sums[b] += block[b]
 
 
 @numba.njit(cache=True, nogil=True)
