@@ -543,23 +543,23 @@ class Tracker:
             warped = warp_current(prev_grey, grey, homography, self.grid)
             descriptor_flows = self.flow_engine.flow(prev_expansion,
                                                      self.flow_engine.expand(warped))
-        done_desc, done_pos = [], []
+        ended = []
         for k, tracks in enumerate(self.tracks):
             out = self._step(k, tracks, prev_pyramid[k], flows[k], descriptor_flows[k])
             if out is not None:
-                done_desc.append(out[0])
-                done_pos.append(out[1])
+                ended.append(out)
             tracks.renew(pyramid[k], self.step, self.quality)
         self.previous = (grey, pyramid, expansion)
-        if not done_desc:
+        if not ended:
             return self._empty()
-        return TrajectoryFrame(np.concatenate(done_desc), np.concatenate(done_pos))
+        return self._describe(*(np.concatenate(parts) for parts in zip(*ended, strict=True)))
 
     def _step(self, k: int, tracks: _ScaleTracks, prev_level: np.ndarray, flow: np.ndarray,
               descriptor_flow: np.ndarray):
         """Move the tracks of scale k by one frame (those leaving the frame end, unseen), add
-        their descriptors at their previous points, and return the valid ones that reach
-        ``track_length`` steps: (descriptors, positions) or None."""
+        their descriptors at their previous points, and return those that reach
+        ``track_length`` steps: (points and displacements in frame pixels, histogram sums,
+        scales) or None."""
         from featpipe.extract._trajectory_kernels import GROUP_CHANNELS, advance_tracks
 
         if not tracks.alive.any():
@@ -576,15 +576,21 @@ class Tracker:
             return None
         tracks.alive[ended] = False
         scale = np.float32(self.scales[k])
-        points = tracks.points[ended] * scale
+        moves = (tracks.displacements[ended] * scale if tracks.camera
+                 else np.empty((len(ended), 0, 2), np.float32))
+        return (tracks.points[ended] * scale, moves, tracks.sums[ended],
+                np.full(len(ended), scale))
+
+    def _describe(self, points: np.ndarray, moves: np.ndarray, sums: np.ndarray,
+                  scales: np.ndarray) -> TrajectoryFrame:
+        """The valid trajectories among those that ended (of every scale at once)."""
         valid, shape, mean = trajectory_shapes(points)
-        if tracks.camera:
-            moves = tracks.displacements[ended] * scale
+        if self.camera is not None:
             magnitude = np.sqrt((moves ** 2).sum(axis=2))
             valid &= magnitude.max(axis=1) > CAMERA_MIN_MOVE
             total = magnitude.sum(axis=1)
             shape = (moves / np.where(total > 0, total, 1)[:, None, None]).reshape(len(moves), -1)
-        sums = tracks.sums[ended[valid]] / np.float32(self.t_stride)
+        sums = sums[valid] / np.float32(self.t_stride)
         shape, mean = shape[valid], mean[valid]
         descriptors = np.empty((len(shape), self.n_features), np.float32)
         for name, columns in self.groups:
@@ -597,8 +603,8 @@ class Tracker:
                 descriptors[:, columns] = sums[:, :, start:start + per_cell].reshape(-1, size)
         positions = np.empty((len(shape), 3), np.float32)
         positions[:, :2] = mean
-        positions[:, 2] = scale
-        return descriptors, positions
+        positions[:, 2] = scales[valid]
+        return TrajectoryFrame(descriptors, positions)
 
 
 #: tracking needs consecutive frames: both methods read every frame unless told otherwise
