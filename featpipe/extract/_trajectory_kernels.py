@@ -314,7 +314,8 @@ def advance_tracks(points, steps, flow, grey, descriptor_flow, displacements, ch
     block and square-rooted.  The integral histograms are made row by row into ``rows``
     (a ring of at least patch + 1 rows of (W + 1, 36)) and each track is added as soon as
     the last row of its block is made, the tracks taken in the order of their block's top
-    row: no whole (H + 1, W + 1, 36) integral is stored."""
+    row: no whole (H + 1, W + 1, 36) integral is stored.  Returns how many tracks reached
+    their last point (L + 1 of ``points``' L + 1) with this step."""
     height, width = flow.shape[0], flow.shape[1]
     half = patch // 2
     cell = patch // n_cells
@@ -325,6 +326,7 @@ def advance_tracks(points, steps, flow, grey, descriptor_flow, displacements, ch
     time_cells = np.empty(n, np.intp)
     starts = np.zeros(height + 2, np.intp)
     count = 0
+    done = 0
     for i in range(n):
         if not alive[i]:
             continue
@@ -351,8 +353,9 @@ def advance_tracks(points, steps, flow, grey, descriptor_flow, displacements, ch
         points[i, s + 1, 0] = mx
         points[i, s + 1, 1] = my
         steps[i] = s + 1
+        done += s + 2 == points.shape[1]
     if count == 0:
-        return
+        return done
     # counting sort of the described tracks by their block's top row
     for top in range(height + 1):
         starts[top + 1] += starts[top]
@@ -389,6 +392,7 @@ def advance_tracks(points, steps, flow, grey, descriptor_flow, displacements, ch
         block = blocks[rank[i]]
         for b in range(block.shape[0]):
             cell_sums[b] += block[b]
+    return done
 
 
 @numba.njit(cache=True, nogil=True)

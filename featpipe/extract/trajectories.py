@@ -485,7 +485,10 @@ class Tracker:
         self.flow_engine = (DISPyramid(self.sizes, self.scales) if estimator.flow == "dis"
                             else FarnebackPyramid(self.sizes, self.scales, stride))
         #: the ring of integral-histogram rows advance_tracks makes, shared by the scales
-        self.rows = np.empty((self.patch + 1) * (width + 1) * GROUP_CHANNELS, np.float32)
+        ring = np.empty((self.patch + 1) * (width + 1) * GROUP_CHANNELS, np.float32)
+        self.rows = [ring[:(self.patch + 1) * (w + 1) * GROUP_CHANNELS].reshape(
+            self.patch + 1, w + 1, GROUP_CHANNELS) for _, w in self.sizes]
+        self.constants = np.float32(EPSILON), np.float32(MIN_FLOW)
         self.tracks = [_ScaleTracks(self.length, self.n_t_cells, self.block_width,
                                     self.camera is not None) for _ in self.scales]
         self.frame = 0
@@ -560,20 +563,14 @@ class Tracker:
         their descriptors at their previous points, and return those that reach
         ``track_length`` steps: (points and displacements in frame pixels, histogram sums,
         scales) or None."""
-        from featpipe.extract._trajectory_kernels import GROUP_CHANNELS, advance_tracks
+        from featpipe.extract._trajectory_kernels import advance_tracks
 
-        if not tracks.alive.any():
+        if not advance_tracks(tracks.points, tracks.steps, flow, prev_level, descriptor_flow,
+                              tracks.displacements, *self.kernel_groups, self.patch,
+                              self.n_cells, self.t_stride, self.n_t_cells, *self.constants,
+                              tracks.sums, tracks.alive, self.rows[k]):
             return None
-        height, width = flow.shape[:2]
-        rows = self.rows[:(self.patch + 1) * (width + 1) * GROUP_CHANNELS]
-        advance_tracks(tracks.points, tracks.steps, flow, prev_level, descriptor_flow,
-                       tracks.displacements, *self.kernel_groups, self.patch, self.n_cells,
-                       self.t_stride, self.n_t_cells, np.float32(EPSILON),
-                       np.float32(MIN_FLOW), tracks.sums, tracks.alive,
-                       rows.reshape(self.patch + 1, width + 1, GROUP_CHANNELS))
         ended = np.flatnonzero(tracks.alive & (tracks.steps >= self.length))
-        if not len(ended):
-            return None
         tracks.alive[ended] = False
         scale = np.float32(self.scales[k])
         moves = (tracks.displacements[ended] * scale if tracks.camera
