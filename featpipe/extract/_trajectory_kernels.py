@@ -1,21 +1,22 @@
 """The compiled per-pixel passes of dense trajectories (numba, numpy inputs).
 
 Kept apart from :mod:`featpipe.extract.trajectories` so that numba is imported only when a video
-is tracked.  Three passes, each one loop over the pixels or the tracked points:
+is tracked.  The passes, each one loop over the pixels or the tracked points:
 
 * :func:`farneback_matrices` and :func:`farneback_solve`: one Farnebäck iteration (Farnebäck,
   SCIA 2003; OpenCV's Gaussian-window variant, which the release copies): from the polynomial
   coefficients R0 (previous frame) and R1 (current frame, sampled bilinearly at x + d) the
   per-pixel 2×2 system A·d = b (its three distinct entries and b, 5 channels), then the
   displacement d = G⁻¹h from the Gaussian-blurred system (det + 10⁻³ keeps it finite);
-* :func:`integral_histograms`: each pixel's vector (magnitude, angle) split by its angle
-  between the two nearest of 8 orientation bins over 360° (linear in the angle, weighted by
-  the magnitude; for HOF vectors of magnitude <= ``zero_threshold`` add 1 to an extra last
-  bin), summed into an (H + 1, W + 1, bins) integral histogram (Viola & Jones; the release's
-  ``BuildDescMat``), the four groups at once;
-* :func:`accumulate_cells`: for each point its 2×2 cells (four look-ups each), each bin
-  max(sum, 0) + ε, L1-normalised over the block and square-rooted, added to the point's
-  time cell.
+* :func:`advance_tracks`: one frame of a scale's tracks: each point moved by the flow, and
+  its block of 2×2 cells (each bin max(sum, 0) + ε, L1-normalised over the block and
+  square-rooted) added to its time cell, from integral orientation histograms (Viola &
+  Jones; the release's ``BuildDescMat``) of the four vector fields made row by row
+  (:func:`_integral_row`: central-difference gradients, OpenCV's ``cartToPolar`` to the bit
+  by :func:`_polar`, each vector split between the two nearest of 8 orientation bins) into a
+  ring of rows that the tracks read as soon as their block's last row is made;
+* :func:`grid_points` and :func:`start_tracks`: dense sampling around the live tracks and
+  new tracks in free slots.
 """
 
 from __future__ import annotations
