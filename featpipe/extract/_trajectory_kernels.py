@@ -449,3 +449,33 @@ def start_tracks(new, points, steps, sums, displacements, alive):
         alive[i] = True
         j += 1
     return True
+
+
+@numba.njit(cache=True, nogil=True)
+def match_window(xy, prev_xy, radius, out):
+    """``out[i, j]`` = 1 where current keypoint i and previous keypoint j ((N, 2), (M, 2)
+    float32) are less than ``radius`` apart along x and along y, else 0."""
+    for i in range(xy.shape[0]):
+        for j in range(prev_xy.shape[0]):
+            out[i, j] = (abs(xy[i, 0] - prev_xy[j, 0]) < radius
+                         and abs(xy[i, 1] - prev_xy[j, 1]) < radius)
+
+
+@numba.njit(cache=True, nogil=True)
+def homography_maps(h, margin, map_x, map_y, inside):
+    """Where each pixel (x, y) of the previous frame lands in the current one, H·(x, y, 1)
+    divided by its third coordinate w (0 where w = 0), in float64 then float32 (``map_x``,
+    ``map_y``), and whether it lands more than ``margin`` px inside the frame (``inside``)."""
+    height, width = map_x.shape
+    for y in range(height):
+        fy = np.float64(y)
+        for x in range(width):
+            fx = np.float64(x)
+            w = h[2, 0] * fx + h[2, 1] * fy + h[2, 2]
+            w = 1 / w if w != 0 else 0.0
+            mx = np.float32((h[0, 0] * fx + h[0, 1] * fy + h[0, 2]) * w)
+            my = np.float32((h[1, 0] * fx + h[1, 1] * fy + h[1, 2]) * w)
+            map_x[y, x] = mx
+            map_y[y, x] = my
+            inside[y, x] = (mx > margin and mx < width - 1 - margin and my > margin
+                            and my < height - 1 - margin)

@@ -377,8 +377,10 @@ class CameraMotion:
         (prev_xy, prev_desc), (xy, desc) = previous, self.previous
         if prev_desc is None or desc is None or not len(prev_xy) or not len(xy):
             return np.zeros((0, 2), np.float32), np.zeros((0, 2), np.float32)
-        delta = np.abs(xy[:, None, :] - prev_xy[None, :, :])
-        window = ((delta[..., 0] < 25) & (delta[..., 1] < 25)).astype(np.uint8)
+        from featpipe.extract._trajectory_kernels import match_window
+
+        window = np.empty((len(xy), len(prev_xy)), np.uint8)
+        match_window(xy, prev_xy, np.float32(25), window)
         matches = self.matcher.match(desc, prev_desc, window)
         query = np.array([m.queryIdx for m in matches], np.intp)
         train = np.array([m.trainIdx for m in matches], np.intp)
@@ -419,22 +421,18 @@ def people_mask(height: int, width: int, boxes: np.ndarray | None) -> np.ndarray
     return mask
 
 
-def warp_current(prev_grey: np.ndarray, grey: np.ndarray, homography: np.ndarray,
-                 grid: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+def warp_current(prev_grey: np.ndarray, grey: np.ndarray, homography: np.ndarray
+                 ) -> np.ndarray:
     """The current frame in the previous frame's coordinates, w(p) = current(H·p) (bilinear);
     where H·p falls within 5 px of the border (or outside) the previous frame's pixel."""
-    xs, ys = grid
-    h = homography
-    w = h[2, 0] * xs + h[2, 1] * ys + h[2, 2]
-    w = np.where(w != 0, 1 / np.where(w != 0, w, 1), 0)
-    map_x = ((h[0, 0] * xs + h[0, 1] * ys + h[0, 2]) * w).astype(np.float32)
-    map_y = ((h[1, 0] * xs + h[1, 1] * ys + h[1, 2]) * w).astype(np.float32)
+    from featpipe.extract._trajectory_kernels import homography_maps
+
+    height, width = grey.shape
+    map_x, map_y = np.empty((height, width), np.float32), np.empty((height, width), np.float32)
+    inside = np.empty((height, width), bool)
+    homography_maps(np.asarray(homography, np.float64), np.float32(5), map_x, map_y, inside)
     warped = cv2.remap(grey, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT,
                        borderValue=0)
-    height, width = grey.shape
-    margin = 5
-    inside = ((map_x > margin) & (map_x < width - 1 - margin) & (map_y > margin)
-              & (map_y < height - 1 - margin))
     return np.where(inside, warped, prev_grey)
 
 
@@ -479,8 +477,6 @@ class Tracker:
         self.camera = None
         if isinstance(estimator, ImprovedDenseTrajectories):
             self.camera = CameraMotion(estimator.keypoints)
-            self.grid = np.meshgrid(np.arange(width, dtype=np.float64),
-                                    np.arange(height, dtype=np.float64))
         stride = 1 / float(estimator.scale_factor)
         self.flow_engine = (DISPyramid(self.sizes, self.scales) if estimator.flow == "dis"
                             else FarnebackPyramid(self.sizes, self.scales, stride))
@@ -543,7 +539,7 @@ class Tracker:
         descriptor_flows = flows
         if self.camera is not None:
             homography = self.camera.homography(prev_grey, grey, flows[0], mask)
-            warped = warp_current(prev_grey, grey, homography, self.grid)
+            warped = warp_current(prev_grey, grey, homography)
             descriptor_flows = self.flow_engine.flow(prev_expansion,
                                                      self.flow_engine.expand(warped))
         ended = []

@@ -158,3 +158,31 @@ def test_one_frame_of_tracks_equals_the_release_arithmetic_on_a_real_clip():
     assert ended > 20 and described > 500
     assert (~alive[~b_alive]).all()
     np.testing.assert_array_equal(sums, expected)
+
+
+def test_camera_kernels_equal_their_numpy_forms():
+    """The homography's maps (float64, then float32) and the keypoints' 25 px window, as
+    numpy writes them (the forms featpipe used before the kernels)."""
+    from featpipe.extract._trajectory_kernels import homography_maps, match_window
+
+    rng = np.random.default_rng(2)
+    h = np.eye(3) + rng.normal(0, [[1e-2, 1e-2, 2], [1e-2, 1e-2, 2], [1e-5, 1e-5, 1e-3]])
+    height, width = 48, 64
+    maps = [np.empty((height, width), np.float32) for _ in range(2)] + [
+        np.empty((height, width), bool)]
+    homography_maps(h, np.float32(5), *maps)
+    xs, ys = np.meshgrid(np.arange(width, dtype=np.float64), np.arange(height, dtype=np.float64))
+    w = h[2, 0] * xs + h[2, 1] * ys + h[2, 2]
+    w = np.where(w != 0, 1 / np.where(w != 0, w, 1), 0)
+    map_x = ((h[0, 0] * xs + h[0, 1] * ys + h[0, 2]) * w).astype(np.float32)
+    map_y = ((h[1, 0] * xs + h[1, 1] * ys + h[1, 2]) * w).astype(np.float32)
+    inside = (map_x > 5) & (map_x < width - 6) & (map_y > 5) & (map_y < height - 6)
+    for got, expected in zip(maps, (map_x, map_y, inside), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    assert 0 < inside.sum() < inside.size
+    xy, prev_xy = (rng.uniform(0, 100, (n, 2)).astype(np.float32) for n in (40, 30))
+    window = np.empty((40, 30), np.uint8)
+    match_window(xy, prev_xy, np.float32(25), window)
+    delta = np.abs(xy[:, None, :] - prev_xy[None, :, :])
+    np.testing.assert_array_equal(window, (delta[..., 0] < 25) & (delta[..., 1] < 25))
+    assert 0 < window.sum() < window.size
