@@ -50,7 +50,8 @@ CATEGORIES = {
     "histograms": ("advance_tracks",),
     "sampling": ("cornerMinEigenVal", "dense_sample", "grid_points", "start_tracks", "renew"),
     "camera": ("detectAndCompute", "goodFeaturesToTrack", "findHomography", "match", "remap",
-               "warp_current", "homography", "keypoint_matches", "people_mask"),
+               "warp_current", "homography", "keypoint_matches", "people_mask",
+               "match_window", "homography_maps"),
 }
 
 
