@@ -118,7 +118,7 @@ def farneback_solve(blurred, flow):
 
 #: channels of each group in the integral histograms: 8 orientations and HOF's zero bin (HOG
 #: and MBH leave it 0); the groups HOG, HOF, MBHx, MBHy follow each other (36 channels), so
-#: that a pixel's histograms are contiguous and the per-channel loops unroll
+#: that a pixel's histograms are contiguous
 CHANNELS = 9
 GROUPS = 4
 GROUP_CHANNELS = GROUPS * CHANNELS
@@ -168,7 +168,8 @@ def _polar(x, y):
     ``cartToPolar`` computes them with its vector instructions: √fma(x, x, y·y), and
     ``fastAtan2``: c = min(|x|, |y|) / (max(|x|, |y|) + DBL_EPSILON), a = c·(p1 + c²(p3 +
     c²(p5 + c²p7))) by FMAs, then 90 − a where |y| > |x|, 180 − a where x < 0, 360 − a where
-    y < 0 (bit-equal to ``cv2.cartToPolar`` on CPUs with FMA: tests/unit/test_trajectories.py)."""
+    y < 0 (bit-equal to ``cv2.cartToPolar`` where OpenCV runs its FMA code, AVX2 CPUs:
+    tests/unit/test_trajectory_kernels.py)."""
     magnitude = _sqrt(_fma(x, x, y * y))
     ax = abs(x)
     ay = abs(y)
