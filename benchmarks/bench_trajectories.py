@@ -47,11 +47,11 @@ CLIPS = {"bigbuckbunny": "bigbuckbunny.mp4", "bikes": "bikes.mp4",
 CATEGORIES = {
     "flow": ("expand", "flow", "farneback_matrices", "farneback_solve", "sepFilter2D",
              "medianBlur", "GaussianBlur", "median_flow", "smoothed_pyramid", "calc", "resize"),
-    "histograms": ("integral_histograms", "advance_tracks", "accumulate_cells", "Sobel",
-                   "orientation_integrals", "cartToPolar", "split"),
-    "sampling": ("cornerMinEigenVal", "dense_sample", "nonzero", "renew"),
+    "histograms": ("advance_tracks",),
+    "sampling": ("cornerMinEigenVal", "dense_sample", "grid_points", "start_tracks", "renew"),
     "camera": ("detectAndCompute", "goodFeaturesToTrack", "findHomography", "match", "remap",
-               "warp_current", "homography", "keypoint_matches", "people_mask"),
+               "warp_current", "homography", "keypoint_matches", "people_mask",
+               "match_window", "homography_maps"),
 }
 
 

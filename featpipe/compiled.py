@@ -91,13 +91,16 @@ def _warm_chi2():
 def _warm_trajectories():
     import numpy as np
 
-    from featpipe.extract.trajectories import DenseTrajectories
+    from featpipe.extract.trajectories import DenseTrajectories, ImprovedDenseTrajectories
 
     rng = np.random.default_rng(0)
     texture = rng.integers(0, 256, (72, 90), dtype=np.uint8)
-    tracker = DenseTrajectories(n_scales=1).start(64, 64)
-    for t in range(17):  # a texture moving right: trajectories end from frame 15 on
-        tracker.add(np.ascontiguousarray(texture[4:68, 2 + t // 2:66 + t // 2]))
+    # idt's camera kernels too (SIFT finds keypoints in frames this small, ORB none)
+    for method in (DenseTrajectories(n_scales=1),
+                   ImprovedDenseTrajectories(n_scales=1, keypoints="sift")):
+        tracker = method.start(64, 64)
+        for t in range(17):  # a texture moving right: trajectories end from frame 15 on
+            tracker.add(np.ascontiguousarray(texture[4:68, 2 + t // 2:66 + t // 2]))
 
 
 #: kernel -> what compiles it, through the functions jobs call

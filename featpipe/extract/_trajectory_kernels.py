@@ -1,21 +1,22 @@
 """The compiled per-pixel passes of dense trajectories (numba, numpy inputs).
 
 Kept apart from :mod:`featpipe.extract.trajectories` so that numba is imported only when a video
-is tracked.  Three passes, each one loop over the pixels or the tracked points:
+is tracked.  The passes, each one loop over the pixels or the tracked points:
 
 * :func:`farneback_matrices` and :func:`farneback_solve`: one Farnebäck iteration (Farnebäck,
   SCIA 2003; OpenCV's Gaussian-window variant, which the release copies): from the polynomial
   coefficients R0 (previous frame) and R1 (current frame, sampled bilinearly at x + d) the
   per-pixel 2×2 system A·d = b (its three distinct entries and b, 5 channels), then the
   displacement d = G⁻¹h from the Gaussian-blurred system (det + 10⁻³ keeps it finite);
-* :func:`integral_histograms`: each pixel's vector (magnitude, angle) split by its angle
-  between the two nearest of 8 orientation bins over 360° (linear in the angle, weighted by
-  the magnitude; for HOF vectors of magnitude <= ``zero_threshold`` add 1 to an extra last
-  bin), summed into an (H + 1, W + 1, bins) integral histogram (Viola & Jones; the release's
-  ``BuildDescMat``), the four groups at once;
-* :func:`accumulate_cells`: for each point its 2×2 cells (four look-ups each), each bin
-  max(sum, 0) + ε, L1-normalised over the block and square-rooted, added to the point's
-  time cell.
+* :func:`advance_tracks`: one frame of a scale's tracks: each point moved by the flow, and
+  its block of 2×2 cells (each bin max(sum, 0) + ε, L1-normalised over the block and
+  square-rooted) added to its time cell, from integral orientation histograms (Viola &
+  Jones; the release's ``BuildDescMat``) of the four vector fields made row by row
+  (:func:`_integral_row`: central-difference gradients, OpenCV's ``cartToPolar`` to the bit
+  by :func:`_polar`, each vector split between the two nearest of 8 orientation bins) into a
+  ring of rows that the tracks read as soon as their block's last row is made;
+* :func:`grid_points` and :func:`start_tracks`: dense sampling around the live tracks and
+  new tracks in free slots.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import math
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
 
 #: weights of the five outermost rows/columns in the Farnebäck system (OpenCV's values)
 _BORDER = np.array([0.14, 0.14, 0.4472, 0.4472, 0.4472], dtype=np.float32)
@@ -114,113 +118,218 @@ def farneback_solve(blurred, flow):
 
 #: channels of each group in the integral histograms: 8 orientations and HOF's zero bin (HOG
 #: and MBH leave it 0); the groups HOG, HOF, MBHx, MBHy follow each other (36 channels), so
-#: that a pixel's histograms are contiguous and the per-channel loops unroll
+#: that a pixel's histograms are contiguous
 CHANNELS = 9
 GROUPS = 4
 GROUP_CHANNELS = GROUPS * CHANNELS
 ORIENTATIONS = 8
 
 
-@numba.njit(cache=True, nogil=True)
-def integral_histograms(magnitude, angle, zero_threshold, out):
-    """The integral orientation histograms of one scale into ``out`` ((H + 1, W + 1, 36)
-    float32; first row and column zero) from the (4, H, W) magnitudes and angles (degrees,
-    [0, 360]) of the four vector fields HOG, HOF, MBHx, MBHy: channels 9g .. 9g + 7 hold
-    group g's 8 orientations; HOF's vectors no longer than ``zero_threshold`` add 1 to
-    channel 17 (its zero bin) instead."""
-    height, width = magnitude.shape[1], magnitude.shape[2]
-    base = np.float32(ORIENTATIONS / 360.0)
-    row = np.zeros(GROUP_CHANNELS, dtype=np.float32)
-    out[0, :, :] = 0
-    for y in range(height):
-        for b in range(GROUP_CHANNELS):
-            row[b] = 0
-            out[y + 1, 0, b] = 0
-        for x in range(width):
-            for g in range(GROUPS):
-                m = magnitude[g, y, x]
-                offset = CHANNELS * g
-                if g == 1 and m <= zero_threshold:
-                    row[offset + ORIENTATIONS] += np.float32(1.0)
-                    continue
-                position = angle[g, y, x] * base
-                low = np.int32(position)
-                upper = (position - np.float32(low)) * m
-                if low >= ORIENTATIONS:
-                    low -= ORIENTATIONS
-                high = low + 1
-                if high >= ORIENTATIONS:
-                    high -= ORIENTATIONS
-                row[offset + low] += m - upper
-                row[offset + high] += upper
-            for b in range(GROUP_CHANNELS):
-                out[y + 1, x + 1, b] = out[y, x + 1, b] + row[b]
+#: OpenCV's ``fastAtan2`` polynomial (``atan_f32`` in its mathfuncs_core), in degrees
+_ATAN_P1 = np.float32(np.float32(0.9997878412794807) * np.float32(180 / math.pi))
+_ATAN_P3 = np.float32(np.float32(-0.3258083974640975) * np.float32(180 / math.pi))
+_ATAN_P5 = np.float32(np.float32(0.1555786518463281) * np.float32(180 / math.pi))
+_ATAN_P7 = np.float32(np.float32(-0.04432655554792128) * np.float32(180 / math.pi))
+_ATAN_EPS = np.float32(np.finfo(np.float64).eps)
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a·b + c rounded once (LLVM's ``llvm.fma.f32``: the FMA instruction, or libm's fmaf)."""
+    signature = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, sig, args):
+        f32 = ir.FloatType()
+        function = builder.module.declare_intrinsic("llvm.fma", [f32],
+                                                    ir.FunctionType(f32, [f32, f32, f32]))
+        return builder.call(function, args)
+
+    return signature, codegen
+
+
+@intrinsic
+def _sqrt(typingctx, a):
+    """√a of a float32, correctly rounded (LLVM's ``llvm.sqrt.f32``: the instruction, which
+    numba's ``np.sqrt`` leaves as a call to libm's sqrtf in some loops)."""
+    signature = types.float32(types.float32)
+
+    def codegen(context, builder, sig, args):
+        f32 = ir.FloatType()
+        function = builder.module.declare_intrinsic("llvm.sqrt", [f32],
+                                                    ir.FunctionType(f32, [f32]))
+        return builder.call(function, args)
+
+    return signature, codegen
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _add_blocks(integral, channels, bins, columns, left, top, cell, n_cells, epsilon, out,
-                corners, block):
-    """Add one point's normalised blocks (corner (left, top)) to ``out`` (one time cell)."""
-    n_corners = n_cells + 1
-    for cy in range(n_corners):
-        for cx in range(n_corners):
-            source = integral[top + cy * cell, left + cx * cell]
-            for b in range(GROUP_CHANNELS):
-                corners[cy, cx, b] = source[b]
+def _polar(x, y):
+    """(magnitude, angle in degrees [0, 360]) of the float32 vector (x, y) as OpenCV's
+    ``cartToPolar`` computes them with its vector instructions: √fma(x, x, y·y), and
+    ``fastAtan2``: c = min(|x|, |y|) / (max(|x|, |y|) + DBL_EPSILON), a = c·(p1 + c²(p3 +
+    c²(p5 + c²p7))) by FMAs, then 90 − a where |y| > |x|, 180 − a where x < 0, 360 − a where
+    y < 0 (bit-equal to ``cv2.cartToPolar`` where OpenCV runs its FMA code, AVX2 CPUs:
+    tests/unit/test_trajectory_kernels.py)."""
+    magnitude = _sqrt(_fma(x, x, y * y))
+    ax = abs(x)
+    ay = abs(y)
+    c = min(ax, ay) / (max(ax, ay) + _ATAN_EPS)
+    cc = c * c
+    a = _fma(_fma(_fma(cc, _ATAN_P7, _ATAN_P5), cc, _ATAN_P3), cc, _ATAN_P1) * c
+    a = a if ax >= ay else np.float32(90.0) - a
+    a = np.float32(180.0) - a if x < 0 else a
+    a = np.float32(360.0) - a if y < 0 else a
+    return magnitude, a
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _gradient_row(grey, flow, y, x_parts, y_parts):
+    """Row y of the four vector fields into ``x_parts`` and ``y_parts`` ((4, W)): the grey
+    image's gradient (HOG), the flow (HOF), the gradients of its x and y components (MBHx,
+    MBHy).  Gradients are central differences, edges reflected (OpenCV's ``Sobel`` of size
+    1, BORDER_REFLECT_101): I(x + 1) − I(x − 1) along x, likewise along y."""
+    height, width = grey.shape
+    up = y - 1 if y > 0 else 1
+    down = y + 1 if y < height - 1 else height - 2
+    for x in range(width):
+        x_parts[1, x] = flow[y, x, 0]
+        y_parts[1, x] = flow[y, x, 1]
+        y_parts[0, x] = np.float32(grey[down, x]) - np.float32(grey[up, x])
+        y_parts[2, x] = flow[down, x, 0] - flow[up, x, 0]
+        y_parts[3, x] = flow[down, x, 1] - flow[up, x, 1]
+    for x in range(1, width - 1):
+        x_parts[0, x] = np.float32(grey[y, x + 1]) - np.float32(grey[y, x - 1])
+        x_parts[2, x] = flow[y, x + 1, 0] - flow[y, x - 1, 0]
+        x_parts[3, x] = flow[y, x + 1, 1] - flow[y, x - 1, 1]
+    for x, left, right in ((0, 1, 1), (width - 1, width - 2, width - 2)):
+        x_parts[0, x] = np.float32(grey[y, right]) - np.float32(grey[y, left])
+        x_parts[2, x] = flow[y, right, 0] - flow[y, left, 0]
+        x_parts[3, x] = flow[y, right, 1] - flow[y, left, 1]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _integral_row(grey, flow, y, zero_threshold, work, previous, current):
+    """Integral row y + 1 of the orientation histograms of (``grey``, ``flow``): ``current``
+    ((W + 1, 36)) = ``previous`` (row y) + the running sum along x of row y's pixel
+    histograms (Viola & Jones's integral image; the release's ``BuildDescMat``).
+
+    Each pixel's vector (magnitude m, angle θ: :func:`_polar`) of group g (HOG, HOF, MBHx,
+    MBHy: :func:`_gradient_row`) goes to channels 9g .. 9g + 7: position θ·8/360 split
+    between the two nearest bins, linearly, weighted by m; HOF's vectors with m <=
+    ``zero_threshold`` add 1 to channel 17 (its zero bin) instead.  ``work`` holds four
+    float32 rows (4W), the lower bins (4W, int32) and the pixel histograms ((W, 36))."""
+    parts, lows, histograms = work
+    width = grey.shape[1]
+    _gradient_row(grey, flow, y, parts[0].reshape(GROUPS, width),
+                  parts[1].reshape(GROUPS, width))
+    # one vectorised loop after another, then the scatter into the pixel histograms
+    x_parts, y_parts, lower, upper = parts[0], parts[1], parts[2], parts[3]
+    base = np.float32(ORIENTATIONS / 360.0)
+    for i in range(x_parts.shape[0]):
+        m, angle = _polar(x_parts[i], y_parts[i])
+        position = angle * base
+        low = np.int32(position)
+        upper[i] = (position - np.float32(low)) * m
+        lower[i] = m - upper[i]
+        lows[i] = low - ORIENTATIONS if low >= ORIENTATIONS else low
+        x_parts[i] = m
+    for i in range(width, 2 * width):                 # HOF's slow vectors: the zero bin
+        slow = x_parts[i] <= zero_threshold
+        x_parts[i] = np.float32(1.0) if slow else np.float32(0.0)
+        lower[i] = np.float32(0.0) if slow else lower[i]
+        upper[i] = np.float32(0.0) if slow else upper[i]
+    histograms[:, :] = 0
+    for g in range(GROUPS):
+        offset = CHANNELS * g
+        for x in range(width):
+            i = g * width + x
+            low = lows[i]
+            histograms[x, offset + low] = lower[i]
+            histograms[x, offset + (0 if low == ORIENTATIONS - 1 else low + 1)] = upper[i]
+    for x in range(width):
+        histograms[x, CHANNELS + ORIENTATIONS] = x_parts[width + x]
+    # the channel loops run to a bound numba cannot see, so that LLVM vectorises them
+    channels = histograms.shape[1]
+    for b in range(channels):
+        current[0, b] = 0
+        current[1, b] = previous[1, b] + histograms[0, b]
+    for x in range(1, width):
+        for b in range(channels):
+            histograms[x, b] = histograms[x - 1, b] + histograms[x, b]
+            current[x + 1, b] = previous[x + 1, b] + histograms[x, b]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _add_blocks(rows, channels, bins, columns, left, top, cell, n_cells, epsilon, out, cells,
+                scales):
+    """One point's normalised blocks (corner (left, top)) into ``out``;
+    integral row r is ``rows[r % len(rows)]``; ``cells`` ((n_cells², 36)) and ``scales``
+    (36) are work space.  The loops over the channels run to ``rows.shape[2]``, a bound
+    LLVM cannot see, so that it vectorises them instead of unrolling them."""
+    n_rows, n_channels = rows.shape[0], rows.shape[2]
+    for cx in range(n_cells):
+        x0 = left + cx * cell
+        x1 = x0 + cell
+        for cy in range(n_cells):
+            upper = rows[(top + cy * cell) % n_rows]
+            lower = rows[(top + (cy + 1) * cell) % n_rows]
+            sums = cells[cx * n_cells + cy]
+            for b in range(n_channels):
+                value = lower[x1, b] + upper[x0, b] - lower[x0, b] - upper[x1, b]
+                sums[b] = max(value, np.float32(0.0)) + epsilon
     for g in range(channels.shape[0]):
         first = channels[g]
-        n_bins = bins[g]
-        k = 0
         total = np.float32(0.0)
-        for cx in range(n_cells):
-            for cy in range(n_cells):
-                for b in range(first, first + n_bins):
-                    value = (corners[cy + 1, cx + 1, b] + corners[cy, cx, b]
-                             - corners[cy + 1, cx, b] - corners[cy, cx + 1, b])
-                    value = max(value, np.float32(0.0)) + epsilon
-                    block[k] = value
-                    total += value
-                    k += 1
+        for k in range(n_cells * n_cells):
+            for b in range(first, first + bins[g]):
+                total += cells[k, b]
         scale = np.float32(1.0) / total
-        column = columns[g]
-        for j in range(k):
-            out[column + j] += np.sqrt(block[j] * scale)
+        for b in range(first, first + bins[g]):
+            scales[b] = scale
+    for k in range(n_cells * n_cells):
+        for b in range(n_channels):
+            cells[k, b] = _sqrt(cells[k, b] * scales[b])
+    for g in range(channels.shape[0]):
+        first = channels[g]
+        for k in range(n_cells * n_cells):
+            start = columns[g] + k * bins[g] - first
+            for b in range(first, first + bins[g]):
+                out[start + b] = cells[k, b]
 
 
-@numba.njit(cache=True, nogil=True)
-def accumulate_cells(integral, channels, bins, columns, rows, left, top, cell, n_cells,
-                     time_cell, epsilon, out):
-    """Add each point's normalised blocks to its time cell: for each group g, the first
-    ``bins[g]`` channels from ``channels[g]`` go to ``out[rows[i], time_cell[i], columns[g]:
-    columns[g] + n_cells² · bins[g]]`` (points with a negative time cell are skipped).
-
-    The block's corner is (``left[i]``, ``top[i]``) in pixels; cell (cx, cy) covers
-    ``cell`` × ``cell`` pixels from (left + cx·cell, top + cy·cell); entries run over cx, then
-    cy, then the bins (the release's order).  The (n_cells + 1)² corners are read once."""
-    corners = np.empty((n_cells + 1, n_cells + 1, GROUP_CHANNELS), dtype=np.float32)
-    block = np.empty(n_cells * n_cells * CHANNELS, dtype=np.float32)
-    for i in range(left.shape[0]):
-        if time_cell[i] >= 0:
-            _add_blocks(integral, channels, bins, columns, left[i], top[i], cell, n_cells,
-                        epsilon, out[rows[i], time_cell[i]], corners, block)
-
-
-@numba.njit(cache=True, nogil=True)
-def advance_tracks(points, steps, flow, descriptor_flow, displacements, integral, channels,
-                   bins, columns, patch, n_cells, t_stride, n_t_cells, epsilon, sums, alive):
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def advance_tracks(points, steps, flow, grey, descriptor_flow, displacements, channels, bins,
+                   columns, patch, n_cells, t_stride, n_t_cells, epsilon, zero_threshold,
+                   sums, alive, rows):
     """One frame of every live track of a scale (``alive``): the point p = ``points[i,
-    steps[i]]`` moves to
-    p + flow(round(p)) (rounded half to even and clamped to the frame, as ``cvRound``); a
-    track whose new point is not strictly inside the frame is no longer ``alive``.  The others
-    add their blocks at p (corner round(p) − patch/2 clamped into the frame) to their time
-    cell of ``sums``, record ``descriptor_flow`` at round(p) in ``displacements`` (when it has
-    rows), append the new point and count the step."""
+    steps[i]]`` moves to p + flow(round(p)) (rounded half to even and clamped to the frame,
+    as ``cvRound``); a track whose new point is not strictly inside the frame is no longer
+    ``alive``.  The others record ``descriptor_flow`` at round(p) in ``displacements`` (when
+    it has rows), append the new point, count the step, and add their blocks at p to their
+    time cell of ``sums``: for each group g, the first ``bins[g]`` channels from
+    ``channels[g]`` of the integral histograms of (``grey``, ``descriptor_flow``) go to
+    ``sums[i, time cell, columns[g]: columns[g] + n_cells² · bins[g]]``.
+
+    The block's corner is round(p) − patch/2 clamped into the frame; cell (cx, cy) covers
+    cell × cell pixels (cell = patch / n_cells) from there; entries run over cx, then cy,
+    then the bins (the release's order); each bin max(sum, 0) + ε, L1-normalised over the
+    block and square-rooted.  The integral histograms are made row by row into ``rows``
+    (a ring of at least patch + 1 rows of (W + 1, 36)) and each track is added as soon as
+    the last row of its block is made, the tracks taken in the order of their block's top
+    row: no whole (H + 1, W + 1, 36) integral is stored.  Returns how many tracks reached
+    their last point (L + 1 of ``points``' L + 1) with this step."""
     height, width = flow.shape[0], flow.shape[1]
     half = patch // 2
     cell = patch // n_cells
-    corners = np.empty((n_cells + 1, n_cells + 1, GROUP_CHANNELS), dtype=np.float32)
-    block = np.empty(n_cells * n_cells * CHANNELS, dtype=np.float32)
-    for i in range(steps.shape[0]):
+    n = steps.shape[0]
+    describe = np.empty(n, np.intp)
+    lefts = np.empty(n, np.intp)
+    tops = np.empty(n, np.intp)
+    time_cells = np.empty(n, np.intp)
+    starts = np.zeros(height + 2, np.intp)
+    count = 0
+    done = 0
+    for i in range(n):
         if not alive[i]:
             continue
         s = steps[i]
@@ -234,13 +343,140 @@ def advance_tracks(points, steps, flow, descriptor_flow, displacements, integral
             alive[i] = False
             continue
         if s < n_t_cells * t_stride and channels.shape[0] > 0:
-            left = min(max(xi - half, 0), width - patch)
-            top = min(max(yi - half, 0), height - patch)
-            _add_blocks(integral, channels, bins, columns, left, top, cell, n_cells, epsilon,
-                        sums[i, s // t_stride], corners, block)
+            describe[count] = i
+            lefts[i] = min(max(xi - half, 0), width - patch)
+            tops[i] = min(max(yi - half, 0), height - patch)
+            time_cells[i] = s // t_stride
+            starts[tops[i] + 1] += 1
+            count += 1
         if displacements.shape[0] > 0:
             displacements[i, s, 0] = descriptor_flow[yi, xi, 0]
             displacements[i, s, 1] = descriptor_flow[yi, xi, 1]
         points[i, s + 1, 0] = mx
         points[i, s + 1, 1] = my
         steps[i] = s + 1
+        done += s + 2 == points.shape[1]
+    if count == 0:
+        return done
+    # counting sort of the described tracks by their block's top row
+    for top in range(height + 1):
+        starts[top + 1] += starts[top]
+    order = np.empty(count, np.intp)
+    filled = starts.copy()
+    last = 0
+    for j in range(count):
+        i = describe[j]
+        order[filled[tops[i]]] = i
+        filled[tops[i]] += 1
+        last = max(last, tops[i])
+    n_rows = rows.shape[0]
+    work = (np.empty((4, GROUPS * width), np.float32), np.empty(GROUPS * width, np.int32),
+            np.empty((width, GROUP_CHANNELS), np.float32))
+    cells = np.empty((n_cells * n_cells, GROUP_CHANNELS), np.float32)
+    blocks = np.empty((count, sums.shape[2]), np.float32)
+    scales = np.zeros(GROUP_CHANNELS, np.float32)
+    rows[0, :, :] = 0
+    for y in range(last + patch):
+        _integral_row(grey, descriptor_flow, y, zero_threshold, work, rows[y % n_rows],
+                      rows[(y + 1) % n_rows])
+        top = y + 1 - patch
+        if top >= 0:
+            for j in range(starts[top], starts[top + 1]):
+                _add_blocks(rows, channels, bins, columns, lefts[order[j]], top, cell,
+                            n_cells, epsilon, blocks[j], cells, scales)
+    # added to the tracks' sums in slot order (a stream through memory, not a scatter)
+    rank = np.empty(n, np.intp)
+    for j in range(count):
+        rank[order[j]] = j
+    for j in range(count):
+        i = describe[j]
+        cell_sums = sums[i, time_cells[i]]
+        block = blocks[rank[i]]
+        for b in range(block.shape[0]):
+            cell_sums[b] += block[b]
+    return done
+
+
+@numba.njit(cache=True, nogil=True)
+def grid_points(eig, quality, step, points, steps, alive, out):
+    """The grid points (x, y) = (j·step + ⌊step/2⌋, i·step + ⌊step/2⌋), row-major, whose
+    ``eig`` exceeds ``quality`` × its maximum (compared in float64) and whose cell of step ×
+    step pixels holds no live track's last point ⌊``points[i, steps[i]]``⌋, into ``out``;
+    returns how many."""
+    rows, cols = eig.shape[0] // step, eig.shape[1] // step
+    threshold = np.float64(eig.max()) * quality
+    occupied = np.zeros((rows, cols), np.bool_)
+    for i in range(alive.shape[0]):
+        if alive[i]:
+            cx = math.floor(points[i, steps[i], 0])
+            cy = math.floor(points[i, steps[i], 1])
+            if 0 <= cx < cols * step and 0 <= cy < rows * step:
+                occupied[cy // step, cx // step] = True
+    offset = step // 2
+    count = 0
+    for i in range(rows):
+        y = i * step + offset
+        for j in range(cols):
+            x = j * step + offset
+            if not occupied[i, j] and np.float64(eig[y, x]) > threshold:
+                out[count, 0] = x
+                out[count, 1] = y
+                count += 1
+    return count
+
+
+@numba.njit(cache=True, nogil=True)
+def start_tracks(new, points, steps, sums, displacements, alive):
+    """Start a track at each of ``new`` (M, 2) in the lowest free slots (not ``alive``):
+    first point, no steps, zero sums and (when it has rows) displacements; False, and
+    nothing changed, when fewer than M slots are free."""
+    free = 0
+    for i in range(alive.shape[0]):
+        free += not alive[i]
+    if free < new.shape[0]:
+        return False
+    j = 0
+    for i in range(alive.shape[0]):
+        if j == new.shape[0]:
+            break
+        if alive[i]:
+            continue
+        points[i, 0, 0] = new[j, 0]
+        points[i, 0, 1] = new[j, 1]
+        steps[i] = 0
+        sums[i] = 0
+        if displacements.shape[0] > 0:
+            displacements[i] = 0
+        alive[i] = True
+        j += 1
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def match_window(xy, prev_xy, radius, out):
+    """``out[i, j]`` = 1 where current keypoint i and previous keypoint j ((N, 2), (M, 2)
+    float32) are less than ``radius`` apart along x and along y, else 0."""
+    for i in range(xy.shape[0]):
+        for j in range(prev_xy.shape[0]):
+            out[i, j] = (abs(xy[i, 0] - prev_xy[j, 0]) < radius
+                         and abs(xy[i, 1] - prev_xy[j, 1]) < radius)
+
+
+@numba.njit(cache=True, nogil=True)
+def homography_maps(h, margin, map_x, map_y, inside):
+    """Where each pixel (x, y) of the previous frame lands in the current one, H·(x, y, 1)
+    divided by its third coordinate w (0 where w = 0), in float64 then float32 (``map_x``,
+    ``map_y``), and whether it lands more than ``margin`` px inside the frame (``inside``)."""
+    height, width = map_x.shape
+    for y in range(height):
+        fy = np.float64(y)
+        for x in range(width):
+            fx = np.float64(x)
+            w = h[2, 0] * fx + h[2, 1] * fy + h[2, 2]
+            w = 1 / w if w != 0 else 0.0
+            mx = np.float32((h[0, 0] * fx + h[0, 1] * fy + h[0, 2]) * w)
+            my = np.float32((h[1, 0] * fx + h[1, 1] * fy + h[1, 2]) * w)
+            map_x[y, x] = mx
+            map_y[y, x] = my
+            inside[y, x] = (mx > margin and mx < width - 1 - margin and my > margin
+                            and my < height - 1 - margin)

@@ -276,16 +276,15 @@ class _ScaleTracks:
         self.camera = camera
         self.alive = np.zeros(0, bool)
 
-    def current(self) -> np.ndarray:
-        """(M, 2) last points of the live tracks."""
-        rows = np.flatnonzero(self.alive)
-        return self.points[rows, self.steps[rows]]
+    def renew(self, grey: np.ndarray, step: int, quality: float) -> None:
+        """Start new tracks at the points :func:`dense_sample` picks in ``grey`` around the
+        live tracks, in the lowest free slots."""
+        from featpipe.extract._trajectory_kernels import start_tracks
 
-    def renew(self, points: np.ndarray) -> None:
-        """Start new tracks at ``points`` (M, 2) in free slots."""
-        free = np.flatnonzero(~self.alive)
-        if len(free) < len(points):
-            grow = max(len(self.alive), len(points) - len(free), 64)
+        new = dense_sample(grey, step, quality, self.points, self.steps, self.alive)
+        while not start_tracks(new, self.points, self.steps, self.sums, self.displacements,
+                               self.alive):
+            grow = max(len(self.alive), len(new) - int((~self.alive).sum()), 64)
             self.points = np.concatenate([self.points, np.zeros((grow,) + self.points.shape[1:],
                                                                 np.float32)])
             self.steps = np.concatenate([self.steps, np.zeros(grow, np.intp)])
@@ -296,40 +295,23 @@ class _ScaleTracks:
                     self.displacements,
                     np.zeros((grow,) + self.displacements.shape[1:], np.float32)])
             self.alive = np.concatenate([self.alive, np.zeros(grow, bool)])
-            free = np.flatnonzero(~self.alive)
-        slots = free[:len(points)]
-        self.points[slots, 0] = points
-        self.steps[slots] = 0
-        self.sums[slots] = 0
-        if self.camera:
-            self.displacements[slots] = 0
-        self.alive[slots] = True
 
 
-def dense_sample(grey: np.ndarray, points: np.ndarray, step: int, quality: float
-                 ) -> np.ndarray:
+def dense_sample(grey: np.ndarray, step: int, quality: float, points: np.ndarray,
+                 steps: np.ndarray, alive: np.ndarray) -> np.ndarray:
     """New points (M, 2) on a grid of ``step`` pixels, at (j·step + ⌊step/2⌋, i·step +
-    ⌊step/2⌋), in cells that hold none of ``points`` and where the minimum eigenvalue of the
-    structure tensor (3×3 Sobel, 3×3 window) exceeds ``quality`` times its maximum over the
-    frame (Shi & Tomasi, CVPR 1994; the release's ``DenseSample``); row-major order."""
+    ⌊step/2⌋), in cells that hold no live track's last point (``points[i, steps[i]]`` where
+    ``alive[i]``) and where the minimum eigenvalue of the structure tensor (3×3 Sobel, 3×3
+    window) exceeds ``quality`` times its maximum over the frame (Shi & Tomasi, CVPR 1994;
+    the release's ``DenseSample``); row-major order."""
+    from featpipe.extract._trajectory_kernels import grid_points
+
     height, width = grey.shape
-    rows, cols = height // step, width // step
-    if rows == 0 or cols == 0:
-        return np.zeros((0, 2), np.float32)
+    out = np.empty(((height // step) * (width // step), 2), np.float32)
+    if not len(out):
+        return out
     eig = cv2.cornerMinEigenVal(grey, 3, ksize=3)
-    threshold = float(eig.max()) * quality
-    occupied = np.zeros((rows, cols), bool)
-    if len(points):
-        cell = np.floor(points).astype(np.intp)
-        inside = ((cell[:, 0] >= 0) & (cell[:, 1] >= 0) & (cell[:, 0] < cols * step)
-                  & (cell[:, 1] < rows * step))
-        occupied[cell[inside, 1] // step, cell[inside, 0] // step] = True
-    offset = step // 2
-    ys = np.arange(rows) * step + offset
-    xs = np.arange(cols) * step + offset
-    chosen = (eig[np.ix_(ys, xs)] > threshold) & ~occupied
-    i, j = np.nonzero(chosen)
-    return np.stack([xs[j], ys[i]], axis=1).astype(np.float32)
+    return out[:grid_points(eig, float(quality), step, points, steps, alive, out)]
 
 
 def trajectory_shapes(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -393,8 +375,10 @@ class CameraMotion:
         (prev_xy, prev_desc), (xy, desc) = previous, self.previous
         if prev_desc is None or desc is None or not len(prev_xy) or not len(xy):
             return np.zeros((0, 2), np.float32), np.zeros((0, 2), np.float32)
-        delta = np.abs(xy[:, None, :] - prev_xy[None, :, :])
-        window = ((delta[..., 0] < 25) & (delta[..., 1] < 25)).astype(np.uint8)
+        from featpipe.extract._trajectory_kernels import match_window
+
+        window = np.empty((len(xy), len(prev_xy)), np.uint8)
+        match_window(xy, prev_xy, np.float32(25), window)
         matches = self.matcher.match(desc, prev_desc, window)
         query = np.array([m.queryIdx for m in matches], np.intp)
         train = np.array([m.trainIdx for m in matches], np.intp)
@@ -422,40 +406,6 @@ class CameraMotion:
         return found
 
 
-def orientation_integrals(grey: np.ndarray, flow: np.ndarray, work: dict | None = None
-                          ) -> np.ndarray:
-    """The (H + 1, W + 1, 36) integral orientation histograms of one scale, 9 channels per
-    group in :data:`BINS` order: ``hog`` of the grey image's gradient, ``hof`` of the flow
-    (with the zero bin), ``mbhx`` / ``mbhy`` of the gradient of the flow's x / y component.
-    Gradients are central differences ([−1, 0, 1], OpenCV's ``Sobel`` of size 1, edges
-    reflected); angles and magnitudes by ``cv2.cartToPolar`` (its angle is the release's
-    ``fastAtan2`` polynomial, within 0.3°).  ``work`` keeps the arrays for the next call
-    of the same size (the result is one of them: it is overwritten then)."""
-    from featpipe.extract._trajectory_kernels import GROUP_CHANNELS, integral_histograms
-
-    height, width = grey.shape
-    work = {} if work is None else work
-    if work.get("shape") != (height, width):
-        work.clear()
-        work["shape"] = (height, width)
-        for name in ("x", "y", "magnitude", "angle"):
-            work[name] = np.empty((4 * height, width), np.float32)
-        work["out"] = np.empty((height + 1, width + 1, GROUP_CHANNELS), np.float32)
-    x = work["x"].reshape(4, height, width)
-    y = work["y"].reshape(4, height, width)
-    flow_x, flow_y = cv2.split(flow)
-    for plane, image in ((0, grey), (2, flow_x), (3, flow_y)):
-        cv2.Sobel(image, cv2.CV_32F, 1, 0, dst=x[plane], ksize=1)
-        cv2.Sobel(image, cv2.CV_32F, 0, 1, dst=y[plane], ksize=1)
-    x[1], y[1] = flow_x, flow_y
-    magnitude, angle = cv2.cartToPolar(work["x"], work["y"], magnitude=work["magnitude"],
-                                       angle=work["angle"], angleInDegrees=True)
-    out = work["out"]
-    integral_histograms(magnitude.reshape(4, height, width), angle.reshape(4, height, width),
-                        np.float32(MIN_FLOW), out)
-    return out
-
-
 def people_mask(height: int, width: int, boxes: np.ndarray | None) -> np.ndarray:
     """uint8 mask, 0 inside the boxes (x1, y1, x2, y2; pixels ⌈x1⌉..⌊x2⌋ inclusive)."""
     mask = np.ones((height, width), np.uint8)
@@ -469,22 +419,18 @@ def people_mask(height: int, width: int, boxes: np.ndarray | None) -> np.ndarray
     return mask
 
 
-def warp_current(prev_grey: np.ndarray, grey: np.ndarray, homography: np.ndarray,
-                 grid: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+def warp_current(prev_grey: np.ndarray, grey: np.ndarray, homography: np.ndarray
+                 ) -> np.ndarray:
     """The current frame in the previous frame's coordinates, w(p) = current(H·p) (bilinear);
     where H·p falls within 5 px of the border (or outside) the previous frame's pixel."""
-    xs, ys = grid
-    h = homography
-    w = h[2, 0] * xs + h[2, 1] * ys + h[2, 2]
-    w = np.where(w != 0, 1 / np.where(w != 0, w, 1), 0)
-    map_x = ((h[0, 0] * xs + h[0, 1] * ys + h[0, 2]) * w).astype(np.float32)
-    map_y = ((h[1, 0] * xs + h[1, 1] * ys + h[1, 2]) * w).astype(np.float32)
+    from featpipe.extract._trajectory_kernels import homography_maps
+
+    height, width = grey.shape
+    map_x, map_y = np.empty((height, width), np.float32), np.empty((height, width), np.float32)
+    inside = np.empty((height, width), bool)
+    homography_maps(np.asarray(homography, np.float64), np.float32(5), map_x, map_y, inside)
     warped = cv2.remap(grey, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT,
                        borderValue=0)
-    height, width = grey.shape
-    margin = 5
-    inside = ((map_x > margin) & (map_x < width - 1 - margin) & (map_y > margin)
-              & (map_y < height - 1 - margin))
     return np.where(inside, warped, prev_grey)
 
 
@@ -497,6 +443,7 @@ class Tracker:
     """
 
     def __init__(self, estimator: DenseTrajectories, height: int, width: int):
+        from featpipe.extract._trajectory_kernels import GROUP_CHANNELS
         from featpipe.extract.optical_flow import DISPyramid, FarnebackPyramid, level_scales
 
         self.height, self.width = height, width
@@ -528,12 +475,14 @@ class Tracker:
         self.camera = None
         if isinstance(estimator, ImprovedDenseTrajectories):
             self.camera = CameraMotion(estimator.keypoints)
-            self.grid = np.meshgrid(np.arange(width, dtype=np.float64),
-                                    np.arange(height, dtype=np.float64))
         stride = 1 / float(estimator.scale_factor)
         self.flow_engine = (DISPyramid(self.sizes, self.scales) if estimator.flow == "dis"
                             else FarnebackPyramid(self.sizes, self.scales, stride))
-        self.work: list[dict] = [{} for _ in self.scales]
+        #: the ring of integral-histogram rows advance_tracks makes, shared by the scales
+        ring = np.empty((self.patch + 1) * (width + 1) * GROUP_CHANNELS, np.float32)
+        self.rows = [ring[:(self.patch + 1) * (w + 1) * GROUP_CHANNELS].reshape(
+            self.patch + 1, w + 1, GROUP_CHANNELS) for _, w in self.sizes]
+        self.constants = np.float32(EPSILON), np.float32(MIN_FLOW)
         self.tracks = [_ScaleTracks(self.length, self.n_t_cells, self.block_width,
                                     self.camera is not None) for _ in self.scales]
         self.frame = 0
@@ -578,7 +527,7 @@ class Tracker:
         mask = people_mask(self.height, self.width, boxes) if self.camera is not None else None
         if self.previous is None:
             for tracks, level in zip(self.tracks, pyramid, strict=True):
-                tracks.renew(dense_sample(level, tracks.current(), self.step, self.quality))
+                tracks.renew(level, self.step, self.quality)
             if self.camera is not None:
                 self.camera.keypoints(grey, mask)
             self.previous = (grey, pyramid, expansion)
@@ -588,51 +537,51 @@ class Tracker:
         descriptor_flows = flows
         if self.camera is not None:
             homography = self.camera.homography(prev_grey, grey, flows[0], mask)
-            warped = warp_current(prev_grey, grey, homography, self.grid)
+            warped = warp_current(prev_grey, grey, homography)
             descriptor_flows = self.flow_engine.flow(prev_expansion,
                                                      self.flow_engine.expand(warped))
-        done_desc, done_pos = [], []
+        ended = []
         for k, tracks in enumerate(self.tracks):
             out = self._step(k, tracks, prev_pyramid[k], flows[k], descriptor_flows[k])
             if out is not None:
-                done_desc.append(out[0])
-                done_pos.append(out[1])
-            tracks.renew(dense_sample(pyramid[k], tracks.current(), self.step, self.quality))
+                ended.append(out)
+            tracks.renew(pyramid[k], self.step, self.quality)
         self.previous = (grey, pyramid, expansion)
-        if not done_desc:
+        if not ended:
             return self._empty()
-        return TrajectoryFrame(np.concatenate(done_desc), np.concatenate(done_pos))
+        return self._describe(*(np.concatenate(parts) for parts in zip(*ended, strict=True)))
 
     def _step(self, k: int, tracks: _ScaleTracks, prev_level: np.ndarray, flow: np.ndarray,
               descriptor_flow: np.ndarray):
         """Move the tracks of scale k by one frame (those leaving the frame end, unseen), add
-        their descriptors at their previous points, and return the valid ones that reach
-        ``track_length`` steps: (descriptors, positions) or None."""
+        their descriptors at their previous points, and return those that reach
+        ``track_length`` steps: (points and displacements in frame pixels, histogram sums,
+        scales) or None."""
         from featpipe.extract._trajectory_kernels import advance_tracks
 
-        if not tracks.alive.any():
+        if not advance_tracks(tracks.points, tracks.steps, flow, prev_level, descriptor_flow,
+                              tracks.displacements, *self.kernel_groups, self.patch,
+                              self.n_cells, self.t_stride, self.n_t_cells, *self.constants,
+                              tracks.sums, tracks.alive, self.rows[k]):
             return None
-        integrals = (orientation_integrals(prev_level, descriptor_flow, self.work[k])
-                     if self.histograms
-                     else np.zeros((1, 1, 36), np.float32))
-        advance_tracks(tracks.points, tracks.steps, flow, descriptor_flow,
-                       tracks.displacements, integrals, *self.kernel_groups, self.patch,
-                       self.n_cells, self.t_stride, self.n_t_cells, np.float32(EPSILON),
-                       tracks.sums, tracks.alive)
         ended = np.flatnonzero(tracks.alive & (tracks.steps >= self.length))
-        if not len(ended):
-            return None
         tracks.alive[ended] = False
         scale = np.float32(self.scales[k])
-        points = tracks.points[ended] * scale
+        moves = (tracks.displacements[ended] * scale if tracks.camera
+                 else np.empty((len(ended), 0, 2), np.float32))
+        return (tracks.points[ended] * scale, moves, tracks.sums[ended],
+                np.full(len(ended), scale))
+
+    def _describe(self, points: np.ndarray, moves: np.ndarray, sums: np.ndarray,
+                  scales: np.ndarray) -> TrajectoryFrame:
+        """The valid trajectories among those that ended (of every scale at once)."""
         valid, shape, mean = trajectory_shapes(points)
-        if tracks.camera:
-            moves = tracks.displacements[ended] * scale
+        if self.camera is not None:
             magnitude = np.sqrt((moves ** 2).sum(axis=2))
             valid &= magnitude.max(axis=1) > CAMERA_MIN_MOVE
             total = magnitude.sum(axis=1)
             shape = (moves / np.where(total > 0, total, 1)[:, None, None]).reshape(len(moves), -1)
-        sums = tracks.sums[ended[valid]] / np.float32(self.t_stride)
+        sums = sums[valid] / np.float32(self.t_stride)
         shape, mean = shape[valid], mean[valid]
         descriptors = np.empty((len(shape), self.n_features), np.float32)
         for name, columns in self.groups:
@@ -645,8 +594,8 @@ class Tracker:
                 descriptors[:, columns] = sums[:, :, start:start + per_cell].reshape(-1, size)
         positions = np.empty((len(shape), 3), np.float32)
         positions[:, :2] = mean
-        positions[:, 2] = scale
-        return descriptors, positions
+        positions[:, 2] = scales[valid]
+        return TrajectoryFrame(descriptors, positions)
 
 
 #: tracking needs consecutive frames: both methods read every frame unless told otherwise

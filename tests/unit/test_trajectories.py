@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 
 from featpipe.errors import InputError, ParameterError
-from featpipe.extract._trajectory_kernels import accumulate_cells
+from featpipe.extract._trajectory_kernels import advance_tracks
 from featpipe.extract.trajectories import (
     GROUPS,
     DenseTrajectories,
     ImprovedDenseTrajectories,
     dense_sample,
-    orientation_integrals,
     parse_descriptors,
     people_mask,
     trajectory_shapes,
@@ -106,55 +105,93 @@ def reference_histogram(x, y, zero=None):
     return out
 
 
-def test_integral_histograms_match_a_direct_computation():
+#: the four groups' first channels, bins and columns in a block row of 132 (HOG, HOF, MBHx,
+#: MBHy of 2 x 2 cells)
+KERNEL_GROUPS = (np.array([0, 9, 18, 27]), np.array([8, 9, 8, 8]), np.array([0, 32, 68, 100]))
+
+
+def block_sums(grey, flow, points, patch=32):
+    """advance_tracks' normalised HOG, HOF, MBHx, MBHy blocks (N, 132) of 2 x 2 cells at
+    each point (N, 2) of (grey, flow), the points held in place (zero tracking flow)."""
+    height, width = grey.shape
+    n = len(points)
+    tracked = np.zeros((n, 2, 2), np.float32)
+    tracked[:, 0] = points
+    steps, alive = np.zeros(n, np.intp), np.ones(n, bool)
+    sums = np.zeros((n, 1, 132), np.float32)
+    rows = np.empty((patch + 1, width + 1, 36), np.float32)
+    advance_tracks(tracked, steps, np.zeros_like(flow), grey, flow,
+                   np.zeros((0, 1, 2), np.float32), *KERNEL_GROUPS, patch, 2, 1, 1,
+                   np.float32(0.05), np.float32(0.4), sums, alive, rows)
+    assert alive.all() and (steps == 1).all()
+    return sums[:, 0]
+
+
+def reference_blocks(per_pixel, corners, patch=32):
+    """The normalised blocks of per-pixel histograms (H, W, 9) with 2 x 2 cells from each
+    corner (left, top): cx, then cy, then the bins; max(sum, 0) + 0.05, L1, square root."""
+    cell = patch // 2
+    out = []
+    for left, top in corners:
+        block = np.array([per_pixel[top + cy * cell:top + (cy + 1) * cell,
+                                    left + cx * cell:left + (cx + 1) * cell, :].sum((0, 1))
+                          for cx in range(2) for cy in range(2)])
+        block = np.maximum(block, 0) + 0.05
+        out.append(np.sqrt(block / block.sum()).ravel())
+    return np.array(out)
+
+
+def test_block_histograms_match_a_direct_computation():
     rng = np.random.default_rng(5)
-    grey = rng.integers(0, 256, (30, 40)).astype(np.uint8)
-    flow = rng.normal(0, 1, (30, 40, 2)).astype(np.float32)
-    integral = orientation_integrals(grey, flow)
-    assert integral.shape == (31, 41, 36)
+    grey = rng.integers(0, 256, (40, 50)).astype(np.uint8)
+    flow = rng.normal(0, 1, (40, 50, 2)).astype(np.float32)
+    # points inside, near and on the borders (their blocks clamped into the frame)
+    points = np.array([[25, 20], [0.2, 0.4], [49.6, 39.7], [16, 16], [17.5, 30.2], [33, 8],
+                       [12.5, 2.5]], np.float32)
+    got = block_sums(grey, flow, points)
+    xi = np.clip(np.rint(points[:, 0]).astype(int), 0, 49)
+    yi = np.clip(np.rint(points[:, 1]).astype(int), 0, 39)
+    corners = np.stack([np.clip(xi - 16, 0, 50 - 32), np.clip(yi - 16, 0, 40 - 32)], axis=1)
 
     def sobel(image):
         return (cv2.Sobel(image, cv2.CV_32F, 1, 0, ksize=1),
                 cv2.Sobel(image, cv2.CV_32F, 0, 1, ksize=1))
 
-    expected = [reference_histogram(*sobel(grey)),
-                reference_histogram(flow[..., 0], flow[..., 1], zero=0.4),
-                reference_histogram(*sobel(np.ascontiguousarray(flow[..., 0]))),
-                reference_histogram(*sobel(np.ascontiguousarray(flow[..., 1])))]
-    for g, per_pixel in enumerate(expected):
-        summed = per_pixel.cumsum(axis=0).cumsum(axis=1)
-        got = integral[1:, 1:, 9 * g:9 * g + 9]
+    per_pixel = [reference_histogram(*sobel(grey)),
+                 reference_histogram(flow[..., 0], flow[..., 1], zero=0.4),
+                 reference_histogram(*sobel(np.ascontiguousarray(flow[..., 0]))),
+                 reference_histogram(*sobel(np.ascontiguousarray(flow[..., 1])))]
+    for g, histogram in enumerate(per_pixel):
+        bins, start = KERNEL_GROUPS[1][g], KERNEL_GROUPS[2][g]
+        expected = reference_blocks(histogram[..., :bins], corners)
         # fastAtan2's 0.01 degree moves ~2e-4 of a magnitude between neighbouring bins
-        np.testing.assert_allclose(got, summed, rtol=2e-3, atol=2e-3 * summed.max())
-    assert not integral[0].any() and not integral[:, 0].any()
+        np.testing.assert_allclose(got[:, start:start + 4 * bins], expected, rtol=2e-3,
+                                   atol=1e-4)
 
 
 def test_a_constant_flow_has_no_motion_boundaries():
     flow = np.empty((40, 50, 2), np.float32)
     flow[...] = (0.8, -0.3)
     grey = np.zeros((40, 50), np.uint8)
-    integral = orientation_integrals(grey, flow)
-    assert not integral[..., 18:].any()                   # MBHx, MBHy
-    # each bin is 0 + epsilon: after L1 and the square root, every entry is sqrt(1/32)
-    sums = np.zeros((1, 1, 64), np.float32)
-    accumulate_cells(integral, np.array([18, 27]), np.array([8, 8]), np.array([0, 32]),
-                     np.array([0]), np.array([5]), np.array([3]), 16, 2, np.array([0]),
-                     np.float32(0.05), sums)
-    np.testing.assert_allclose(sums[0, 0], np.sqrt(1 / 32), rtol=1e-6)
+    got = block_sums(grey, flow, np.array([[21, 19], [3, 30]], np.float32))
+    # MBH: each bin is 0 + epsilon: after L1 and the square root, every entry is sqrt(1/32)
+    np.testing.assert_allclose(got[:, 68:], np.sqrt(1 / 32), rtol=1e-6)
     # and HOF puts all its mass in the two bins around the angle of (0.8, -0.3)
-    hof = integral[-1, -1, 9:18]
+    hof = got[:, 32:68].reshape(2, 4, 9) ** 2 * (4 * (0.05 * 9 + 256 * math.hypot(0.8, -0.3)))
     position = (math.degrees(math.atan2(-0.3, 0.8)) % 360) / 45
     low = int(position)
-    magnitude = math.hypot(0.8, -0.3) * 40 * 50
-    np.testing.assert_allclose(hof[low], (1 - (position - low)) * magnitude, rtol=1e-3)
-    np.testing.assert_allclose(hof[(low + 1) % 8], (position - low) * magnitude, rtol=1e-3)
+    magnitude = math.hypot(0.8, -0.3) * 16 * 16
+    np.testing.assert_allclose(hof[..., low], (1 - (position - low)) * magnitude + 0.05,
+                               rtol=1e-3)
+    np.testing.assert_allclose(hof[..., (low + 1) % 8], (position - low) * magnitude + 0.05,
+                               rtol=1e-3)
 
 
 def test_slow_flow_goes_to_the_zero_bin():
-    flow = np.full((20, 20, 2), 0.2, np.float32)          # |flow| = 0.28 <= 0.4
-    integral = orientation_integrals(np.zeros((20, 20), np.uint8), flow)
-    np.testing.assert_array_equal(integral[-1, -1, 9:18], [0] * 8 + [400])
-    assert not integral[..., 8].any()                     # HOG has no zero bin
+    flow = np.full((40, 40, 2), 0.2, np.float32)          # |flow| = 0.28 <= 0.4
+    got = block_sums(np.zeros((40, 40), np.uint8), flow, np.array([[20, 20]], np.float32))
+    hof = got[0, 32:68].reshape(4, 9) ** 2 * 4 * (0.05 * 9 + 256)
+    np.testing.assert_allclose(hof, [[0.05] * 8 + [256.05]] * 4, rtol=1e-5)
 
 
 def test_a_camera_pan_gives_many_trajectories_with_dt_and_few_with_idt(texture):
@@ -267,11 +304,14 @@ def test_parameter_errors_name_the_parameter(params, name):
 def test_dense_sampling_skips_flat_areas_and_occupied_cells():
     grey = np.zeros((30, 40), np.uint8)
     grey[:, 20:] = np.random.default_rng(0).integers(0, 255, (30, 20), dtype=np.uint8)
-    points = dense_sample(grey, np.zeros((0, 2), np.float32), 5, 0.001)
+    none = np.zeros((0, 1, 2), np.float32), np.zeros(0, np.intp), np.zeros(0, bool)
+    points = dense_sample(grey, 5, 0.001, *none)
     assert (points[:, 0] >= 17).all()            # nothing in the flat left half
     assert {tuple(p) for p in points} >= {(22.0, 2.0), (37.0, 27.0)}
-    again = dense_sample(grey, np.array([[21.3, 3.9]], np.float32), 5, 0.001)
-    assert (22.0, 2.0) not in {tuple(p) for p in again}
+    # a live track's last point occupies its cell; its earlier points and dead tracks don't
+    tracks = np.array([[[37.0, 27.0], [21.3, 3.9]], [[32.0, 7.0], [32.0, 7.0]]], np.float32)
+    again = dense_sample(grey, 5, 0.001, tracks, np.array([1, 0]), np.array([True, False]))
+    assert {tuple(p) for p in points} - {tuple(p) for p in again} == {(22.0, 2.0)}
     assert len(again) == len(points) - 1
 
 
