@@ -1,0 +1,182 @@
+"""Issue 32's recipe with Farnebäck and with DIS flow on the same clips and splits: accuracy
+per encoding, the paired difference, and the extraction CPU time of each flow
+(benchmarks/RESULTS.md, "issue 32: what DIS flow changes in accuracy").
+
+``python benchmarks/recipes/flow_accuracy.py run FOLDER FEATURES FLOW`` runs
+``trajectories_clips.toml`` in FOLDER (which holds ``clips.csv``) with ``features = FEATURES``
+(``idt`` or ``dt``) and ``flow = FLOW`` in both trajectory steps, its reports under
+``reports/FEATURES-FLOW/``; the variant is written as ``FOLDER/FEATURES-FLOW.toml`` from the
+shipped file (two substitutions, so the variants cannot drift from it).  The steps that read
+no trajectories (dense SIFT, HRP) have the same keys in every variant and are computed once
+per store.  The CPU time (user + sys of the run and its workers) of each trajectory step goes
+to ``FOLDER/times.tsv``.
+
+``python benchmarks/recipes/flow_accuracy.py table FEATURES FOLDER...`` prints, for each
+folder (one draw of clips or split), the accuracy of every encoding with Farnebäck and DIS and
+their difference; the mean and sample sd over the draws; pooled over the draws, the test
+clips that only one flow classifies correctly with the exact two-sided sign (McNemar) test, and
+the correct clips per class; and per draw and flow the CPU time and how many clips have
+trajectories at all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RECIPE = Path(__file__).with_name("trajectories_clips.toml")
+PARAMS = 'params = { descriptors = "hog,hof,mbh" }'
+TRAJECTORY_STEPS = ("idt-sample", "idt-gmm", "idt-fv")
+ENCODINGS = {"RP(HOG)": "rp-hog", "RP(HOF)": "rp-hof", "RP(MBH)": "rp-mbh",
+             "RP(ALL)": "rp-all", "HRP(SIFT)": "hrp-sift",
+             "RP(ALL)+HRP(SIFT)": "rp-all-hrp-sift"}
+FLOWS = ("farneback", "dis")
+
+
+def variant(features: str, flow: str) -> str:
+    """The shipped recipe with FEATURES and FLOW in its trajectory steps, reports moved."""
+    text = RECIPE.read_text(encoding="utf-8")
+    assert text.count(PARAMS) == 2 and text.count('features = "idt"') == 2
+    text = text.replace(PARAMS, PARAMS[:-2] + f', flow = "{flow}" }}')
+    text = text.replace('features = "idt"', f'features = "{features}"')
+    return text.replace('report = "reports/', f'report = "reports/{features}-{flow}/')
+
+
+def cpu_run(arguments: list[str]) -> tuple[float, float]:
+    """Run ``featpipe`` with ARGUMENTS at nice 19; (wall s, CPU s of it and its children)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(["nice", "-n", "19", sys.executable, "-m", "featpipe", "-q", *arguments],
+                   check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (time.perf_counter() - start,
+            after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+
+
+def run(folder: Path, features: str, flow: str) -> None:
+    recipe = folder / f"{features}-{flow}.toml"
+    recipe.write_text(variant(features, flow), encoding="utf-8")
+    os.chdir(folder)
+    with open("times.tsv", "a", encoding="utf-8") as times:
+        for step in TRAJECTORY_STEPS:
+            wall, cpu = cpu_run(["run", recipe.name, "--step", step, "--log-file", "run.log"])
+            times.write(f"{features}\t{flow}\t{step}\t{wall:.1f}\t{cpu:.1f}\n")
+            times.flush()
+    cpu_run(["run", recipe.name, "--log-file", "run.log"])
+
+
+def results(folder: Path, features: str, flow: str) -> dict:
+    """{encoding: {clip id: (true class, correct)}} from the reports of one run."""
+    out = {}
+    for label, report in ENCODINGS.items():
+        data = json.loads((folder / "reports" / f"{features}-{flow}" / f"{report}.json")
+                          .read_text(encoding="utf-8"))
+        split, = data["splits"]
+        out[label] = {p["id"]: (p["labels"][0], p["predicted"] in p["labels"])
+                      for p in split["predictions"]}
+    return out
+
+
+def coverage(folder: Path, features: str, flow: str) -> tuple[int, int, int, float]:
+    """Sampled rows (at most 200 a clip: every trajectory of most clips), clips without any,
+    clips whose per-frame FVs are all zero, median frames with a nonzero FV."""
+    import numpy as np
+
+    from featpipe.store import Stage, Store
+
+    report = folder / "reports" / f"{features}-{flow}" / "rp-all.json"
+    chain = [c["stage"] for c in json.loads(report.read_text(encoding="utf-8"))["inputs_chain"]]
+    stages = Store(folder / "store").stages_dir
+    sample, fv = Stage(stages / chain[0]), Stage(stages / chain[2])
+    rows = np.array([sample.read_item(i).shape[0] for i in sample.items.ids])
+    frames = np.array([np.count_nonzero(np.abs(fv.read_item(i)).sum(axis=1))
+                       for i in fv.items.ids])
+    return int(rows.sum()), int((rows == 0).sum()), int((frames == 0).sum()), \
+        float(np.median(frames))
+
+
+def sign_test(b: int, c: int) -> float:
+    """Exact two-sided binomial p of b against c discordant pairs (McNemar's exact test)."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def table(features: str, folders: list[Path]) -> None:
+    runs = {f: {flow: results(f, features, flow) for flow in FLOWS} for f in folders}
+    print("| draw | test clips | encoding | farneback | dis | dis - farneback |")
+    print("|---|---|---|---|---|---|")
+    differences = {label: [] for label in ENCODINGS}
+    accuracies = {(label, flow): [] for label in ENCODINGS for flow in FLOWS}
+    discordant = {label: [0, 0, 0] for label in ENCODINGS}  # only fb, only dis, clips
+    for folder, flows in runs.items():
+        for label in ENCODINGS:
+            fb = {i: ok for i, (_, ok) in flows["farneback"][label].items()}
+            dis = {i: ok for i, (_, ok) in flows["dis"][label].items()}
+            assert fb.keys() == dis.keys()
+            n = len(fb)
+            a, b = sum(fb.values()) / n, sum(dis.values()) / n
+            differences[label].append(b - a)
+            accuracies[label, "farneback"].append(a)
+            accuracies[label, "dis"].append(b)
+            discordant[label][0] += sum(fb[i] and not dis[i] for i in fb)
+            discordant[label][1] += sum(dis[i] and not fb[i] for i in fb)
+            discordant[label][2] += n
+            print(f"| {folder.name} | {n} | {label} | {a:.3f} ({sum(fb.values())}) | "
+                  f"{b:.3f} ({sum(dis.values())}) | {b - a:+.3f} |")
+    print()
+    print("| encoding | farneback mean ± sd | dis mean ± sd | dis - farneback mean ± sd | "
+          "clips right only with farneback / only with dis (of N) | sign test p |")
+    print("|---|---|---|---|---|---|")
+
+    def spread(values):
+        sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+        return f"{statistics.mean(values):.3f} ± {sd:.3f}"
+
+    for label in ENCODINGS:
+        b, c, n = discordant[label]
+        print(f"| {label} | {spread(accuracies[label, 'farneback'])} | "
+              f"{spread(accuracies[label, 'dis'])} | {spread(differences[label])} | "
+              f"{b} / {c} (of {n}) | {sign_test(b, c):.3g} |")
+    print()
+    classes = sorted({c for flows in runs.values()
+                      for c, _ in flows["farneback"]["RP(ALL)"].values()})
+    print("| encoding | flow | " + " | ".join(classes) + " |")
+    print("|---|---|" + "---|" * len(classes))
+    for label in ENCODINGS:
+        for flow in FLOWS:
+            cells = []
+            for name in classes:
+                hits = [ok for flows in runs.values() for c, ok in flows[flow][label].values()
+                        if c == name]
+                cells.append(f"{sum(hits)}/{len(hits)}")
+            print(f"| {label} | {flow} | " + " | ".join(cells) + " |")
+    print()
+    print("| draw | flow | CPU s sample step | CPU s fv step | CPU s both | sampled rows | "
+          "clips without trajectories | clips with all-zero FVs | median frames with an FV |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for folder in folders:
+        timed = [line.split("\t") for line in
+                 (folder / "times.tsv").read_text(encoding="utf-8").splitlines()]
+        for flow in FLOWS:
+            cpu = {r[2]: float(r[4]) for r in timed if r[0] == features and r[1] == flow}
+            rows, empty, zero, median = coverage(folder, features, flow)
+            print(f"| {folder.name} | {flow} | {cpu['idt-sample']:.1f} | {cpu['idt-fv']:.1f} | "
+                  f"{cpu['idt-sample'] + cpu['idt-fv']:.1f} | {rows} | {empty} | {zero} | "
+                  f"{median:g} |")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "run":
+        run(Path(sys.argv[2]).resolve(), sys.argv[3], sys.argv[4])
+    else:
+        table(sys.argv[2], [Path(f) for f in sys.argv[3:]])
