@@ -6,17 +6,19 @@ per encoding, the paired difference, and the extraction CPU time of each flow
 ``trajectories_clips.toml`` in FOLDER (which holds ``clips.csv``) with ``features = FEATURES``
 (``idt`` or ``dt``) and ``flow = FLOW`` in both trajectory steps, its reports under
 ``reports/FEATURES-FLOW/``; the variant is written as ``FOLDER/FEATURES-FLOW.toml`` from the
-shipped file (two substitutions, so the variants cannot drift from it).  The steps that read
+shipped file (substitutions, so the variants cannot drift from it).  FLOW ``farneback-gmm1``
+is Farnebäck with the GMMs fitted from ``random_state = 1`` (the shipped file's is 0): the
+difference a refit alone makes, the noise floor for the flows' difference.  The steps that read
 no trajectories (dense SIFT, HRP) have the same keys in every variant and are computed once
 per store.  The CPU time (user + sys of the run and its workers) of each trajectory step goes
 to ``FOLDER/times.tsv``.
 
-``python benchmarks/recipes/flow_accuracy.py table FEATURES FOLDER...`` prints, for each
-folder (one draw of clips or split), the accuracy of every encoding with Farnebäck and DIS and
-their difference; the mean and sample sd over the draws; pooled over the draws, the test
-clips that only one flow classifies correctly with the exact two-sided sign (McNemar) test, and
-the correct clips per class; and per draw and flow the CPU time and how many clips have
-trajectories at all.
+``python benchmarks/recipes/flow_accuracy.py table FEATURES A B FOLDER...`` prints, for each
+folder (one draw of clips or split), the accuracy of every encoding with the variants A and B
+(``farneback dis``) and their difference B - A; the mean and sample sd over the draws; pooled
+over the draws, the test clips that only one variant classifies correctly with the exact
+two-sided sign (McNemar) test, and the correct clips per class; and per draw and variant the
+CPU time and how many clips have trajectories at all.
 """
 
 from __future__ import annotations
@@ -37,16 +39,21 @@ TRAJECTORY_STEPS = ("idt-sample", "idt-gmm", "idt-fv")
 ENCODINGS = {"RP(HOG)": "rp-hog", "RP(HOF)": "rp-hof", "RP(MBH)": "rp-mbh",
              "RP(ALL)": "rp-all", "HRP(SIFT)": "hrp-sift",
              "RP(ALL)+HRP(SIFT)": "rp-all-hrp-sift"}
-FLOWS = ("farneback", "dis")
+GMM_STEP = "[steps.idt-gmm]\n"
 
 
-def variant(features: str, flow: str) -> str:
-    """The shipped recipe with FEATURES and FLOW in its trajectory steps, reports moved."""
+def variant(features: str, label: str) -> str:
+    """The shipped recipe with FEATURES and the flow of LABEL (``FLOW`` or ``FLOW-gmmSEED``)
+    in its trajectory steps, reports moved to ``reports/FEATURES-LABEL/``."""
+    flow, _, seed = label.partition("-gmm")
     text = RECIPE.read_text(encoding="utf-8")
     assert text.count(PARAMS) == 2 and text.count('features = "idt"') == 2
+    assert text.count(GMM_STEP) == 1 and "random_state" not in text
     text = text.replace(PARAMS, PARAMS[:-2] + f', flow = "{flow}" }}')
     text = text.replace('features = "idt"', f'features = "{features}"')
-    return text.replace('report = "reports/', f'report = "reports/{features}-{flow}/')
+    if seed:
+        text = text.replace(GMM_STEP, GMM_STEP + f"random_state = {int(seed)}\n")
+    return text.replace('report = "reports/', f'report = "reports/{features}-{label}/')
 
 
 def cpu_run(arguments: list[str]) -> tuple[float, float]:
@@ -111,31 +118,32 @@ def sign_test(b: int, c: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def table(features: str, folders: list[Path]) -> None:
-    runs = {f: {flow: results(f, features, flow) for flow in FLOWS} for f in folders}
-    print("| draw | test clips | encoding | farneback | dis | dis - farneback |")
+def table(features: str, first: str, second: str, folders: list[Path]) -> None:
+    flows = (first, second)
+    runs = {f: {flow: results(f, features, flow) for flow in flows} for f in folders}
+    print(f"| draw | test clips | encoding | {first} | {second} | {second} - {first} |")
     print("|---|---|---|---|---|---|")
     differences = {label: [] for label in ENCODINGS}
-    accuracies = {(label, flow): [] for label in ENCODINGS for flow in FLOWS}
+    accuracies = {(label, flow): [] for label in ENCODINGS for flow in flows}
     discordant = {label: [0, 0, 0] for label in ENCODINGS}  # only fb, only dis, clips
-    for folder, flows in runs.items():
+    for folder, by_flow in runs.items():
         for label in ENCODINGS:
-            fb = {i: ok for i, (_, ok) in flows["farneback"][label].items()}
-            dis = {i: ok for i, (_, ok) in flows["dis"][label].items()}
+            fb = {i: ok for i, (_, ok) in by_flow[first][label].items()}
+            dis = {i: ok for i, (_, ok) in by_flow[second][label].items()}
             assert fb.keys() == dis.keys()
             n = len(fb)
             a, b = sum(fb.values()) / n, sum(dis.values()) / n
             differences[label].append(b - a)
-            accuracies[label, "farneback"].append(a)
-            accuracies[label, "dis"].append(b)
+            accuracies[label, first].append(a)
+            accuracies[label, second].append(b)
             discordant[label][0] += sum(fb[i] and not dis[i] for i in fb)
             discordant[label][1] += sum(dis[i] and not fb[i] for i in fb)
             discordant[label][2] += n
             print(f"| {folder.name} | {n} | {label} | {a:.3f} ({sum(fb.values())}) | "
                   f"{b:.3f} ({sum(dis.values())}) | {b - a:+.3f} |")
     print()
-    print("| encoding | farneback mean ± sd | dis mean ± sd | dis - farneback mean ± sd | "
-          "clips right only with farneback / only with dis (of N) | sign test p |")
+    print(f"| encoding | {first} mean ± sd | {second} mean ± sd | {second} - {first} mean ± sd"
+          f" | clips right only with {first} / only with {second} (of N) | sign test p |")
     print("|---|---|---|---|---|---|")
 
     def spread(values):
@@ -144,20 +152,20 @@ def table(features: str, folders: list[Path]) -> None:
 
     for label in ENCODINGS:
         b, c, n = discordant[label]
-        print(f"| {label} | {spread(accuracies[label, 'farneback'])} | "
-              f"{spread(accuracies[label, 'dis'])} | {spread(differences[label])} | "
+        print(f"| {label} | {spread(accuracies[label, first])} | "
+              f"{spread(accuracies[label, second])} | {spread(differences[label])} | "
               f"{b} / {c} (of {n}) | {sign_test(b, c):.3g} |")
     print()
-    classes = sorted({c for flows in runs.values()
-                      for c, _ in flows["farneback"]["RP(ALL)"].values()})
+    classes = sorted({c for by_flow in runs.values()
+                      for c, _ in by_flow[first]["RP(ALL)"].values()})
     print("| encoding | flow | " + " | ".join(classes) + " |")
     print("|---|---|" + "---|" * len(classes))
     for label in ENCODINGS:
-        for flow in FLOWS:
+        for flow in flows:
             cells = []
             for name in classes:
-                hits = [ok for flows in runs.values() for c, ok in flows[flow][label].values()
-                        if c == name]
+                hits = [ok for by_flow in runs.values()
+                        for c, ok in by_flow[flow][label].values() if c == name]
                 cells.append(f"{sum(hits)}/{len(hits)}")
             print(f"| {label} | {flow} | " + " | ".join(cells) + " |")
     print()
@@ -167,7 +175,7 @@ def table(features: str, folders: list[Path]) -> None:
     for folder in folders:
         timed = [line.split("\t") for line in
                  (folder / "times.tsv").read_text(encoding="utf-8").splitlines()]
-        for flow in FLOWS:
+        for flow in flows:
             cpu = {r[2]: float(r[4]) for r in timed if r[0] == features and r[1] == flow}
             rows, empty, zero, median = coverage(folder, features, flow)
             print(f"| {folder.name} | {flow} | {cpu['idt-sample']:.1f} | {cpu['idt-fv']:.1f} | "
@@ -179,4 +187,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "run":
         run(Path(sys.argv[2]).resolve(), sys.argv[3], sys.argv[4])
     else:
-        table(sys.argv[2], [Path(f) for f in sys.argv[3:]])
+        table(sys.argv[2], sys.argv[3], sys.argv[4], [Path(f) for f in sys.argv[5:]])
