@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 RECIPE = Path(__file__).with_name("trajectories_clips.toml")
 PARAMS = 'params = { descriptors = "hog,hof,mbh" }'
 TRAJECTORY_STEPS = ("idt-sample", "idt-gmm", "idt-fv")
@@ -91,22 +93,18 @@ def results(folder: Path, features: str, flow: str) -> dict:
     return out
 
 
-def coverage(folder: Path, features: str, flow: str) -> tuple[int, int, int, float]:
-    """Sampled rows (at most 200 a clip: every trajectory of most clips), clips without any,
-    clips whose per-frame FVs are all zero, median frames with a nonzero FV."""
-    import numpy as np
-
+def coverage(folder: Path, features: str, flow: str) -> dict[str, tuple[str, int, int]]:
+    """{clip id: (class, sampled rows, frames with a nonzero FV)} of every clip; the sampled
+    rows are at most 200 a clip, every trajectory of most clips."""
     from featpipe.store import Stage, Store
 
     report = folder / "reports" / f"{features}-{flow}" / "rp-all.json"
     chain = [c["stage"] for c in json.loads(report.read_text(encoding="utf-8"))["inputs_chain"]]
     stages = Store(folder / "store").stages_dir
     sample, fv = Stage(stages / chain[0]), Stage(stages / chain[2])
-    rows = np.array([sample.read_item(i).shape[0] for i in sample.items.ids])
-    frames = np.array([np.count_nonzero(np.abs(fv.read_item(i)).sum(axis=1))
-                       for i in fv.items.ids])
-    return int(rows.sum()), int((rows == 0).sum()), int((frames == 0).sum()), \
-        float(np.median(frames))
+    return {item.id: (item.labels[0], sample.read_item(item.id).shape[0],
+                      int(np.count_nonzero(np.abs(fv.read_item(item.id)).sum(axis=1))))
+            for item in sample.items.items}
 
 
 def sign_test(b: int, c: int) -> float:
@@ -168,6 +166,16 @@ def table(features: str, first: str, second: str, folders: list[Path]) -> None:
                         for c, ok in by_flow[flow][label].values() if c == name]
                 cells.append(f"{sum(hits)}/{len(hits)}")
             print(f"| {label} | {flow} | " + " | ".join(cells) + " |")
+    clips = {(folder, flow): coverage(folder, features, flow) for folder in folders
+             for flow in flows}
+    for flow in flows:
+        counts = [[(rows, frames) for (f, v), by_id in clips.items() if v == flow
+                   for c, rows, frames in by_id.values() if c == name] for name in classes]
+        print(f"| sampled rows, all clips | {flow} | "
+              + " | ".join(str(sum(r for r, _ in cell)) for cell in counts) + " |")
+        print(f"| clips without trajectories | {flow} | "
+              + " | ".join(f"{sum(r == 0 for r, _ in cell)}/{len(cell)}" for cell in counts)
+              + " |")
     print()
     print("| draw | flow | CPU s sample step | CPU s fv step | CPU s both | sampled rows | "
           "clips without trajectories | clips with all-zero FVs | median frames with an FV |")
@@ -177,10 +185,11 @@ def table(features: str, first: str, second: str, folders: list[Path]) -> None:
                  (folder / "times.tsv").read_text(encoding="utf-8").splitlines()]
         for flow in flows:
             cpu = {r[2]: float(r[4]) for r in timed if r[0] == features and r[1] == flow}
-            rows, empty, zero, median = coverage(folder, features, flow)
+            rows = np.array([r for _, r, _ in clips[folder, flow].values()])
+            frames = np.array([n for _, _, n in clips[folder, flow].values()])
             print(f"| {folder.name} | {flow} | {cpu['idt-sample']:.1f} | {cpu['idt-fv']:.1f} | "
-                  f"{cpu['idt-sample'] + cpu['idt-fv']:.1f} | {rows} | {empty} | {zero} | "
-                  f"{median:g} |")
+                  f"{cpu['idt-sample'] + cpu['idt-fv']:.1f} | {rows.sum()} | "
+                  f"{(rows == 0).sum()} | {(frames == 0).sum()} | {np.median(frames):g} |")
 
 
 if __name__ == "__main__":
