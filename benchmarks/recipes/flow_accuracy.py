@@ -17,8 +17,9 @@ to ``FOLDER/times.tsv``.
 folder (one draw of clips or split), the accuracy of every encoding with the variants A and B
 (``farneback dis``) and their difference B - A; the mean and sample sd over the draws; pooled
 over the draws, the test clips that only one variant classifies correctly with the exact
-two-sided sign (McNemar) test, and the correct clips per class; and per draw and variant the
-CPU time and how many clips have trajectories at all.
+two-sided sign (McNemar) test (clips taken as independent) beside the paired t-test over the
+draws, and the correct clips per class; and per draw and variant the CPU time and how many
+clips have trajectories at all.
 """
 
 from __future__ import annotations
@@ -116,6 +117,18 @@ def sign_test(b: int, c: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def paired_t(differences: list[float]) -> str:
+    """Two-sided p of the paired t-test over the draws (mean difference / its standard error,
+    n - 1 degrees of freedom); '-' with fewer than two draws or no spread."""
+    from scipy.stats import t
+
+    n = len(differences)
+    if n < 2 or statistics.stdev(differences) == 0:
+        return "-"
+    score = statistics.mean(differences) / (statistics.stdev(differences) / math.sqrt(n))
+    return f"{2 * t.sf(abs(score), n - 1):.3g}"
+
+
 def table(features: str, first: str, second: str, folders: list[Path]) -> None:
     flows = (first, second)
     runs = {f: {flow: results(f, features, flow) for flow in flows} for f in folders}
@@ -141,8 +154,9 @@ def table(features: str, first: str, second: str, folders: list[Path]) -> None:
                   f"{b:.3f} ({sum(dis.values())}) | {b - a:+.3f} |")
     print()
     print(f"| encoding | {first} mean ± sd | {second} mean ± sd | {second} - {first} mean ± sd"
-          f" | clips right only with {first} / only with {second} (of N) | sign test p |")
-    print("|---|---|---|---|---|---|")
+          f" | paired t-test p (draws) | clips right only with {first} / only with {second}"
+          " (of N) | sign test p (clips) |")
+    print("|---|---|---|---|---|---|---|")
 
     def spread(values):
         sd = statistics.stdev(values) if len(values) > 1 else float("nan")
@@ -152,6 +166,7 @@ def table(features: str, first: str, second: str, folders: list[Path]) -> None:
         b, c, n = discordant[label]
         print(f"| {label} | {spread(accuracies[label, first])} | "
               f"{spread(accuracies[label, second])} | {spread(differences[label])} | "
+              f"{paired_t(differences[label])} | "
               f"{b} / {c} (of {n}) | {sign_test(b, c):.3g} |")
     print()
     classes = sorted({c for by_flow in runs.values()
