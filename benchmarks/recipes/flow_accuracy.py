@@ -132,12 +132,14 @@ def paired_t(differences: list[float]) -> str:
 def table(features: str, first: str, second: str, folders: list[Path]) -> None:
     flows = (first, second)
     runs = {f: {flow: results(f, features, flow) for flow in flows} for f in folders}
-    print(f"| draw | test clips | encoding | {first} | {second} | {second} - {first} |")
-    print("|---|---|---|---|---|---|")
+    print(f"Correct test clips, {first} / {second} (difference in accuracy)\n")
+    print("| draw | test clips | " + " | ".join(ENCODINGS) + " |")
+    print("|---|---|" + "---|" * len(ENCODINGS))
     differences = {label: [] for label in ENCODINGS}
     accuracies = {(label, flow): [] for label in ENCODINGS for flow in flows}
     discordant = {label: [0, 0, 0] for label in ENCODINGS}  # only fb, only dis, clips
     for folder, by_flow in runs.items():
+        cells = []
         for label in ENCODINGS:
             fb = {i: ok for i, (_, ok) in by_flow[first][label].items()}
             dis = {i: ok for i, (_, ok) in by_flow[second][label].items()}
@@ -150,8 +152,8 @@ def table(features: str, first: str, second: str, folders: list[Path]) -> None:
             discordant[label][0] += sum(fb[i] and not dis[i] for i in fb)
             discordant[label][1] += sum(dis[i] and not fb[i] for i in fb)
             discordant[label][2] += n
-            print(f"| {folder.name} | {n} | {label} | {a:.3f} ({sum(fb.values())}) | "
-                  f"{b:.3f} ({sum(dis.values())}) | {b - a:+.3f} |")
+            cells.append(f"{sum(fb.values())} / {sum(dis.values())} ({b - a:+.3f})")
+        print(f"| {folder.name} | {n} | " + " | ".join(cells) + " |")
     print()
     print(f"| encoding | {first} mean ± sd | {second} mean ± sd | {second} - {first} mean ± sd"
           f" | paired t-test p (draws) | clips right only with {first} / only with {second}"
