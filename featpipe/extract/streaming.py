@@ -303,6 +303,7 @@ class _LocalFeatureJob:
         self.output = self.program.outputs.open(self.item_id)
         self.worker = _Background(self.output.add)
         self.frames = 0
+        self.rows = 0
         self.tracker = None
 
     def _compute(self, frame: np.ndarray):
@@ -331,6 +332,16 @@ class _LocalFeatureJob:
         self.worker.put(Frame(result.descriptors, self.frames, seconds, result.positions,
                               tuple(frame.shape[:2])))
         self.frames += 1
+        self.rows += len(result.descriptors)
+
+    @property
+    def warning(self) -> str | None:
+        """An item with frames but not one row (a still or uniform video; for trajectories
+        also motion too slow to survive the static pruning) is stored, and said."""
+        if self.frames == 0 or self.rows:
+            return None
+        return (f"no {self.program.method.label} in its {self.frames} frames: it is stored "
+                "empty and encodes to zeros")
 
     def restart(self) -> None:
         self.abort()

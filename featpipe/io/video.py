@@ -362,7 +362,8 @@ def iter_frames(path: str | os.PathLike, sampling: Sampling = Sampling(),
 class ItemJob(Protocol):
     """One item inside a worker: ``add`` each decoded frame (the return value, unless None,
     is sent to the parent), ``restart`` forgets the frames so far (a second decoding pass
-    follows), ``finish`` returns what is sent with the item's end, ``abort`` cleans up."""
+    follows), ``finish`` returns what is sent with the item's end, ``abort`` cleans up;
+    ``warning`` (optional) is said of the item when it is stored."""
 
     def add(self, frame: np.ndarray, seconds: float): ...
 
@@ -521,7 +522,9 @@ def _decode_item(conn, request, decoder: str, program: WorkerProgram, log: _Stde
         problem = lost_frames(getattr(dec, "counts", None), log.ffmpeg_messages())
         if problem and not allow_partial:
             raise RuntimeError(f"{problem}; --allow-partial keeps the frames that decode")
-        conn.send(("end", item_id, job.finish(), problem and f"frames lost: {problem}"))
+        result = job.finish()
+        warnings = [problem and f"frames lost: {problem}", getattr(job, "warning", None)]
+        conn.send(("end", item_id, result, "; ".join(w for w in warnings if w) or None))
     except (BrokenPipeError, ConnectionError):
         raise
     except WriteError as err:  # the store cannot be written: no item's fault, the run stops
@@ -675,7 +678,8 @@ class DecodePool:
 
         ("frames", id, payloads, timestamps)   # the program's payloads, frames' timestamps
         ("restart", id)                        # forget the item's frames so far
-        ("end", id, result, warning)           # the program's result; warning: frames lost
+        ("end", id, result, warning)           # the program's result; warning: frames lost,
+                                               # the job's own (no rows at all)
         ("error", id, ItemError, pid)          # the item failed in worker ``pid``
         ("store-error", id, WriteError, pid)   # the store cannot be written (disk full)
 

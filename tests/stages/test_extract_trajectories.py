@@ -238,3 +238,29 @@ def test_streamed_per_frame_fisher_vectors_of_the_recipe_stay_within_1_mb_a_fram
         stored = sum(p.stat().st_size for p in item_path.parent.glob(item_path.stem + "*"))
         assert run.stage.read_item(item).shape == (10, per_frame // 4)
         assert stored / 10 <= 1e6 and stored / 10 < per_frame + 100
+
+
+def test_an_item_without_a_single_trajectory_is_stored_and_said(clips, tmp_path):
+    """A still video gives no trajectory (all pruned as static): the item is stored empty,
+    as it is, and the run says so by name, so that an empty (all-zero) encoding is not taken
+    for a computed one unseen (DIS flow leaves slow motion empty: RESULTS, "issue 32: what
+    DIS flow changes in accuracy"); an item with trajectories draws no such line."""
+    from tests.conftest import run_cli
+
+    folder, _ = clips
+    first = next(iter_frames(folder / "carphone.avi"))[1]
+    write_avi(tmp_path / "still.avi", [first[..., ::-1]] * 8, 15)
+    write_avi(tmp_path / "moving.avi", [f[..., ::-1] for _, f in iter_frames(
+        folder / "carphone.avi")], 15)
+    manifest = write_manifest(tmp_path, [("still", "still.avi", "a", "train"),
+                                         ("moving", "moving.avi", "b", "train")])
+    done = run_cli("extract", "--manifest", manifest, "--store", tmp_path / "s", "--features",
+                   "dt", "--track-length", "4", "--n-t-cells", "2", "--n-scales", "2",
+                   "--step", "4", "--name", "dt", "--jobs", "1")
+    said = done.stdout + done.stderr
+    assert "warning: still: no dense trajectories in its 8 frames: it is stored empty and " \
+        "encodes to zeros" in said
+    assert "moving:" not in said and "summary: 2 done" in said
+    stage = Store(tmp_path / "s").resolve("dt")
+    still, moving = stage.read_item("still"), stage.read_item("moving")
+    assert len(still) == 0 and len(moving) and still.shape[1] == moving.shape[1]
