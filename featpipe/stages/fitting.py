@@ -212,8 +212,9 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, groups: str | 
     params = estimator_record(PCAProjection, params)
     source = store.resolve(input)
     layout, columns = _group_layout(source, groups)
-    for group, cols in layout or []:  # a group too narrow is refused before any stage exists
-        _projected_dim(cols.stop - cols.start, params["n_components"], fraction, group)
+    # each group's dimension, checked before any stage exists (a group too narrow is refused)
+    dims = {group: _projected_dim(cols.stop - cols.start, params["n_components"], fraction,
+                                  group) for group, cols in layout or []}
     train = train_item_ids(source, split)
     key = {k: v for k, v in params.items() if fraction is None or k != "n_components"}
     stage, fitted = _model_stage(store, "pca", key, [source],
@@ -229,7 +230,8 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, groups: str | 
     meta = {"input": source.name, "n_samples": len(rows), "n_items": len(train)}
     parts = layout or [(None, slice(0, rows.shape[1]))]
     for group, cols in parts:
-        dim = _projected_dim(cols.stop - cols.start, params["n_components"], fraction, group)
+        dim = dims[group] if layout else _projected_dim(cols.stop - cols.start,
+                                                        params["n_components"], fraction, None)
         pca = PCAProjection(**{**params, "n_components": dim}).fit(rows[:, cols])
         stage.save_model(MODEL_NAME if group is None else f"pca-{group}", pca,
                          {**meta, "input_dim": cols.stop - cols.start,
@@ -318,8 +320,9 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
     source = store.resolve(input)
     layout, columns = _group_layout(source, groups)
     groups = None if layout is None else ",".join(g for g, _ in layout)
-    for group, cols in (layout or []) if pca_dim is not None else []:  # before any stage
-        _projected_dim(cols.stop - cols.start, pca_dim, None, group, "pca_dim")
+    if layout and pca_dim is not None:  # a group narrower than pca_dim: before any stage
+        for group, cols in layout:
+            _projected_dim(cols.stop - cols.start, pca_dim, None, group, "pca_dim")
     ids = train_item_ids(source)
     pca_stages = [store.resolve(pca)] if pca else []
     loaded = None if not pca_stages else \
