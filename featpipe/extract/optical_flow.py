@@ -136,6 +136,8 @@ class DISPyramid:
 
     #: a reduced frame's shorter side stays at least this long
     MIN_SIDE = 16
+    #: OpenCV's DIS needs a frame with a side at least this long
+    MIN_FRAME_SIDE = 12
 
     def __init__(self, sizes: list[tuple[int, int]], scales: list[float],
                  preset: int = cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST):

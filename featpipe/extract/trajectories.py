@@ -118,7 +118,8 @@ class DenseTrajectories(DeclaredEstimator):
         Cells along time (``-t``: 3).
     flow : {"farneback", "dis"}
         Optical flow: OpenCV's Farnebäck with the release's parameters, per scale with a
-        median filter, or OpenCV's DIS (faster).
+        median filter, or OpenCV's DIS (ultrafast preset; faster, less accurate where
+        motion is slow).
     descriptors : str
         Descriptor groups, comma-separated: trajectory, hog, hof, mbhx, mbhy, mbh (both),
         all.
@@ -207,8 +208,12 @@ class DenseTrajectories(DeclaredEstimator):
         return out
 
     def usable(self, height: int, width: int) -> bool:
-        """Whether a frame of that size holds a descriptor volume."""
-        return min(height, width) >= int(self.patch_size)
+        """Whether a frame of that size holds a descriptor volume (and, for DIS flow, has a
+        side of at least 12 px: OpenCV's DIS takes no smaller frame)."""
+        from featpipe.extract.optical_flow import DISPyramid
+
+        return (min(height, width) >= int(self.patch_size)
+                and (self.flow != "dis" or max(height, width) >= DISPyramid.MIN_FRAME_SIDE))
 
     def count(self, height: int, width: int) -> int:
         """An upper bound of the trajectories that end at one frame: the sampling cells of
@@ -221,8 +226,13 @@ class DenseTrajectories(DeclaredEstimator):
 
     def minimum_size(self) -> str:
         """The smallest usable frame, in words."""
+        from featpipe.extract.optical_flow import DISPyramid
+
         side = int(self.patch_size)
-        return f"at least {side}x{side} with patch_size {int(self.patch_size)}"
+        if self.flow == "dis" and side < DISPyramid.MIN_FRAME_SIDE:
+            return (f"at least {side}x{side} with patch_size {side}, and a side of "
+                    f"{DISPyramid.MIN_FRAME_SIDE} with flow dis")
+        return f"at least {side}x{side} with patch_size {side}"
 
     def start(self, height: int, width: int) -> Tracker:
         """A tracker for one video of frames of that size."""
@@ -476,7 +486,8 @@ class Tracker:
         if isinstance(estimator, ImprovedDenseTrajectories):
             self.camera = CameraMotion(estimator.keypoints)
         stride = 1 / float(estimator.scale_factor)
-        self.flow_engine = (DISPyramid(self.sizes, self.scales) if estimator.flow == "dis"
+        self.flow_engine = (None if not self.usable
+                            else DISPyramid(self.sizes, self.scales) if estimator.flow == "dis"
                             else FarnebackPyramid(self.sizes, self.scales, stride))
         #: the ring of integral-histogram rows advance_tracks makes, shared by the scales
         ring = np.empty((self.patch + 1) * (width + 1) * GROUP_CHANNELS, np.float32)

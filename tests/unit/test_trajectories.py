@@ -10,6 +10,7 @@ import pytest
 
 from featpipe.errors import InputError, ParameterError
 from featpipe.extract._trajectory_kernels import advance_tracks
+from featpipe.extract.optical_flow import DISPyramid, FarnebackPyramid, level_scales
 from featpipe.extract.trajectories import (
     GROUPS,
     DenseTrajectories,
@@ -57,10 +58,11 @@ def columns(estimator, name):
     return dict(estimator.groups())[name]
 
 
-def test_a_translating_texture_gives_straight_trajectories_of_its_displacement(texture):
+@pytest.mark.parametrize("flow", ["farneback", "dis"])
+def test_a_translating_texture_gives_straight_trajectories_of_its_displacement(texture, flow):
     dx, dy = 0.45, 0.45                       # 45 degrees (y down): HOF bin 1 exactly
     frames = [shifted(texture, dx * t, dy * t) for t in range(18)]
-    dt = DenseTrajectories()
+    dt = DenseTrajectories(flow=flow)
     descriptors, positions, ends = run(dt, frames)
     assert len(descriptors) > 30
     assert ends.min() == 15                   # 16 points: the first end at frame 15
@@ -78,6 +80,49 @@ def test_a_translating_texture_gives_straight_trajectories_of_its_displacement(t
     # positions: the mean of 16 points, inside the frame, at a scale of 1 or sqrt(2)
     assert set(np.round(positions[:, 2].astype(float), 4)) <= {1.0, 1.4142}
     assert (positions[:, 0] > 0).all() and (positions[:, 0] < WIDTH).all()
+
+
+@pytest.mark.parametrize("engine", ["farneback", "dis"])
+def test_each_scale_gets_the_displacement_divided_by_its_scale(texture, engine):
+    """Flow from a frame to the texture moved by (1.5, -0.7) px: at scale k, in the scale's
+    pixels, the displacement divided by s_k (the middle half of each scale, where no edge
+    is seen; DIS at a quarter of 128 x 96 is coarser than Farnebäck)."""
+    size, displacement = (96, 128), np.array([1.5, -0.7])
+    scales = level_scales(3, math.sqrt(2))
+    sizes = [(int(round(size[0] / s)), int(round(size[1] / s))) for s in scales]
+    flows = (FarnebackPyramid(sizes, scales, math.sqrt(2)) if engine == "farneback"
+             else DISPyramid(sizes, scales))
+    before, after = (cv2.cvtColor(shifted(texture, *d, size), cv2.COLOR_RGB2GRAY)
+                     for d in ((0, 0), displacement))
+    medians = []
+    for flow, scale, (height, width) in zip(flows.flow(flows.expand(before),
+                                                       flows.expand(after)),
+                                            scales, sizes, strict=True):
+        assert flow.shape == (height, width, 2) and flow.dtype == np.float32
+        middle = flow[height // 4:3 * height // 4, width // 4:3 * width // 4].reshape(-1, 2)
+        medians.append(np.median(middle, axis=0) * scale)
+    np.testing.assert_allclose(medians, [displacement] * 3, atol=0.2)
+    if engine == "dis":                       # one field, resized: the same motion at each scale
+        np.testing.assert_allclose(medians, [medians[0]] * 3, atol=0.02)
+
+
+def test_dis_runs_where_its_preset_computes_and_small_frames_reduce_less():
+    """The ultrafast preset's finest scale is 2: the frame reduced by 4, by 2 or not at all
+    where a reduced side would be under 16 px; a frame with no side of 12 px (OpenCV's DIS
+    takes none) is too small for flow dis, and tracking it gives nothing."""
+    reductions = {size: DISPyramid([size], [1.0]).reduction
+                  for size in ((240, 320), (64, 64), (63, 200), (48, 64), (31, 40), (20, 30))}
+    assert reductions == {(240, 320): 4, (64, 64): 4, (63, 200): 2, (48, 64): 2, (31, 40): 1,
+                          (20, 30): 1}
+    assert DISPyramid([(240, 320)], [1.0]).expand(np.zeros((240, 320), np.uint8)).shape == (
+        60, 80)
+    small = DenseTrajectories(patch_size=4, flow="dis")
+    assert not small.usable(10, 11) and small.usable(10, 12)
+    assert DenseTrajectories(patch_size=4).usable(10, 11)
+    assert "side of 12 with flow dis" in small.minimum_size()
+    tracker = small.start(10, 11)
+    for _ in range(3):
+        assert tracker.add(np.zeros((10, 11, 3), np.uint8)).positions.shape == (0, 3)
 
 
 def test_a_static_scene_gives_no_trajectories(texture):

@@ -186,3 +186,28 @@ def test_camera_kernels_equal_their_numpy_forms():
     delta = np.abs(xy[:, None, :] - prev_xy[None, :, :])
     np.testing.assert_array_equal(window, (delta[..., 0] < 25) & (delta[..., 1] < 25))
     assert 0 < window.sum() < window.size
+
+
+def test_dis_scale_zero_is_opencvs_dis_on_the_whole_frame():
+    """flow="dis" runs DIS (ultrafast) on the frame reduced by 4, where the preset computes
+    its field: at 320 x 240 the flow of scale 0 is then OpenCV's DIS on the whole frame (the
+    same field upsampled) to the bit, and every scale k that field resized to the scale and
+    multiplied by 4 / s_k, each median-filtered."""
+    from featpipe.extract.optical_flow import DISPyramid, level_scales
+
+    frames = [cv2.resize(frame, (320, 240), interpolation=cv2.INTER_AREA)
+              for frame in clip("bikes.mp4", 4)]
+    scales = level_scales(6, np.sqrt(2))
+    sizes = [(int(round(240 / s)), int(round(320 / s))) for s in scales]
+    engine = DISPyramid(sizes, scales)
+    whole = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST)
+    reduced = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_ULTRAFAST)
+    reduced.setFinestScale(0)
+    for previous, current in zip(frames[:-1], frames[1:], strict=True):
+        flows = engine.flow(engine.expand(previous), engine.expand(current))
+        assert np.array_equal(flows[0], cv2.medianBlur(whole.calc(previous, current, None), 5))
+        field = reduced.calc(*(cv2.resize(f, (80, 60), interpolation=cv2.INTER_AREA)
+                               for f in (previous, current)), None)
+        for flow, scale, (height, width) in zip(flows, scales, sizes, strict=True):
+            expected = cv2.resize(field, (width, height), interpolation=cv2.INTER_LINEAR)
+            assert np.array_equal(flow, cv2.medianBlur(expected * np.float32(4 / scale), 5))
