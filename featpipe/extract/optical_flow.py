@@ -17,14 +17,15 @@ computed once per scale and serves two frame pairs, and the flow of every scale 
   solved per pixel; then a 5×5 median filter of each component (Wang et al., IJCV 2013, §3.1),
   which is the flow kept for the scale and passed to the next one.
 
-:class:`DISPyramid` (``flow="dis"``): OpenCV's DIS flow (Kroeger et al., ECCV 2016, fast
-preset) where its fast preset computes it, at a quarter of the frame's size (the preset's finest
-scale 2; half or the full size where that would leave a side under 16 px): the frame is reduced
-by area, DIS runs on the reduced frames, and its field is resized bilinearly to each scale and
-multiplied by reduction / s_k, then the same median filter.  One flow computation per frame pair
-in place of a pyramid of Farnebäck iterations.  (On the full frame DIS computes this very field
-and upsamples it bilinearly: at 320 × 240 its scale-0 flow is the same to the bit; reading the
-smaller scales from the field itself spares upsampling it and area-reducing it again.)
+:class:`DISPyramid` (``flow="dis"``): OpenCV's DIS flow (Kroeger et al., ECCV 2016, ultrafast
+preset: no variational refinement) where the preset computes its field, at a quarter of the
+frame's size (its finest scale 2; half or the full size where a reduced side would be under 16
+px): DIS runs with finest scale 0 on the frames reduced by area, and its field is resized
+bilinearly to each scale and multiplied by reduction / s_k, then the same median filter.  One
+flow computation per frame pair in place of a pyramid of Farnebäck iterations.  (On the whole
+frame DIS computes this very field and upsamples it bilinearly: at 320 × 240 scale 0 is the
+same to the bit; reading the other scales from the field itself spares upsampling it and
+area-reducing it again.)
 """
 
 from __future__ import annotations
