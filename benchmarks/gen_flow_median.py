@@ -140,7 +140,7 @@ def function_source(name: str, net: str, args: tuple[str, ...], doc: str) -> str
     """One network as a numba function (the test checks that the module holds this text)."""
     comparators, inputs, outputs, _ = networks()[net]
     ops = sum(2 if kind == "both" else 1 for _, _, kind in comparators)
-    lines = ["@numba.njit(inline=\"always\")",
+    lines = ["@numba.njit(nogil=True)",
              f"def {name}({', '.join(args)}):",
              f'    """{doc[0].upper() + doc[1:]} ({ops} min/max)."""']
     names = list(args)

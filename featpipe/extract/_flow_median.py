@@ -33,7 +33,7 @@ import numba
 import numpy as np
 
 #: output pixel pairs per strip (a strip's planes, 52 rows of PITCH values, stay in the caches)
-STRIP = 64
+STRIP = 160
 #: a plane's row: a strip's pairs and the 2 padded pairs after them, rounded up
 PITCH = STRIP + 8
 
@@ -80,15 +80,22 @@ def _columns(r0, r1, r2, r3, r4, columns, first, total):
     start = 2 * (first + 2 * lo - 2)
     _inside(r0[start:], r1[start:], r2[start:], r3[start:], r4[start:], columns[lo:],
             hi - lo)
-    for u in range(total):
-        if lo <= u < hi:
-            continue
-        for p in range(2):
-            x = min(max(first + 2 * u - 2 + p, 0), width - 1)
-            for c in range(2):
-                i = 2 * x + c
-                _store5(columns, (2 * p + c) * PITCH + u, 4 * PITCH,
-                        sort5(r0[i], r1[i], r2[i], r3[i], r4[i]))
+    for u in range(lo):
+        _border(r0, r1, r2, r3, r4, columns, first, u)
+    for u in range(max(hi, lo), total):
+        _border(r0, r1, r2, r3, r4, columns, first, u)
+
+
+@numba.njit(nogil=True)
+def _border(r0, r1, r2, r3, r4, columns, first, u):
+    """The sorted columns of padded pair u, its pixels clamped to the row."""
+    width = r0.shape[0] // 2
+    for p in range(2):
+        x = min(max(first + 2 * u - 2 + p, 0), width - 1)
+        for c in range(2):
+            i = 2 * x + c
+            _store5(columns, (2 * p + c) * PITCH + u, 4 * PITCH,
+                    sort5(r0[i], r1[i], r2[i], r3[i], r4[i]))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -147,26 +154,26 @@ def _medians(columns, middles, out, count):
                                    _load5(columns, PITCH + u + 2, 4 * PITCH))
 
 
-@numba.njit(inline="always")
+@numba.njit(nogil=True)
 def _load5(work, at, step):
     return (work[at], work[at + step], work[at + 2 * step], work[at + 3 * step],
             work[at + 4 * step])
 
 
-@numba.njit(inline="always")
+@numba.njit(nogil=True)
 def _load6(work, at, step):
     return (work[at], work[at + step], work[at + 2 * step], work[at + 3 * step],
             work[at + 4 * step], work[at + 5 * step])
 
 
-@numba.njit(inline="always")
+@numba.njit(nogil=True)
 def _load10(work, at, step):
     return (work[at], work[at + step], work[at + 2 * step], work[at + 3 * step],
             work[at + 4 * step], work[at + 5 * step], work[at + 6 * step], work[at + 7 * step],
             work[at + 8 * step], work[at + 9 * step])
 
 
-@numba.njit(inline="always")
+@numba.njit(nogil=True)
 def _store5(work, at, step, values):
     v0, v1, v2, v3, v4 = values
     work[at] = v0
@@ -176,7 +183,7 @@ def _store5(work, at, step, values):
     work[at + 4 * step] = v4
 
 
-@numba.njit(inline="always")
+@numba.njit(nogil=True)
 def _store6(work, at, step, values):
     v0, v1, v2, v3, v4, v5 = values
     work[at] = v0
@@ -187,7 +194,7 @@ def _store6(work, at, step, values):
     work[at + 5 * step] = v5
 
 
-@numba.njit(inline="always")
+@numba.njit(nogil=True)
 def _store10(work, at, step, values):
     v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = values
     work[at] = v0
@@ -205,7 +212,7 @@ def _store10(work, at, step, values):
 # The networks below are printed by benchmarks/gen_flow_median.py (do not edit by hand).
 
 
-@numba.njit(inline="always")
+@numba.njit(nogil=True)
 def sort5(v0, v1, v2, v3, v4):
     """The 5 values sorted (18 min/max)."""
     m0l = v0 if v0 < v1 else v1
@@ -229,7 +236,7 @@ def sort5(v0, v1, v2, v3, v4):
     return (m5l, m8l, m8h, m7h, m6h)
 
 
-@numba.njit(inline="always")
+@numba.njit(nogil=True)
 def merge_pair(a, b):
     """Two sorted 5-tuples merged (26 min/max)."""
     a0, a1, a2, a3, a4 = a
@@ -263,7 +270,7 @@ def merge_pair(a, b):
     return (m0l, m9l, m9h, m10l, m10h, m11l, m11h, m12l, m12h, m1h)
 
 
-@numba.njit(inline="always")
+@numba.njit(nogil=True)
 def middle_ranks(a, b):
     """Ranks 7..12 of two sorted 10-tuples (36 min/max)."""
     a0, a1, a2, a3, a4, a5, a6, a7, a8, a9 = a
@@ -307,7 +314,7 @@ def middle_ranks(a, b):
     return (m22l, m22h, m23l, m23h, m24l, m24h)
 
 
-@numba.njit(inline="always")
+@numba.njit(nogil=True)
 def median_of(q, c):
     """Rank 5 of ``q`` (ranks 7..12 of 20) and ``c`` (5 sorted): rank 12 of the 25 (10 min/max)."""
     q0, q1, q2, q3, q4, q5 = q
