@@ -3,7 +3,10 @@
 A 5×5 median (rank 12 of 25, 0-based) of five sorted columns c0..c4 is built in three networks
 (Adams, "Fast median filters using separable sorting networks", SIGGRAPH 2021, §3):
 
-* ``SORT5``: each column of 5 sorted (the optimal 9-comparator network);
+* ``SORT5``: each column of 5 sorted (the optimal 9-comparator network); two output rows
+  share 4 source rows, so the kernel sorts those 4 once (``SORT4``, 5 comparators) and merges
+  each row's fifth value into them (``INSERT``, 4 comparators): 13 comparators per two
+  columns where SORT5 twice takes 18 (Adams §3.2); SORT5 serves the columns at the borders;
 * ``PAIR``: two sorted columns merged into a sorted 10-list (Batcher's odd-even merge, 13
   comparators); a pair of neighbouring columns serves two outputs;
 * ``QUAD``: two pairs merged and pruned to ranks 7..12 of their 20 values, the only ones that
@@ -104,6 +107,8 @@ def networks() -> dict:
     sort5 = [(lo, hi, "both") for lo, hi in SORT5_COMPARATORS]
     return {
         "SORT5": (sort5, [[w] for w in range(5)], list(range(5)), range(5)),
+        "SORT4": (*network((1, 1, 1, 1), [(0, 1), (2, 3), (4, 5)], slice(None)), range(4)),
+        "INSERT": (*network((4, 1), [(0, 1)], slice(None)), range(5)),
         "PAIR": (*network((5, 5), [(0, 1)], slice(None)), range(10)),
         "QUAD": (*network((10, 10), [(0, 1)], slice(7, 13)), range(7, 13)),
         "FINAL": (*network((6, 5), [(0, 1)], slice(5, 6)), range(5, 6)),
@@ -129,6 +134,8 @@ def statements(comparators, names: list[str], prefix: str) -> tuple[list[str], l
 #: the module's network functions: (name, network, argument names, what they return)
 FUNCTIONS = (
     ("sort5", "SORT5", ("v0", "v1", "v2", "v3", "v4"), "the 5 values sorted"),
+    ("sort4", "SORT4", ("v0", "v1", "v2", "v3"), "the 4 values sorted"),
+    ("insert", "INSERT", ("a", "x"), "``x`` merged into the sorted 4-tuple ``a``"),
     ("merge_pair", "PAIR", ("a", "b"), "two sorted 5-tuples merged"),
     ("middle_ranks", "QUAD", ("a", "b"), "ranks 7..12 of two sorted 10-tuples"),
     ("median_of", "FINAL", ("q", "c"),
@@ -145,11 +152,12 @@ def function_source(name: str, net: str, args: tuple[str, ...], doc: str) -> str
              f'    """{doc[0].upper() + doc[1:]} ({ops} min/max)."""']
     names = list(args)
     if any(len(wires) > 1 for wires in inputs):
-        names = [f"{arg}{k}" for arg, wires in zip(args, inputs, strict=True)
-                 for k in range(len(wires))]
+        names = [f"{arg}{k}" if len(wires) > 1 else arg
+                 for arg, wires in zip(args, inputs, strict=True) for k in range(len(wires))]
         for arg, wires in zip(args, inputs, strict=True):
-            lines.append("    " + ", ".join(f"{arg}{k}" for k in range(len(wires)))
-                         + f" = {arg}")
+            if len(wires) > 1:
+                lines.append("    " + ", ".join(f"{arg}{k}" for k in range(len(wires)))
+                             + f" = {arg}")
     body, names = statements(comparators, names, "m")
     lines += ["    " + line for line in body]
     result = [names[w] for w in outputs]

@@ -10,7 +10,9 @@ Separable sorting networks (Adams, "Fast median filters using separable sorting 
 ACM TOG 40(4), SIGGRAPH 2021), per output row, over its 5 source rows (clamped), in strips of
 ``2 * STRIP`` pixels:
 
-1. each column of 5 values sorted (:func:`sort5`, 18 min/max per column and row);
+1. each column of 5 values sorted: two output rows share 4 source rows, sorted once
+   (:func:`sort4`), each row's fifth value merged in (:func:`insert`): 13 min/max per column
+   and row (:func:`sort5`, 18, at the borders);
 2. the columns 2s and 2s + 1 (s a pair of pixels; columns padded by 2 replicated ones each
    side) merged into a sorted 10-list (:func:`merge_pair`, 26 min/max per two pixels);
 3. the pairs s and s + 1 merged and pruned to ranks 7..12 of their 20 values
@@ -19,7 +21,7 @@ ACM TOG 40(4), SIGGRAPH 2021), per output row, over its 5 source rows (clamped),
    and pixel 2s - 1 with column 2s - 1;
 4. per output, rank 5 of those six and the fifth column (:func:`median_of`, 10 min/max).
 
-About 59 min/max per output value, against OpenCV's sorting network per pixel.  The data are
+About 54 min/max per output value, against OpenCV's sorting network per pixel.  The data are
 kept as planes (rank, pixel parity, channel) so that every loop reads and writes contiguous
 values, which LLVM vectorises.  The networks are derived, pruned and printed by
 ``benchmarks/gen_flow_median.py`` and checked on every 0-1 input (Knuth's 0-1 principle) by
@@ -43,47 +45,54 @@ def median_blur5(flow: np.ndarray) -> np.ndarray:
     flow = np.ascontiguousarray(flow)
     height, width = flow.shape[0], flow.shape[1]
     out = np.empty(flow.shape, flow.dtype)
-    work = np.empty(52 * PITCH, dtype=flow.dtype)
+    work = np.empty(72 * PITCH, dtype=flow.dtype)
     median5x5(flow.reshape(height, 2 * width), out.reshape(height, 2 * width),
-              work[:20 * PITCH], work[20 * PITCH:40 * PITCH], work[40 * PITCH:])
+              work[:20 * PITCH], work[20 * PITCH:40 * PITCH], work[40 * PITCH:60 * PITCH],
+              work[60 * PITCH:])
     return out
 
 
 @numba.njit(cache=True, nogil=True)
-def median5x5(src, dst, columns, pairs, middles):
+def median5x5(src, dst, above, below, pairs, middles):
     """The 5×5 median of ``src`` (height, 2 × width: the channels interleaved) into ``dst``,
-    borders replicated.  Work planes, rows of ``PITCH`` values: ``columns`` (20) the sorted
-    columns, rank k, parity p (of the padded pixel), channel c at 4k + 2p + c; ``pairs`` (20)
-    a pixel pair's merged columns, rank k, channel c at 2k + c; ``middles`` (12) ranks 7..12
-    of two neighbouring pairs, at 2k + c."""
+    borders replicated, two rows at a time.  Work planes, rows of ``PITCH`` values:
+    ``above`` and ``below`` (20 each) the sorted columns of the two rows, rank k, parity p
+    (of the padded pixel), channel c at 4k + 2p + c; ``pairs`` (20) a pixel pair's merged
+    columns, rank k, channel c at 2k + c; ``middles`` (12) ranks 7..12 of two neighbouring
+    pairs, at 2k + c."""
     height, width = src.shape[0], src.shape[1] // 2
-    for y in range(height):
-        up2, up1 = max(y - 2, 0), max(y - 1, 0)
-        down1, down2 = min(y + 1, height - 1), min(y + 2, height - 1)
+    for y in range(0, height, 2):
+        r0, r1, r2 = max(y - 2, 0), max(y - 1, 0), y
+        r3, r4, r5 = min(y + 1, height - 1), min(y + 2, height - 1), min(y + 3, height - 1)
         for first in range(0, width, 2 * STRIP):
             count = min(2 * STRIP, width - first)
             half = (count + 1) // 2
-            _columns(src[up2], src[up1], src[y], src[down1], src[down2], columns, first,
-                     half + 2)
-            _merges(columns, pairs, half + 2)
-            _middles(pairs, middles, half + 1)
-            _medians(columns, middles, dst[y, 2 * first:], count)
+            _columns(src[r0], src[r1], src[r2], src[r3], src[r4], src[r5], above, below,
+                     first, half + 2)
+            for row, columns in ((y, above), (y + 1, below)):
+                if row < height:
+                    _merges(columns, pairs, half + 2)
+                    _middles(pairs, middles, half + 1)
+                    _medians(columns, middles, dst[row, 2 * first:], count)
 
 
 @numba.njit(cache=True, nogil=True)
-def _columns(r0, r1, r2, r3, r4, columns, first, total):
-    """The sorted columns of a strip's padded pixel pairs 0..total - 1 (pair u holds the
-    pixels first + 2u - 2 and first + 2u - 1, clamped to the row)."""
+def _columns(r0, r1, r2, r3, r4, r5, above, below, first, total):
+    """The sorted columns (rows r0..r4 ``above``, r1..r5 ``below``) of a strip's padded pixel
+    pairs 0..total - 1 (pair u holds the pixels first + 2u - 2 and first + 2u - 1, clamped
+    to the row)."""
     width = r0.shape[0] // 2
     lo = 1 if first == 0 else 0
     hi = min(total, (width - first) // 2 + 1)
     start = 2 * (first + 2 * lo - 2)
-    _inside(r0[start:], r1[start:], r2[start:], r3[start:], r4[start:], columns[lo:],
-            hi - lo)
+    _inside(r0[start:], r1[start:], r2[start:], r3[start:], r4[start:], r5[start:],
+            above[lo:], below[lo:], hi - lo)
     for u in range(lo):
-        _border(r0, r1, r2, r3, r4, columns, first, u)
+        _border(r0, r1, r2, r3, r4, above, first, u)
+        _border(r1, r2, r3, r4, r5, below, first, u)
     for u in range(max(hi, lo), total):
-        _border(r0, r1, r2, r3, r4, columns, first, u)
+        _border(r0, r1, r2, r3, r4, above, first, u)
+        _border(r1, r2, r3, r4, r5, below, first, u)
 
 
 @numba.njit(nogil=True)
@@ -99,17 +108,25 @@ def _border(r0, r1, r2, r3, r4, columns, first, u):
 
 
 @numba.njit(cache=True, nogil=True)
-def _inside(s0, s1, s2, s3, s4, columns, total):
-    """The sorted columns of ``total`` pixel pairs inside the row, from its 5 source rows."""
+def _inside(s0, s1, s2, s3, s4, s5, above, below, total):
+    """The sorted columns of ``total`` pixel pairs inside the row: rows s1..s4 sorted once,
+    then s0 merged in for the row above, s5 for the row below."""
     for v in range(total):
         i = 4 * v
-        _store5(columns, v, 4 * PITCH, sort5(s0[i], s1[i], s2[i], s3[i], s4[i]))
-        _store5(columns, PITCH + v, 4 * PITCH,
-                sort5(s0[i + 1], s1[i + 1], s2[i + 1], s3[i + 1], s4[i + 1]))
-        _store5(columns, 2 * PITCH + v, 4 * PITCH,
-                sort5(s0[i + 2], s1[i + 2], s2[i + 2], s3[i + 2], s4[i + 2]))
-        _store5(columns, 3 * PITCH + v, 4 * PITCH,
-                sort5(s0[i + 3], s1[i + 3], s2[i + 3], s3[i + 3], s4[i + 3]))
+        _two_columns(s0[i], s1[i], s2[i], s3[i], s4[i], s5[i], above, below, v)
+        _two_columns(s0[i + 1], s1[i + 1], s2[i + 1], s3[i + 1], s4[i + 1], s5[i + 1], above,
+                     below, PITCH + v)
+        _two_columns(s0[i + 2], s1[i + 2], s2[i + 2], s3[i + 2], s4[i + 2], s5[i + 2], above,
+                     below, 2 * PITCH + v)
+        _two_columns(s0[i + 3], s1[i + 3], s2[i + 3], s3[i + 3], s4[i + 3], s5[i + 3], above,
+                     below, 3 * PITCH + v)
+
+
+@numba.njit(nogil=True)
+def _two_columns(v0, v1, v2, v3, v4, v5, above, below, at):
+    shared = sort4(v1, v2, v3, v4)
+    _store5(above, at, 4 * PITCH, insert(shared, v0))
+    _store5(below, at, 4 * PITCH, insert(shared, v5))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -234,6 +251,37 @@ def sort5(v0, v1, v2, v3, v4):
     m8l = m7l if m7l < m5h else m5h
     m8h = m5h if m7l < m5h else m7l
     return (m5l, m8l, m8h, m7h, m6h)
+
+
+@numba.njit(nogil=True)
+def sort4(v0, v1, v2, v3):
+    """The 4 values sorted (10 min/max)."""
+    m0l = v0 if v0 < v1 else v1
+    m0h = v1 if v0 < v1 else v0
+    m1l = v2 if v2 < v3 else v3
+    m1h = v3 if v2 < v3 else v2
+    m2l = m0l if m0l < m1l else m1l
+    m2h = m1l if m0l < m1l else m0l
+    m3l = m0h if m0h < m1h else m1h
+    m3h = m1h if m0h < m1h else m0h
+    m4l = m2h if m2h < m3l else m3l
+    m4h = m3l if m2h < m3l else m2h
+    return (m2l, m4l, m4h, m3h)
+
+
+@numba.njit(nogil=True)
+def insert(a, x):
+    """``x`` merged into the sorted 4-tuple ``a`` (8 min/max)."""
+    a0, a1, a2, a3 = a
+    m0l = a0 if a0 < x else x
+    m0h = x if a0 < x else a0
+    m1l = m0h if m0h < a2 else a2
+    m1h = a2 if m0h < a2 else m0h
+    m2l = m1l if m1l < a1 else a1
+    m2h = a1 if m1l < a1 else m1l
+    m3l = m1h if m1h < a3 else a3
+    m3h = a3 if m1h < a3 else m1h
+    return (m0l, m2l, m2h, m3l, m3h)
 
 
 @numba.njit(nogil=True)

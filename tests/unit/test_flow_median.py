@@ -85,11 +85,13 @@ def test_median_flow_takes_any_layout_and_returns_a_new_array():
 
 def test_the_networks_select_their_ranks_on_every_0_1_input():
     """Each network of the generator, on every 0-1 input of sorted lists (a count of ones per
-    list): sort5 32 inputs, merge_pair 36, middle_ranks 121, median_of 42."""
+    list): sort5 32 inputs, sort4 16, insert 10, merge_pair 36, middle_ranks 121,
+    median_of 42."""
     gen = generator()
     cases = {name: gen.check(comparators, inputs, outputs, ranks)
              for name, (comparators, inputs, outputs, ranks) in gen.networks().items()}
-    assert cases == {"SORT5": 32, "PAIR": 36, "QUAD": 121, "FINAL": 42}
+    assert cases == {"SORT5": 32, "SORT4": 16, "INSERT": 10, "PAIR": 36, "QUAD": 121,
+                     "FINAL": 42}
     # the check would see a wrong rank: median_of's network asked for rank 4 or 6 fails
     comparators, inputs, outputs, _ = gen.networks()["FINAL"]
     for wrong in (range(4, 5), range(6, 7)):
@@ -133,24 +135,26 @@ def de_bruijn(k, n):
     return out
 
 
+@pytest.mark.parametrize("row", [2, 3], ids=["above", "below"])
 @pytest.mark.parametrize("shift", [0, 1], ids=["even", "odd"])
-def test_the_compiled_kernel_on_every_0_1_window_of_sorted_columns(shift):
+def test_the_compiled_kernel_on_every_0_1_window_of_sorted_columns(shift, row):
     """Five rows whose columns hold 0..5 ones (a de Bruijn sequence of counts: every window of
     five counts once), the ones placed in every pattern of rows in turn (all 32 columns of 0s
-    and 1s reach the column sort): the middle row's median is 1 exactly when the window holds
-    13 or more ones; both pixel parities (shift), channel 1 the sequence reversed."""
+    and 1s reach the column sort), in rows row - 2..row + 2 of 6: the median of ``row`` is 1
+    exactly when the window holds 13 or more ones.  Both rows of a pass (the kernel makes rows
+    2 and 3 together), both pixel parities (shift); channel 1 the sequence reversed."""
     counts = de_bruijn(6, 5)
     counts = [0] * shift + counts + counts[:4]                   # every window, linearly
     patterns = {ones: [p for p in itertools.product((0, 1), repeat=5) if sum(p) == ones]
                 for ones in range(6)}
-    flow = np.zeros((5, len(counts), 2), np.float32)
+    flow = np.zeros((6, len(counts), 2), np.float32)
     for channel, sequence in enumerate((counts, counts[::-1])):
         for x, ones in enumerate(sequence):
             choices = patterns[ones]
-            flow[:, x, channel] = choices[x % len(choices)]
+            flow[row - 2:row + 3, x, channel] = choices[x % len(choices)]
     got = median_blur5(flow)
     assert np.array_equal(got, cv2.medianBlur(flow, 5))
     windows = np.lib.stride_tricks.sliding_window_view(flow[:, :, 0].sum(0), 5)
-    assert np.array_equal(got[2, 2:-2, 0], (windows.sum(1) >= 13).astype(np.float32))
+    assert np.array_equal(got[row, 2:-2, 0], (windows.sum(1) >= 13).astype(np.float32))
     assert len({tuple(w) for w in np.lib.stride_tricks.sliding_window_view(
         np.array(counts), 5)}) == 6 ** 5
