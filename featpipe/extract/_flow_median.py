@@ -17,13 +17,15 @@ ACM TOG 40(4), SIGGRAPH 2021), per output row, over its 5 source rows (clamped),
    side) merged into a sorted 10-list (:func:`merge_pair`, 26 min/max per two pixels);
 3. the pairs s and s + 1 merged and pruned to ranks 7..12 of their 20 values
    (:func:`middle_ranks`, 36 min/max per two pixels), the only ones that can be the median once
-   a fifth column joins; these four columns serve two outputs, pixel 2s with column 2s + 4
-   and pixel 2s - 1 with column 2s - 1;
+   a fifth column joins; these four (padded) columns 2s..2s + 3 serve two outputs, one with
+   column 2s + 4 and one with column 2s - 1;
 4. per output, rank 5 of those six and the fifth column (:func:`median_of`, 10 min/max).
 
-About 54 min/max per output value, against OpenCV's sorting network per pixel.  The data are
-kept as planes (rank, pixel parity, channel) so that every loop reads and writes contiguous
-values, which LLVM vectorises.  The networks are derived, pruned and printed by
+13 + 13 + 18 + 10 = 54 min/max per output value.  The data are kept as planes (rank, pixel
+parity, channel), so that every loop reads and writes contiguous values and LLVM vectorises
+it; the networks are plain numba functions that LLVM inlines into the loops (numba's
+``inline="always"`` left the loop functions' own machine code scalar, which is what a process
+that compiles them runs).  The networks are derived, pruned and printed by
 ``benchmarks/gen_flow_median.py`` and checked on every 0-1 input (Knuth's 0-1 principle) by
 ``tests/unit/test_flow_median.py``.  min and max are ``a if a < b else b``: exact for every
 float but NaN (a flow holds none; ±inf is fine).
@@ -34,10 +36,13 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-#: output pixel pairs per strip (a strip's planes, 52 rows of PITCH values, stay in the caches)
+#: output pixel pairs per strip (a 320-pixel row in one; the work planes, 72 rows of PITCH
+#: values, take 48 KB)
 STRIP = 160
 #: a plane's row: a strip's pairs and the 2 padded pairs after them, rounded up
 PITCH = STRIP + 8
+#: the vector width LLVM gives the loops (8 float32 of AVX2)
+LANES = 8
 
 
 def median_blur5(flow: np.ndarray) -> np.ndarray:
@@ -71,9 +76,29 @@ def median5x5(src, dst, above, below, pairs, middles):
                      first, half + 2)
             for row, columns in ((y, above), (y + 1, below)):
                 if row < height:
-                    _merges(columns, pairs, half + 2)
-                    _middles(pairs, middles, half + 1)
-                    _medians(columns, middles, dst[row, 2 * first:], count)
+                    whole, tail, more = _split(half + 2)
+                    _merges(columns, pairs, whole)
+                    _merges(columns[tail:], pairs[tail:], more)
+                    whole, tail, more = _split(half + 1)
+                    _middles(pairs, middles, whole)
+                    _middles(pairs[tail:], middles[tail:], more)
+                    out = dst[row, 2 * first:]
+                    whole, tail, more = _split(count // 2)
+                    _medians(columns, middles, out, whole)
+                    _medians(columns[tail:], middles[tail:], out[4 * tail:], more)
+                    if count % 2:
+                        _last_median(columns, middles, out, count // 2)
+
+
+@numba.njit(nogil=True)
+def _split(total):
+    """A loop of ``total`` as (the iterations in whole vectors of ``LANES``, the start and
+    length of one more whole vector that ends the loop, overlapping the one before: its values
+    are computed and written twice, where LLVM's remainder would take them one at a time)."""
+    if total <= LANES:
+        return total, 0, 0
+    whole = total - total % LANES
+    return whole, total - LANES, LANES if whole < total else 0
 
 
 @numba.njit(cache=True, nogil=True)
@@ -85,8 +110,12 @@ def _columns(r0, r1, r2, r3, r4, r5, above, below, first, total):
     lo = 1 if first == 0 else 0
     hi = min(total, (width - first) // 2 + 1)
     start = 2 * (first + 2 * lo - 2)
+    whole, tail, more = _split(hi - lo)
     _inside(r0[start:], r1[start:], r2[start:], r3[start:], r4[start:], r5[start:],
-            above[lo:], below[lo:], hi - lo)
+            above[lo:], below[lo:], whole)
+    at = start + 4 * tail
+    _inside(r0[at:], r1[at:], r2[at:], r3[at:], r4[at:], r5[at:], above[lo + tail:],
+            below[lo + tail:], more)
     for u in range(lo):
         _border(r0, r1, r2, r3, r4, above, first, u)
         _border(r1, r2, r3, r4, r5, below, first, u)
@@ -152,10 +181,10 @@ def _middles(pairs, middles, total):
 
 
 @numba.njit(cache=True, nogil=True)
-def _medians(columns, middles, out, count):
-    """A strip's ``count`` outputs: pixel 2u from the middle ranks of pair u and the even
+def _medians(columns, middles, out, total):
+    """A strip's outputs 0..2 total - 1: pixel 2u from the middle ranks of pair u and the even
     column of pair u + 2, pixel 2u + 1 from those of pair u + 1 and the odd column of pair u."""
-    for u in range(count // 2):
+    for u in range(total):
         out[4 * u] = median_of(_load6(middles, u, 2 * PITCH),
                                _load5(columns, u + 2, 4 * PITCH))
         out[4 * u + 1] = median_of(_load6(middles, PITCH + u, 2 * PITCH),
@@ -164,11 +193,14 @@ def _medians(columns, middles, out, count):
                                    _load5(columns, 2 * PITCH + u, 4 * PITCH))
         out[4 * u + 3] = median_of(_load6(middles, PITCH + u + 1, 2 * PITCH),
                                    _load5(columns, 3 * PITCH + u, 4 * PITCH))
-    if count % 2:
-        u = count // 2
-        out[4 * u] = median_of(_load6(middles, u, 2 * PITCH), _load5(columns, u + 2, 4 * PITCH))
-        out[4 * u + 1] = median_of(_load6(middles, PITCH + u, 2 * PITCH),
-                                   _load5(columns, PITCH + u + 2, 4 * PITCH))
+
+
+@numba.njit(nogil=True)
+def _last_median(columns, middles, out, u):
+    """Pixel 2u alone, the last of a strip of an odd width."""
+    out[4 * u] = median_of(_load6(middles, u, 2 * PITCH), _load5(columns, u + 2, 4 * PITCH))
+    out[4 * u + 1] = median_of(_load6(middles, PITCH + u, 2 * PITCH),
+                               _load5(columns, PITCH + u + 2, 4 * PITCH))
 
 
 @numba.njit(nogil=True)

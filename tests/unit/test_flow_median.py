@@ -18,10 +18,11 @@ from featpipe.extract import _flow_median
 from featpipe.extract._flow_median import median_blur5
 from featpipe.extract.optical_flow import median_flow
 
-#: the dense-trajectory pyramid at 320 × 240 (height, width), then odd and tiny sizes
+#: the dense-trajectory pyramid at 320 × 240 (height, width), then odd, tiny and wide sizes
+#: (over 320 pixels: more than one strip)
 PYRAMID = [(240, 320), (170, 226), (120, 160), (85, 113), (60, 80), (42, 57)]
 SMALL = [(1, 1), (1, 2), (2, 1), (2, 3), (3, 2), (4, 7), (5, 5), (6, 9), (7, 4), (5, 130),
-         (9, 129), (3, 257), (2, 300)]
+         (9, 129), (3, 257), (2, 300), (7, 333), (4, 650), (3, 963)]
 
 
 def generator():
