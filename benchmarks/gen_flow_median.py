@@ -1,6 +1,6 @@
 """The comparator networks of featpipe/extract/_flow_median.py: derived, pruned, checked, printed.
 
-A 5×5 median (rank 12 of 25, 0-based) of five sorted columns c0..c4 is built in three networks
+A 5×5 median (rank 12 of 25, 0-based) of five sorted columns c0..c4 is built from these networks
 (Adams, "Fast median filters using separable sorting networks", SIGGRAPH 2021, §3):
 
 * ``SORT5``: each column of 5 sorted (the optimal 9-comparator network); two output rows
@@ -13,19 +13,20 @@ A 5×5 median (rank 12 of 25, 0-based) of five sorted columns c0..c4 is built in
   can be rank 12 once five more values join (rank i of 20 is rank i..i + 5 of 25);
 * ``FINAL``: rank 12 of 25 = rank 5 of those six and the fifth column (5 sorted values).
 
-Batcher's merge (Knuth, TAOCP vol. 3, §5.3.4, ex. 4) for any lengths, then pruned backwards from
+Batcher's odd-even merge (Knuth, TAOCP vol. 3, §5.3.4) for any lengths, then pruned backwards from
 the outputs used: a comparator whose outputs are both unused is dropped, one with a single used
 output becomes a min or a max.  Each network is checked by the 0-1 principle (Knuth §5.3.4,
 Theorem Z): its inputs are sorted lists, so a 0-1 input is a count of ones per list.
 
-Usage: python benchmarks/gen_flow_median.py  (prints the sizes and the kernel's statements)
+Usage: python benchmarks/gen_flow_median.py  (checks and sizes each network, then prints the
+module's network functions; tests/unit/test_flow_median.py checks the module holds them)
 """
 
 from __future__ import annotations
 
 import itertools
 
-#: the optimal sorting network of 5 (Knuth §5.3.4, Fig. 49): 9 comparators
+#: a sorting network of 5 with the fewest comparators, 9 (Knuth §5.3.4)
 SORT5_COMPARATORS = ((0, 1), (3, 4), (2, 4), (2, 3), (0, 3), (0, 2), (1, 4), (1, 3), (1, 2))
 
 

@@ -45,7 +45,7 @@ def smoothed_pyramid(grey: np.ndarray, sizes: list[tuple[int, int]], scales: lis
 
 def median_flow(flow: np.ndarray) -> np.ndarray:
     """A 5×5 median filter of each flow component, equal to OpenCV's ``cv2.medianBlur(flow, 5)``
-    (:mod:`featpipe.extract._flow_median`: separable sorting networks, 1.6x its speed)."""
+    (:mod:`featpipe.extract._flow_median`: separable sorting networks, faster)."""
     from featpipe.extract._flow_median import median_blur5
 
     return median_blur5(flow)
