@@ -50,21 +50,21 @@ def median_blur5(flow: np.ndarray) -> np.ndarray:
     flow = np.ascontiguousarray(flow)
     height, width = flow.shape[0], flow.shape[1]
     out = np.empty(flow.shape, flow.dtype)
-    work = np.empty(72 * PITCH, dtype=flow.dtype)
     median5x5(flow.reshape(height, 2 * width), out.reshape(height, 2 * width),
-              work[:20 * PITCH], work[20 * PITCH:40 * PITCH], work[40 * PITCH:60 * PITCH],
-              work[60 * PITCH:])
+              np.empty(72 * PITCH, dtype=flow.dtype))
     return out
 
 
 @numba.njit(cache=True, nogil=True)
-def median5x5(src, dst, above, below, pairs, middles):
+def median5x5(src, dst, work):
     """The 5×5 median of ``src`` (height, 2 × width: the channels interleaved) into ``dst``,
-    borders replicated, two rows at a time.  Work planes, rows of ``PITCH`` values:
+    borders replicated, two rows at a time.  ``work``: 72 planes, rows of ``PITCH`` values:
     ``above`` and ``below`` (20 each) the sorted columns of the two rows, rank k, parity p
     (of the padded pixel), channel c at 4k + 2p + c; ``pairs`` (20) a pixel pair's merged
     columns, rank k, channel c at 2k + c; ``middles`` (12) ranks 7..12 of two neighbouring
     pairs, at 2k + c."""
+    above, below = work[:20 * PITCH], work[20 * PITCH:40 * PITCH]
+    pairs, middles = work[40 * PITCH:60 * PITCH], work[60 * PITCH:72 * PITCH]
     height, width = src.shape[0], src.shape[1] // 2
     for y in range(0, height, 2):
         r0, r1, r2 = max(y - 2, 0), max(y - 1, 0), y
