@@ -153,6 +153,7 @@ def _inside(s0, s1, s2, s3, s4, s5, above, below, total):
 
 @numba.njit(nogil=True)
 def _two_columns(v0, v1, v2, v3, v4, v5, above, below, at):
+    """The sorted columns v0..v4 (into ``above``) and v1..v5 (``below``) at ``at``."""
     shared = sort4(v1, v2, v3, v4)
     _store5(above, at, 4 * PITCH, insert(shared, v0))
     _store5(below, at, 4 * PITCH, insert(shared, v5))
