@@ -1,12 +1,12 @@
 """The comparator networks of featpipe/extract/_flow_median.py: derived, pruned, checked, printed.
 
 A 5×5 median (rank 12 of 25, 0-based) of five sorted columns c0..c4 is built from these networks
-(Adams, "Fast median filters using separable sorting networks", SIGGRAPH 2021, §3):
+(Adams, "Fast median filters using separable sorting networks", ACM TOG 40(4), SIGGRAPH 2021):
 
 * ``SORT5``: each column of 5 sorted (the optimal 9-comparator network); two output rows
   share 4 source rows, so the kernel sorts those 4 once (``SORT4``, 5 comparators) and merges
   each row's fifth value into them (``INSERT``, 4 comparators): 13 comparators per two
-  columns where SORT5 twice takes 18 (Adams §3.2); SORT5 serves the columns at the borders;
+  columns where SORT5 twice takes 18 (Adams shares rows this way); SORT5 serves the borders;
 * ``PAIR``: two sorted columns merged into a sorted 10-list (Batcher's odd-even merge, 13
   comparators); a pair of neighbouring columns serves two outputs;
 * ``QUAD``: two pairs merged and pruned to ranks 7..12 of their 20 values, the only ones that
