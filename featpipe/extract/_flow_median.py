@@ -116,24 +116,23 @@ def _columns(r0, r1, r2, r3, r4, r5, above, below, first, total):
     at = start + 4 * tail
     _inside(r0[at:], r1[at:], r2[at:], r3[at:], r4[at:], r5[at:], above[lo + tail:],
             below[lo + tail:], more)
-    for u in range(lo):
-        _border(r0, r1, r2, r3, r4, above, first, u)
-        _border(r1, r2, r3, r4, r5, below, first, u)
-    for u in range(max(hi, lo), total):
-        _border(r0, r1, r2, r3, r4, above, first, u)
-        _border(r1, r2, r3, r4, r5, below, first, u)
+    _borders(r0, r1, r2, r3, r4, r5, above, below, first, 0, lo)
+    _borders(r0, r1, r2, r3, r4, r5, above, below, first, max(hi, lo), total)
 
 
 @numba.njit(nogil=True)
-def _border(r0, r1, r2, r3, r4, columns, first, u):
-    """The sorted columns of padded pair u, its pixels clamped to the row."""
+def _borders(r0, r1, r2, r3, r4, r5, above, below, first, start, stop):
+    """The sorted columns of the padded pairs start..stop - 1, their pixels clamped to the
+    row (one call for them all: a call per pair cost as much as the columns inside)."""
     width = r0.shape[0] // 2
-    for p in range(2):
-        x = min(max(first + 2 * u - 2 + p, 0), width - 1)
-        for c in range(2):
-            i = 2 * x + c
-            _store5(columns, (2 * p + c) * PITCH + u, 4 * PITCH,
-                    sort5(r0[i], r1[i], r2[i], r3[i], r4[i]))
+    for u in range(start, stop):
+        for p in range(2):
+            x = min(max(first + 2 * u - 2 + p, 0), width - 1)
+            for c in range(2):
+                i = 2 * x + c
+                at = (2 * p + c) * PITCH + u
+                _store5(above, at, 4 * PITCH, sort5(r0[i], r1[i], r2[i], r3[i], r4[i]))
+                _store5(below, at, 4 * PITCH, sort5(r1[i], r2[i], r3[i], r4[i], r5[i]))
 
 
 @numba.njit(cache=True, nogil=True)
