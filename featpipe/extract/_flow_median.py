@@ -3,8 +3,9 @@
 Each output value is rank 12 (0-based) of the 25 values of its channel in the 5×5 window,
 rows and columns outside the image replicated (OpenCV's ``BORDER_REPLICATE``).  A median is a
 selection: a correct selection network returns the window's 13th smallest value, the one
-OpenCV's sorting network returns (equal values are equal floats), so the result is equal to
-the bit.
+OpenCV's sorting network returns, so the result is equal to the bit, but for one case: -0.0
+and +0.0 are equal values, and where a window's median is a zero and it holds both, the sign
+may differ from OpenCV's (``np.array_equal`` holds).
 
 Separable sorting networks (Adams, "Fast median filters using separable sorting networks",
 ACM TOG 40(4), SIGGRAPH 2021), per output row, over its 5 source rows (clamped), in strips of
