@@ -46,7 +46,8 @@ CLIPS = {"bigbuckbunny": "bigbuckbunny.mp4", "bikes": "bikes.mp4",
 #: cProfile function names by where their time goes
 CATEGORIES = {
     "flow": ("expand", "flow", "farneback_matrices", "farneback_solve", "sepFilter2D",
-             "medianBlur", "GaussianBlur", "median_flow", "smoothed_pyramid", "calc", "resize"),
+             "medianBlur", "GaussianBlur", "median_flow", "median_blur5", "median5x5",
+             "smoothed_pyramid", "calc", "resize"),
     "histograms": ("advance_tracks",),
     "sampling": ("cornerMinEigenVal", "dense_sample", "grid_points", "start_tracks", "renew"),
     "camera": ("detectAndCompute", "goodFeaturesToTrack", "findHomography", "match", "remap",
