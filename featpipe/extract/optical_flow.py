@@ -139,7 +139,7 @@ class DISPyramid:
     """OpenCV's DIS flow on the area-reduced frame, resized to every scale and median-filtered."""
 
     #: a reduced frame's shorter side stays at least this long
-    MIN_SIDE = 16
+    MIN_REDUCED_SIDE = 16
     #: OpenCV's DIS needs a frame with a side at least this long
     MIN_FRAME_SIDE = 12
 
@@ -149,7 +149,7 @@ class DISPyramid:
         self.dis = cv2.DISOpticalFlow_create(preset)
         height, width = sizes[0]
         self.reduction = 2 ** self.dis.getFinestScale()
-        while self.reduction > 1 and min(height, width) // self.reduction < self.MIN_SIDE:
+        while self.reduction > 1 and min(height, width) // self.reduction < self.MIN_REDUCED_SIDE:
             self.reduction //= 2
         self.reduced = (width // self.reduction, height // self.reduction)
         self.dis.setFinestScale(0)
