@@ -1,35 +1,55 @@
-"""A sample of single-point mutations of a module, each run against that module's tests.
+"""Every single-point mutation of a module, each run against the tests that reach its line.
 
-Usage (issue 31 §4; ``benchmarks/RESULTS.md``)::
+Usage (issue 31 §4, issue 39 §6; ``benchmarks/RESULTS.md``)::
 
-    python benchmarks/mutation_sample.py featpipe/store.py tests/stages/test_store.py ... \
-        --sample 30 --seed 31 [--timeout 60] [--only 3,17] [--list]
+    nice -n 19 python benchmarks/mutation_sample.py featpipe/store.py tests/stages/test_store.py \
+        ... [--log store.jsonl] [--timeout 120] [--only 3,17] [--list] [--no-confirm]
 
-Each mutation is one change a plausible bug makes: a comparison flipped (``==``/``!=``,
-``<``/``<=``, ``in``/``not in``, ``is``/``is not``), ``and``/``or`` swapped, a ``not``
-dropped, an arithmetic operator swapped, an integer constant off by one, ``True``/``False``
-swapped, a statement deleted (a call, ``continue``, ``break``, ``raise``), a returned value
-replaced by ``None``, a dict entry, a keyword argument or a call's argument dropped.  Every
-point of the module is listed; ``--sample`` draws that many with ``random.Random(seed)`` (the
-same points before and after new tests).  The repository (``featpipe``, ``tests``, the
-configuration) is copied to a temporary folder; each mutant replaces the module there (written
-back with :func:`ast.unparse`, no byte-code written or read) and runs ``pytest -x`` on the
-given tests with a timeout (a timeout counts as killed).  Prints one line per mutant and the
-score; a survivor is judged by reading it (equivalent, or a gap in the tests).
+The mutants are enumerated, not drawn: every point of the module where one of these changes
+applies is a mutant (a plausible bug each):
+
+- a comparison flipped: ``==``/``!=``, ``<``/``<=``, ``>``/``>=`` (a boundary),
+  ``in``/``not in``, ``is``/``is not``; ``and``/``or`` swapped; a ``not`` dropped;
+- an arithmetic operator swapped; an integer constant + 1, a float constant + 1,
+  ``True``/``False`` swapped;
+- a failure branch: an ``if`` whose condition becomes ``False`` (the branch never taken), an
+  ``except`` whose body becomes ``raise`` (the failure not handled);
+- a statement deleted: a call (``os.fsync``, ``flush``, ``join``, ``os.replace``, a checksum
+  ``check``...), ``continue``, ``break``, ``raise``;
+- a returned value replaced by ``None``; a dict entry, a keyword argument or the last of two
+  or more positional arguments dropped (``zlib.crc32(block, crc)`` -> ``zlib.crc32(block)``).
+
+Points inside annotations are listed but not run: under ``from __future__ import annotations``
+they are never evaluated (equivalent by construction).
+
+How it runs: the repository is copied to a temporary folder.  The unmutated tests run once
+under coverage (``coverage.process_startup`` reaches the ``featpipe`` subprocesses the tests
+start, each test's id being its coverage context), which gives, for each line of the module,
+the tests that execute it, and each test's duration.  Each mutant replaces the module there
+(``ast.unparse``, no byte-code written or read) and runs ``pytest -x`` on the tests that reach
+its lines, fastest first, in a child forked from a process that has imported pytest, numpy,
+scipy and h5py (not featpipe), with a timeout (3 x those tests' unmutated time + 20 s; a
+timeout counts as killed).  A mutant no test reaches survives without a run.  A survivor is
+run again against every test of the given files (``--no-confirm`` skips this), so a test the
+coverage missed still counts.  One JSON line per mutant goes to ``--log``; the score is
+printed last.  A survivor is then judged by reading it: equivalent, or a gap in the tests.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import configparser
 import copy
+import json
 import os
-import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,6 +60,30 @@ _BIN_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast
              ast.FloorDiv: ast.Div, ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult,
              ast.BitOr: ast.BitAnd, ast.BitAnd: ast.BitOr, ast.LShift: ast.RShift,
              ast.RShift: ast.LShift}
+#: Imported once by the parent of every mutant's run (never featpipe: the mutant is).
+_PRELOAD = ("pytest", "numpy", "scipy", "scipy.linalg", "h5py", "click", "click.testing")
+
+# The pytest plugin of the coverage run: each test's id is the coverage context of this
+# process (switched) and of the processes it starts (read from the environment).
+_PLUGIN = '''
+import json, os, time
+import coverage
+
+_durations = {}
+
+def pytest_runtest_setup(item):
+    os.environ["MUTATION_TEST_ID"] = item.nodeid
+    cov = coverage.Coverage.current()
+    if cov is not None:
+        cov.switch_context(item.nodeid)
+
+def pytest_runtest_logreport(report):
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+def pytest_sessionfinish(session):
+    with open(os.environ["MUTATION_DURATIONS"], "w") as handle:
+        json.dump(_durations, handle)
+'''
 
 
 def _is_docstring(node: ast.AST, parent: ast.AST | None) -> bool:
@@ -49,7 +93,7 @@ def _is_docstring(node: ast.AST, parent: ast.AST | None) -> bool:
 
 def annotation_nodes(tree: ast.Module) -> set[int]:
     """``id`` of every node inside an annotation: never evaluated under ``from __future__
-    import annotations``, so a mutation there is equivalent and is not drawn."""
+    import annotations``, so a mutation there is equivalent and is not run."""
     roots = []
     for node in ast.walk(tree):
         if isinstance(node, ast.arg | ast.AnnAssign) and node.annotation is not None:
@@ -59,10 +103,56 @@ def annotation_nodes(tree: ast.Module) -> set[int]:
     return {id(inner) for root in roots for inner in ast.walk(root)}
 
 
-def mutation_points(tree: ast.Module) -> list[tuple[int, str, tuple]]:
-    """Every ``(line, description, path)`` of one mutation; ``path`` finds the node again.
-    Points inside annotations are numbered too (numbers stay those of earlier runs) and
-    marked ``annotation`` in their description."""
+def _node_points(node: ast.AST, index: int, parent: ast.AST | None
+                 ) -> list[tuple[str, tuple, ast.AST]]:
+    """The mutations of one node: ``(description, path, the node whose lines it changes)``."""
+    points = []
+    if isinstance(node, ast.Compare):
+        for k, op in enumerate(node.ops):
+            if type(op) in _CMP_SWAP:
+                points.append((f"compare {type(op).__name__}->{_CMP_SWAP[type(op)].__name__}",
+                               (index, "cmp", k), node))
+    elif isinstance(node, ast.BoolOp):
+        points.append((f"boolop {type(node.op).__name__} swapped", (index, "bool", 0), node))
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        points.append(("not dropped", (index, "not", 0), node))
+    elif isinstance(node, ast.BinOp | ast.AugAssign) and type(node.op) in _BIN_SWAP:
+        points.append((f"binop {type(node.op).__name__}->{_BIN_SWAP[type(node.op)].__name__}",
+                       (index, "bin", 0), node))
+    elif isinstance(node, ast.Constant):
+        if isinstance(node.value, bool):
+            points.append((f"constant {node.value}->{not node.value}", (index, "const", 0), node))
+        elif isinstance(node.value, int | float):
+            points.append((f"constant {node.value}->{node.value + 1}", (index, "const", 0), node))
+    elif isinstance(node, ast.Dict):
+        for k, key in enumerate(node.keys):
+            if isinstance(key, ast.Constant):
+                points.append((f"dict entry {key.value!r} dropped", (index, "dict", k), node))
+    elif isinstance(node, ast.Call):
+        for k, kw in enumerate(node.keywords):
+            if kw.arg is not None:
+                points.append((f"keyword {kw.arg}= dropped", (index, "kw", k), node))
+        if len(node.args) >= 2 and not any(isinstance(a, ast.Starred) for a in node.args):
+            points.append(("last positional argument dropped", (index, "arg", 0), node))
+    elif isinstance(node, ast.Return) and node.value is not None and not (
+            isinstance(node.value, ast.Constant) and node.value.value is None):
+        points.append(("return value -> None", (index, "ret", 0), node))
+    elif isinstance(node, ast.If):
+        points.append(("if condition -> False", (index, "if", 0), node.test))
+    elif isinstance(node, ast.ExceptHandler) and not (
+            len(node.body) == 1 and isinstance(node.body[0], ast.Raise)
+            and node.body[0].exc is None):
+        points.append(("except body -> raise", (index, "except", 0), node))
+    if isinstance(node, ast.Expr | ast.Continue | ast.Break | ast.Raise) and not \
+            _is_docstring(node, parent) and not (isinstance(node, ast.Expr) and
+                                                 isinstance(node.value, ast.Constant)):
+        points.append((f"statement {type(node).__name__} deleted", (index, "stmt", 0), node))
+    return points
+
+
+def mutation_points(tree: ast.Module) -> list[dict]:
+    """Every mutation of the module: ``line``, ``lines`` (first, last), ``what``, ``path``
+    (finds the node again in a copy of the tree) and ``annotation``."""
     points = []
     annotations = annotation_nodes(tree)
     parents: dict[int, ast.AST] = {}
@@ -70,47 +160,11 @@ def mutation_points(tree: ast.Module) -> list[tuple[int, str, tuple]]:
         for child in ast.iter_child_nodes(parent):
             parents[id(child)] = parent
     for index, node in enumerate(ast.walk(tree)):
-        line = getattr(node, "lineno", 0)
-        parent = parents.get(id(node))
-        if id(node) in annotations:
-            if isinstance(node, ast.BinOp):
-                points.append((line, "annotation", (index, "bin", 0)))
-            continue
-        if isinstance(node, ast.Compare):
-            for k, op in enumerate(node.ops):
-                if type(op) in _CMP_SWAP:
-                    points.append((line, f"compare {type(op).__name__}->"
-                                   f"{_CMP_SWAP[type(op)].__name__}", (index, "cmp", k)))
-        elif isinstance(node, ast.BoolOp):
-            points.append((line, f"boolop {type(node.op).__name__} swapped", (index, "bool", 0)))
-        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            points.append((line, "not dropped", (index, "not", 0)))
-        elif isinstance(node, ast.BinOp | ast.AugAssign) and type(node.op) in _BIN_SWAP:
-            points.append((line, f"binop {type(node.op).__name__}->"
-                           f"{_BIN_SWAP[type(node.op)].__name__}", (index, "bin", 0)))
-        elif isinstance(node, ast.Constant):
-            if isinstance(node.value, bool):
-                points.append((line, f"constant {node.value}->{not node.value}",
-                               (index, "const", 0)))
-            elif isinstance(node.value, int):
-                points.append((line, f"constant {node.value}->{node.value + 1}",
-                               (index, "const", 0)))
-        elif isinstance(node, ast.Dict):
-            for k, key in enumerate(node.keys):
-                if isinstance(key, ast.Constant):
-                    points.append((line, f"dict entry {key.value!r} dropped", (index, "dict", k)))
-        elif isinstance(node, ast.Call):
-            for k, kw in enumerate(node.keywords):
-                if kw.arg is not None:
-                    points.append((line, f"keyword {kw.arg}= dropped", (index, "kw", k)))
-        elif isinstance(node, ast.Return) and node.value is not None and not (
-                isinstance(node.value, ast.Constant) and node.value.value is None):
-            points.append((line, "return value -> None", (index, "ret", 0)))
-        if isinstance(node, ast.Expr | ast.Continue | ast.Break | ast.Raise) and not \
-                _is_docstring(node, parent) and not (isinstance(node, ast.Expr) and
-                                                     isinstance(node.value, ast.Constant)):
-            points.append((line, f"statement {type(node).__name__} deleted",
-                           (index, "stmt", 0)))
+        for what, path, where in _node_points(node, index, parents.get(id(node))):
+            first = getattr(where, "lineno", 0)
+            points.append({"line": first, "what": what, "path": path,
+                           "lines": (first, getattr(where, "end_lineno", first) or first),
+                           "annotation": id(node) in annotations})
     return points
 
 
@@ -133,8 +187,14 @@ def mutate(tree: ast.Module, path: tuple) -> ast.Module:
         del node.keys[k], node.values[k]
     elif kind == "kw":
         del node.keywords[k]
+    elif kind == "arg":
+        del node.args[-1]
     elif kind == "ret":
         node.value = ast.Constant(None)
+    elif kind == "if":
+        node.test = ast.Constant(False)
+    elif kind == "except":
+        node.body = [ast.Raise()]
     elif kind == "stmt":
         _replace(tree, node, ast.Pass())
     return ast.fix_missing_locations(tree)
@@ -161,77 +221,174 @@ def _copy_repo(target: Path) -> None:
         shutil.copy2(REPO / name, target / name)
 
 
-def run_tests(root: Path, tests: list[str], timeout: float) -> tuple[str, float]:
-    """``killed``/``survived``/``timeout`` and the seconds the tests took."""
+def _env(root: Path) -> dict[str, str]:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(root))
+    for name in ("COVERAGE_PROCESS_START", "COVERAGE_PROCESS_CONFIG"):
+        env.pop(name, None)
+    return env
+
+
+def line_tests(root: Path, module: str, tests: list[str]) -> tuple[dict, dict]:
+    """Run the unmutated tests under coverage: ``{line: set of test ids}`` (the id ``""``:
+    executed outside any test, at import) and ``{test id: seconds}``."""
+    config = root / ".mutation-coverage"
+    parser = configparser.ConfigParser(interpolation=None)
+    parser["run"] = {"data_file": str(root / ".mutation-data"), "parallel": "True",
+                     "include": str(root / module), "context": "${MUTATION_TEST_ID}",
+                     "branch": "False"}
+    with open(config, "w") as handle:
+        parser.write(handle)
+    (root / "_mutation_plugin.py").write_text(_PLUGIN)
+    durations = root / ".mutation-durations.json"
+    env = dict(_env(root), COVERAGE_PROCESS_START=str(config), MUTATION_TEST_ID="",
+               MUTATION_DURATIONS=str(durations))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             "-p", "_mutation_plugin", *tests], cwd=root, env=env,
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"the unmutated tests do not pass:\n{result.stdout[-3000:]}")
+    import coverage
+
+    combined = coverage.Coverage(data_file=str(root / ".mutation-data"), config_file=False)
+    combined.combine(keep=False)
+    combined.load()
+    data = combined.get_data()
+    by_line: dict[int, set[str]] = defaultdict(set)
+    for filename in data.measured_files():
+        if Path(filename).resolve() != (root / module).resolve():
+            continue
+        for line, contexts in data.contexts_by_lineno(filename).items():
+            for context in contexts:
+                by_line[line].add(next((p for p in context.split("|") if p), ""))
+    return by_line, json.loads(durations.read_text())
+
+
+def _preload() -> None:
+    for name in _PRELOAD:
+        __import__(name)
+
+
+def run_forked(root: Path, tests: list[str], timeout: float) -> tuple[str, float]:
+    """``pytest -x`` on ``tests`` in a forked child (its own process group, killed whole at
+    the timeout): ``killed``, ``survived`` or ``timeout``, and the seconds it took."""
     start = time.perf_counter()
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-            cwd=root, env=env, capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return "timeout", time.perf_counter() - start
-    status = "survived" if result.returncode == 0 else "killed"
-    if result.returncode not in (0, 1):  # collection error, internal error: still killed
-        status = "killed"
-    return status, time.perf_counter() - start
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh featpipe (the mutant) is imported by the tests
+        code = 3
+        try:
+            os.setpgid(0, 0)
+            os.chdir(root)
+            sys.path.insert(0, str(root))
+            os.environ.update(_env(root))
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            import pytest
+
+            code = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", *tests]))
+        finally:
+            os._exit(code)
+    deadline = start + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.perf_counter() > deadline:
+            with _suppress():
+                os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            _kill_group(pid)
+            return "timeout", time.perf_counter() - start
+        time.sleep(0.05)
+    _kill_group(pid)
+    code = os.waitstatus_to_exitcode(status)
+    return ("survived" if code == 0 else "killed"), time.perf_counter() - start
+
+
+def _kill_group(pid: int) -> None:
+    """Processes the tests left behind in the child's group (a server a test started)."""
+    with _suppress():
+        os.killpg(pid, signal.SIGKILL)
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        return kind is not None and issubclass(kind, OSError)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("module", help="the module to mutate, e.g. featpipe/store.py")
     parser.add_argument("tests", nargs="+", help="its test files")
-    parser.add_argument("--sample", type=int, default=0, help="mutants drawn (0: all)")
-    parser.add_argument("--seed", type=int, default=31)
     parser.add_argument("--timeout", type=float, default=0.0,
-                        help="seconds per mutant (default: 3x the unmutated run + 10)")
+                        help="seconds per mutant (default: 3x its tests' unmutated time + 20)")
     parser.add_argument("--only", default="", help="comma-separated mutant numbers to run")
-    parser.add_argument("--list", action="store_true", help="list the drawn mutants only")
-    parser.add_argument("--skip-baseline", action="store_true",
-                        help="do not run the unmutated tests first (needs --timeout)")
+    parser.add_argument("--list", action="store_true", help="list the mutants only")
+    parser.add_argument("--log", default="", help="append one JSON line per mutant here")
+    parser.add_argument("--no-confirm", action="store_true",
+                        help="do not rerun a survivor against every test of the files")
     args = parser.parse_args()
 
     source = (REPO / args.module).read_text(encoding="utf-8")
     tree = ast.parse(source)
     points = mutation_points(tree)
-    numbered = [(n, p) for n, p in enumerate(points) if p[1] != "annotation"]
-    if args.sample and args.sample < len(points):
-        numbered = sorted(random.Random(args.seed).sample(numbered, args.sample))
+    lines = source.splitlines()
+    numbered = [(n, p) for n, p in enumerate(points) if not p["annotation"]]
     if args.only:
         wanted = {int(n) for n in args.only.split(",")}
-        numbered = [(n, p) for n, p in enumerate(points) if n in wanted]
-    lines = source.splitlines()
-    drawable = sum(p[1] != "annotation" for p in points)
-    print(f"{args.module}: {len(points)} mutation points ({len(points) - drawable} in "
-          f"annotations, not drawn), running {len(numbered)}", flush=True)
+        numbered = [(n, p) for n, p in numbered if n in wanted]
+    print(f"{args.module}: {len(points)} mutants ({len(points) - len(numbered)} in annotations "
+          f"or not asked for), running {len(numbered)}", flush=True)
     if args.list:
-        for n, (line, what, _) in numbered:
-            print(f"#{n} line {line}: {what}: {lines[line - 1].strip()[:90]}")
+        for n, p in numbered:
+            print(f"#{n} line {p['line']}: {p['what']}: {lines[p['line'] - 1].strip()[:90]}")
         return
+    log = open(args.log, "a", encoding="utf-8") if args.log else None  # noqa: SIM115
     with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
         root = Path(tmp)
         _copy_repo(root)
+        start = time.perf_counter()
+        by_line, durations = line_tests(root, args.module, args.tests)
+        every = sorted(durations, key=durations.get)
+        print(f"unmutated tests pass under coverage in {time.perf_counter() - start:.0f} s "
+              f"({len(every)} tests, {sum(durations.values()):.0f} s in tests)", flush=True)
+        _preload()
         target = root / args.module
-        if args.skip_baseline and args.timeout:
-            timeout = args.timeout
-        else:
-            status, seconds = run_tests(root, args.tests, 600)
-            if status != "survived":
-                sys.exit(f"the unmutated tests do not pass ({status}); nothing measured")
-            timeout = args.timeout or 3 * seconds + 10
-            print(f"unmutated tests pass in {seconds:.1f} s; timeout {timeout:.0f} s", flush=True)
-        counts = {"killed": 0, "survived": 0, "timeout": 0}
-        for n, (line, what, path) in numbered:
-            target.write_text(ast.unparse(mutate(tree, path)) + "\n", encoding="utf-8")
-            status, seconds = run_tests(root, args.tests, timeout)
-            counts[status] += 1
-            print(f"#{n} {status:8s} {seconds:5.1f}s line {line}: {what}: "
-                  f"{lines[line - 1].strip()[:90]}", flush=True)
+        counts = defaultdict(int)
+        for n, p in numbered:
+            reached = set().union(*(by_line.get(k, set())
+                                    for k in range(p["lines"][0], p["lines"][1] + 1)))
+            chosen = every if "" in reached else sorted(reached & set(durations),
+                                                        key=durations.get)
+            target.write_text(ast.unparse(mutate(tree, p["path"])) + "\n", encoding="utf-8")
+            status, seconds, ran = "not reached", 0.0, len(chosen)
+            if chosen:
+                limit = args.timeout or 3 * sum(durations[t] for t in chosen) + 20
+                status, seconds = run_forked(root, chosen, limit)
+            if status in ("survived", "not reached") and not args.no_confirm:
+                limit = args.timeout or 3 * sum(durations.values()) + 20
+                status, more = run_forked(root, args.tests, limit)
+                seconds += more
+                ran = len(every)
+                status = {"survived": "survived", "killed": "killed (all tests)",
+                          "timeout": "timeout (all tests)"}[status]
+            counts[status.split()[0]] += 1
+            text = lines[p["line"] - 1].strip()[:90]
+            print(f"#{n} {status:8s} {seconds:6.1f}s {ran:3d} tests line {p['line']}: "
+                  f"{p['what']}: {text}", flush=True)
+            if log is not None:
+                log.write(json.dumps({"module": args.module, "n": n, "line": p["line"],
+                                      "what": p["what"], "code": text, "status": status,
+                                      "seconds": round(seconds, 1), "tests": ran}) + "\n")
+                log.flush()
         target.write_text(source, encoding="utf-8")
     killed = counts["killed"] + counts["timeout"]
     print(f"{args.module}: {len(numbered)} mutants, {killed} killed ({counts['timeout']} by "
-          f"timeout), {counts['survived']} survived; score {killed / max(1, len(numbered)):.0%} "
-          "before judging equivalents")
+          f"timeout), {counts['survived']} survived; score "
+          f"{killed / max(1, len(numbered)):.0%} before judging equivalents", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,27 @@ A checksum is the text ``crc32:<8 hex digits>``.
 - An ``.npy`` file (an item or its sidecar): the CRC of its data bytes followed by its header
   bytes (:func:`npy_checksum`), so a file whose header is patched after its rows were
   appended (:class:`featpipe.items.RowFile`) is summed in one pass as it is written.
-- Any other file (a model's ``.npz`` and ``.json``, a packed HDF5 shard): the CRC of its bytes
-  in order (:func:`file_checksum`).
+- Any other file (a model's ``.npz`` and ``.json``, a packed HDF5 shard, a stage's
+  ``items.csv`` and ``read-hashes.json``): the CRC of its bytes in order
+  (:func:`file_checksum`), kept in another file (the ledger, ``models/<name>.sums``,
+  ``pack.json``, ``stage.json``).
+- A record that holds checksums itself (``stage.json``, ``pack.json``, a ledger line, the
+  store's ``content-hashes.json``) is *sealed*: its JSON object ends with a member
+  ``"crc32": "crc32:<8 hex>"``, the CRC of every byte before that member, started from the
+  CRC of its owner (the stage folder and file it belongs to), so a record copied to another
+  place does not pass either (:func:`seal_json`, :func:`unseal_json`).  A name file holds
+  its stage folder and, on a second line, the CRC of the name and that folder
+  (:func:`name_checksum`).
+
+:data:`CHECKSUM_FORMAT` is recorded in each stage's ``stage.json`` (``"checksums"``): in a
+stage written with it, a missing checksum is damage, never the mark of an older store
+(``docs/store.md``).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import threading
@@ -30,6 +44,10 @@ from featpipe.errors import ItemError
 #: What a stored checksum looks like.
 CHECKSUM = re.compile(r"^crc32:[0-9a-f]{8}$")
 _BLOCK = 1 << 20
+#: The checksum rules a stage records as written with (``"checksums"`` in ``stage.json``):
+#: 2 = every file the store writes (issue 39).  Stages without the field were written
+#: before, when items, models and packed files had checksums and records did not.
+CHECKSUM_FORMAT = 2
 
 
 class ChecksumError(ValueError):
@@ -51,8 +69,65 @@ def array_checksum(array: np.ndarray) -> str:
     return as_text(zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
 
 
+def ids_checksum(ids: list[str]) -> str:
+    """The checksum of a packed file's list of item ids: their UTF-8 bytes, one a line."""
+    return as_text(zlib.crc32("\n".join(ids).encode("utf-8", "surrogatepass")))
+
+
 def as_text(crc: int) -> str:
     return f"crc32:{crc & 0xFFFFFFFF:08x}"
+
+
+def owner_crc(owner: str) -> int:
+    """The CRC a sealed record's checksum starts from: that of the place it belongs to."""
+    return zlib.crc32(owner.encode("utf-8", "surrogatepass"))
+
+
+#: The end of a sealed JSON record: its checksum member, then ``}`` and a newline (a ledger
+#: line, whose newline is the ledger's, ends with the ``}``).
+_SEAL = re.compile(rb'(?:, |)"crc32": "(crc32:[0-9a-f]{8})"}\n?\Z')
+
+
+def seal_json(text: bytes, owner: str) -> bytes:
+    """The JSON object ``text`` (ending with ``}``) with its checksum as its last member:
+    the CRC of every byte before that member, started from :func:`owner_crc`; a newline
+    ends it unless ``text`` ended without one (a ledger line)."""
+    end = b"\n" if text.endswith(b"\n") else b""
+    head = text.rstrip()
+    if not head.endswith(b"}"):
+        raise ValueError("a sealed record is a JSON object")
+    head = head[:-1].rstrip()
+    if not head.endswith(b"{"):
+        head += b", "
+    crc = as_text(zlib.crc32(head, owner_crc(owner)))
+    return head + b'"crc32": "' + crc.encode("ascii") + b'"}' + end
+
+
+def unseal_json(raw: bytes, owner: str, where: str | os.PathLike | None = None
+                ) -> tuple[object, bool]:
+    """The JSON value of ``raw`` (its ``crc32`` member removed) and whether it was sealed; a
+    seal that differs from its bytes is a :class:`ChecksumError` naming ``where`` (default:
+    the owner), text that is not JSON a ``ValueError``.  An unsealed record is returned as
+    read: whether that is damage (a record of a stage written with :data:`CHECKSUM_FORMAT`)
+    is the caller's rule."""
+    found = _SEAL.search(raw)
+    if found is not None:
+        head = raw[:found.start()]
+        if found.group(0).startswith(b", "):
+            head += b", "
+        check(where or owner, as_text(zlib.crc32(head, owner_crc(owner))),
+              found.group(1).decode("ascii"))
+    value = json.loads(raw.decode("utf-8"))
+    if found is not None and isinstance(value, dict):
+        value.pop("crc32", None)
+    return value, found is not None
+
+
+def name_checksum(name: str, folder: str) -> str:
+    """The checksum a name file (``names/NAME``, ``names/.running/NAME``) keeps on its second
+    line: of the name and the stage folder it points to, so that a name file copied onto
+    another name does not pass."""
+    return as_text(zlib.crc32(f"{name}\n{folder}".encode("utf-8", "surrogatepass")))
 
 
 def npy_checksum(header: bytes, data_crc: int) -> str:

@@ -11,21 +11,24 @@ bench_content_keys.py`` (``benchmarks/RESULTS.md``).
 A key must be of the bytes the stage then reads: a file rewritten between the hash and the
 read would leave a stage keyed by one content and holding another.  So the SHA-256 each item's
 file had when the key was computed is kept in the stage (``read-hashes.json``,
-:func:`save_read_hashes`) and the reader checks the bytes it read against it
+:func:`read_hashes_record`) and the reader checks the bytes it read against it
 (:func:`changed_since_key`): a file that changed fails its item with one line.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from featpipe.checksums import seal_json, unseal_json
 from featpipe.errors import FeatpipeError
-from featpipe.fileio import atomic_write_bytes, write_if_changed
+from featpipe.fileio import atomic_write_bytes, first_line
+
+log = logging.getLogger(__name__)
 
 #: The cache file of a store, beside ``stages/`` and ``names/``.
 CACHE_NAME = "content-hashes.json"
@@ -67,11 +70,7 @@ class ContentHashes:
         #: this object: what a stage key was computed from
         self.seen: dict[str, list] = {}
         if self.cache_file is not None:
-            try:
-                loaded = json.loads(self.cache_file.read_text(encoding="utf-8"))
-                self._cache = loaded if isinstance(loaded, dict) else {}
-            except (OSError, ValueError):
-                self._cache = {}  # missing or damaged: rebuilt
+            self._cache = load_cache(self.cache_file)
 
     def file_hash(self, path: str | os.PathLike) -> tuple[int, str]:
         """``(size, sha256)`` of the file at ``path`` (symbolic links followed)."""
@@ -110,46 +109,99 @@ class ContentHashes:
         if self.cache_file is None or not self._changed:
             return
         self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(self.cache_file, json.dumps(self._cache).encode("utf-8"))
+        atomic_write_bytes(self.cache_file, cache_bytes(self._cache))
         self._changed = False
 
 
-def save_read_hashes(stage_path: str | os.PathLike, hashes: dict[str, str | None]) -> None:
-    """Keep ``hashes`` (item id -> SHA-256 of its file when the key was computed) in the
-    stage; the stage key covers them, so every run of the stage writes the same content."""
-    path = Path(stage_path) / READ_HASHES
-    write_if_changed(path, json.dumps(hashes, sort_keys=True).encode("utf-8"))
+def cache_bytes(entries: dict) -> bytes:
+    """The content-hash cache file of ``entries``, sealed (:func:`featpipe.checksums.
+    seal_json`): damage at rest is found when it is read and by ``cache verify``."""
+    return seal_json(json.dumps(entries).encode("utf-8"), CACHE_NAME)
 
 
-@functools.lru_cache(maxsize=8)
-def _read_hashes(path: str, stamp: tuple) -> dict:
+def load_cache(path: Path, strict: bool = False) -> dict:
+    """The entries of the content-hash cache ``path``: ``{path: [size, mtime_ns, ctime_ns,
+    inode, sha256]}``.  A missing file is empty; a damaged one (its seal differs, not JSON)
+    is empty too, with a warning, so that every file is hashed again (a wrong hash would give
+    a wrong key), or with ``strict`` a :class:`~featpipe.checksums.ChecksumError` or
+    ``ValueError`` (``cache verify``)."""
     try:
-        loaded = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        loaded, _ = unseal_json(path.read_bytes(), CACHE_NAME, path)
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: not a JSON object")
+    except FileNotFoundError:
         return {}
-    return loaded if isinstance(loaded, dict) else {}
+    except (OSError, ValueError) as err:  # ChecksumError and JSONDecodeError are ValueErrors
+        if strict:
+            raise
+        log.warning("%s is damaged (%s): every file is hashed again", path, first_line(err))
+        return {}
+    return loaded
+
+
+def read_hashes_record(hashes: dict[str, str | None]) -> bytes:
+    """The ``read-hashes.json`` of ``hashes`` (item id -> SHA-256 of its file when the key
+    was computed), a record of the stage written when it is created
+    (:meth:`featpipe.store.Store.stage`, ``records``): the key covers the hashes, so every
+    run of the stage gives the same bytes, whose checksum ``stage.json`` keeps."""
+    return json.dumps(hashes, sort_keys=True).encode("utf-8")
+
+
+_kept: dict[str, tuple[tuple, dict]] = {}
 
 
 def read_hashes(stage_path: str | os.PathLike) -> dict[str, str | None]:
-    """The hashes :func:`save_read_hashes` kept (read once per process; empty for a stage
-    made before featpipe kept them, whose reads are then not checked)."""
+    """The hashes of :func:`read_hashes_record`, checked against the checksum
+    ``stage.json`` keeps (read once per process while the file keeps its stat record; empty
+    for a stage made before featpipe kept them, whose reads are then not checked).  A
+    damaged record is a :class:`~featpipe.store.DamagedRecord` naming it."""
+    from featpipe.store import Stage
+
     path = Path(stage_path) / READ_HASHES
     try:
         info = path.stat()
+        stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
     except OSError:
-        return {}
-    return _read_hashes(str(path), (info.st_ino, info.st_mtime_ns, info.st_size))
+        stamp = None
+    cached = _kept.get(str(path))
+    if cached is not None and stamp is not None and cached[0] == stamp:
+        return cached[1]
+    raw = Stage(stage_path).read_record(READ_HASHES)
+    try:
+        loaded = json.loads(raw) if raw is not None else {}
+    except ValueError:
+        loaded = {}  # written before featpipe kept checksums of records, and damaged
+    loaded = loaded if isinstance(loaded, dict) else {}
+    if stamp is not None:
+        _kept[str(path)] = (stamp, loaded)
+    return loaded
 
 
 def changed_since_key(stage_path: str | os.PathLike, item_id: str,
-                      digest: str | None) -> str | None:
+                      digest: str | None, path: str | os.PathLike | None = None) -> str | None:
     """Why the bytes of ``item_id``'s file, whose SHA-256 is ``digest`` as read, are not the
-    ones the stage key was computed from, or None when they are (or nothing was kept)."""
+    ones the stage key was computed from, or None when they are (or nothing was kept).  With
+    the file's ``path``, the store's content-hash cache is asked first: when it holds the
+    keyed SHA-256 for the file under the stat record the file still has, the file did not
+    change and the cache is wrong (damaged), which is said instead."""
     kept = read_hashes(stage_path)
     if item_id not in kept or kept[item_id] == digest:
         return None
     if kept[item_id] is None:
         return "its file appeared after the stage key was computed"
+    if path is not None and digest is not None:
+        cache = Path(stage_path).parent.parent / CACHE_NAME
+        try:
+            entry = load_cache(cache).get(os.path.abspath(path))
+            unchanged = entry is not None and entry[:4] == stat_record(os.stat(path))
+        except (OSError, TypeError):
+            unchanged = False
+        if unchanged and entry[4] == kept[item_id]:
+            return (f"the store's content-hash cache {cache} holds SHA-256 "
+                    f"{kept[item_id][:12]}... for {path}, whose bytes read {digest[:12]}... "
+                    "under the same stat record: the cache is damaged, not the file; "
+                    "`featpipe cache verify --repair` hashes it again, then run the command "
+                    "again")
     return ("its file changed after the stage key was computed (SHA-256 "
             f"{(digest or 'missing')[:12]}... read, {kept[item_id][:12]}... keyed): nothing was "
             "written; run the command again once the file is complete")
@@ -162,4 +214,4 @@ def file_changed_since_key(stage_path: str | os.PathLike, item_id: str,
     if item_id not in read_hashes(stage_path):
         return None
     digest = sha256_of(path) if os.path.isfile(path) else None
-    return changed_since_key(stage_path, item_id, digest)
+    return changed_since_key(stage_path, item_id, digest, path)

@@ -15,6 +15,7 @@ newline translation, so a quoted ``\\r`` stays ``\\r``.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import os
 import re
@@ -288,8 +289,8 @@ def normalisation_twin(path: Path) -> Path | None:
         try:
             if not (found / part).exists():
                 key = unicodedata.normalize("NFC", part)
-                twins = [e.name for e in os.scandir(found)
-                         if unicodedata.normalize("NFC", e.name) == key]
+                twins = [e.name for e in os.scandir(found)  # another name, not a link loop
+                         if unicodedata.normalize("NFC", e.name) == key and e.name != part]
                 if not twins:
                     return None
                 part, changed = twins[0], True
@@ -305,8 +306,14 @@ def _form(text: str) -> str:
 
 
 def normalisation_note(path: Path) -> str:
-    """``; ...`` saying that a missing ``path`` exists under a name that differs only in its
-    Unicode normalisation (the two look identical when printed), or ``""``."""
+    """``; ...`` saying why a missing ``path`` is missing when it looks present: a symbolic
+    link on it loops, or it exists under a name that differs only in its Unicode
+    normalisation (the two look identical when printed); or ``""``."""
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return f"; {path} is a symbolic link that loops ({err.strerror})"
     twin = normalisation_twin(path)
     if twin is None:
         return ""

@@ -34,7 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
-from featpipe.checksums import array_checksum, file_checksum
+from featpipe.checksums import (
+    ChecksumError,
+    array_checksum,
+    file_checksum,
+    ids_checksum,
+    seal_json,
+)
 from featpipe.errors import FeatpipeError
 from featpipe.fileio import (
     atomic_write_bytes,
@@ -46,7 +52,7 @@ from featpipe.fileio import (
     tmp_path,
     writing,
 )
-from featpipe.packed import PACK_DIR, PACK_INDEX, open_h5
+from featpipe.packed import PACK_DIR, PACK_INDEX, checked_dataset, index_owner, open_h5
 from featpipe.parallel import resolve_jobs, worker_pool
 from featpipe.store import Stage
 
@@ -70,24 +76,26 @@ class PackSummary:
                 f"{self.bytes / 2**20:.1f} MiB; removed {self.removed} loose file(s)")
 
 
-def _write_shard(stage: Stage, ids: list[str], target: Path) -> str:
-    """Write the items ``ids`` into the shard file ``target``; returns its checksum."""
+def _write_shard(stage: Stage, ids: list[str], target: Path, read=None) -> str:
+    """Write the items ``ids`` into the shard file ``target``; returns its checksum.  Each
+    item is ``read(item_id)`` -> (array, sidecars) (default: the stage's reads)."""
     import h5py
 
+    read = read or (lambda item_id: (stage.read_item(item_id), stage.extras_of(item_id)))
     tmp = tmp_path(target)
     try:
         with writing(target):
             with open(tmp, "w+b") as file:  # through Python: a full disk is an OSError
                 with open_h5(file, "w") as handle:
-                    handle.create_dataset("ids", data=ids, dtype=h5py.string_dtype("utf-8"))
+                    handle.create_dataset("ids", data=ids, dtype=h5py.string_dtype("utf-8")
+                                          ).attrs["crc32"] = ids_checksum(ids)
                     items = handle.create_group("items")
                     extras = handle.create_group("extras")
                     for item_id in ids:
                         stem = safe_stem(item_id)
-                        array = stage.read_item(item_id)
+                        array, sidecars = read(item_id)
                         items.create_dataset(stem, data=array).attrs["crc32"] = \
                             array_checksum(array)
-                        sidecars = stage.extras_of(item_id)
                         if sidecars:
                             group = extras.create_group(stem)
                             for name, values in sidecars.items():
@@ -210,7 +218,7 @@ def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_f
     index = {"shards": shards, "files": [p.name for p in files], "n_items": len(ids),
              "generation": generation,
              "sums": {p.name: checksum for p, checksum in zip(files, sums, strict=True)}}
-    atomic_write_bytes(folder / PACK_INDEX, json.dumps(index, indent=2).encode("utf-8"))
+    _write_index(stage, index)
     for path in folder.glob("shard-*.h5"):  # older generations, or leftovers of a crash
         if path not in files:
             with writing(path, "remove"):
@@ -228,12 +236,22 @@ def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_f
     return files, removed
 
 
+def _write_index(stage: Stage, index: dict) -> None:
+    """Write ``packed/pack.json`` atomically, sealed to its stage
+    (:func:`featpipe.checksums.seal_json`): the commit point of a pack or a repair."""
+    text = json.dumps(index, indent=2).encode("utf-8") + b"\n"
+    atomic_write_bytes(stage.path / PACK_DIR / PACK_INDEX,
+                       seal_json(text, index_owner(stage.name)))
+
+
 def repair_pack(stage: Stage, damaged: set[str], damaged_files: set[str]) -> list[str]:
     """Rewrite the packed files of ``stage`` that hold ``damaged`` items, or that are damaged
-    themselves (``damaged_files``: names), without the items that are damaged or cannot be
-    read (an item whose bytes still match its checksum is kept), then ``pack.json``; returns
-    the ids dropped, which a re-run of the stage's command recomputes as loose files.  Holds
-    the pack lock, as :func:`pack_stage` does (a pack running is refused)."""
+    themselves (``damaged_files``: names), with the items of each that pass their checksums
+    and are not ``damaged`` (read from that file alone; a file that does not open keeps
+    none), then ``pack.json``; returns the ids dropped, which a re-run of the stage's command
+    recomputes as loose files.  A pack index that is damaged itself goes with every packed
+    file (:func:`remove_pack`).  Holds the pack lock, as :func:`pack_stage` does (a pack
+    running is refused)."""
 
     def refuse() -> None:
         raise FeatpipeError(f"stage {stage.name} is being packed by another process")
@@ -242,36 +260,67 @@ def repair_pack(stage: Stage, damaged: set[str], damaged_files: set[str]) -> lis
         return _repair_locked(stage, damaged, damaged_files)
 
 
+def remove_pack(stage: Stage) -> list[str]:
+    """Remove the pack of ``stage`` whose index is damaged: ``pack.json`` first (its items
+    are then no longer done), then every shard file; returns the ids that were packed (by
+    the stage's item list and the shard each belongs to), for a re-run to recompute."""
+
+    def refuse() -> None:
+        raise FeatpipeError(f"stage {stage.name} is being packed by another process")
+
+    folder = stage.path / PACK_DIR
+    with stage.exclusive("pack", refuse):
+        loose = {i for i in stage.items.ids if stage.item_path(i).exists()}
+        for path in [folder / PACK_INDEX, *sorted(folder.glob("shard-*.h5"))]:
+            with writing(path, "remove"):
+                path.unlink(missing_ok=True)
+    return [i for i in stage.items.ids if i not in loose]
+
+
+def _salvage(path: Path, item_id: str):
+    """An item's array and sidecars from packed file ``path`` alone, each checked against its
+    checksum; None when the file, the item or a check fails."""
+    try:
+        handle = open_h5(path)
+    except OSError:
+        return None
+    with handle:
+        try:
+            stem = safe_stem(item_id)
+            array = checked_dataset(handle["items"][stem], item_id)
+            group = handle["extras"].get(stem)
+            sidecars = {} if group is None else {k: checked_dataset(group[k], item_id)
+                                                  for k in group}
+        except (ChecksumError, OSError, KeyError, ValueError, TypeError):
+            return None
+    return array, sidecars
+
+
 def _repair_locked(stage: Stage, damaged: set[str], damaged_files: set[str]) -> list[str]:
     packed = stage.packed()
     folder = stage.path / PACK_DIR
-    index = json.loads((folder / PACK_INDEX).read_text(encoding="utf-8"))
-    sums = dict(index.get("sums") or {})
-    generation = secrets.token_hex(4)
+    sums = dict(packed.sums or {})
+    index = {"shards": packed.n_shards, "files": [p.name for p in packed.files],
+             "generation": secrets.token_hex(4)}
     dropped, replaced = [], []
     for k, path in enumerate(packed.files):
         assigned = [i for i in stage.items.ids if shard_of(i, packed.n_shards) == k]
         if path.name not in damaged_files and not damaged.intersection(assigned):
             continue
-        keep = []
-        for item_id in assigned:
-            if item_id in damaged:
-                continue
-            with contextlib.suppress(FeatpipeError):
-                stage.read_item(item_id)
-                stage.extras_of(item_id)
-                keep.append(item_id)
-        target = folder / f"shard-{k:04d}-of-{packed.n_shards:04d}.{generation}.h5"
-        sums[target.name] = _write_and_check(stage, keep, target)
+        found = {i: _salvage(path, i) for i in assigned if i not in damaged}
+        keep = [i for i, got in found.items() if got is not None]
+        target = folder / f"shard-{k:04d}-of-{packed.n_shards:04d}.{index['generation']}.h5"
+        sums[target.name] = _write_shard(stage, keep, target, read=found.get)
         sums.pop(path.name, None)
         index["files"][k] = target.name
-        dropped.extend(i for i in assigned if i not in keep)
+        dropped.extend(i for i in assigned
+                       if i not in keep and not stage.item_path(i).exists())
         replaced.append(path)
     for name in index["files"]:  # a pack written before checksums: summed as it is now
         if name not in sums:
             sums[name] = file_checksum(folder / name)
-    index.update(sums=sums, n_items=index["n_items"] - len(dropped), generation=generation)
-    atomic_write_bytes(folder / PACK_INDEX, json.dumps(index, indent=2).encode("utf-8"))
+    index.update(n_items=max((packed.n_items or 0) - len(dropped), 0), sums=sums)
+    _write_index(stage, index)
     for path in replaced:
         with writing(path, "remove"):
             path.unlink(missing_ok=True)

@@ -23,12 +23,29 @@ from pathlib import Path
 
 import numpy as np
 
-from featpipe.checksums import CHECKSUM, ChecksumError, DamagedItem, array_checksum, check
+from featpipe.checksums import (
+    CHECKSUM,
+    ChecksumError,
+    DamagedItem,
+    array_checksum,
+    check,
+    ids_checksum,
+    unseal_json,
+)
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.fileio import check_h5_dataset, first_line, safe_stem, shard_of
 
 PACK_DIR = "packed"
 PACK_INDEX = "pack.json"
+#: What a damaged pack index's error says to do.
+REPAIR_INDEX = ("`featpipe cache verify --repair` removes it with the packed files, and a "
+                "re-run of the stage's command recomputes their items")
+
+
+def index_owner(folder: str) -> str:
+    """What the pack index of stage folder ``folder`` is sealed to
+    (:func:`featpipe.checksums.seal_json`)."""
+    return f"stages/{folder}/{PACK_DIR}/{PACK_INDEX}"
 _SHARD_FILE = re.compile(r"^shard-\d{4,}-of-\d{4,}\.[0-9a-f]+\.h5$")
 
 
@@ -53,6 +70,7 @@ class PackedItems:
             raise ValueError(f"file list does not name {self.n_shards} shard files of this "
                              f"folder ({bad[0]!r})" if bad else "file count differs from shards")
         self.files = [folder / name for name in names]
+        self.n_items = index.get("n_items")
         sums = index.get("sums")
         if sums is not None and (not isinstance(sums, dict) or set(sums) != set(names) or not
                                  all(isinstance(v, str) and CHECKSUM.match(v)
@@ -74,13 +92,25 @@ class PackedItems:
         return handle
 
     def _ids_in(self, path: Path) -> list[str]:
+        """The ids dataset of ``path``, checked against its ``crc32`` attribute when it has
+        one (:func:`featpipe.checksums.ids_checksum`)."""
         try:
-            return self._handle(path)["ids"].asstr()[()].tolist()
+            node = self._handle(path)["ids"]
+            ids = node.asstr()[()].tolist()
+            expected = node.attrs.get("crc32")
+            check(f"{path}:ids", ids_checksum(ids), None if expected is None else str(expected))
+            return ids
+        except ChecksumError as err:
+            raise FeatpipeError(f"damaged packed file {path}: {err}; `featpipe cache verify "
+                                "--repair` rewrites it without what is damaged") from None
         except (OSError, KeyError, ValueError, TypeError) as err:
             raise FeatpipeError(f"unreadable packed file {path}: {first_line(err)}") from None
 
     @classmethod
-    def open(cls, stage_path: Path) -> PackedItems | None:
+    def open(cls, stage_path: Path, checksummed: bool = False) -> PackedItems | None:
+        """The packed items of the stage folder ``stage_path``; ``pack.json`` is checked
+        against its seal, which (with its ``sums``) a stage written with checksums
+        (``checksummed``) must have."""
         folder = Path(stage_path) / PACK_DIR
         index_path = folder / PACK_INDEX
         try:
@@ -92,10 +122,19 @@ class PackedItems:
         if cached is not None and cached[0] == stamp:
             return cached[1]
         try:
-            index = json.loads(index_path.read_text(encoding="utf-8"))
+            index, sealed = unseal_json(index_path.read_bytes(),
+                                        index_owner(Path(stage_path).name), index_path)
+            if checksummed and not (sealed and isinstance(index, dict) and "sums" in index):
+                raise ValueError("its checksums are missing, and the stage was written with "
+                                 "them")
             packed = cls(folder, index)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-            raise FeatpipeError(f"{index_path}: corrupt pack index ({err})") from None
+        except ChecksumError as err:
+            raise FeatpipeError(f"{index_path}: damaged pack index ({first_line(err)}); "
+                                f"{REPAIR_INDEX}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError,
+                ValueError) as err:
+            raise FeatpipeError(f"{index_path}: corrupt pack index ({err}); "
+                                f"{REPAIR_INDEX}") from None
         cls._cache[str(index_path)] = (stamp, packed)
         return packed
 
@@ -123,7 +162,7 @@ class PackedItems:
                 from None
         try:
             check_h5_dataset(node, item_id)
-            return _checked(node, item_id)
+            return checked_dataset(node, item_id)
         except ChecksumError as err:
             raise DamagedItem(item_id, err) from None
         except (OSError, ValueError, TypeError) as err:
@@ -134,7 +173,7 @@ class PackedItems:
         path = self.file_of(item_id)
         try:
             group = self._handle(path)["extras"].get(safe_stem(item_id))
-            return {} if group is None else {k: _checked(group[k], item_id) for k in group}
+            return {} if group is None else {k: checked_dataset(group[k], item_id) for k in group}
         except ChecksumError as err:
             raise DamagedItem(item_id, err) from None
         except (OSError, KeyError, ValueError) as err:
@@ -142,7 +181,7 @@ class PackedItems:
                 from None
 
 
-def _checked(node, item_id: str) -> np.ndarray:
+def checked_dataset(node, item_id: str) -> np.ndarray:
     """A packed dataset's array, checked against its ``crc32`` attribute when it has one."""
     array = node[()]
     expected = node.attrs.get("crc32")

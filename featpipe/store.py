@@ -47,8 +47,19 @@ from pathlib import Path
 import numpy as np
 
 from featpipe import FORMAT_VERSION, __version__
-from featpipe.checksums import CHECKSUM, ChecksumError, DamagedItem, as_text, check
-from featpipe.errors import FeatpipeError, ItemError
+from featpipe.checksums import (
+    CHECKSUM,
+    CHECKSUM_FORMAT,
+    ChecksumError,
+    DamagedItem,
+    as_text,
+    check,
+    name_checksum,
+    seal_json,
+    unseal_json,
+)
+from featpipe.content import CACHE_NAME
+from featpipe.errors import FeatpipeError, ItemError, ParameterError
 from featpipe.fileio import (
     HOST,
     TMP_NAME,
@@ -63,12 +74,26 @@ from featpipe.fileio import (
     id_digest,
     load_npy,
     make_dirs,
+    os_reason,
     process_gone,
     safe_stem,
     writing,
 )
 from featpipe.manifest import Manifest
 from featpipe.packed import PackedItems
+
+
+def pointer_bytes(name: str, folder: str) -> bytes:
+    """The content of name file ``name`` pointing to stage ``folder``: the folder, then the
+    checksum of both (:func:`featpipe.checksums.name_checksum`), one line each."""
+    return f"{folder}\n{name_checksum(name, folder)}\n".encode()
+
+
+class DamagedName(FeatpipeError):
+    """A name file (or an unfinished run's marker) that is damaged or holds no stage folder;
+    ``featpipe cache verify --repair`` removes it and a re-run of the command that named the
+    stage names it again."""
+
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: A stage folder name, ``<kind>-<16 hex digits of its key>``: one path component, no dots.
@@ -128,8 +153,9 @@ def _is_number(value) -> bool:
         np.isfinite(value)
 
 
-def _ledger_entry(raw) -> LedgerEntry | str:
-    """A parsed ledger line as an entry, or the reason it is not one."""
+def _ledger_entry(raw, checksummed: bool = False) -> LedgerEntry | str:
+    """A parsed ledger line as an entry, or the reason it is not one; in a stage written with
+    checksums (``checksummed``) a done line must hold the checksums of its files."""
     if not isinstance(raw, dict):
         return "not a JSON object"
     if not isinstance(raw.get("id"), str):
@@ -152,14 +178,25 @@ def _ledger_entry(raw) -> LedgerEntry | str:
             isinstance(k, str) and SUM_SUFFIX.match(k) and isinstance(v, str)
             and CHECKSUM.match(v) for k, v in sums.items())):
         return "'sums' must map file suffixes (.npy, +NAME.npy) to checksums crc32:<8 hex>"
+    if checksummed and raw["status"] == "done" and not (sums or {}).get(".npy"):
+        return ("damaged: a done line without the checksum of its file, in a stage written "
+                "with checksums")
     return LedgerEntry(raw["id"], raw["status"], float(raw.get("seconds", 0.0)),
                        raw.get("error"), float(raw.get("time", 0.0)), sums)
+
+
+def ledger_owner(folder: str) -> str:
+    """What a ledger line of stage folder ``folder`` is sealed to (a line copied from another
+    stage's ledger does not pass)."""
+    return f"stages/{folder}/ledger"
 
 
 class _LedgerWriter:
     """Appends JSON lines to ``ledger/<host>-<pid>.jsonl``; one file per process, never shared.
 
-    Each line is one ``os.write`` on an ``O_APPEND`` descriptor, then fsync.  When the write
+    Each line is sealed (:func:`featpipe.checksums.seal_json`, owner
+    :func:`ledger_owner`), written with one ``os.write`` on an ``O_APPEND`` descriptor, then
+    fsynced.  When the write
     fails (disk full, read-only store) the file is cut back to its previous length, so no
     partial line is left to be glued to the next one, and a :class:`WriteError` names it.
     """
@@ -171,7 +208,8 @@ class _LedgerWriter:
         pid = os.getpid()
         key = (str(ledger_dir), pid)
         path = ledger_dir / f"{HOST}-{pid}.jsonl"
-        data = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
+        line = json.dumps(entry, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        data = seal_json(line, ledger_owner(ledger_dir.parent.name)) + b"\n"
         fd = cls._open.get(key)
         if fd is None:
             make_dirs(ledger_dir)
@@ -191,6 +229,31 @@ class _LedgerWriter:
                 raise
 
 
+def record_owner(folder: str, name: str) -> str:
+    """What a stage's record file ``name`` (``stage.json``, ``packed/pack.json``) is sealed to:
+    its place in the store, so that a record copied to another stage does not pass."""
+    return f"stages/{folder}/{name}"
+
+
+#: What a damaged stage record's error says to do.
+REPAIR_STAGE = ("`featpipe cache verify --repair` removes the stage (and the names pointing at "
+                "it); then run the command that computed it again")
+
+
+class DamagedStage(FeatpipeError):
+    """A stage whose ``stage.json`` is damaged or corrupt: it cannot be opened, and what it
+    computed cannot be trusted; ``featpipe cache verify --repair`` removes it."""
+
+    def __init__(self, message: str):
+        super().__init__(f"{message}; {REPAIR_STAGE}")
+
+
+class DamagedRecord(FeatpipeError):
+    """A record file of a stage (``items.csv``, ``read-hashes.json``) that differs from the
+    checksum ``stage.json`` keeps of it, or is missing: ``featpipe cache verify --repair``
+    removes it and a re-run of the stage's command writes it again."""
+
+
 class Stage:
     """One stage folder: its metadata, its items, its ledger and its models."""
 
@@ -204,16 +267,26 @@ class Stage:
         if meta is None:
             meta_path = self.path / "stage.json"
             try:
-                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                raw = meta_path.read_bytes()
+                meta = json.loads(raw.decode("utf-8"))
             except FileNotFoundError:
                 raise FeatpipeError(f"no stage at {self.path} (stage.json missing)") from None
             except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                raise FeatpipeError(f"{meta_path}: corrupt stage metadata ({err})") from None
+                raise DamagedStage(f"{meta_path}: corrupt stage metadata ({err})") from None
             except OSError as err:
                 raise FeatpipeError(f"{meta_path}: unreadable ({err.strerror})") from None
             problem = _meta_problem(meta, self.path.name)
             if problem:
-                raise FeatpipeError(f"{meta_path}: corrupt stage metadata ({problem})")
+                raise DamagedStage(f"{meta_path}: corrupt stage metadata ({problem})")
+            try:
+                _, sealed = unseal_json(raw, record_owner(self.path.name, "stage.json"),
+                                        meta_path)
+            except ChecksumError as err:
+                raise DamagedStage(f"{meta_path}: damaged stage metadata ({err})") from None
+            if not sealed and "checksums" in meta:
+                raise DamagedStage(f"{meta_path}: damaged stage metadata (its checksum is "
+                                   "missing, and it was written with checksums)")
+            meta.pop("crc32", None)
         self.meta = dict(meta)
 
     # -- identity ---------------------------------------------------------------------------
@@ -233,6 +306,13 @@ class Stage:
     @property
     def params(self) -> dict:
         return self.meta["params"]
+
+    @property
+    def checksummed(self) -> bool:
+        """Whether the stage was written with checksums of every file
+        (:data:`featpipe.checksums.CHECKSUM_FORMAT`): then a missing checksum is damage."""
+        return isinstance(self.meta.get("checksums"), int) and \
+            self.meta["checksums"] >= CHECKSUM_FORMAT
 
     @property
     def input_names(self) -> list[str]:
@@ -266,8 +346,55 @@ class Stage:
         """The manifest rows (ids, labels, splits) this stage covers; empty for model stages."""
         if self._items is None:
             path = self.path / "items.csv"
-            self._items = Manifest.read(path) if path.exists() else Manifest([], root=self.path)
+            raw = self.read_record("items.csv")
+            if raw is None:
+                self._items = Manifest([], root=self.path)
+            else:
+                self._items, problems = Manifest.parse(raw.decode("utf-8", "replace"),
+                                                       self.path, str(path))
+                if problems:
+                    raise FeatpipeError(f"manifest {path}, {problems[0]}")
         return self._items
+
+    def read_record(self, name: str) -> bytes | None:
+        """The bytes of record file ``name`` (``items.csv``, ``read-hashes.json``), checked
+        against the checksum ``stage.json`` keeps of it; None when there is neither the file
+        nor a checksum of it.  A damaged or missing record is a :class:`DamagedRecord`."""
+        path = self.path / name
+        expected = (self.meta.get("files") or {}).get(name)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            if expected is None:
+                return None
+            raise DamagedRecord(f"stage {self.name}: {path} is missing; a re-run of the "
+                                "stage's command writes it again") from None
+        except OSError as err:
+            raise FeatpipeError(f"stage {self.name}: {path} is unreadable "
+                                f"({os_reason(err)})") from None
+        try:
+            check(path, as_text(zlib.crc32(raw)), expected)
+        except ChecksumError as err:
+            raise DamagedRecord(f"stage {self.name}: damaged: {err}; `featpipe cache verify "
+                                "--repair` removes it and a re-run of the stage's command "
+                                "writes it again") from None
+        return raw
+
+    def restore_records(self, records: Mapping[str, bytes]) -> None:
+        """Write again the record files of ``records`` that are missing (``verify --repair``
+        removed them) when their bytes are those ``stage.json`` keeps the checksum of; a
+        record of other bytes is an error (an ``items.csv`` whose item paths moved)."""
+        expected = self.meta.get("files") or {}
+        for name, data in records.items():
+            path = self.path / name
+            if path.exists() or name not in expected:
+                continue
+            if as_text(zlib.crc32(data)) != expected[name]:
+                raise FeatpipeError(f"stage {self.name}: {path} is missing and this run would "
+                                    "write other bytes than it held (item paths that moved?); "
+                                    f"remove the stage (`featpipe cache rm {self.name}`) and "
+                                    "run the command again")
+            atomic_write_bytes(path, data)
 
     @property
     def is_model_stage(self) -> bool:
@@ -316,6 +443,9 @@ class Stage:
         checksum of each file of a done item by its suffix (:data:`SUM_SUFFIX`)."""
         if status not in ("done", "failed"):
             raise ValueError(f"ledger status must be 'done' or 'failed', got {status!r}")
+        if status == "done" and self.checksummed and not (sums or {}).get(".npy"):
+            raise ValueError("a done line of a stage written with checksums holds the "
+                             "checksums of the item's files (sums)")
         self._check_on_disk()
         entry = {"id": item_id, "status": status, "seconds": round(float(seconds), 6),
                  "error": error, "time": time.time()}
@@ -354,11 +484,18 @@ class Stage:
                 yield path.name, 0, f"unreadable ({err.strerror})"
                 continue
             last = len(lines) - 1  # after the final newline: empty, or a line cut short
+            owner = ledger_owner(self.name)
             for lineno, line in enumerate(lines, start=1):
                 if not line.strip():
                     continue
                 try:
-                    entry = _ledger_entry(json.loads(line))
+                    raw, sealed = unseal_json(line, owner, path)
+                    entry = _ledger_entry(raw, self.checksummed)
+                    if not sealed and self.checksummed and isinstance(entry, LedgerEntry):
+                        entry = ("damaged: no checksum of its own, in a stage written with "
+                                 "checksums")
+                except ChecksumError as err:
+                    entry = f"damaged ({first_line(err)})"
                 except (json.JSONDecodeError, UnicodeDecodeError) as err:
                     if lineno - 1 == last:
                         continue  # the process was killed while writing this line
@@ -410,7 +547,7 @@ class Stage:
 
     def packed(self):
         """The :class:`featpipe.packed.PackedItems` of this stage, or ``None`` if not packed."""
-        return PackedItems.open(self.path)
+        return PackedItems.open(self.path, self.checksummed)
 
     def failed(self) -> dict[str, str]:
         """Items whose latest state is failed, with their recorded error."""
@@ -597,6 +734,11 @@ class Stage:
         try:
             sums = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
+            if self.checksummed:
+                raise FeatpipeError(f"model {name!r} of stage {self.name} is damaged: {path} "
+                                    "is missing, and the stage was written with checksums; "
+                                    "`featpipe cache verify --repair` removes the model and a "
+                                    "re-run of the fit recomputes it") from None
             return None
         except (OSError, ValueError) as err:
             raise FeatpipeError(f"model {name!r} of stage {self.name}: {path} is unreadable "
@@ -646,13 +788,20 @@ class Stage:
         return (arrays, meta) if cls is None else cls.from_arrays(arrays, meta)
 
     def model_names(self) -> list[str]:
-        """Names of the models this stage holds (fit stages)."""
+        """Names of the models this stage holds (fit stages), whole or in part (a file of a
+        model missing is damage ``verify`` reports)."""
         folder = self.path / "models"
-        return sorted(p.stem for p in folder.glob("*.npz")) if folder.is_dir() else []
+        if not folder.is_dir():
+            return []
+        return sorted({p.name.removesuffix(suffix) for suffix in (".npz", ".json", MODEL_SUMS)
+                       for p in folder.glob(f"*{suffix}")})
 
     def has_model(self, name: str) -> bool:
+        """Whether model ``name`` is saved: its ``.npz`` and ``.json`` are in place and, in a
+        stage written with checksums, its checksums (written last: the commit point)."""
         folder = self.path / "models"
-        return (folder / f"{name}.npz").exists() and (folder / f"{name}.json").exists()
+        return (folder / f"{name}.npz").exists() and (folder / f"{name}.json").exists() and \
+            (not self.checksummed or (folder / f"{name}{MODEL_SUMS}").exists())
 
 
 def _meta_problem(meta, folder: str) -> str | None:
@@ -734,6 +883,26 @@ def _load_item_file(item_id: str, path: Path, mmap: bool = False,
                                  "fit in memory") from None
 
 
+def is_store(path: Path) -> bool:
+    """Whether folder ``path`` holds a featpipe store: a ``stages/`` folder with a stage
+    folder in it, a ``names/`` folder with a name file, or the content-hash cache."""
+    def points_to_stage(name_file: Path) -> bool:
+        with open(name_file, "rb") as handle:
+            return bool(STAGE_FOLDER.match(handle.read(200).split(b"\n")[0].decode("latin1")))
+
+    try:
+        if (path / CACHE_NAME).is_file():
+            return True
+        stages, names = path / "stages", path / "names"
+        if stages.is_dir() and any(STAGE_FOLDER.match(p.name.split(".")[0])
+                                   for p in stages.iterdir()):
+            return True
+        return names.is_dir() and any(p.is_file() and points_to_stage(p)
+                                      for p in names.iterdir())
+    except OSError:
+        return False
+
+
 def _json_default(value):
     if isinstance(value, np.generic):
         return value.item()
@@ -769,10 +938,16 @@ class Store:
         items: Manifest | None = None,
         dtype: str = "float32",
         create: bool = True,
+        records: Mapping[str, bytes] | None = None,
     ) -> Stage:
         """Open the stage for (kind, params, inputs), creating it exclusively if it is new.
 
-        ``items`` are the manifest rows the stage covers (default: those of its first input).
+        ``items`` are the manifest rows the stage covers (default: those of its first input),
+        written as ``items.csv``; ``records`` are other files of the stage that its key
+        determines (``read-hashes.json``).  Both are written before ``stage.json``, which keeps
+        their checksums (``files``) and the checksum rules the stage is written with
+        (``checksums``) and is sealed (:func:`featpipe.checksums.seal_json`); an existing
+        stage gets back those of them ``verify --repair`` removed (:meth:`Stage.restore_records`).
         Creation is race-free: ``stage.json`` is written to a temporary file and hard-linked
         into place, which fails if another process got there first.  With ``create=False``
         (a dry run) a new stage is only planned: its key and items, nothing on disk.
@@ -784,10 +959,16 @@ class Store:
         key_params = dict(params, dtype=dtype) if dtype != "float32" else params
         key = stage_key(kind, key_params, [s.key for s in inputs])
         path = self.stages_dir / f"{kind}-{key}"
-        if (path / "stage.json").exists():
-            return Stage(path)
         if items is None and inputs:
             items = inputs[0].items
+        records = dict(records or {})
+        if items is not None:
+            records["items.csv"] = items.to_csv(None).encode("utf-8")
+        if (path / "stage.json").exists():
+            stage = Stage(path)
+            if create:
+                stage.restore_records(records)
+            return stage
         meta = {
             "kind": kind,
             "key": key,
@@ -799,16 +980,20 @@ class Store:
             "versions": _package_versions(),
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "host": HOST,
+            "checksums": CHECKSUM_FORMAT,
+            "files": {name: as_text(zlib.crc32(data)) for name, data in records.items()},
         }
         if not create:
             return Stage(path, meta=meta, items=items if items is not None else Manifest([]))
+        self.check_not_nested()
         make_dirs(path)
-        if items is not None:
-            items.write(path / "items.csv", relative_to=None)
+        for name, data in records.items():
+            atomic_write_bytes(path / name, data)
         tmp = path / f"stage.json.tmp.{HOST}.{os.getpid()}"
+        text = json.dumps(meta, indent=2, sort_keys=True).encode("utf-8")
         try:
             with writing(path / "stage.json"):
-                tmp.write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+                tmp.write_bytes(seal_json(text + b"\n", record_owner(path.name, "stage.json")))
                 try:
                     os.link(tmp, path / "stage.json")
                 except FileExistsError:
@@ -825,6 +1010,17 @@ class Store:
             raise FeatpipeError(f"{folder!r} is not a stage folder name (kind-key) of store "
                                 f"{self.root}")
         return Stage(self.stages_dir / folder)
+
+    def check_not_nested(self) -> None:
+        """Refuse (a :class:`~featpipe.errors.ParameterError` for ``store``) a store folder
+        inside another store's folder: the outer store's ``gc`` and ``verify`` would take
+        the inner store's files for their own."""
+        root = Path(os.path.abspath(self.root))
+        for parent in root.parents:
+            if is_store(parent):
+                raise ParameterError("store", f"{self.root} is inside the store {parent}; a "
+                                              "store cannot hold another store: give a folder "
+                                              "outside it")
 
     def require(self) -> Store:
         """This store, or a one-line error when its folder does not exist or is not a store."""
@@ -869,22 +1065,48 @@ class Store:
                 f"invalid name {name!r}: use letters, digits, '.', '_' or '-' (at most 128)"
             )
         make_dirs(self.names_dir)
-        atomic_write_bytes(self.names_dir / name, (stage.name + "\n").encode("utf-8"))
+        atomic_write_bytes(self.names_dir / name, pointer_bytes(name, stage.name))
 
     def read_name(self, name: str) -> str:
         """The stage folder ``name`` points to; a name file holding anything but a stage
         folder name of this store (``../../other/stages/X``) is an error, never followed."""
-        path = self.names_dir / name
+        return self.read_pointer(self.names_dir / name, name, "name")
+
+    def read_pointer(self, path: Path, name: str, what: str) -> str:
+        """The stage folder a name file (``names/NAME``, ``names/.running/NAME``: ``what``)
+        points to, checked against its checksum (:func:`pointer_bytes`); a file without one
+        is read as written before featpipe kept them, unless the stage it points to was
+        written with checksums.  Damage is a :class:`DamagedName`."""
+        label = f"{what} {name!r}: {path}"
         try:
-            folder = path.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as err:
-            raise FeatpipeError(f"name {name!r}: {path} is unreadable "
-                                f"({first_line(err)})") from None
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise DamagedName(f"{label} is damaged ({first_line(err)})") from None
+        except OSError as err:
+            raise FeatpipeError(f"{label} is unreadable ({first_line(err)})") from None
+        lines = text.split("\n")
+        folder = lines[0].strip()
         if not STAGE_FOLDER.match(folder):
-            raise FeatpipeError(f"name {name!r}: {path} holds {folder[:200]!r}, not a stage "
-                                "folder of this store (kind-key); names never point outside "
-                                "their store's stages/")
-        return folder
+            raise DamagedName(f"{label} holds {folder[:200]!r}, not a stage folder of this "
+                              "store (kind-key); names never point outside their store's "
+                              "stages/")
+        if text == pointer_bytes(name, folder).decode("utf-8"):
+            return folder
+        if len(lines) > 2 and lines[1].strip() and CHECKSUM.match(lines[1].strip()):
+            raise DamagedName(f"{label} is damaged (checksum {name_checksum(name, folder)} of "
+                              f"its name and stage differs from {lines[1].strip()} recorded "
+                              "when it was written)")
+        if any(line.strip() for line in lines[1:]) or self._checksummed(folder):
+            raise DamagedName(f"{label} is damaged (its checksum is missing, and the stage "
+                              f"{folder} it points to was written with checksums)")
+        return folder  # written before featpipe kept checksums of names
+
+    def _checksummed(self, folder: str) -> bool:
+        """Whether stage folder ``folder`` opens and was written with checksums."""
+        try:
+            return self.stage_by_folder(folder).checksummed
+        except FeatpipeError:
+            return False
 
     def names(self, problems: list[str] | None = None) -> dict[str, str]:
         """All valid names and the stage folder each points to; a corrupt name file is left

@@ -82,3 +82,50 @@ def six_sequences(root) -> Store:
         stage.write_item(item_id, rng.random((12, 3)).astype(np.float32))
     store.set_name("seq", stage)
     return store
+
+
+def sealed_line(stage, entry: dict) -> str:
+    """A ledger line of ``stage`` as featpipe writes it (sealed to the stage), for tests that
+    write ledgers by hand."""
+    import json
+
+    from featpipe.checksums import seal_json
+    from featpipe.store import ledger_owner
+
+    text = json.dumps(entry, ensure_ascii=False).encode("utf-8")
+    return seal_json(text, ledger_owner(stage.name)).decode("utf-8") + "\n"
+
+
+def make_old(root, item_sums: bool = True) -> None:
+    """Turn the store at ``root`` into one written before featpipe kept checksums of its
+    records (issue 39): ``stage.json`` without ``checksums``, ``files`` and its seal, ledger
+    lines, ``pack.json`` and ``content-hashes.json`` without seals, name files of one line;
+    without ``item_sums`` also as before issue 31: ledger lines without ``sums``, no model
+    ``.sums``, ``pack.json`` without ``sums``."""
+    import json
+    from pathlib import Path
+
+    root = Path(root)
+
+    def rewrite_json(path, drop, indent=None):
+        value = json.loads(path.read_text())
+        value = {k: v for k, v in value.items() if k not in drop}
+        path.write_text(json.dumps(value, indent=indent, sort_keys=indent is not None))
+
+    for meta in root.glob("stages/*/stage.json"):
+        rewrite_json(meta, {"checksums", "files", "crc32"}, indent=2)
+    drop = {"crc32"} | (set() if item_sums else {"sums"})
+    for ledger in root.glob("stages/*/ledger/*.jsonl"):
+        lines = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+        ledger.write_text("".join(json.dumps({k: v for k, v in line.items() if k not in drop})
+                                  + "\n" for line in lines))
+    for index in root.glob("stages/*/packed/pack.json"):
+        rewrite_json(index, drop)
+    if (root / "content-hashes.json").exists():
+        rewrite_json(root / "content-hashes.json", {"crc32"})
+    for name in [*root.glob("names/*"), *root.glob("names/.running/*")]:
+        if name.is_file():
+            name.write_text(name.read_text().splitlines()[0] + "\n")
+    if not item_sums:
+        for sums in root.glob("stages/*/models/*.sums"):
+            sums.unlink()

@@ -123,7 +123,9 @@ def flag_for(command: click.Command | None, param: str) -> str:
 
 class FeatpipeGroup(LazyGroup):
     """The root group: a FeatpipeError is one ``error:`` line and exit status 1 (2 for a bad
-    parameter value or environment setting, a usage error)."""
+    parameter value or environment setting, a usage error); SIGINT and SIGTERM stop every
+    command the same way (:mod:`featpipe.interrupts`): one ``interrupted:`` line and exit
+    status 128 + the signal number."""
 
     def invoke(self, ctx):
         code = 1
@@ -145,8 +147,18 @@ class FeatpipeGroup(LazyGroup):
             logfile.close_log(code)
 
     def _invoke(self, ctx):
+        from featpipe.interrupts import Interrupt, Interrupted, interruptible
+
         try:
-            return super().invoke(ctx)
+            with interruptible():
+                return super().invoke(ctx)
+        except Interrupted as err:  # a stage said how many items are done and left
+            _error(str(err))
+            ctx.exit(err.exit_code)
+        except Interrupt as signal_:  # any other command: what it wrote is whole
+            _error(f"interrupted ({signal_}): nothing half-written is kept; re-run the same "
+                   "command")
+            ctx.exit(128 + signal_.signum)
         except ParameterError as err:
             flag = flag_for(ctx.meta.get("featpipe.command"), err.param)
             _error(f"error: {flag} {err.cause}")

@@ -80,7 +80,8 @@ def command_line() -> str:
 
 def open_store(store_path: str) -> Store:
     """The store at ``store_path``; a ``--log-file`` inside it is a usage error (the file is
-    removed if this run made it): a stray file in the store breaks ``cache ls`` and ``gc``."""
+    removed if this run made it): a stray file in the store breaks ``cache ls`` and ``gc``;
+    so is a store folder inside another store (:meth:`~featpipe.store.Store.check_not_nested`)."""
     from featpipe.fileio import check_outside_store
     from featpipe.store import Store
 
@@ -91,7 +92,9 @@ def open_store(store_path: str) -> Store:
         except ParameterError:
             logfile.discard()
             raise
-    return Store(store_path)
+    store = Store(store_path)
+    store.check_not_nested()
+    return store
 
 
 def verbosity() -> int:

@@ -19,13 +19,20 @@ def export(store_path, name, output, partial):
     """Write stage NAME to one file: ids, X (stacked, or ragged with offsets), sidecars
     (timestamps, positions...), labels, splits.
 
-    Layout: docs/data.md, "Import and export"; no pickle or object arrays.  Read it with
+    A folder of OUTPUT that does not exist is created, and a note says so.  Layout:
+    docs/data.md, "Import and export"; no pickle or object arrays.  Read it with
     ``featpipe.io.export.load_export`` (any format), ``np.load(path, allow_pickle=False)``,
     h5py or MATLAB's ``load``.
     """
+    from pathlib import Path
+
     from featpipe.io.export import export_stage
 
+    folder = Path(output).absolute().parent
+    new_folder = not folder.exists()
     arrays, missing = export_stage(open_store(store_path).resolve(name), output, partial)
+    if new_folder:  # a mistyped folder must not go unseen
+        click.echo(f"note: created folder {folder} for {output}", err=True)
     n, shape = len(arrays["ids"]), arrays["X"].shape
     sidecars = sorted(k[len("sidecar_"):-len("_layout")] for k in arrays
                       if k.startswith("sidecar_") and k.endswith("_layout"))

@@ -419,7 +419,7 @@ def source_fingerprint(source, manifest: Manifest, hashes: ContentHashes,
     one as missing), else the file itself.  Never the path: a moved or touched source keeps
     its stages, a rewritten one gives new ones.  ``read`` (when given) receives, by item id,
     the SHA-256 of the folder file each item will read (None: no file), for
-    :func:`featpipe.content.save_read_hashes`."""
+    :func:`featpipe.content.read_hashes_record`."""
     if isinstance(source, NpyDirSource):
         files = [(item.id, source.locate(item)) for item in manifest]
         fingerprint = {"format": source.fmt, "content": hashes.digest(files)}
@@ -663,7 +663,7 @@ class ImportCompute:
         source = holders[0]
         if isinstance(source, NpyDirSource):
             array, digest = source.read_hashed(item)
-            changed = changed_since_key(self.stage_path, item.id, digest)
+            changed = changed_since_key(self.stage_path, item.id, digest, source.locate(item))
         else:
             array = source.read(item)
             changed = source_changed(source, self.keyed.get(str(source.path)))
@@ -679,4 +679,6 @@ class ImportCompute:
 
 @functools.lru_cache(maxsize=4)
 def _stage_items(stage_path: str) -> Manifest:
-    return Manifest.read(Path(stage_path) / "items.csv")
+    from featpipe.store import Stage
+
+    return Stage(stage_path).items

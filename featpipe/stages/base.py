@@ -33,10 +33,11 @@ from dataclasses import dataclass, field
 
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import atomic_write_bytes, make_dirs
+from featpipe.interrupts import Interrupt, Interrupted
 from featpipe.manifest import Manifest
 from featpipe.parallel import ON_ERROR, Compute, RunSummary, parse_shard, plan, run_items
 from featpipe.reporting import Progress, Reporter  # noqa: F401 (Progress: re-exported)
-from featpipe.store import NAME_PATTERN, Stage, Store
+from featpipe.store import NAME_PATTERN, Stage, Store, pointer_bytes
 
 #: Sub-folder of ``STORE/names`` recording, per name, the stage a run is computing for it.
 RUNNING = ".running"
@@ -128,17 +129,25 @@ def mark_running(store: Store, name: str | None, stage: Stage) -> None:
     stage.mark_running()
     if name:
         make_dirs(store.names_dir / RUNNING)
-        atomic_write_bytes(store.names_dir / RUNNING / name, (stage.name + "\n").encode())
+        atomic_write_bytes(store.names_dir / RUNNING / name, pointer_bytes(name, stage.name))
 
 
-def running_names(store: Store) -> dict[str, str]:
+def running_names(store: Store, problems: list[str] | None = None) -> dict[str, str]:
     """Names whose last run has not completed yet, and the stage folder each run computes
-    (``cache gc`` keeps these stages: their items are computed work)."""
+    (``cache gc`` keeps these stages: their items are computed work); a damaged marker is
+    left out (and described in ``problems`` when a list is given)."""
     folder = store.names_dir / RUNNING
     if not folder.is_dir():
         return {}
-    return {p.name: p.read_text(encoding="utf-8").strip() for p in sorted(folder.iterdir())
-            if NAME_PATTERN.match(p.name) and p.is_file()}
+    found = {}
+    for path in sorted(folder.iterdir()):
+        if NAME_PATTERN.match(path.name) and path.is_file():
+            try:
+                found[path.name] = store.read_pointer(path, path.name, "unfinished run of")
+            except FeatpipeError as err:
+                if problems is not None:
+                    problems.append(str(err))
+    return found
 
 
 def latest_stage(store: Store, name: str) -> Stage:
@@ -182,6 +191,9 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
                     force=options.force, shard=shard, batch_size=batch_size,
                     executor=options.executor, scheduler=options.scheduler,
                     progress=progress.advance)
+        except Interrupt as signal_:  # SIGINT, SIGTERM: the items written stay
+            done = len(stage.done_ids() & set(todo))
+            raise Interrupted(signal_.signum, done, len(todo) - done) from None
         except BaseException:
             name_left(stage, name, ids, reporter)
             raise

@@ -29,10 +29,12 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.checksums import ChecksumError, DamagedItem, check, file_checksum
+from featpipe.content import CACHE_NAME, ContentHashes, cache_bytes, load_cache, stat_record
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import (
     HOST,
     TMP_NAME,
+    atomic_write_bytes,
     check_npy_header,
     first_line,
     safe_stem,
@@ -40,19 +42,32 @@ from featpipe.fileio import (
     writing,
 )
 from featpipe.io.importers import describe, signature
-from featpipe.pack import repair_pack
+from featpipe.pack import remove_pack, repair_pack
 from featpipe.packed import PACK_DIR, PACK_INDEX
 from featpipe.progress import stage_progress
-from featpipe.stages.base import Reporter, latest_stage, running_names
-from featpipe.store import CREATION_GRACE_S, MODEL_SUMS, STAGE_FOLDER, Stage, Store
+from featpipe.stages.base import RUNNING, Reporter, latest_stage, running_names
+from featpipe.store import (
+    CREATION_GRACE_S,
+    MODEL_SUMS,
+    NAME_PATTERN,
+    REPAIR_STAGE,
+    STAGE_FOLDER,
+    DamagedName,
+    DamagedStage,
+    Stage,
+    Store,
+    is_store,
+)
 
 
 def store_problems(store: Store) -> tuple[list[Stage], list[str], list[str]]:
-    """The stages that open, one text per broken stage folder, one per corrupt name file."""
+    """The stages that open, one text per broken stage folder, one per damaged name file or
+    unfinished run's marker."""
     store.require()
     stages, broken = store.scan()
     name_problems: list[str] = []
     store.names(name_problems)
+    running_names(store, name_problems)
     return stages, [f"stage {folder}: {reason}" for folder, reason in broken], name_problems
 
 
@@ -60,7 +75,10 @@ def store_problems(store: Store) -> tuple[list[Stage], list[str], list[str]]:
 class StageCheck:
     """What :func:`verify_stage` found in one stage: the items checked, one text per problem,
     and what ``--repair`` removes: items, models and packed files that are damaged (their
-    bytes differ from their checksums) or unreadable; ``unchecked`` counts the items written
+    bytes differ from their checksums) or unreadable, damaged record files (``records``),
+    ledger files with damaged lines (``ledgers``), item files no ledger line accounts for
+    (``strays``), a damaged pack index (``pack_index``); ``missing`` counts the done items
+    whose file is gone (a re-run recomputes them); ``unchecked`` counts the items written
     before featpipe kept checksums (read and checked for their values only)."""
 
     checked: int = 0
@@ -68,44 +86,86 @@ class StageCheck:
     items: list[str] = field(default_factory=list)
     models: list[str] = field(default_factory=list)
     shards: list[str] = field(default_factory=list)
+    records: list[str] = field(default_factory=list)
+    ledgers: list[str] = field(default_factory=list)
+    strays: list[Path] = field(default_factory=list)
+    pack_index: bool = False
+    missing: int = 0
     unchecked: int = 0
+
+    def repairable(self) -> int:
+        """How many of the problems ``--repair`` removes (or leaves to a re-run)."""
+        return (len(self.items) + len(self.models) + len(self.shards) + len(self.records)
+                + len(self.ledgers) + len(self.strays) + self.pack_index + self.missing)
+
+
+#: What each kind of problem's line says will recompute it.
+RERUN = "a re-run of the stage's command recomputes it"
+REMOVE = "`--repair` removes it and " + RERUN
 
 
 def verify_stage(stage: Stage) -> StageCheck:
-    """Check every done item (its files against their checksums, then its values), the
-    models and the packed files of ``stage``; see :class:`StageCheck`."""
-    found = StageCheck(problems=list(stage.ledger_problems()))
+    """Check every record of ``stage`` (``items.csv``, ``read-hashes.json`` against the
+    checksums ``stage.json`` keeps; ledger lines against their seals), every done item (its
+    files against their checksums, then its values), the item files no ledger line accounts
+    for, the models and the packed files; see :class:`StageCheck`."""
+    found = StageCheck()
     problems = found.problems
+    for name in sorted(stage.meta.get("files") or {}):
+        try:
+            stage.read_record(name)
+        except FeatpipeError as err:
+            problems.append(f"record {name}: {err.cause.split(': ', 1)[-1]}")
+            found.records.append(name)
+    if "items.csv" in found.records:  # without its item list its items cannot be checked
+        return found
+    for problem in stage.ledger_problems():
+        problems.append(f"{problem} (`--repair` rewrites the ledger without it; {RERUN})")
+        found.ledgers.append(problem.split()[1])
+    try:
+        packed = stage.packed()
+        if packed is not None:
+            packed.ids()
+    except FeatpipeError as err:
+        problems.append(f"packed files: {err}")
+        found.pack_index = True
+        packed = None
     shapes: dict[str, tuple[int, ...]] = {}
-    packed = stage.packed()
     if packed is not None:
         for path in packed.files:
             expected = (packed.sums or {}).get(path.name)
             try:
                 check(path, file_checksum(path), expected)
             except (ChecksumError, OSError) as err:
-                problems.append(f"packed file {path.name}: damaged ({first_line(err)})")
+                problems.append(f"packed file {path.name}: damaged ({first_line(err)}); "
+                                "`--repair` rewrites it without what is damaged and "
+                                f"{RERUN.replace(' it', ' that')}")
                 found.shards.append(path.name)
-    for item_id, entry in sorted(stage.item_states().items()):
+    states = stage.item_states()
+    for item_id, entry in sorted(states.items()):
         if entry.status != "done":
             continue
         path = stage.item_path(item_id)
         if not path.exists() and not (packed is not None and item_id in packed.ids()):
-            problems.append(f"item {item_id!r}: the ledger says done but {path} is missing")
+            problems.append(f"item {item_id!r}: the ledger says done but {path} is missing; "
+                            f"{RERUN}")
+            found.missing += 1
             continue
         try:
             array = stage.read_item(item_id)
             extras = list(stage.extras_of(item_id).items())
         except FeatpipeError as err:
             what = "damaged" if isinstance(err, DamagedItem) else "unreadable"
-            problems.append(f"item {item_id!r}: {what} ({err.cause})")
+            cause = err.cause.split("; `featpipe cache verify")[0]
+            problems.append(f"item {item_id!r}: {what} ({cause}); {REMOVE}")
             found.items.append(item_id)
             continue
         if path.exists():
             found.unchecked += entry.sums is None
             gone = sorted(set(entry.sums or ()) - {".npy"} - {f"+{k}.npy" for k, _ in extras})
             if gone:
-                problems.append(f"item {item_id!r}: sidecar file(s) {', '.join(gone)} missing")
+                problems.append(f"item {item_id!r}: sidecar file(s) {', '.join(gone)} "
+                                f"missing; {REMOVE}")
                 found.items.append(item_id)
         for source, values in [("array", array), *extras]:
             if values.dtype.kind not in "biuf":
@@ -122,22 +182,65 @@ def verify_stage(stage: Stage) -> StageCheck:
             if signature(shape) != reference:
                 problems.append(f"item {item_id!r}: shape {shape} but {counts[reference]} other "
                                 f"items are {describe(reference)}")
-    for npz in sorted((stage.path / "models").glob("*.npz")):
+    if not stage.running_processes():  # a live run commits its files before their lines
+        for path in stray_item_files(stage, states):
+            problems.append(f"file {path.relative_to(stage.path)}: no ledger line says its "
+                            "item is done (a run killed while committing it, or a damaged "
+                            f"ledger); {REMOVE}")
+            found.strays.append(path)
+    for model in stage.model_names():
         try:
-            stage.load_model(npz.stem)
+            stage.load_model(model)
         except (FeatpipeError, OSError, ValueError, EOFError) as err:
-            problems.append(f"model {npz.stem!r}: unreadable ({err})")
-            found.models.append(npz.stem)
+            problems.append(f"model {model!r}: unreadable ({err})")
+            found.models.append(model)
     return found
+
+
+def stray_item_files(stage: Stage, states: dict) -> list[Path]:
+    """The files under ``items/`` that belong to no done item of ``stage`` (temporary files
+    of live writers aside): an item committed by a killed run before its ledger line, a file
+    left when a ledger was damaged or deleted, a file put there by hand."""
+    folder = stage.path / "items"
+    if not folder.is_dir():
+        return []
+    expected = set()
+    for item_id, entry in states.items():
+        if entry.status == "done":
+            main = stage.item_path(item_id)
+            expected.add(main)
+            expected.update(main.with_name(main.name[:-4] + suffix)
+                            for suffix in entry.sums or ())
+            expected.update(main.parent.glob(f"{safe_stem(item_id)}+*.npy"))
+    return sorted(path for path in folder.rglob("*")
+                  if path.is_file() and path not in expected and not TMP_NAME.search(path.name))
 
 
 def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
     """Remove what :func:`verify_stage` found damaged, so that a re-run of the stage's command
-    recomputes exactly that (resume computes what is missing): a loose item's files (the main
-    array first: without it the item is not done), a model's files, and from a packed file
-    the damaged items (the file is rewritten with the others; an unreadable one is dropped
-    whole).  Returns one line per thing removed."""
+    recomputes exactly that (resume computes what is missing): a record file (the re-run
+    writes it again), the damaged lines of a ledger (the file is rewritten without them,
+    while no process computes the stage), item files no ledger line accounts for, a loose
+    item's files (the main array first: without it the item is not done), a model's files,
+    from a packed file the damaged items (the file is rewritten with the others; an
+    unreadable one is dropped whole), or the whole pack when its index is damaged.  Returns
+    one line per thing removed."""
     done = []
+    for name in found.records:
+        path = stage.path / name
+        with writing(path, "remove"):
+            path.unlink(missing_ok=True)
+        done.append(f"removed damaged {name} (a re-run of the stage's command writes it again)")
+    if found.ledgers:
+        if stage.running_processes():
+            raise FeatpipeError(f"stage {stage.name} is being computed now; its damaged ledger "
+                                "lines are repaired once no process computes it")
+        for name in sorted(set(found.ledgers)):
+            done.append(_rewrite_ledger(stage, name))
+    for path in found.strays:
+        with writing(path, "remove"):
+            path.unlink(missing_ok=True)
+        done.append(f"removed {path.relative_to(stage.path)} (no ledger line accounts for it)")
     packed_ids = [i for i in found.items if not stage.item_path(i).exists()]
     for item_id in found.items:
         main = stage.item_path(item_id)
@@ -152,50 +255,181 @@ def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
             with writing(path, "remove"):
                 path.unlink(missing_ok=True)
         done.append(f"removed damaged model {model!r}")
-    if stage.packed() is not None and (packed_ids or found.shards):
+    if found.pack_index:
+        dropped = remove_pack(stage)
+        done.append(f"removed the damaged pack ({len(dropped)} packed item(s) to recompute)")
+    elif packed_ids or found.shards:
         dropped = repair_pack(stage, set(packed_ids), set(found.shards))
         done.extend(f"dropped damaged item {i!r} from the packed files" for i in dropped)
+        done.extend(f"rewrote packed file {name} without what is damaged"
+                    for name in found.shards)
+    if found.missing:
+        done.append(f"{found.missing} done item(s) whose file is missing: recomputed by a "
+                    "re-run")
     return done
+
+
+def _rewrite_ledger(stage: Stage, name: str) -> str:
+    """Rewrite ledger file ``name`` of ``stage`` without its damaged lines (atomically; the
+    lines that pass are kept byte for byte)."""
+    path = stage.path / "ledger" / name
+    keep, dropped = [], 0
+    bad = {int(p.split()[3].rstrip(":")) for p in stage.ledger_problems()
+           if p.split()[1] == name}
+    with writing(path, "rewrite"):
+        lines = path.read_bytes().split(b"\n") if 0 not in bad else []
+    for lineno, line in enumerate(lines, start=1):
+        if lineno in bad:
+            dropped += 1
+        elif line.strip():
+            keep.append(line + b"\n")
+    atomic_write_bytes(path, b"".join(keep))
+    return f"rewrote ledger {name} without its {dropped} damaged line(s)"
+
+
+@dataclass
+class StoreCheck:
+    """What :func:`verify` found outside the stages: stage folders whose ``stage.json`` is
+    damaged or missing (``--repair`` removes them, and the names pointing at them), damaged
+    name files and run markers (removed), a damaged content-hash cache (hashed again)."""
+
+    problems: list[str] = field(default_factory=list)
+    broken: int = 0
+    stages: list[str] = field(default_factory=list)
+    pointers: list[Path] = field(default_factory=list)
+    cache: bool = False
+
+
+def check_store(store: Store) -> tuple[list[Stage], StoreCheck]:
+    """The stages that open, and what :class:`StoreCheck` describes."""
+    stages, broken, _ = store_problems(store)
+    found = StoreCheck(broken=len(broken))
+    for line in broken:
+        folder = line.split()[1].rstrip(":")
+        found.problems.append(f"{line}" + ("" if REPAIR_STAGE in line else
+                                           f"; {REPAIR_STAGE}"))
+        try:
+            Stage(store.stages_dir / folder)
+        except DamagedStage:
+            found.stages.append(folder)
+        except FeatpipeError as err:
+            if "stage.json missing" in str(err):
+                found.stages.append(folder)
+    for folder, what in ((store.names_dir, "name"), (store.names_dir / RUNNING,
+                                                     "unfinished run of")):
+        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if not path.is_file() or not NAME_PATTERN.match(path.name):
+                continue
+            try:
+                store.read_pointer(path, path.name, what)
+            except DamagedName as err:
+                found.problems.append(f"{err}; `--repair` removes it and a re-run of the "
+                                      "command that named it names it again")
+                found.pointers.append(path)
+            except FeatpipeError as err:
+                found.problems.append(str(err))
+    cache = store.root / CACHE_NAME
+    try:
+        load_cache(cache, strict=True)
+    except (OSError, ValueError) as err:
+        found.problems.append(f"{CACHE_NAME}: damaged ({first_line(err)}); `--repair` hashes "
+                              "its files again")
+        found.cache = True
+    return stages, found
+
+
+def repair_store(store: Store, found: StoreCheck) -> list[str]:
+    """Remove what :func:`check_store` found: each damaged stage folder (renamed, then
+    deleted: :func:`remove_folder`) with the names and run markers pointing at it, each
+    damaged name file or marker, and rebuild a damaged content-hash cache from the files
+    whose stat record is still the cached one (hashed again)."""
+    done = []
+    pointers = [(store.names_dir / name, target) for name, target in store.names().items()]
+    pointers += [(store.names_dir / RUNNING / name, target)
+                 for name, target in running_names(store).items()]
+    for folder in found.stages:
+        for path, target in pointers:
+            if target == folder:
+                remove_file(path)
+                done.append(f"removed {path.relative_to(store.root)} (it pointed to {folder})")
+        remove_folder(store.stages_dir / folder)
+        done.append(f"removed stage {folder}: its stage.json is damaged (a re-run of its "
+                    "command computes it again)")
+    for path in found.pointers:
+        remove_file(path)
+        done.append(f"removed damaged {path.relative_to(store.root)}")
+    if found.cache:
+        done.append(rebuild_cache(store))
+    return done
+
+
+def rebuild_cache(store: Store) -> str:
+    """Hash again every file of a damaged content-hash cache whose stat record is still the
+    one cached (a file changed or gone is left out: hashed when next used)."""
+    path = store.root / CACHE_NAME
+    try:
+        text = path.read_bytes().decode("utf-8", "replace")
+        entries = json.loads(text[:text.rfind('"crc32"')].rstrip(", ") + "}") \
+            if '"crc32"' in text else json.loads(text)
+    except ValueError:
+        entries = {}
+    hashes = ContentHashes(None)
+    kept = {}
+    for file, entry in (entries.items() if isinstance(entries, dict) else ()):
+        try:
+            if isinstance(entry, list) and entry[:4] == stat_record(os.stat(file)):
+                hashes.file_hash(file)
+                kept[file] = hashes.seen[os.path.abspath(file)]
+        except (OSError, TypeError, FeatpipeError):
+            continue
+    atomic_write_bytes(path, cache_bytes(kept))
+    return f"hashed {len(kept)} file(s) of {CACHE_NAME} again"
 
 
 def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = None,
            repair: bool = False) -> int:
-    """Verify the stages called ``names`` (all stages when empty); returns the problem count
-    (with ``repair``, of the problems :func:`repair_stage` could not remove).
+    """Verify the stages called ``names`` (all stages, the names, run markers and the
+    content-hash cache when empty); returns the problem count (with ``repair``, of the
+    problems :func:`repair_stage` and :func:`repair_store` could not remove).
 
     A stage that cannot be opened or read counts as a problem; the others are still verified.
     """
     reporter = reporter or Reporter()
     if names:
-        stages, store_level, broken = [store.resolve(n) for n in names], [], []
+        stages, outside = [store.resolve(n) for n in names], StoreCheck()
     else:
-        stages, broken, name_problems = store_problems(store)
-        store_level = broken + name_problems
-    for problem in store_level:
+        stages, outside = check_store(store)
+    for problem in outside.problems:
         reporter.info(f"problem: {problem}")
-    total, bad, repaired, unchecked = 0, len(store_level), 0, 0
+    total, bad, repaired, unchecked = 0, len(outside.problems), 0, 0
     for stage in stages:
         try:
             found = verify_stage(stage)
-            missing = len(set(stage.items.ids) - stage.done_ids())
-            note = f" ({missing} of {len(stage.items)} not computed)" if missing else ""
         except FeatpipeError as err:
-            found, note = StageCheck(problems=[f"unreadable ({err})"]), ""
+            found = StageCheck(problems=[f"unreadable ({err})"])
+        try:
+            missing = len(set(stage.items.ids) - stage.done_ids())
+        except FeatpipeError:
+            missing = 0  # a damaged item list or pack index: its problem says so
+        note = f" ({missing} of {len(stage.items)} not computed)" if missing else ""
         total += found.checked
-        unchecked += found.unchecked
+        unchecked += found.unchecked if not stage.checksummed else 0
         bad += len(found.problems)
         for problem in found.problems:
             reporter.info(f"problem: stage {stage.name}: {problem}")
         reporter.info(f"{'ok' if not found.problems else 'BAD'}: stage {stage.name}: "
                       f"{found.checked} items checked{note}")
-        if repair and (found.items or found.models or found.shards):
-            lines = repair_stage(stage, found)
-            for line in lines:
+        if repair and found.repairable():
+            for line in repair_stage(stage, found):
                 reporter.info(f"repaired: stage {stage.name}: {line}")
-            repaired += len(found.items) + len(found.models) + len(found.shards)
+            repaired += found.repairable()
             reporter.info(f"repaired: stage {stage.name}: re-run the command that computed it "
                           "to recompute exactly what was removed")
-    n_stages = len(stages) + len(broken)
+    if repair:
+        for line in repair_store(store, outside):
+            reporter.info(f"repaired: {line}")
+        repaired += len(outside.stages) + len(outside.pointers) + outside.cache
+    n_stages = len(stages) + outside.broken
     reporter.info(f"verified {total} items in {n_stages} stages: {bad} problem(s)"
                   + (f", {repaired} repaired" if repair else ""))
     if unchecked:
@@ -366,19 +600,46 @@ def _last_activity(stage_path: Path) -> float:
     return max((p.stat().st_mtime for p in paths if p.exists()), default=0.0)
 
 
-def _remove_folder(path: Path) -> None:
-    """Rename the folder to a temporary name of this process (atomic: a stage is there or
-    gone), then delete it; a gc killed meanwhile leaves ``<folder>.tmp.<host>.<pid>``, which
-    the next gc finds (:func:`_leftovers`)."""
+class HoldsStore(FeatpipeError):
+    """A folder to remove holds a featpipe store of its own: it is never removed."""
+
+
+def holds_store(folder: Path) -> Path | None:
+    """The first folder under ``folder`` (itself included; links not followed) that holds a
+    featpipe store (:func:`featpipe.store.is_store`), or None."""
+    for root, dirs, files in os.walk(folder):
+        if ("stages" in dirs or "names" in dirs or CACHE_NAME in files) and \
+                is_store(Path(root)):
+            return Path(root)
+    return None
+
+
+def remove_folder(path: Path, dry_run: bool = False) -> None:
+    """The store's one way to delete a folder (``cache gc``, ``cache rm``, ``cache verify
+    --repair``): rename it to a temporary name of this process (atomic: a stage is there or
+    gone, never half there), then delete it; a command killed meanwhile leaves
+    ``<folder>.tmp.<host>.<pid>``, which the next gc finds (:func:`_leftovers`).  A folder
+    that holds a store of its own is never deleted (:class:`HoldsStore`, also raised by a
+    ``dry_run``, which removes nothing); a stage folder that is a symbolic link loses the
+    link, never what it points to."""
+    inner = None if path.is_symlink() else holds_store(path)
+    if inner is not None:
+        raise HoldsStore(f"{path} holds a featpipe store of its own ({inner}): not removed; "
+                         "move that store out of this one")
+    if dry_run:
+        return
     with writing(path, "remove"):
         if not TMP_NAME.search(path.name):
             trash = path.with_name(f"{path.name}.tmp.{HOST}.{os.getpid()}")
             os.replace(path, trash)
             path = trash
-        shutil.rmtree(path)
+        if path.is_symlink():
+            path.unlink()
+        else:
+            shutil.rmtree(path)
 
 
-def _remove_file(path: Path) -> None:
+def remove_file(path: Path) -> None:
     with writing(path, "remove"):
         path.unlink(missing_ok=True)
 
@@ -394,7 +655,7 @@ def _leftovers(store: Store, stages: Sequence[Stage], min_age: float
     found: list[tuple[Path, str]] = []
     if store.stages_dir.is_dir():
         for path in sorted(store.stages_dir.iterdir()):
-            if not path.is_dir():
+            if not path.is_dir() and not path.is_symlink():
                 continue
             if TMP_NAME.search(path.name) and stale_tmp(path):
                 found.append((path, "folder of a killed gc"))
@@ -481,7 +742,7 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
         reporter.warn("gc removes no stage while a name or a needed stage cannot be read (it "
                       "cannot tell which stages they keep); fix or remove it first")
     verb = "would remove" if dry_run else "removed"
-    freed, removed = 0, []
+    freed, removed, held = 0, [], []
     now = time.time()
     for stage in stages:
         if stage.name in keep or blocked:
@@ -490,21 +751,29 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
             reporter.info(f"kept stage {stage.name}: written to less than {min_age:g} min ago")
             continue
         size = _size_and_files(stage.path)[0]
-        if not dry_run:
-            _remove_folder(stage.path)
+        try:
+            remove_folder(stage.path, dry_run)
+        except HoldsStore as err:
+            reporter.warn(f"problem: {err}")
+            held.append(str(err))
+            continue
         freed += size
         removed.append(stage.path)
         reporter.info(f"{verb} stage {stage.name} ({size / 1e6:.1f} MB)")
     leftovers = [] if blocked else _leftovers(
         store, [s for s in stages if s.path not in removed], min_age)
-    for path, what in leftovers:
-        size = _size_and_files(path)[0] if path.is_dir() else path.stat().st_size
-        if dry_run:
-            pass
-        elif path.is_dir():
-            _remove_folder(path)
-        else:
-            _remove_file(path)
+    for path, what in list(leftovers):
+        size = _size_and_files(path)[0] if path.is_dir() else path.lstat().st_size
+        try:
+            if path.is_dir() or path.is_symlink():
+                remove_folder(path, dry_run)
+            elif not dry_run:
+                remove_file(path)
+        except HoldsStore as err:
+            reporter.warn(f"problem: {err}")
+            held.append(str(err))
+            leftovers.remove((path, what))
+            continue
         freed += size
         reporter.info(f"{verb} {what} {path}")
     tmp_files = 0
@@ -515,7 +784,7 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
             if path.is_file() and stale_tmp(path):
                 size = path.stat().st_size
                 if not dry_run:
-                    _remove_file(path)
+                    remove_file(path)
                 freed += size
                 tmp_files += 1
                 reporter.info(f"{verb} temporary file {path}")
@@ -525,4 +794,4 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
     reporter.info(f"gc: {verb} {len(removed)} stage(s), {len(leftovers)} leftover(s) of killed "
                   f"commands and {tmp_files} temporary file(s), {freed / 1e6:.1f} MB; kept "
                   f"{len(keep)} named or needed stage(s)")
-    return GcResult(removed, freed, broken + name_problems + unreadable)
+    return GcResult(removed, freed, broken + name_problems + unreadable + held)

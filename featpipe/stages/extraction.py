@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from featpipe.content import CACHE_NAME, ContentHashes, save_read_hashes
+from featpipe.content import CACHE_NAME, READ_HASHES, ContentHashes, read_hashes_record
 from featpipe.errors import FeatpipeError, ItemError, ParameterError, WriteError
 from featpipe.extract.estimate import (
     Layout,
@@ -87,7 +87,7 @@ def manifest_digest(manifest: Manifest, hashes: ContentHashes,
     """sha256 of the manifest rows, in order: id, the content of its file (size and SHA-256,
     :mod:`featpipe.content`; a missing file as missing), labels, splits.  A rewritten video
     gives a new stage; a moved or touched one keeps it.  ``read`` (when given) receives each
-    item's SHA-256 (None: no file), for :func:`featpipe.content.save_read_hashes`."""
+    item's SHA-256 (None: no file), for :func:`featpipe.content.read_hashes_record`."""
     rows = []
     for it in manifest:
         path = manifest.resolve_path(it)
@@ -106,7 +106,7 @@ class _Plan:
     inputs: list
     outputs: FrameSinks
     layout: Layout
-    read: dict  # item id -> SHA-256 of its file as keyed (featpipe.content.save_read_hashes)
+    read: dict  # item id -> SHA-256 of its file as keyed (featpipe.content.read_hashes_record)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,8 +352,8 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
                 return _dry_run(store, stage, name, estimates, summary, reporter)
             total = _check_disk(store, estimates, len(todo), settings.disk_check)
             stage = store.stage("extract", plan_.params, inputs=plan_.inputs, items=manifest,
-                                dtype=settings.dtype)
-            save_read_hashes(stage.path, plan_.read)
+                                dtype=settings.dtype,
+                                records={READ_HASHES: read_hashes_record(plan_.read)})
             outputs = dataclasses.replace(plan_.outputs, stage_path=str(stage.path))
             if options.executor == "dask":
                 pool.close()

@@ -18,6 +18,8 @@ Descriptors for PCA and the GMM are sampled by :func:`sample_descriptors`.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import logging
 import time
@@ -38,6 +40,7 @@ from featpipe.parameters import (
     typed_value,
 )
 from featpipe.stages.base import (
+    RUNNING,
     Reporter,
     announce,
     check_name,
@@ -101,8 +104,47 @@ def _model_stage(store: Store, kind: str, record: dict, inputs: list[Stage], mod
     announce(stage, name, reporter)
     nothing_to_fit = _already(stage, model_name, force, store, name, reporter, dry_run)
     if not nothing_to_fit:
-        mark_running(store, name, stage)
+        _mark_running(store, name, stage)
     return stage, nothing_to_fit
+
+
+#: The runs each fit function being called has marked (innermost call last).
+_marked: list[list[tuple[Store, str | None, Stage]]] = []
+
+
+def _mark_running(store: Store, name: str | None, stage: Stage) -> None:
+    """:func:`~featpipe.stages.base.mark_running`, remembered for
+    :func:`_unmarked_on_failure`."""
+    mark_running(store, name, stage)
+    if _marked:
+        _marked[-1].append((store, name, stage))
+
+
+def _unmarked_on_failure(fit):
+    """A fit function whose failure (an error, not a signal) leaves no run marker: a failed
+    fit keeps no partial work and its rerun fails the same way, so its stage's process
+    marker and its name's unfinished-run marker go, and ``cache gc`` collects the stage it
+    left without a model.  An interrupted fit (Ctrl-C, SIGTERM), like a killed one, keeps
+    its name's marker: ``featpipe status NAME`` follows it and the same command fits it."""
+
+    @functools.wraps(fit)
+    def run(*args, **kwargs):
+        _marked.append([])
+        try:
+            return fit(*args, **kwargs)
+        except Exception:
+            for store, name, stage in _marked[-1]:
+                stage.unmark_running()
+                marker = store.names_dir / RUNNING / name if name else None
+                with contextlib.suppress(OSError, FeatpipeError):
+                    if marker is not None and \
+                            store.read_pointer(marker, name, "run of") == stage.name:
+                        marker.unlink()
+            raise
+        finally:
+            _marked.pop()
+
+    return run
 
 
 def _input_failed(source: Stage, split: int) -> dict:
@@ -188,6 +230,7 @@ def sample_descriptors(source: Stage, ids: Sequence[str], sample: int | None,
 
 # -- PCA ------------------------------------------------------------------------------------
 
+@_unmarked_on_failure
 def fit_pca(store: Store, input: str, *, name: str | None = None, groups: str | None = None,
             fraction: float | None = None, sample: int = 100_000, random_state: int = 0,
             split: int = 1, force: bool = False, dry_run: bool = False,
@@ -216,6 +259,8 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, groups: str | 
     dims = {group: _projected_dim(cols.stop - cols.start, params["n_components"], fraction,
                                   group) for group, cols in layout or []}
     train = train_item_ids(source, split)
+    if layout is None and fraction is None and source.exists:  # before any stage exists
+        _projected_dim(_input_width(source, train[0]), params["n_components"], None, None)
     key = {k: v for k, v in params.items() if fraction is None or k != "n_components"}
     stage, fitted = _model_stage(store, "pca", key, [source],
                                  MODEL_NAME if layout is None else GROUPS_MODEL, name=name,
@@ -259,6 +304,11 @@ def _group_layout(source: Stage, groups: str | None):
     return parse_groups(groups, columns), columns
 
 
+def _input_width(source: Stage, item_id: str) -> int:
+    """The descriptor dimension of ``source``, from the header of its item ``item_id``."""
+    return int(_as_descriptors(source.read_item(item_id, mmap=True), item_id).shape[1])
+
+
 def _projected_dim(width: int, dim: int | None, fraction: float | None, group: str | None,
                    parameter: str = "n_components") -> int:
     """The dimension a projection of ``width`` values keeps: ``fraction`` of it (rounded, at
@@ -282,6 +332,7 @@ def _save_groups_model(stage: Stage, layout, columns, width: int) -> None:
 
 # -- GMM ------------------------------------------------------------------------------------
 
+@_unmarked_on_failure
 def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
             pca_dim: int | None = None, pca_fraction: float | None = None,
             groups: str | None = None, sample: int = 200_000, force: bool = False,
@@ -324,6 +375,8 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
         for group, cols in layout:
             _projected_dim(cols.stop - cols.start, pca_dim, None, group, "pca_dim")
     ids = train_item_ids(source)
+    if not layout and pca_dim is not None and source.exists:  # before any stage exists
+        _projected_dim(_input_width(source, ids[0]), pca_dim, None, None, "pca_dim")
     pca_stages = [store.resolve(pca)] if pca else []
     loaded = None if not pca_stages else \
         _group_projections(pca_stages[0], pca, layout, columns) if layout else \
@@ -415,6 +468,7 @@ def _group_projections(pca_stage: Stage, label: str, layout, columns) -> dict:
 
 # -- deep Fisher kernel ---------------------------------------------------------------------
 
+@_unmarked_on_failure
 def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction: float = 0.25,
                  split: int = 1, force: bool = False, dry_run: bool = False,
                  reporter: Reporter | None = None, **params) -> Stage:
@@ -569,6 +623,7 @@ def _dhrp_accuracy(model, seqs, labels, initial: bool = False) -> float:
     return float(np.mean(model.classes_[np.argmax(scores, axis=1)] == labels))
 
 
+@_unmarked_on_failure
 def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1,
              threads: int | None = None, force: bool = False, dry_run: bool = False,
              reporter: Reporter | None = None, **params) -> Stage:
@@ -634,6 +689,7 @@ def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1,
 
 # -- GM-SOP ---------------------------------------------------------------------------------
 
+@_unmarked_on_failure
 def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int = 1,
               force: bool = False, dry_run: bool = False, reporter: Reporter | None = None,
               **params) -> Stage:
@@ -679,6 +735,7 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
 
 # -- standardisation ------------------------------------------------------------------------
 
+@_unmarked_on_failure
 def fit_standardize(store: Store, input: str, *, name: str | None = None, split: int = 1,
                     dry_run: bool = False, reporter: Reporter | None = None) -> Stage:
     """Per-channel mean and standard deviation of the train frames of ``input`` (then
@@ -698,7 +755,7 @@ def fit_standardize(store: Store, input: str, *, name: str | None = None, split:
         _already(stage, MODEL_NAME, False, store, name, reporter, dry_run)
         return stage
     if not stage.has_model(MODEL_NAME):
-        mark_running(store, name, stage)
+        _mark_running(store, name, stage)
         model = Standardizer().fit([source.read_item(i) for i in train])
         stage.save_model(MODEL_NAME, model, {"input": source.name, "split": split,
                                              "n_items": len(train)})

@@ -7,7 +7,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from featpipe.content import CACHE_NAME, ContentHashes, save_read_hashes
+from featpipe.content import CACHE_NAME, READ_HASHES, ContentHashes, read_hashes_record
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import check_output_path
 from featpipe.io.importers import (
@@ -59,7 +59,7 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
                      if specs.count(spec) > 1)
         raise ParameterError("from", f"{twice} is given more than once")
     if manifest_path:
-        manifest_file = str(Path(manifest_path).resolve())
+        manifest_file = os.path.abspath(manifest_path)  # a link's own folder, as everywhere
         manifest = Manifest.read(manifest_file)
         stamp = file_stamp(specs, manifest_file)
         _, opened = open_sources(specs, manifest_file, stamp, mat_variable)
@@ -91,9 +91,8 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
         hashes.save()
     params.update({"transpose": True} if transpose else {})
     params.update({"mat_variable": mat_variable} if mat_variable else {})
-    stage = store.stage("import", params, items=manifest, dtype=dtype, create=not dry_run)
-    if not dry_run and read:
-        save_read_hashes(stage.path, read)
+    stage = store.stage("import", params, items=manifest, dtype=dtype, create=not dry_run,
+                        records={READ_HASHES: read_hashes_record(read)} if read else None)
     expected = reference_signature(opened, manifest, transpose)
     from_mat = mat_shapes(opened, manifest)
     if from_mat:

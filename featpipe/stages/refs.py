@@ -5,20 +5,23 @@ have not completed (``names/.running/NAME``), and by the stages computed from it
 ``inputs``).  ``cache rm NAME`` removes the name (and its run marker), then its stage only
 when nothing else refers to it; a stage still referred to is kept, and every reference that
 keeps it is listed.  While a stage folder cannot be read no stage is removed: it may be
-computed from the one to remove.
+computed from the one to remove (a stage whose own ``stage.json`` is damaged is removed like
+any other).  A stage is removed as ``cache gc`` removes one
+(:func:`featpipe.stages.cache.remove_folder`): renamed, then deleted, so a killed ``rm``
+leaves a ``<folder>.tmp.<host>.<pid>`` that gc collects, never a half-deleted stage.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 from dataclasses import asdict, dataclass, field
 
 from featpipe.errors import FeatpipeError
 from featpipe.fileio import writing
 from featpipe.progress import stage_progress
 from featpipe.stages.base import RUNNING, Reporter, latest_stage, running_names
-from featpipe.store import Stage, Store
+from featpipe.stages.cache import remove_folder
+from featpipe.store import STAGE_FOLDER, DamagedStage, Stage, Store
 
 _KEY = re.compile(r"^[0-9a-f]{6,}$")
 
@@ -77,15 +80,19 @@ def find_stage(store: Store, text: str) -> Stage:
 
 
 def references(store: Store, folder: str) -> References:
-    """Every reference to stage ``folder`` (see :class:`References`)."""
-    stage = store.stage_by_folder(folder)
+    """Every reference to stage ``folder`` (see :class:`References`); a stage whose
+    ``stage.json`` is damaged has the kind its folder name says."""
+    try:
+        kind = store.stage_by_folder(folder).kind
+    except DamagedStage:
+        kind = folder.rsplit("-", 1)[0]
     names = store.names()
     running = running_names(store)
     stages, broken = store.scan()
-    refs = References(folder, stage.kind,
+    refs = References(folder, kind,
                       names=sorted(n for n, f in names.items() if f == folder),
                       running=sorted(n for n, f in running.items() if f == folder),
-                      unreadable=sorted(f for f, _ in broken))
+                      unreadable=sorted(f for f, _ in broken if f != folder))
     inputs = {s.name: s.input_names for s in stages}
     for other in stages:
         if folder in other.input_names:
@@ -129,11 +136,16 @@ def remove(store: Store, target: str, dry_run: bool = False,
     if target in names or target in running:
         name = target
         folders = list(dict.fromkeys(f for f in (names.get(name), running.get(name)) if f))
+    elif STAGE_FOLDER.match(target) and (store.stages_dir / target).is_dir():
+        name, folders = None, [target]  # also a stage whose stage.json is damaged
     else:
         name = None
         folders = [find_stage(store, target).name]
-    if name in running and (store.stages_dir / running[name] / "stage.json").exists():
-        marked = store.stage_by_folder(running[name])
+    try:
+        marked = store.stage_by_folder(running[name]) if name in running else None
+    except FeatpipeError:  # missing or damaged: no run computes it
+        marked = None
+    if marked is not None:
         if not marked.is_model_stage and stage_progress(marked).running():
             raise FeatpipeError(f"a run for {name!r} is computing stage {marked.name} now; "
                                 "stop it (or let it finish) before removing the name")
@@ -150,7 +162,7 @@ def remove(store: Store, target: str, dry_run: bool = False,
         reporter.info(f"{verb} the unfinished run's marker for {name} (stage {running[name]})")
     removed, kept = [], {}
     for folder in folders:
-        if not (store.stages_dir / folder / "stage.json").exists():
+        if not (store.stages_dir / folder).is_dir():
             reporter.warn(f"warning: stage {folder} is missing already")
             continue
         keeping = references(store, folder).keeping(except_name=name)
@@ -158,10 +170,7 @@ def remove(store: Store, target: str, dry_run: bool = False,
             kept[folder] = keeping
             reporter.info(f"kept stage {folder}: still referred to by {'; '.join(keeping)}")
             continue
-        path = store.stages_dir / folder
-        if not dry_run:
-            with writing(path, "remove"):
-                shutil.rmtree(path)
+        remove_folder(store.stages_dir / folder, dry_run)
         removed.append(folder)
         reporter.info(f"{verb} stage {folder} (nothing else refers to it)")
     return Removal(name, name in running, removed, kept)

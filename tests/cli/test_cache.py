@@ -12,7 +12,8 @@ import pytest
 
 from featpipe.fileio import HOST
 from featpipe.manifest import from_rows
-from featpipe.store import Store
+from featpipe.store import Store, pointer_bytes
+from tests._stores import make_old
 
 
 @pytest.fixture
@@ -87,10 +88,7 @@ def test_verify_ok_then_each_kind_of_damage_is_named(filled, cli):
                             "but") for p in problems)
     only_child = cli("cache", "verify", "--store", store.root, "enc")
     assert only_child.exit_code == 1 and "in 1 stages: 1 problem(s)" in only_child.output
-    for ledger in store.root.glob("stages/*/ledger/*.jsonl"):  # a store from before checksums
-        lines = [json.loads(line) for line in ledger.read_text().splitlines()]
-        ledger.write_text("".join(json.dumps({k: v for k, v in line.items() if k != "sums"})
-                                  + "\n" for line in lines))
+    make_old(store.root, item_sums=False)  # a store from before checksums
     old = cli("cache", "verify", "--store", store.root)
     problems = [line for line in old.output.splitlines() if line.startswith("problem:")]
     assert any(p.startswith(f"problem: stage {base.name}: item 'v/1': ") and
@@ -144,7 +142,7 @@ def test_refs_lists_names_dependents_and_runs(filled, cli):
     store.set_name("raw", base)
     marker = store.names_dir / ".running" / "next"
     marker.parent.mkdir()
-    marker.write_text(base.name + "\n")
+    marker.write_bytes(pointer_bytes("next", base.name))
     for query in ("raw", base.name, base.key):
         result = cli("cache", "refs", "--store", store.root, query)
         assert result.exit_code == 0, result.output
@@ -208,8 +206,8 @@ def test_rm_refuses_a_name_whose_run_is_computing(filled, cli):
     store, base, child, orphan = filled
     marker = store.names_dir / ".running" / "enc"
     marker.parent.mkdir()
-    marker.write_text(orphan.name + "\n")
-    orphan.record("v/1", "done")  # this process's ledger, but no run marks the stage
+    marker.write_bytes(pointer_bytes("enc", orphan.name))
+    orphan.write_item("v/1", np.ones(3))  # this process's ledger, but no run marks the stage
     assert cli("cache", "rm", "--store", store.root, "enc", "--dry-run").exit_code == 0
     orphan.mark_running()  # this process, alive: a live run
     try:

@@ -12,7 +12,7 @@ import pytest
 
 from featpipe.fileio import safe_stem
 from featpipe.store import Store
-from tests._stores import write_npy_dataset
+from tests._stores import make_old, write_npy_dataset
 from tests.conftest import one_line_error, run_cli
 
 
@@ -122,11 +122,7 @@ def test_flipped_bit_in_a_packed_shard_is_named_refused_and_recomputed_alone(imp
 
 def test_old_ledger_lines_without_checksums_still_read_and_verify(imported):
     store, _ = imported
-    stage = Store(store).resolve("feat")
-    for ledger in (stage.path / "ledger").glob("*.jsonl"):
-        lines = [json.loads(line) for line in ledger.read_text().splitlines()]
-        ledger.write_text("".join(json.dumps({k: v for k, v in line.items() if k != "sums"})
-                                  + "\n" for line in lines))
+    make_old(store, item_sums=False)
     verify = run_cli("cache", "verify", "--store", store)
     assert "0 problem(s)" in verify.stdout
     assert "note: 12 item(s) were written before featpipe kept checksums" in verify.stdout

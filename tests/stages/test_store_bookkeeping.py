@@ -12,9 +12,11 @@ import pytest
 
 import featpipe.store
 from featpipe import FORMAT_VERSION
+from featpipe.checksums import file_checksum, npy_file_checksum
 from featpipe.errors import FeatpipeError
 from featpipe.manifest import from_rows
 from featpipe.store import Store
+from tests._stores import sealed_line
 
 
 def _stage(tmp_path, ids=("x", "y")):
@@ -35,9 +37,13 @@ def _put_file(stage, item_id) -> None:
     np.save(stage.item_path(item_id), np.ones(3, np.float32))
 
 
-def _line(item_id, status, at, error=None) -> str:
-    return json.dumps({"id": item_id, "status": status, "seconds": 0.5, "error": error,
-                       "time": at}) + "\n"
+def _line(stage, item_id, status, at, error=None) -> str:
+    """A ledger line of ``stage`` as featpipe writes it (sealed; a done line with the checksum
+    of the item's file)."""
+    entry = {"id": item_id, "status": status, "seconds": 0.5, "error": error, "time": at}
+    if status == "done":
+        entry["sums"] = {".npy": npy_file_checksum(stage.item_path(item_id))}
+    return sealed_line(stage, entry)
 
 
 def test_a_new_format_version_gives_every_stage_a_new_key(tmp_path, monkeypatch):
@@ -66,11 +72,12 @@ def test_the_latest_line_wins_across_the_ledgers_of_several_processes(tmp_path):
     stage = _stage(tmp_path, ids=("x", "y", "z"))
     for item_id in ("x", "y"):
         _put_file(stage, item_id)
-    _ledger_file(stage, 1).write_text(_line("x", "done", 200.0) + _line("y", "failed", 100.0)
-                                      + _line("z", "failed", 300.0, "late error"))
-    _ledger_file(stage, 2).write_text(_line("x", "failed", 100.0, "early error")
-                                      + _line("y", "done", 200.0)
-                                      + _line("z", "failed", 150.0, "early error"))
+    _ledger_file(stage, 1).write_text(_line(stage, "x", "done", 200.0)
+                                      + _line(stage, "y", "failed", 100.0)
+                                      + _line(stage, "z", "failed", 300.0, "late error"))
+    _ledger_file(stage, 2).write_text(_line(stage, "x", "failed", 100.0, "early error")
+                                      + _line(stage, "y", "done", 200.0)
+                                      + _line(stage, "z", "failed", 150.0, "early error"))
     assert stage.done_ids() == {"x", "y"}
     assert stage.failed() == {"z": "late error"}
     assert stage.item_states()["z"].time == 300.0
@@ -109,7 +116,7 @@ def test_verify_skips_the_cut_last_line_of_a_killed_ledger_but_reports_a_cut_mid
     assert result.exit_code == 0, result.output
     assert "0 problem(s)" in result.output and "ledger" not in result.output
     with open(ledger, "ab") as handle:  # another line after it: the cut one is damage now
-        handle.write(b"\n" + _line("z", "failed", 1.0).encode())
+        handle.write(b"\n" + _line(stage, "z", "failed", 1.0).encode())
     problems = stage.ledger_problems()
     assert len(problems) == 1 and f"{ledger.name} line 3: not JSON" in problems[0]
     result = cli("cache", "verify", "--store", stage.store.root)
@@ -130,7 +137,7 @@ def test_a_malformed_ledger_line_is_named_and_does_not_count(tmp_path, line, rea
     stage = _stage(tmp_path)
     stage.write_item("y", np.ones(3))
     _put_file(stage, "x")
-    _ledger_file(stage, 1).write_text(line + "\n" + _line("y", "done", 1.0))
+    _ledger_file(stage, 1).write_text(line + "\n" + _line(stage, "y", "done", 1.0))
     problems = stage.ledger_problems()
     assert len(problems) == 1 and "line 1: " in problems[0] and reason in problems[0]
     assert stage.done_ids() == {"y"}
@@ -142,9 +149,11 @@ def test_a_well_formed_line_with_defaults_counts(tmp_path):
     stage = _stage(tmp_path)
     for item_id in ("x", "y"):
         _put_file(stage, item_id)
-    _ledger_file(stage, 1).write_text('{"id": "x", "status": "done"}\n'
-                                      '{"id": "y", "status": "done", "seconds": 0, "time": 0, '
-                                      '"error": null}\n')
+    sums = {i: {".npy": npy_file_checksum(stage.item_path(i))} for i in ("x", "y")}
+    _ledger_file(stage, 1).write_text(
+        sealed_line(stage, {"id": "x", "status": "done", "sums": sums["x"]})
+        + sealed_line(stage, {"id": "y", "status": "done", "seconds": 0, "time": 0,
+                              "error": None, "sums": sums["y"]}))
     assert stage.ledger_problems() == []
     assert stage.done_ids() == {"x", "y"}
     entry = stage.item_states()["x"]
@@ -253,6 +262,9 @@ def test_models_are_listed_and_an_object_array_is_refused_naming_it(tmp_path):
     with zipfile.ZipFile(stage.path / "models" / "bad.npz", "w") as archive:
         archive.writestr("w.npy", object_npy_bytes())
     (stage.path / "models" / "bad.json").write_text("{}")
+    (stage.path / "models" / "bad.sums").write_text(json.dumps(  # whole: only the array is bad
+        {suffix: file_checksum(stage.path / "models" / f"bad{suffix}")
+         for suffix in (".npz", ".json")}))
     with pytest.raises(FeatpipeError, match=r"array 'w' in .*bad.npz is an object array "
                        r"\(featpipe never unpickles\)"):
         stage.load_model("bad")

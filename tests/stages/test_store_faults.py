@@ -114,7 +114,8 @@ def test_16_8_ls_verify_gc_report_each_broken_stage_and_go_on(damaged, cli):
     assert f"ok: stage {stages['healthy'].name}: 3 items checked" in out
     assert f"problem: stage {stages['huge'].name}: item 'huge1': unreadable (" in out
     assert "header declares shape (1000000000000, 3) float32" in out
-    assert f"problem: stage {stages['packed'].name}: unreadable (unreadable packed file" in out
+    assert f"problem: stage {stages['packed'].name}: packed files: unreadable packed file" \
+        in out
     assert f"problem: stage {stages['timeless'].name}: ledger " in out
     assert "'time' must be a number, got None" in out
     assert f"problem: stage {stages['keyless'].name}: " in out
@@ -154,7 +155,7 @@ def test_16_7_a_failed_ledger_append_leaves_no_partial_line(tmp_path, monkeypatc
     monkeypatch.setattr(os, "write", half_then_full)
     with pytest.raises(WriteError, match=r"cannot write .*\.jsonl: No space left on device "
                                          r"\(disk full\)"):
-        stage.record("import0", "done")
+        stage.record("import0", "failed", error="first")
     monkeypatch.setattr(os, "write", real_write)
     assert ledger.stat().st_size == size
     stage.record("import1", "failed", error="later")

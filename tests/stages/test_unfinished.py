@@ -44,7 +44,7 @@ def test_a_killed_extract_is_followed_kept_and_finished(tmp_path, cli):
     done = len(stage.done_ids())
     assert 1 <= done < ITEMS
     # the name's running marker outlives the process: status follows it, gc keeps the stage
-    assert (store.names_dir / RUNNING / "raw").read_text().strip() == stage.name
+    assert (store.names_dir / RUNNING / "raw").read_text().split()[0] == stage.name
     assert stage.running_processes() == []  # the killed process's marker is stale
     status = cli("status", "-s", store.root, "raw")
     assert status.exit_code == 0, status.output
@@ -85,7 +85,7 @@ def test_a_killed_encode_is_followed_kept_and_finished(tmp_path, cli):
     proc.communicate(timeout=60)
     done = len(stage.done_ids())
     assert 1 <= done < len(frames.items.ids)
-    assert (store.names_dir / RUNNING / "mean").read_text().strip() == stage.name
+    assert (store.names_dir / RUNNING / "mean").read_text().split()[0] == stage.name
     assert "mean" not in store.names() and stage.running_processes() == []
     status = cli("status", "-s", store.root, "mean")
     assert status.exit_code == 0, status.output
@@ -193,7 +193,7 @@ def test_a_fit_that_dies_leaves_its_run_marker(tmp_path, monkeypatch, cli):
     monkeypatch.setattr(PCAProjection, "fit", die)
     with pytest.raises(KeyboardInterrupt):
         stages.fit_pca(store, "frames", name="p", n_components=2)
-    folder = (store.names_dir / RUNNING / "p").read_text().strip()
+    folder = (store.names_dir / RUNNING / "p").read_text().split()[0]
     assert folder.startswith("pca-") and "p" not in store.names()
     status = cli("status", "-s", store.root, "p")
     assert f"stage {folder} (pca)" in status.output and "incomplete: no model" in status.output
