@@ -59,7 +59,7 @@ from featpipe.checksums import (
     unseal_json,
 )
 from featpipe.content import CACHE_NAME
-from featpipe.errors import FeatpipeError, ItemError, ParameterError
+from featpipe.errors import FeatpipeError, ItemError, ParameterError, WriteError
 from featpipe.fileio import (
     HOST,
     TMP_NAME,
@@ -185,6 +185,39 @@ def _ledger_entry(raw, checksummed: bool = False) -> LedgerEntry | str:
                        raw.get("error"), float(raw.get("time", 0.0)), sums)
 
 
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether the open descriptor ``fd`` is still the file at ``path``."""
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _end_last_line(fd: int, owner: str) -> None:
+    """Before this process appends to a ledger whose last line has no newline (a ledger of
+    a dead process whose pid this one reuses, ``<host>-<pid>``): end that line when it is
+    whole (cut just before its newline), drop it when it is cut short (readers skip it
+    anyway), so that it never glues itself to this process's first line."""
+    size = os.fstat(fd).st_size
+    if not size or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    start = max(size - (1 << 16), 0)
+    tail = os.pread(fd, size - start, start)
+    while b"\n" not in tail and start > 0:  # a line longer than the tail read
+        start = max(start - (1 << 16), 0)
+        tail = os.pread(fd, size - start, start)
+    cut = tail.rfind(b"\n") + 1
+    try:
+        whole = unseal_json(tail[cut:], owner)[1]
+    except ValueError:  # not JSON, or its seal differs
+        whole = False
+    if whole:
+        os.write(fd, b"\n")
+    else:
+        os.ftruncate(fd, start + cut)
+
+
 def ledger_owner(folder: str) -> str:
     """What a ledger line of stage folder ``folder`` is sealed to (a line copied from another
     stage's ledger does not pass)."""
@@ -196,9 +229,11 @@ class _LedgerWriter:
 
     Each line is sealed (:func:`featpipe.checksums.seal_json`, owner
     :func:`ledger_owner`), written with one ``os.write`` on an ``O_APPEND`` descriptor, then
-    fsynced.  When the write
-    fails (disk full, read-only store) the file is cut back to its previous length, so no
-    partial line is left to be glued to the next one, and a :class:`WriteError` names it.
+    fsynced; a last line without its newline that a dead process of the same pid left is
+    ended (when whole) or dropped (when cut short) first.
+    When the write fails (disk full, read-only store) the file is cut back to its previous
+    length, so no partial line is left to be glued to the next one, and a
+    :class:`WriteError` names it.
     """
 
     _open: dict[tuple[str, int], int] = {}
@@ -211,10 +246,14 @@ class _LedgerWriter:
         line = json.dumps(entry, ensure_ascii=False).encode("utf-8", "surrogatepass")
         data = seal_json(line, ledger_owner(ledger_dir.parent.name)) + b"\n"
         fd = cls._open.get(key)
+        if fd is not None and not _same_file(fd, path):  # its stage was removed and made anew
+            os.close(fd)
+            fd = None
         if fd is None:
             make_dirs(ledger_dir)
             with writing(path):
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+                _end_last_line(fd, ledger_owner(ledger_dir.parent.name))
             cls._open[key] = fd
         size = os.fstat(fd).st_size
         with writing(path):
@@ -614,10 +653,22 @@ class Stage:
                    ) -> np.ndarray:
         """One file of an item, checked against its recorded checksum (not when memory-mapped:
         only the rows used are read); a mismatch is checked once more against a fresh read of
-        the ledger (the item may have been recomputed since), then is a :class:`DamagedItem`."""
-        sums = None if mmap else self.recorded_sums(item_id)
+        the ledger (the item may have been recomputed since), then is a :class:`DamagedItem`.
+        In a stage written with checksums a file no done ledger line sums is never read."""
+        sums = self.recorded_sums(item_id)
+        if self.checksummed and suffix not in (sums or {}):  # recomputed since? read again
+            sums = self.recorded_sums(item_id, reload=True)
+            if sums is None:
+                raise ItemError(item_id, f"not computed in stage {self.name}: no ledger line "
+                                         f"says it is done, so {path} is not used (`featpipe "
+                                         "cache verify` names a damaged ledger)")
+            if suffix not in sums:
+                raise DamagedItem(item_id, ChecksumError(
+                    f"{path}: no checksum of it in the item's ledger line (a file put there "
+                    "by hand, or a damaged line)"))
         try:
-            return _load_item_file(item_id, path, mmap, (sums or {}).get(suffix))
+            return _load_item_file(item_id, path, mmap, None if mmap else
+                                   (sums or {}).get(suffix))
         except DamagedItem:
             fresh = self.recorded_sums(item_id, reload=True)
             if fresh == sums:
@@ -692,6 +743,7 @@ class Stage:
         import fcntl
 
         self._check_on_disk()
+        self.store.check_writable()
         make_dirs(self.path / "locks")
         with writing(self.path / "locks" / label):
             handle = open(self.path / "locks" / label, "a+b")  # noqa: SIM115 - held below
@@ -986,6 +1038,7 @@ class Store:
         if not create:
             return Stage(path, meta=meta, items=items if items is not None else Manifest([]))
         self.check_not_nested()
+        self.check_writable()
         make_dirs(path)
         for name, data in records.items():
             atomic_write_bytes(path / name, data)
@@ -1010,6 +1063,20 @@ class Store:
             raise FeatpipeError(f"{folder!r} is not a stage folder name (kind-key) of store "
                                 f"{self.root}")
         return Stage(self.stages_dir / folder)
+
+    def check_writable(self) -> None:
+        """A :class:`~featpipe.errors.WriteError` naming the store when this process cannot
+        write into its folder (a read-only file system, or no permission), before a command
+        that must write starts."""
+        folder = Path(os.path.abspath(self.root))
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if os.access(folder, os.W_OK):
+            return
+        why = "Read-only file system" if os.statvfs(folder).f_flag & os.ST_RDONLY else \
+            "Permission denied: not writable by this user"
+        raise WriteError(f"store {self.root} is read-only ({folder}: {why}): nothing was "
+                         "written; run this command where the store can be written")
 
     def check_not_nested(self) -> None:
         """Refuse (a :class:`~featpipe.errors.ParameterError` for ``store``) a store folder

@@ -95,7 +95,9 @@ def name_stage(store: Store, name: str | None, stage: Stage, reporter: Reporter)
     previous = store.names().get(name)
     if previous != stage.name:  # a rerun that changes nothing touches nothing
         store.set_name(name, stage)
-    (store.names_dir / RUNNING / name).unlink(missing_ok=True)
+    marker = store.names_dir / RUNNING / name
+    if marker.exists():  # (a read-only store refuses even to unlink a missing file)
+        marker.unlink()
     if previous and previous != stage.name:
         try:
             before = describe(store.stage_by_folder(previous))
@@ -179,7 +181,10 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
             reporter.info(f"would compute {item_id}")
         reporter.info(f"dry run: {len(todo)} to compute, {summary.skipped} already complete")
         return StageRun(stage, summary, todo)
-    with one_run_at_a_time(stage, ids, shard, options.force, reporter) as reused:
+    todo, _ = plan(stage, ids, force=options.force, shard=shard)
+    lock = one_run_at_a_time(stage, ids, shard, options.force, reporter) if todo else \
+        contextlib.nullcontext(lambda summary: None)  # nothing to compute: no lock taken
+    with lock as reused:
         todo, _ = plan(stage, ids, force=options.force, shard=shard)
         if todo:  # a rerun with nothing to compute marks nothing
             mark_running(store, name, stage)

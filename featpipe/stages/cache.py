@@ -77,7 +77,8 @@ class StageCheck:
     and what ``--repair`` removes: items, models and packed files that are damaged (their
     bytes differ from their checksums) or unreadable, damaged record files (``records``),
     ledger files with damaged lines (``ledgers``), item files no ledger line accounts for
-    (``strays``), a damaged pack index (``pack_index``); ``missing`` counts the done items
+    (``strays``), a damaged pack index (``pack_index``), the packed files of a lost one
+    (``lost_pack``); ``missing`` counts the done items
     whose file is gone (a re-run recomputes them); ``unchecked`` counts the items written
     before featpipe kept checksums (read and checked for their values only)."""
 
@@ -89,6 +90,7 @@ class StageCheck:
     records: list[str] = field(default_factory=list)
     ledgers: list[str] = field(default_factory=list)
     strays: list[Path] = field(default_factory=list)
+    lost_pack: list[Path] = field(default_factory=list)
     pack_index: bool = False
     missing: int = 0
     unchecked: int = 0
@@ -96,7 +98,8 @@ class StageCheck:
     def repairable(self) -> int:
         """How many of the problems ``--repair`` removes (or leaves to a re-run)."""
         return (len(self.items) + len(self.models) + len(self.shards) + len(self.records)
-                + len(self.ledgers) + len(self.strays) + self.pack_index + self.missing)
+                + len(self.ledgers) + len(self.strays) + bool(self.lost_pack) + self.pack_index
+                + self.missing)
 
 
 #: What each kind of problem's line says will recompute it.
@@ -188,6 +191,19 @@ def verify_stage(stage: Stage) -> StageCheck:
                             "item is done (a run killed while committing it, or a damaged "
                             f"ledger); {REMOVE}")
             found.strays.append(path)
+        done = {i for i, e in states.items() if e.status == "done"}
+        for item_id in sorted(packed.ids() - done) if packed is not None else ():
+            problems.append(f"packed item {item_id!r}: no ledger line says it is done (a "
+                            f"damaged ledger); {REMOVE}")
+            found.items.append(item_id)
+        lost = sorted((stage.path / PACK_DIR).glob("shard-*.h5")) if packed is None and \
+            found.missing and not found.pack_index else []
+        if lost:  # the files of a pack whose index is gone: their items are lost to reads
+            problems.append(f"packed/{PACK_INDEX}: missing, while {len(lost)} packed file(s) "
+                            f"are there and {found.missing} done item(s) have no file; "
+                            f"`--repair` removes the packed files and {RERUN.replace(' it', '')} "
+                            "their items")
+            found.lost_pack = lost
     for model in stage.model_names():
         try:
             stage.load_model(model)
@@ -241,6 +257,10 @@ def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
         with writing(path, "remove"):
             path.unlink(missing_ok=True)
         done.append(f"removed {path.relative_to(stage.path)} (no ledger line accounts for it)")
+    for path in found.lost_pack:
+        with writing(path, "remove"):
+            path.unlink(missing_ok=True)
+        done.append(f"removed {path.relative_to(stage.path)} (its pack index is lost)")
     packed_ids = [i for i in found.items if not stage.item_path(i).exists()]
     for item_id in found.items:
         main = stage.item_path(item_id)
@@ -321,13 +341,26 @@ def check_store(store: Store) -> tuple[list[Stage], StoreCheck]:
             if not path.is_file() or not NAME_PATTERN.match(path.name):
                 continue
             try:
-                store.read_pointer(path, path.name, what)
+                folder = store.read_pointer(path, path.name, what)
             except DamagedName as err:
                 found.problems.append(f"{err}; `--repair` removes it and a re-run of the "
                                       "command that named it names it again")
                 found.pointers.append(path)
+                continue
             except FeatpipeError as err:
                 found.problems.append(str(err))
+                continue
+            if not (store.stages_dir / folder).is_dir():
+                found.problems.append(f"{what} {path.name!r} points to missing stage {folder}; "
+                                      "`--repair` removes it and a re-run of the command that "
+                                      "named it names it again")
+                found.pointers.append(path)
+            elif not (store.stages_dir / folder / "stage.json").exists() and \
+                    folder not in found.stages:  # named once complete: not being created
+                found.problems.append(f"stage {folder}: stage.json missing, and {what} "
+                                      f"{path.name!r} points to it; {REPAIR_STAGE}")
+                found.stages.append(folder)
+                found.broken += 1
     cache = store.root / CACHE_NAME
     try:
         load_cache(cache, strict=True)
@@ -395,6 +428,8 @@ def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = 
     A stage that cannot be opened or read counts as a problem; the others are still verified.
     """
     reporter = reporter or Reporter()
+    if repair:
+        store.check_writable()
     if names:
         stages, outside = [store.resolve(n) for n in names], StoreCheck()
     else:
@@ -734,6 +769,8 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
         raise ParameterError("min_age", f"must be a number of minutes >= 0, got {min_age}")
     reporter = reporter or Reporter()
     stages, broken, name_problems = store_problems(store)
+    if not dry_run:
+        store.check_writable()
     keep, unreadable = _needed(store, stages)
     for problem in broken + name_problems + unreadable:
         reporter.warn(f"problem: {problem}")

@@ -150,6 +150,8 @@ def remove(store: Store, target: str, dry_run: bool = False,
             raise FeatpipeError(f"a run for {name!r} is computing stage {marked.name} now; "
                                 "stop it (or let it finish) before removing the name")
     verb = "would remove" if dry_run else "removed"
+    if not dry_run:
+        store.check_writable()
     if name in names:
         if not dry_run:
             with writing(store.names_dir / name, "remove"):
