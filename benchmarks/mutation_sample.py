@@ -3,7 +3,7 @@
 Usage (issue 31 §4, issue 39 §6; ``benchmarks/RESULTS.md``)::
 
     nice -n 19 python benchmarks/mutation_sample.py featpipe/store.py tests/stages/test_store.py \
-        ... [--log store.jsonl] [--timeout 120] [--only 3,17] [--list] [--no-confirm]
+        ... [--log store.jsonl] [--timeout 120] [--only 3,17] [--list] [--confirm]
 
 The mutants are enumerated, not drawn: every point of the module where one of these changes
 applies is a mutant (a plausible bug each):
@@ -29,10 +29,12 @@ the tests that execute it, and each test's duration.  Each mutant replaces the m
 (``ast.unparse``, no byte-code written or read) and runs ``pytest -x`` on the tests that reach
 its lines, fastest first, in a child forked from a process that has imported pytest, numpy,
 scipy and h5py (not featpipe), with a timeout (3 x those tests' unmutated time + 20 s; a
-timeout counts as killed).  A mutant no test reaches survives without a run.  A survivor is
-run again against every test of the given files (``--no-confirm`` skips this), so a test the
-coverage missed still counts.  One JSON line per mutant goes to ``--log``; the score is
-printed last.  A survivor is then judged by reading it: equivalent, or a gap in the tests.
+timeout counts as killed).  A mutant no test reaches survives without a run.  With
+``--confirm`` a survivor is run again against every test of the given files, so a test the
+coverage missed (a worker process reused across tests keeps its first test's id) still
+counts; without it a survivor may be killed by a test the coverage did not attribute to its
+line, which can only lower the score.  One JSON line per mutant goes to ``--log``; the score
+is printed last.  A survivor is then judged by reading it: equivalent, or a gap in the tests.
 """
 
 from __future__ import annotations
@@ -328,8 +330,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated mutant numbers to run")
     parser.add_argument("--list", action="store_true", help="list the mutants only")
     parser.add_argument("--log", default="", help="append one JSON line per mutant here")
-    parser.add_argument("--no-confirm", action="store_true",
-                        help="do not rerun a survivor against every test of the files")
+    parser.add_argument("--confirm", action="store_true",
+                        help="rerun a survivor against every test of the files")
     args = parser.parse_args()
 
     source = (REPO / args.module).read_text(encoding="utf-8")
@@ -368,7 +370,7 @@ def main() -> None:
             if chosen:
                 limit = args.timeout or 3 * sum(durations[t] for t in chosen) + 20
                 status, seconds = run_forked(root, chosen, limit)
-            if status in ("survived", "not reached") and not args.no_confirm:
+            if status in ("survived", "not reached") and args.confirm:
                 limit = args.timeout or 3 * sum(durations.values()) + 20
                 status, more = run_forked(root, args.tests, limit)
                 seconds += more

@@ -110,17 +110,25 @@ def unseal_json(raw: bytes, owner: str, where: str | os.PathLike | None = None
     the owner), text that is not JSON a ``ValueError``.  An unsealed record is returned as
     read: whether that is damage (a record of a stage written with :data:`CHECKSUM_FORMAT`)
     is the caller's rule."""
-    found = _SEAL.search(raw)
-    if found is not None:
-        head = raw[:found.start()]
-        if found.group(0).startswith(b", "):
-            head += b", "
-        check(where or owner, as_text(zlib.crc32(head, owner_crc(owner))),
-              found.group(1).decode("ascii"))
+    sealed = check_seal(raw, owner, where)
     value = json.loads(raw.decode("utf-8"))
-    if found is not None and isinstance(value, dict):
+    if sealed and isinstance(value, dict):
         value.pop("crc32", None)
-    return value, found is not None
+    return value, sealed
+
+
+def check_seal(raw: bytes, owner: str, where: str | os.PathLike | None = None) -> bool:
+    """Whether ``raw`` is sealed (:func:`seal_json`); a seal that differs from its bytes is
+    a :class:`ChecksumError` naming ``where`` (default: the owner)."""
+    found = _SEAL.search(raw)
+    if found is None:
+        return False
+    head = raw[:found.start()]
+    if found.group(0).startswith(b", "):
+        head += b", "
+    check(where or owner, as_text(zlib.crc32(head, owner_crc(owner))),
+          found.group(1).decode("ascii"))
+    return True
 
 
 def name_checksum(name: str, folder: str) -> str:

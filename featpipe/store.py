@@ -54,6 +54,7 @@ from featpipe.checksums import (
     DamagedItem,
     as_text,
     check,
+    check_seal,
     name_checksum,
     seal_json,
     unseal_json,
@@ -528,17 +529,18 @@ class Stage:
                 if not line.strip():
                     continue
                 try:
-                    raw, sealed = unseal_json(line, owner, path)
-                    entry = _ledger_entry(raw, self.checksummed)
-                    if not sealed and self.checksummed and isinstance(entry, LedgerEntry):
-                        entry = ("damaged: no checksum of its own, in a stage written with "
-                                 "checksums")
-                except ChecksumError as err:
-                    entry = f"damaged ({first_line(err)})"
+                    entry = _ledger_entry(json.loads(line), self.checksummed)
                 except (json.JSONDecodeError, UnicodeDecodeError) as err:
                     if lineno - 1 == last:
                         continue  # the process was killed while writing this line
                     entry = f"not JSON ({err})"
+                if isinstance(entry, LedgerEntry):  # well formed: is it what was written?
+                    try:
+                        if not check_seal(line, owner, path) and self.checksummed:
+                            entry = ("damaged: no checksum of its own, in a stage written "
+                                     "with checksums")
+                    except ChecksumError as err:
+                        entry = f"damaged ({first_line(err)})"
                 yield path.name, lineno, entry
 
     def item_states(self) -> dict[str, LedgerEntry]:

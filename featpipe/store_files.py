@@ -1,7 +1,8 @@
 """Every kind of file a store holds: where it is, what checksum covers it, what recovers it.
 
-One entry per kind (a new kind of file is one new entry).  ``docs/store.md`` shows this
-table; ``tests/stages/test_damage_table.py`` damages a file of every kind four ways (a flipped
+One entry per kind (a new kind of file is one new entry; ``docs/store.md`` describes where
+each checksum is kept and what ``cache verify --repair`` does).
+``tests/stages/test_damage_table.py`` damages a file of every kind four ways (a flipped
 byte, truncated, deleted, replaced by a valid file of the same kind from another store) and
 checks that ``featpipe cache verify`` names it and that ``cache verify --repair`` plus the
 commands that made the store give back every result bit for bit; it fails when a store holds

@@ -222,13 +222,16 @@ def show(store_path, name, as_json):
 @store_option
 @click.argument("names", nargs=-1)
 @click.option("--repair", is_flag=True,
-              help="Remove the damaged items, models and packed items found, so that a re-run "
-                   "of each stage's command recomputes exactly those.")
+              help="Remove what is damaged (items, models, packed items, ledger lines, item "
+                   "lists, stages whose stage.json is damaged with their names, name files; "
+                   "the content-hash cache is hashed again), so that a re-run of each "
+                   "stage's command recomputes exactly that.")
 def verify(store_path, names, repair):
-    """Check every computed item (all stages, or the NAMES given), its models and packed
-    files against the checksums taken when they were written, then the values: readable,
-    numeric, finite, same feature shape as the stage's other items. Exits 1 naming each bad
-    item (with --repair, only when something could not be repaired); a stage that cannot be
+    """Check every file of the store (all stages, or the NAMES given) against the checksum
+    taken when it was written: stage records, item lists, ledger lines, items, models, packed
+    files, names, the content-hash cache; then the values: readable, numeric, finite, same
+    feature shape as the stage's other items. Exits 1 naming each problem and what recovers
+    it (with --repair, only when something could not be repaired); a stage that cannot be
     read is a problem too, and the others are still verified."""
     from featpipe.stages import cache as upkeep
 

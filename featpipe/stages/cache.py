@@ -777,7 +777,8 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
     blocked = name_problems + unreadable
     if blocked:
         reporter.warn("gc removes no stage while a name or a needed stage cannot be read (it "
-                      "cannot tell which stages they keep); fix or remove it first")
+                      "cannot tell which stages they keep); `featpipe cache verify --repair` "
+                      "removes what is damaged")
     verb = "would remove" if dry_run else "removed"
     freed, removed, held = 0, [], []
     now = time.time()

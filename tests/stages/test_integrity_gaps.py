@@ -1,0 +1,379 @@
+"""Paths that protect data and that no test reached (issue 39 §6: each test kills mutants of
+``checksums``, ``content``, ``store``, ``pack`` or ``packed`` that the other tests let live;
+``benchmarks/mutation_sample.py``, ``benchmarks/RESULTS.md``)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import threading
+import time
+import zlib
+
+import numpy as np
+import pytest
+
+import featpipe.checksums as checksums
+import featpipe.content as content
+import featpipe.pack as pack
+from featpipe.checksums import (
+    PARALLEL_BYTES,
+    ChecksumError,
+    DataCrc,
+    file_checksum,
+    npy_file_checksum,
+    seal_json,
+    unseal_json,
+)
+from featpipe.errors import FeatpipeError, WriteError
+from featpipe.fileio import atomic_save_npy, load_npy
+from featpipe.manifest import from_rows
+from featpipe.parallel import run_items
+from featpipe.stages.cache import gc, verify
+from featpipe.store import DamagedRecord, Store
+from tests._computes import SleepyCompute, sleepy_stage
+from tests._stores import write_npy_dataset
+
+
+def crc_text(data: bytes) -> str:
+    return f"crc32:{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+
+def npy_bytes(array: np.ndarray, version=None) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, array, version=version)
+    return buffer.getvalue()
+
+
+def npy_crc(raw: bytes) -> str:
+    """The checksum of an ``.npy`` by its definition: data bytes, then header bytes."""
+    handle = io.BytesIO(raw)
+    version = np.lib.format.read_magic(handle)
+    (np.lib.format.read_array_header_1_0 if version == (1, 0) else
+     np.lib.format.read_array_header_2_0)(handle)
+    start = handle.tell()
+    return f"crc32:{zlib.crc32(raw[:start], zlib.crc32(raw[start:])) & 0xFFFFFFFF:08x}"
+
+
+# -- checksums ----------------------------------------------------------------------------------
+class _SlowZlib:
+    """``zlib`` whose crc32 of a large buffer takes a while (a slow second thread)."""
+
+    def __getattr__(self, name):
+        return getattr(zlib, name)
+
+    @staticmethod
+    def crc32(data, value=0):
+        if len(memoryview(data).cast("B")) >= PARALLEL_BYTES:
+            time.sleep(0.3)
+        return zlib.crc32(data, value)
+
+
+@pytest.mark.parametrize("nbytes", [PARALLEL_BYTES - 4, PARALLEL_BYTES, 2 * PARALLEL_BYTES])
+def test_a_save_waits_for_its_crc_however_slow_the_summing_thread(tmp_path, monkeypatch,
+                                                                  nbytes):
+    monkeypatch.setattr(checksums, "zlib", _SlowZlib())
+    array = np.arange(nbytes // 4, dtype=np.float32)
+    threads = threading.active_count()
+    recorded = atomic_save_npy(tmp_path / "a.npy", array)
+    assert recorded == npy_crc((tmp_path / "a.npy").read_bytes())
+    assert threading.active_count() == threads  # the summing thread, if any, was joined
+    crc = DataCrc(array.view(np.uint8))
+    assert (crc._thread is not None) == (nbytes >= PARALLEL_BYTES)
+    assert crc.result() == zlib.crc32(array.tobytes())
+
+
+@pytest.mark.parametrize("where", [200, 2**20 - 1, 2**20 + 100])  # after the 128-byte header
+def test_a_flip_anywhere_in_a_file_of_several_blocks_changes_its_checksum(tmp_path, where):
+    """Files of more than one 1 MiB block: the first block counts as the last does."""
+    raw = npy_bytes(np.random.default_rng(0).random(300_000))  # 2.3 MiB
+    path = tmp_path / "a.npy"
+    path.write_bytes(raw)
+    assert npy_file_checksum(path) == npy_crc(raw)
+    assert file_checksum(path) == crc_text(raw)
+    flipped = bytearray(raw)
+    flipped[where] ^= 0x01
+    path.write_bytes(bytes(flipped))
+    assert npy_file_checksum(path) != npy_crc(raw)
+    assert file_checksum(path) != crc_text(raw)
+
+
+def test_a_version_2_npy_is_summed_and_read_as_version_1(tmp_path):
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for version in ((1, 0), (2, 0)):
+        raw = npy_bytes(array, version)
+        path = tmp_path / f"v{version[0]}.npy"
+        path.write_bytes(raw)
+        assert npy_file_checksum(path) == npy_crc(raw)
+        assert load_npy(path, checksum=npy_crc(raw)).tobytes() == array.tobytes()
+        with pytest.raises(ChecksumError):
+            load_npy(path, checksum="crc32:00000000")
+
+
+def test_an_object_array_is_never_saved(tmp_path):
+    with pytest.raises(ValueError, match="Object arrays cannot be saved"):
+        atomic_save_npy(tmp_path / "a.npy", np.array([None, 1], dtype=object))
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_seal_binds_a_record_to_its_place_and_every_byte(tmp_path):
+    text = json.dumps({"a": 1, "b": [1, 2]}, indent=2).encode() + b"\n"
+    sealed = seal_json(text, "stages/x/stage.json")
+    assert unseal_json(sealed, "stages/x/stage.json") == ({"a": 1, "b": [1, 2]}, True)
+    assert unseal_json(text, "stages/x/stage.json") == ({"a": 1, "b": [1, 2]}, False)
+    with pytest.raises(ChecksumError, match="stages/y/stage.json"):
+        unseal_json(sealed, "stages/y/stage.json")  # copied to another stage
+    for at in range(len(sealed)):  # a flip anywhere: never read as the same sealed record
+        flipped = bytearray(sealed)
+        flipped[at] ^= 0x01
+        try:
+            _, was_sealed = unseal_json(bytes(flipped), "stages/x/stage.json")
+        except ValueError:  # a ChecksumError, or not JSON any more
+            continue
+        assert not was_sealed, at  # the seal itself hit: unsealed, damage where it is due
+    assert unseal_json(seal_json(b"{}", "o"), "o") == ({}, True)
+    with pytest.raises(ValueError, match="a sealed record is a JSON object"):
+        seal_json(b"[1]", "o")
+
+
+# -- content ------------------------------------------------------------------------------------
+def test_a_file_written_while_it_is_hashed_is_hashed_again(tmp_path, monkeypatch):
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"first")
+    real = content.sha256_of
+    calls = []
+
+    def grows_once(p):
+        digest = real(p)
+        if not calls:
+            with open(p, "ab") as handle:  # another program appends meanwhile
+                handle.write(b" and more")
+        calls.append(digest)
+        return digest
+
+    monkeypatch.setattr(content, "sha256_of", grows_once)
+    hashes = content.ContentHashes(None)
+    assert hashes.file_hash(path) == (len(b"first and more"),
+                                      hashlib.sha256(b"first and more").hexdigest())
+    assert len(calls) == 2
+
+
+def test_a_file_that_keeps_changing_while_hashed_is_one_error(tmp_path, monkeypatch):
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"x")
+
+    def always_grows(p):
+        with open(p, "ab") as handle:
+            handle.write(b"x")
+        return "0" * 64
+
+    monkeypatch.setattr(content, "sha256_of", always_grows)
+    with pytest.raises(FeatpipeError, match="keeps changing while it is hashed"):
+        content.ContentHashes(None).file_hash(path)
+
+
+def _imported(tmp_path):
+    manifest = write_npy_dataset(tmp_path, n=3)
+    store = Store(tmp_path / "s")
+    from featpipe import stages
+
+    stages.import_features(store, [str(tmp_path / "npy")], str(manifest), name="feat")
+    return store, store.resolve("feat")
+
+
+def test_read_hashes_are_read_again_when_their_file_is_replaced(tmp_path):
+    store, stage = _imported(tmp_path)
+    kept = content.read_hashes(stage.path)
+    assert set(kept) == {"v00", "v01", "v02"}
+    assert content.read_hashes(stage.path) == kept  # unchanged: the same
+    path = stage.path / content.READ_HASHES
+    raw = path.read_bytes()
+    path.unlink()
+    path.write_bytes(raw.replace(b"a", b"b", 1) if b"a" in raw else raw[::-1])
+    with pytest.raises(DamagedRecord, match="read-hashes.json"):
+        content.read_hashes(stage.path)
+
+
+def test_a_file_that_appears_after_its_key_is_said_to_have_appeared(tmp_path, monkeypatch,
+                                                                    cli):
+    manifest = write_npy_dataset(tmp_path, n=3)
+    target = tmp_path / "npy" / "v01.npy"
+    data = target.read_bytes()
+    target.unlink()
+    real = Store.stage
+
+    def then_appears(self, *args, **kwargs):
+        stage = real(self, *args, **kwargs)
+        target.write_bytes(data)
+        return stage
+
+    monkeypatch.setattr(Store, "stage", then_appears)
+    result = cli("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store",
+                 tmp_path / "s", "--name", "feat", "--on-error", "skip")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "v01: its file appeared after the stage key was computed" in result.output
+
+
+def test_a_damaged_cache_entry_is_blamed_on_the_cache_not_the_file(tmp_path):
+    """A cache entry of the right stat record but the wrong SHA-256 (its seal made anew, as
+    a cache written by a faulty program would be): the key is computed from it, the read
+    differs, and the message says the cache is damaged, not the file."""
+    manifest = write_npy_dataset(tmp_path, n=3)
+    store = Store(tmp_path / "s")
+    from featpipe import stages
+
+    stages.import_features(store, [str(tmp_path / "npy")], str(manifest), name="feat")
+    cache = store.root / content.CACHE_NAME
+    entries = content.load_cache(cache)
+    path = os.path.abspath(tmp_path / "npy" / "v02.npy")
+    entries[path][4] = "f" * 64
+    cache.write_bytes(content.cache_bytes(entries))
+    run = stages.import_features(store, [str(tmp_path / "npy")], str(manifest), name="bad",
+                                 options=stages.RunOptions(on_error="skip"))
+    error = run.summary.failed["v02"]
+    assert "content-hash cache" in error and "damaged, not the file" in error
+    from featpipe.stages.cache import rebuild_cache
+
+    rebuild_cache(store)  # what `verify --repair` does to a cache whose seal differs
+    assert content.load_cache(cache)[path][4] == content.sha256_of(path)
+
+
+# -- store: ledger ------------------------------------------------------------------------------
+def test_a_failing_fsync_of_the_ledger_cuts_the_line_back(tmp_path, monkeypatch):
+    stage = sleepy_stage(Store(tmp_path / "s"), 2)
+    stage.record(stage.items.ids[0], "failed", error="first")
+    ledger = next((stage.path / "ledger").glob("*.jsonl"))
+    size = ledger.stat().st_size
+
+    def eio(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", eio)
+    with pytest.raises(WriteError, match="Input/output error"):
+        stage.record(stage.items.ids[1], "failed", error="second")
+    monkeypatch.undo()
+    assert ledger.stat().st_size == size and stage.ledger_problems() == []
+
+
+@pytest.mark.parametrize("cut", ["newline", "middle"])
+def test_a_ledger_cut_short_is_continued_by_a_process_of_the_same_pid(tmp_path, cut):
+    """A dead process's ledger (``<host>-<pid>``) whose pid this process reuses: a last line
+    cut just before its newline is kept whole, one cut in its middle is dropped; neither is
+    glued to the next line."""
+    stage = sleepy_stage(Store(tmp_path / "s"), 3)
+    first, second, third = stage.items.ids
+    run_items(stage, [first, second], SleepyCompute())
+    ledger = next((stage.path / "ledger").glob("*.jsonl"))
+    raw = ledger.read_bytes()
+    ledger.write_bytes(raw[:-1] if cut == "newline" else raw[:-20])
+    from featpipe.store import _LedgerWriter
+
+    _LedgerWriter._open.clear()  # as a new process would
+    run_items(stage, [third], SleepyCompute())
+    assert stage.ledger_problems() == []
+    assert stage.done_ids() == ({first, second, third} if cut == "newline" else
+                                {first, third})
+
+
+def test_a_done_line_without_checksums_is_refused_in_a_checksummed_stage(tmp_path):
+    stage = sleepy_stage(Store(tmp_path / "s"), 1)
+    with pytest.raises(ValueError, match="holds the checksums"):
+        stage.record(stage.items.ids[0], "done")
+
+
+# -- store: names, records ----------------------------------------------------------------------
+def test_gc_with_a_damaged_name_removes_nothing_until_repaired(tmp_path, cli):
+    store = Store(tmp_path / "s")
+    stage = sleepy_stage(store, 1)
+    run_items(stage, stage.items.ids, SleepyCompute())
+    store.set_name("x", stage)
+    orphan = store.stage("sleepy", {"other": 1}, items=stage.items)
+    past = time.time() - 3600
+    for path in [orphan.path, *orphan.path.rglob("*")]:
+        os.utime(path, (past, past))
+    (store.names_dir / "x").write_bytes((store.names_dir / "x").read_bytes()[:-3] + b"00\n")
+    result = gc(store, min_age=0)
+    assert result.removed == [] and any("name 'x'" in p for p in result.problems)
+    assert verify(store, repair=True) == 0
+    assert gc(store, min_age=0).removed == [orphan.path, stage.path]
+
+
+def test_a_name_file_of_one_line_is_read_as_old_unless_its_stage_has_checksums(tmp_path):
+    store = Store(tmp_path / "s")
+    stage = sleepy_stage(store, 1)
+    (store.names_dir).mkdir()
+    (store.names_dir / "x").write_text(stage.name + "\n")
+    with pytest.raises(FeatpipeError, match="its checksum is missing"):
+        store.read_name("x")
+    meta = stage.path / "stage.json"  # a stage from before issue 39: no checksums, no seal
+    value = json.loads(meta.read_text())
+    for key in ("checksums", "files", "crc32"):
+        value.pop(key)
+    meta.write_text(json.dumps(value))
+    assert store.read_name("x") == stage.name
+
+
+def test_a_missing_item_list_is_written_again_only_with_the_same_bytes(tmp_path):
+    items = from_rows([("a", "a.npy", ["x"], ["train"])], root=tmp_path)
+    store = Store(tmp_path / "s")
+    stage = store.stage("import", {"p": 1}, items=items)
+    (stage.path / "items.csv").unlink()
+    with pytest.raises(DamagedRecord, match="items.csv is missing"):
+        assert Store(store.root).stage_by_folder(stage.name).items
+    again = store.stage("import", {"p": 1}, items=items)
+    assert again.items.ids == ["a"]
+    (stage.path / "items.csv").unlink()
+    moved = from_rows([("a", "a.npy", ["x"], ["train"])], root=tmp_path / "elsewhere")
+    with pytest.raises(FeatpipeError, match="would write other bytes"):
+        store.stage("import", {"p": 1}, items=moved)
+
+
+# -- pack ---------------------------------------------------------------------------------------
+def _finished(tmp_path, n=5):
+    stage = sleepy_stage(Store(tmp_path / "s"), n)
+    run_items(stage, stage.items.ids, SleepyCompute())
+    return stage
+
+
+def test_a_failing_fsync_while_packing_writes_nothing_and_keeps_the_items(tmp_path,
+                                                                         monkeypatch):
+    stage = _finished(tmp_path)
+    loose = sorted((stage.path / "items").rglob("*.npy"))
+
+    def eio(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", eio)
+    with pytest.raises(WriteError, match="Input/output error"):
+        pack.pack_stage(stage, shards=2)
+    monkeypatch.undo()
+    assert sorted((stage.path / "items").rglob("*.npy")) == loose
+    assert not list((stage.path / "packed").glob("*")) and stage.packed() is None
+
+
+def test_a_repack_counts_the_old_pack_in_the_room_it_needs(tmp_path, monkeypatch):
+    stage = _finished(tmp_path)
+    pack.pack_stage(stage, shards=2)
+    old = sum(p.stat().st_size for p in stage.packed().files)
+    needed = pack._H5_FILE_BYTES * 2 + old  # the items are in the old pack only
+    monkeypatch.setattr(pack, "free_bytes", lambda path: needed - 1)
+    with pytest.raises(FeatpipeError, match="the packed files need about"):
+        pack.pack_stage(stage, shards=2)
+    monkeypatch.setattr(pack, "free_bytes", lambda path: needed)
+    pack.pack_stage(stage, shards=2)
+    assert stage.is_complete()
+
+
+def test_a_damaged_ids_list_of_a_shard_is_one_error_naming_it(tmp_path):
+    from featpipe.packed import open_h5
+
+    stage = _finished(tmp_path)
+    pack.pack_stage(stage, shards=1)
+    (shard,) = stage.packed().files
+    with open_h5(shard, "r+") as handle:
+        handle["ids"].attrs["crc32"] = "crc32:00000000"
+    with pytest.raises(FeatpipeError, match=f"damaged packed file {shard}"):
+        Store(stage.path.parent.parent).stage_by_folder(stage.name).done_ids()

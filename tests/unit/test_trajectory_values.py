@@ -1,0 +1,333 @@
+"""Dense trajectories' values pinned against hand computation (issue 39 §6: each test kills
+mutants of ``featpipe/extract/trajectories.py`` that the other tests let live;
+``benchmarks/mutation_sample.py``).
+
+The descriptors of a tracker whose flow is known: the flow engine is replaced by one that
+returns a constant field, the sampling by one point, the frames by a ramp of constant
+gradient, so that every histogram has a value computed here by hand from the release's rules
+(``Tracker``, ``advance_tracks``): a cell's bins summed over its pixels, ε = EPSILON added to
+each bin, the block L1-normalised and square-rooted, the blocks of a time cell averaged
+(summed, then divided by its ``track_length / n_t_cells`` frames)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import featpipe.extract.optical_flow as optical_flow
+import featpipe.extract.trajectories as trajectories
+from featpipe.errors import InputError, ParameterError
+from featpipe.extract.trajectories import (
+    EPSILON,
+    MAX_STD,
+    MAX_STEP,
+    MIN_STD,
+    DenseTrajectories,
+    ImprovedDenseTrajectories,
+    parse_descriptors,
+    people_mask,
+    trajectory_shapes,
+    warp_current,
+)
+
+HEIGHT, WIDTH, PATCH, CELLS, LENGTH, T_CELLS = 20, 96, 16, 2, 6, 3
+SLOPE = 2  # grey = SLOPE * x: a central difference of 2 * SLOPE along x, 0 along y
+
+
+class ConstantFlow:
+    """A flow engine whose field is ``move`` pixels everywhere, at every scale."""
+
+    move = (1.0, 0.0)
+
+    def __init__(self, sizes, scales, *args):
+        self.sizes = sizes
+
+    def expand(self, grey):
+        return grey
+
+    def flow(self, previous, current):
+        return [np.broadcast_to(np.float32(self.move), (h, w, 2)).copy()
+                for h, w in self.sizes]
+
+
+@pytest.fixture
+def constant_flow(monkeypatch):
+    """One point sampled at (40, 10) on the first frame only; every flow ``ConstantFlow``."""
+    sampled = []
+
+    def one_point(grey, step, quality, points, steps, alive):
+        first = not sampled
+        sampled.append(1)
+        return np.array([[40.0, 10.0]] if first else np.zeros((0, 2)), np.float32)
+
+    monkeypatch.setattr(trajectories, "dense_sample", one_point)
+    monkeypatch.setattr(optical_flow, "FarnebackPyramid", ConstantFlow)
+    return ConstantFlow
+
+
+def ramp() -> np.ndarray:
+    grey = np.tile(np.arange(WIDTH, dtype=np.uint8) * SLOPE, (HEIGHT, 1))
+    return np.repeat(grey[:, :, None], 3, axis=2)
+
+
+def run(estimator, frames: int = LENGTH + 1):
+    tracker = estimator.start(HEIGHT, WIDTH)
+    out = [tracker.add(ramp()) for _ in range(frames)]
+    return tracker, out
+
+
+def block(values_per_cell: np.ndarray) -> np.ndarray:
+    """A block's bins by hand: each cell's bins + ε, L1 over the block, square root."""
+    cells = np.tile(np.asarray(values_per_cell, np.float64) + EPSILON, (CELLS * CELLS, 1))
+    return np.sqrt(cells / cells.sum())
+
+
+def test_hog_hof_mbh_and_shape_are_the_hand_computed_values(constant_flow):
+    estimator = DenseTrajectories(step=8, patch_size=PATCH, track_length=LENGTH,
+                                  n_t_cells=T_CELLS, n_scales=1)
+    _, out = run(estimator)
+    assert all(len(frame.descriptors) == 0 for frame in out[:-1])
+    (row,) = out[-1].descriptors
+    groups = dict(estimator.groups())
+    pixels = (PATCH // CELLS) ** 2
+    hog = np.zeros(8)
+    hog[0] = 2 * SLOPE * pixels  # every pixel's gradient: angle 0, magnitude 2 * SLOPE
+    hof = np.zeros(9)
+    hof[0] = 1.0 * pixels  # the flow (1, 0): angle 0, magnitude 1 > MIN_FLOW
+    expected = {
+        "trajectory": np.tile([1 / LENGTH, 0.0], LENGTH),
+        "hog": np.tile(block(hog).ravel(), T_CELLS),
+        "hof": np.tile(block(hof).ravel(), T_CELLS),
+        "mbhx": np.tile(block(np.zeros(8)).ravel(), T_CELLS),  # a constant flow: no gradient
+        "mbhy": np.tile(block(np.zeros(8)).ravel(), T_CELLS),
+    }
+    for name, columns in groups.items():
+        np.testing.assert_allclose(row[columns], expected[name], rtol=2e-6, atol=1e-7,
+                                   err_msg=name)
+    np.testing.assert_allclose(out[-1].positions, [[40 + LENGTH / 2, 10, 1]], rtol=1e-6)
+
+
+def test_slow_flow_goes_to_hofs_zero_bin(constant_flow, monkeypatch):
+    monkeypatch.setattr(constant_flow, "move", (0.3, 0.0))  # under MIN_FLOW = 0.4 px
+    estimator = DenseTrajectories(step=8, patch_size=PATCH, track_length=LENGTH,
+                                  n_t_cells=T_CELLS, n_scales=1, descriptors="hof")
+    # 0.3 px a frame is a static trajectory (std < √3): only its descriptor is computed
+    tracker = estimator.start(HEIGHT, WIDTH)
+    for _ in range(LENGTH + 1):
+        tracker.add(ramp())
+    hof = np.zeros(9)
+    hof[8] = (PATCH // CELLS) ** 2  # the zero bin counts the pixels
+    sums = tracker.tracks[0].sums[0] / np.float32(LENGTH // T_CELLS)
+    np.testing.assert_allclose(sums.ravel(), np.tile(block(hof).ravel(), T_CELLS), rtol=2e-6)
+
+
+@pytest.mark.parametrize(("move", "kept"), [(1.0, False), (1.5, True)])
+def test_idt_drops_a_trajectory_that_moves_no_more_than_the_camera(constant_flow, monkeypatch,
+                                                                   move, kept):
+    """idt compares each camera-compensated step with CAMERA_MIN_MOVE = 1 px: a trajectory
+    whose steps are all at most that followed the camera (the homography is the identity
+    here: too few matches on a ramp)."""
+    monkeypatch.setattr(constant_flow, "move", (move, 0.0))
+    estimator = ImprovedDenseTrajectories(step=8, patch_size=PATCH, track_length=LENGTH,
+                                          n_t_cells=T_CELLS, n_scales=1, keypoints="corners")
+    _, out = run(estimator)
+    assert len(out[-1].descriptors) == kept
+    if kept:
+        shape = out[-1].descriptors[0][dict(estimator.groups())["trajectory"]]
+        np.testing.assert_allclose(shape, np.tile([1 / LENGTH, 0.0], LENGTH), rtol=1e-6)
+
+
+# -- the validity rules, at their limits ----------------------------------------------------------
+def straight(dx: float, dy: float, length: int = 15) -> np.ndarray:
+    return np.stack([np.arange(length + 1) * dx, np.arange(length + 1) * dy], axis=1)
+
+
+def std_of(dx: float, length: int = 15) -> float:
+    return float(np.std(np.arange(length + 1) * dx))
+
+
+def test_a_trajectory_is_static_only_below_min_std_along_both_axes():
+    at = MIN_STD / std_of(1.0)  # the step whose positions have std exactly √3
+    points = np.stack([straight(at * (1 - 1e-6), 0), straight(at * (1 + 1e-6), 0),
+                       straight(0, at * (1 + 1e-6))]).astype(np.float64)
+    valid, _, _ = trajectory_shapes(points)
+    assert valid.tolist() == [False, True, True]
+
+
+def test_a_trajectory_is_erratic_above_max_std_along_either_axis():
+    step = MAX_STD / std_of(1.0)
+    valid, _, _ = trajectory_shapes(np.stack([straight(step * 0.999, 0),
+                                              straight(0, step * 1.001),
+                                              straight(step * 1.001, 0)]))
+    assert valid.tolist() == [True, False, False]
+
+
+def test_a_jump_is_a_step_over_max_step_and_over_seven_tenths_of_the_length():
+    def one_jump(size):
+        points = straight(0.1, 0.2)
+        points[8:, 0] += size
+        return points
+
+    # a 20.5 px jump in a 3 px path: most of its length -> a jump; a 19 px one is not
+    valid, shape, mean = trajectory_shapes(np.stack([one_jump(MAX_STEP + 0.5),
+                                                     one_jump(MAX_STEP - 1)]))
+    assert valid.tolist() == [False, True]
+    steps = np.diff(one_jump(MAX_STEP - 1), axis=0)
+    length = np.sqrt((steps ** 2).sum(axis=1)).sum()
+    np.testing.assert_allclose(shape[1], (steps / length).ravel(), rtol=1e-6)
+    np.testing.assert_allclose(mean[1], one_jump(MAX_STEP - 1).mean(axis=0))
+    long_path = straight(0.0, 3.0, 15)  # 45 px long: a 21 px step is under 0.7 of it
+    long_path[8:, 0] += MAX_STEP + 1
+    assert trajectory_shapes(long_path[None])[0].tolist() == [True]
+
+
+def test_a_trajectory_that_does_not_move_has_a_zero_shape():
+    valid, shape, _ = trajectory_shapes(np.zeros((1, 16, 2)))
+    assert not valid[0] and np.all(shape == 0)
+
+
+# -- scales, sizes, counts ----------------------------------------------------------------------
+@pytest.mark.parametrize(("side", "layers"), [(31, 1), (32, 1), (45, 1), (46, 2), (64, 2),
+                                              (65, 3), (90, 3), (91, 4)])
+def test_the_number_of_scales_at_the_exact_boundary(side, layers):
+    """A scale is kept while the shorter side, divided by √2 once per scale before it, is
+    at least patch_size (32): one scale from 32 px (and below: one, too small to track),
+    two from 46, three from 65 (64 / √2 / √2 is 31.999... in floating point), four from
+    91."""
+    estimator = DenseTrajectories()
+    scales = estimator.scales(side, 200)
+    assert len(scales) == layers
+    assert scales[0] == (1.0, side, 200)
+    for k, (scale, height, width) in enumerate(scales):
+        assert scale == pytest.approx(math.sqrt(2) ** k)
+        assert (height, width) == (round(side / scale), round(200 / scale))
+
+
+def test_n_scales_caps_the_scales_and_count_sums_the_cells_of_each():
+    estimator = DenseTrajectories(n_scales=2, step=5)
+    scales = estimator.scales(120, 160)
+    assert len(scales) == 2
+    assert estimator.count(120, 160) == sum((h // 5) * (w // 5) for _, h, w in scales)
+    assert estimator.count(31, 400) == 0 and not estimator.usable(31, 400)
+    assert estimator.usable(32, 32)
+    assert estimator.minimum_size() == "at least 32x32 with patch_size 32"
+
+
+def test_dis_flow_needs_a_side_of_twelve_pixels():
+    from featpipe.extract.optical_flow import DISPyramid
+
+    side = DISPyramid.MIN_FRAME_SIDE
+    small = DenseTrajectories(patch_size=4, flow="dis")
+    assert small.usable(4, side) and not small.usable(4, side - 1)
+    assert small.minimum_size() == (f"at least 4x4 with patch_size 4, and a side of {side} "
+                                    "with flow dis")
+    assert DenseTrajectories(patch_size=side, flow="dis").minimum_size() == \
+        f"at least {side}x{side} with patch_size {side}"
+
+
+def test_group_sizes_columns_and_feature_count():
+    estimator = DenseTrajectories(track_length=10, n_xy_cells=3, n_t_cells=2,
+                                  descriptors="hof,trajectory")
+    assert estimator.group_sizes() == {"trajectory": 20, "hog": 8 * 18, "hof": 9 * 18,
+                                       "mbhx": 8 * 18, "mbhy": 8 * 18}
+    assert estimator.groups() == [("trajectory", slice(0, 20)), ("hof", slice(20, 182))]
+    assert estimator.n_features == 182
+    assert DenseTrajectories().n_features == sum(trajectories.GROUPS.values())
+
+
+@pytest.mark.parametrize(("spec", "groups"), [
+    ("hog,hof,mbh", ("hog", "hof", "mbhx", "mbhy")), ("", tuple(trajectories.GROUPS)),
+    ("all", tuple(trajectories.GROUPS)), (" MBHY , trajectory", ("trajectory", "mbhy"))])
+def test_descriptor_specs(spec, groups):
+    assert parse_descriptors(spec) == groups
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"descriptors": "hog,sift"}, "unknown group 'sift'"),
+    ({"descriptors": 3}, "descriptors must be an instance of 'str'"),
+    ({"n_xy_cells": 5, "patch_size": 4}, "n_xy_cells must be <= patch_size (4), got 5"),
+    ({"n_t_cells": 6, "track_length": 5}, "n_t_cells must be <= track_length (5), got 6"),
+])
+def test_parameter_rules(params, message):
+    with pytest.raises(ParameterError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        DenseTrajectories(**params).groups()
+
+
+def test_cells_equal_to_their_bound_are_allowed():
+    assert DenseTrajectories(n_xy_cells=4, patch_size=4, n_t_cells=5, track_length=5) \
+        .n_features > 0
+
+
+# -- frames, boxes, the camera ------------------------------------------------------------------
+def test_frames_of_another_size_type_or_bad_boxes_are_refused():
+    tracker = ImprovedDenseTrajectories(patch_size=8, n_scales=1).start(16, 24)
+    frame = np.zeros((16, 24, 3), np.uint8)
+    tracker.add(frame)
+    with pytest.raises(InputError, match=r"frame 1 has shape \(16, 25, 3\), the video's first "
+                                         r"was 24x16"):
+        tracker.add(np.zeros((16, 25, 3), np.uint8))
+    with pytest.raises(InputError, match="frame 1 is float32"):
+        tracker.add(frame.astype(np.float32))
+    with pytest.raises(InputError, match="frame 1 is uint8 of shape"):
+        tracker.add(np.zeros((16, 24, 2), np.uint8))
+    with pytest.raises(InputError, match="people's boxes must be finite rows"):
+        tracker.add(frame, boxes=np.array([[0, 0, np.nan, 4]]))
+    with pytest.raises(InputError, match="people's boxes must be finite rows"):
+        tracker.add(frame, boxes=np.array([0, 0, 4, 4]))
+    tracker.add(frame, boxes=np.zeros((0, 4)))
+    tracker.add(frame[:, :, 0])  # grey frames too
+
+
+def test_a_frame_too_small_gives_no_trajectories():
+    tracker = DenseTrajectories().start(20, 20)
+    assert not tracker.usable and tracker.flow_engine is None
+    out = tracker.add(np.zeros((20, 20, 3), np.uint8))
+    assert out.descriptors.shape == (0, DenseTrajectories().n_features)
+    assert out.positions.shape == (0, 3)
+
+
+def test_people_masks_cover_the_pixels_of_each_box_inclusive():
+    mask = people_mask(6, 8, np.array([[1.2, 0.5, 3.0, 2.9], [6.5, 4.0, 20.0, 9.0]]))
+    expected = np.ones((6, 8), np.uint8)
+    expected[1:3, 2:4] = 0  # x 2..3 (ceil 1.2 .. floor 3.0), y 1..2 (ceil 0.5 .. floor 2.9)
+    expected[4:6, 7:8] = 0  # clipped to the frame
+    np.testing.assert_array_equal(mask, expected)
+    assert people_mask(6, 8, None).all() and people_mask(6, 8, np.zeros((0, 4))).all()
+    assert people_mask(6, 8, np.array([[5.0, 5.0, 4.0, 4.0]])).all()  # an empty box
+
+
+def test_the_warp_follows_the_homography_and_keeps_the_previous_frame_at_the_border():
+    rng = np.random.default_rng(0)
+    previous = rng.integers(0, 256, (24, 32), np.uint8)
+    current = rng.integers(0, 256, (24, 32), np.uint8)
+    same = warp_current(previous, current, np.eye(3))
+    np.testing.assert_array_equal(same[6:-6, 6:-6], current[6:-6, 6:-6])
+    np.testing.assert_array_equal(same[:4], previous[:4])  # within 5 px of the border
+    shift = np.array([[1.0, 0, 2], [0, 1, 0], [0, 0, 1]])  # w(p) = current(p + (2, 0))
+    moved = warp_current(previous, current, shift)
+    np.testing.assert_array_equal(moved[8:-8, 8:-8], current[8:-8, 10:-6])
+
+
+def test_the_camera_is_still_without_enough_matches_and_found_with_them():
+    from featpipe.extract.trajectories import CameraMotion
+
+    rng = np.random.default_rng(1)
+    texture = (rng.random((80, 100)) * 255).astype(np.uint8)
+    texture = np.asarray(np.kron(texture, np.ones((2, 2))), np.uint8)[:120, :160]
+    camera = CameraMotion("corners")
+    flat = np.full((120, 160), 128, np.uint8)
+    no_flow = np.zeros((120, 160, 2), np.float32)
+    mask = np.ones((120, 160), np.uint8)
+    np.testing.assert_array_equal(camera.homography(flat, flat, no_flow, mask), np.eye(3))
+    pan = np.zeros((120, 160, 2), np.float32)
+    pan[..., 0] = 3.0  # every corner moves 3 px to the right
+    found = camera.homography(texture, texture, pan, mask)
+    np.testing.assert_allclose(found, [[1, 0, 3], [0, 1, 0], [0, 0, 1]], atol=1e-6)
+    for keypoints in ("orb", "sift"):
+        matcher = CameraMotion(keypoints)
+        matcher.keypoints(texture, mask)
+        before, after = matcher.keypoint_matches(texture, mask)
+        assert len(before) > 50
+        np.testing.assert_allclose(before, after, atol=1e-4)  # the same frame: themselves
