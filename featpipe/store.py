@@ -1016,13 +1016,15 @@ class Store:
         if items is None and inputs:
             items = inputs[0].items
         records = dict(records or {})
-        if items is not None:
-            records["items.csv"] = items.to_csv(None).encode("utf-8")
         if (path / "stage.json").exists():
             stage = Stage(path)
+            if create and items is not None and not (path / "items.csv").exists():
+                records["items.csv"] = items.to_csv(None).encode("utf-8")
             if create:
                 stage.restore_records(records)
             return stage
+        if items is not None:
+            records["items.csv"] = items.to_csv(None).encode("utf-8")
         meta = {
             "kind": kind,
             "key": key,

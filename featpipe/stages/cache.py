@@ -220,16 +220,17 @@ def stray_item_files(stage: Stage, states: dict) -> list[Path]:
     folder = stage.path / "items"
     if not folder.is_dir():
         return []
-    expected = set()
+    expected, unsummed = set(), set()  # file names; stems whose sidecars no line lists
     for item_id, entry in states.items():
         if entry.status == "done":
-            main = stage.item_path(item_id)
-            expected.add(main)
-            expected.update(main.with_name(main.name[:-4] + suffix)
-                            for suffix in entry.sums or ())
-            expected.update(main.parent.glob(f"{safe_stem(item_id)}+*.npy"))
+            stem = safe_stem(item_id)
+            expected.update(stem + suffix for suffix in entry.sums or (".npy",))
+            if entry.sums is None:  # written before checksums: any sidecar of it
+                unsummed.add(stem)
     return sorted(path for path in folder.rglob("*")
-                  if path.is_file() and path not in expected and not TMP_NAME.search(path.name))
+                  if path.is_file() and path.name not in expected
+                  and path.name.split("+")[0].removesuffix(".npy") not in unsummed
+                  and not TMP_NAME.search(path.name))
 
 
 def repair_stage(stage: Stage, found: StageCheck) -> list[str]:

@@ -377,3 +377,18 @@ def test_a_damaged_ids_list_of_a_shard_is_one_error_naming_it(tmp_path):
         handle["ids"].attrs["crc32"] = "crc32:00000000"
     with pytest.raises(FeatpipeError, match=f"damaged packed file {shard}"):
         Store(stage.path.parent.parent).stage_by_folder(stage.name).done_ids()
+
+
+def test_a_name_file_holds_its_stage_and_the_crc_of_the_name_with_it(tmp_path):
+    """The second line binds the name: a name file copied onto another name of the same
+    stage (same bytes, valid there) is damage here."""
+    store = Store(tmp_path / "s")
+    stage = sleepy_stage(store, 1)
+    store.set_name("x", stage)
+    text = (store.names_dir / "x").read_text()
+    bound = crc_text(("x\n" + stage.name).encode())
+    assert text == f"{stage.name}\n{bound}\n"
+    (store.names_dir / "y").write_text(text)
+    with pytest.raises(FeatpipeError, match="name 'y'.* is damaged"):
+        store.read_name("y")
+    assert store.read_name("x") == stage.name
