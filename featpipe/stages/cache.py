@@ -432,7 +432,16 @@ def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = 
     if repair:
         store.check_writable()
     if names:
-        stages, outside = [store.resolve(n) for n in names], StoreCheck()
+        stages, outside = [], StoreCheck()
+        for name in names:
+            try:
+                stages.append(store.resolve(name))
+            except DamagedStage as err:  # the named stage's own record: repair removes it
+                folder = store.read_name(name) if NAME_PATTERN.match(name) and \
+                    (store.names_dir / name).is_file() else name
+                outside.problems.append(f"stage {folder}: {err}")
+                outside.stages.append(folder)
+                outside.broken += 1
     else:
         stages, outside = check_store(store)
     for problem in outside.problems:

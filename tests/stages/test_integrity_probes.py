@@ -270,3 +270,16 @@ def test_a_store_inside_another_store_is_refused_and_gc_spares_a_store(feat, tmp
     gc = cli("cache", "gc", "--store", store, "--min-age", "0")
     assert gc.exit_code == 1 and "holds a featpipe store of its own" in gc.output
     assert "kept" in Store(nested).names() and Store(nested).resolve("kept").is_complete()
+
+
+def test_verify_of_a_name_whose_stage_json_is_damaged_repairs_it(feat, cli):
+    store, command = feat
+    meta = Store(store).resolve("feat").path / "stage.json"
+    meta.write_bytes(meta.read_bytes()[:40])
+    verify = cli("cache", "verify", "--store", store, "feat")
+    assert verify.exit_code == 1 and "stage.json" in verify.output
+    repair = cli("cache", "verify", "--store", store, "feat", "--repair")
+    assert repair.exit_code == 0, repair.output
+    assert "feat" not in Store(store).names()
+    cli(*command, check=True)
+    assert cli("cache", "verify", "--store", store, "feat").exit_code == 0
