@@ -104,6 +104,8 @@ class StageCheck:
 
 #: What each kind of problem's line says will recompute it.
 RERUN = "a re-run of the stage's command recomputes it"
+#: A value as it was computed (its checksum matches, or the stage has none).
+FORCE = "a re-run of the stage's command with --force recomputes it"
 REMOVE = "`--repair` removes it and " + RERUN
 
 
@@ -173,9 +175,9 @@ def verify_stage(stage: Stage) -> StageCheck:
         for source, values in [("array", array), *extras]:
             if values.dtype.kind not in "biuf":
                 problems.append(f"item {item_id!r}: {source} has non-numeric dtype "
-                                f"{values.dtype}")
+                                f"{values.dtype}; {FORCE}")
             elif values.dtype.kind == "f" and not np.all(np.isfinite(values)):
-                problems.append(f"item {item_id!r}: {source} contains NaN or Inf")
+                problems.append(f"item {item_id!r}: {source} contains NaN or Inf; {FORCE}")
         shapes[item_id] = array.shape
     found.checked = len(shapes)
     if shapes:
@@ -184,7 +186,8 @@ def verify_stage(stage: Stage) -> StageCheck:
         for item_id, shape in shapes.items():
             if signature(shape) != reference:
                 problems.append(f"item {item_id!r}: shape {shape} but {counts[reference]} other "
-                                f"items are {describe(reference)}")
+                                f"items are {describe(reference)}; {FORCE}")
+
     if not stage.running_processes():  # a live run commits its files before their lines
         for path in stray_item_files(stage, states):
             problems.append(f"file {path.relative_to(stage.path)}: no ledger line says its "

@@ -92,9 +92,11 @@ def test_verify_ok_then_each_kind_of_damage_is_named(filled, cli):
     old = cli("cache", "verify", "--store", store.root)
     problems = [line for line in old.output.splitlines() if line.startswith("problem:")]
     assert any(p.startswith(f"problem: stage {base.name}: item 'v/1': ") and
-               p.endswith("contains NaN or Inf") for p in problems)
+               "contains NaN or Inf; a re-run of the stage's command with --force "
+               "recomputes it" in p for p in problems)
     assert (f"problem: stage {child.name}: item 'v/2': shape (4,) but 2 other items are "
-            "vectors of shape (3,)") in problems
+            "vectors of shape (3,); a re-run of the stage's command with --force recomputes "
+            "it") in problems
     assert "note: 5 item(s) were written before featpipe kept checksums" in old.output
 
 

@@ -392,3 +392,18 @@ def test_a_name_file_holds_its_stage_and_the_crc_of_the_name_with_it(tmp_path):
     with pytest.raises(FeatpipeError, match="name 'y'.* is damaged"):
         store.read_name("y")
     assert store.read_name("x") == stage.name
+
+
+def test_a_damaged_sealed_record_is_named_by_its_full_path(tmp_path):
+    store = Store(tmp_path / "s")
+    stage = sleepy_stage(store, 1)
+    run_items(stage, stage.items.ids, SleepyCompute())
+    ledger = next((stage.path / "ledger").glob("*.jsonl"))
+    ledger.write_bytes(ledger.read_bytes().replace(b'"done"', b'"dome"').replace(
+        b'"dome"', b'"done"').replace(b'"seconds": ', b'"seconds":  ', 1))
+    (problem,) = stage.ledger_problems()
+    assert f"damaged ({ledger}: checksum crc32:" in problem
+    meta = stage.path / "stage.json"
+    meta.write_bytes(meta.read_bytes().replace(b'"dtype": "float32"', b'"dtype": "float64"'))
+    with pytest.raises(FeatpipeError, match=f"damaged stage metadata \\({meta}: checksum"):
+        store.stage_by_folder(stage.name)
