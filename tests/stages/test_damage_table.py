@@ -166,6 +166,9 @@ def test_a_store_made_by_every_command_holds_every_kind_and_no_other(stores):
     assert set(TABLE) | set(TRANSIENT) == {k.name for k in FILE_KINDS}, \
         "a kind of file without a row in the damage table"
     assert all(set(row) == set(DAMAGES) for row in TABLE.values())
+    verify = invoke_cli("cache", "verify", "--store", store)
+    assert verify.exit_code == 0 and "0 problem(s)" in verify.output, verify.output
+    assert "note:" not in verify.output  # every file of this version has its checksum
 
 
 def _target(store: Path, kind: str) -> Path:
