@@ -66,12 +66,13 @@ class DamagedItem(ItemError):
 def array_checksum(array: np.ndarray) -> str:
     """The checksum of an array's bytes in C order (a packed item: its shape and dtype are
     the HDF5 dataset's own)."""
-    return as_text(zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
+    return as_text(zlib.crc32(np.ascontiguousarray(array).ravel().view(np.uint8)))
 
 
 def ids_checksum(ids: list[str]) -> str:
-    """The checksum of a packed file's list of item ids: their UTF-8 bytes, one a line."""
-    return as_text(zlib.crc32("\n".join(ids).encode("utf-8", "surrogatepass")))
+    """The checksum of a packed file's list of item ids: their UTF-8 bytes, one a line (a
+    manifest refuses ids that are not valid UTF-8)."""
+    return as_text(zlib.crc32("\n".join(ids).encode()))
 
 
 def as_text(crc: int) -> str:
@@ -80,7 +81,7 @@ def as_text(crc: int) -> str:
 
 def owner_crc(owner: str) -> int:
     """The CRC a sealed record's checksum starts from: that of the place it belongs to."""
-    return zlib.crc32(owner.encode("utf-8", "surrogatepass"))
+    return zlib.crc32(owner.encode())
 
 
 #: The end of a sealed JSON record: its checksum member, then ``}`` and a newline (a ledger
@@ -100,7 +101,7 @@ def seal_json(text: bytes, owner: str) -> bytes:
     if not head.endswith(b"{"):
         head += b", "
     crc = as_text(zlib.crc32(head, owner_crc(owner)))
-    return head + b'"crc32": "' + crc.encode("ascii") + b'"}' + end
+    return head + b'"crc32": "' + crc.encode() + b'"}' + end
 
 
 def unseal_json(raw: bytes, owner: str, where: str | os.PathLike | None = None
@@ -111,9 +112,9 @@ def unseal_json(raw: bytes, owner: str, where: str | os.PathLike | None = None
     read: whether that is damage (a record of a stage written with :data:`CHECKSUM_FORMAT`)
     is the caller's rule."""
     sealed = check_seal(raw, owner, where)
-    value = json.loads(raw.decode("utf-8"))
-    if sealed and isinstance(value, dict):
-        value.pop("crc32", None)
+    value = json.loads(raw.decode())
+    if sealed:  # a JSON object whose last member is the seal
+        del value["crc32"]
     return value, sealed
 
 
@@ -127,7 +128,7 @@ def check_seal(raw: bytes, owner: str, where: str | os.PathLike | None = None) -
     if found.group(0).startswith(b", "):
         head += b", "
     check(where or owner, as_text(zlib.crc32(head, owner_crc(owner))),
-          found.group(1).decode("ascii"))
+          found.group(1).decode())
     return True
 
 
@@ -135,7 +136,7 @@ def name_checksum(name: str, folder: str) -> str:
     """The checksum a name file (``names/NAME``, ``names/.running/NAME``) keeps on its second
     line: of the name and the stage folder it points to, so that a name file copied onto
     another name does not pass."""
-    return as_text(zlib.crc32(f"{name}\n{folder}".encode("utf-8", "surrogatepass")))
+    return as_text(zlib.crc32(f"{name}\n{folder}".encode()))
 
 
 def npy_checksum(header: bytes, data_crc: int) -> str:
@@ -151,7 +152,7 @@ def npy_parts(array: np.ndarray) -> tuple[bytes, np.ndarray]:
         raise ValueError("Object arrays cannot be saved when allow_pickle=False")
     buffer = io.BytesIO()
     np.lib.format.write_array_header_1_0(buffer, np.lib.format.header_data_from_array_1_0(array))
-    return buffer.getvalue(), array.reshape(-1).view(np.uint8)
+    return buffer.getvalue(), array.ravel().view(np.uint8)
 
 
 #: Buffers from this size on are summed by a second thread while they are written.
@@ -169,7 +170,7 @@ class DataCrc:
         if data.nbytes < PARALLEL_BYTES:
             self.value = zlib.crc32(data)
         else:
-            self._thread = threading.Thread(target=self._sum, args=(data,), daemon=True)
+            self._thread = threading.Thread(target=self._sum, args=(data,))
             self._thread.start()
 
     def _sum(self, data) -> None:

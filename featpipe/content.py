@@ -116,7 +116,7 @@ class ContentHashes:
 def cache_bytes(entries: dict) -> bytes:
     """The content-hash cache file of ``entries``, sealed (:func:`featpipe.checksums.
     seal_json`): damage at rest is found when it is read and by ``cache verify``."""
-    return seal_json(json.dumps(entries).encode("utf-8"), CACHE_NAME)
+    return seal_json(json.dumps(entries).encode(), CACHE_NAME)
 
 
 def load_cache(path: Path, strict: bool = False) -> dict:
@@ -144,7 +144,7 @@ def read_hashes_record(hashes: dict[str, str | None]) -> bytes:
     was computed), a record of the stage written when it is created
     (:meth:`featpipe.store.Store.stage`, ``records``): the key covers the hashes, so every
     run of the stage gives the same bytes, whose checksum ``stage.json`` keeps."""
-    return json.dumps(hashes, sort_keys=True).encode("utf-8")
+    return json.dumps(hashes, sort_keys=True).encode()
 
 
 _kept: dict[str, tuple[tuple, dict]] = {}

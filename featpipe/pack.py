@@ -87,7 +87,7 @@ def _write_shard(stage: Stage, ids: list[str], target: Path, read=None) -> str:
         with writing(target):
             with open(tmp, "w+b") as file:  # through Python: a full disk is an OSError
                 with open_h5(file, "w") as handle:
-                    handle.create_dataset("ids", data=ids, dtype=h5py.string_dtype("utf-8")
+                    handle.create_dataset("ids", data=ids, dtype=h5py.string_dtype()
                                           ).attrs["crc32"] = ids_checksum(ids)
                     items = handle.create_group("items")
                     extras = handle.create_group("extras")
@@ -239,7 +239,7 @@ def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_f
 def _write_index(stage: Stage, index: dict) -> None:
     """Write ``packed/pack.json`` atomically, sealed to its stage
     (:func:`featpipe.checksums.seal_json`): the commit point of a pack or a repair."""
-    text = json.dumps(index, indent=2).encode("utf-8") + b"\n"
+    text = json.dumps(index, indent=2).encode() + b"\n"
     atomic_write_bytes(stage.path / PACK_DIR / PACK_INDEX,
                        seal_json(text, index_owner(stage.name)))
 

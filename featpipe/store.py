@@ -99,6 +99,7 @@ class DamagedName(FeatpipeError):
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: A stage folder name, ``<kind>-<16 hex digits of its key>``: one path component, no dots.
 STAGE_FOLDER = re.compile(r"^[a-z][a-z0-9-]*-[0-9a-f]{16}$")
+_STAGE_FOLDER_BYTES = re.compile(STAGE_FOLDER.pattern.encode())
 #: Sub-folder of a stage holding one empty file per process computing it (``<host>-<pid>``).
 RUNNING_DIR = "running"
 #: The file beside a model's ``.npz`` and ``.json`` that holds their checksums.
@@ -244,7 +245,7 @@ class _LedgerWriter:
         pid = os.getpid()
         key = (str(ledger_dir), pid)
         path = ledger_dir / f"{HOST}-{pid}.jsonl"
-        line = json.dumps(entry, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        line = json.dumps(entry, ensure_ascii=False).encode()
         data = seal_json(line, ledger_owner(ledger_dir.parent.name)) + b"\n"
         fd = cls._open.get(key)
         if fd is not None and not _same_file(fd, path):  # its stage was removed and made anew
@@ -308,7 +309,7 @@ class Stage:
             meta_path = self.path / "stage.json"
             try:
                 raw = meta_path.read_bytes()
-                meta = json.loads(raw.decode("utf-8"))
+                meta = json.loads(raw.decode())
             except FileNotFoundError:
                 raise FeatpipeError(f"no stage at {self.path} (stage.json missing)") from None
             except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -390,8 +391,12 @@ class Stage:
             if raw is None:
                 self._items = Manifest([], root=self.path)
             else:
-                self._items, problems = Manifest.parse(raw.decode("utf-8", "replace"),
-                                                       self.path, str(path))
+                try:
+                    text = raw.decode()
+                except UnicodeDecodeError as err:
+                    raise FeatpipeError(f"manifest {path} is not UTF-8 ({err.reason})") \
+                        from None
+                self._items, problems = Manifest.parse(text, self.path, str(path))
                 if problems:
                     raise FeatpipeError(f"manifest {path}, {problems[0]}")
         return self._items
@@ -942,7 +947,7 @@ def is_store(path: Path) -> bool:
     folder in it, a ``names/`` folder with a name file, or the content-hash cache."""
     def points_to_stage(name_file: Path) -> bool:
         with open(name_file, "rb") as handle:
-            return bool(STAGE_FOLDER.match(handle.read(200).split(b"\n")[0].decode("latin1")))
+            return bool(_STAGE_FOLDER_BYTES.match(handle.read(200).split(b"\n")[0]))
 
     try:
         if (path / CACHE_NAME).is_file():
@@ -1019,12 +1024,12 @@ class Store:
         if (path / "stage.json").exists():
             stage = Stage(path)
             if create and items is not None and not (path / "items.csv").exists():
-                records["items.csv"] = items.to_csv(None).encode("utf-8")
+                records["items.csv"] = items.to_csv(None).encode()
             if create:
                 stage.restore_records(records)
             return stage
         if items is not None:
-            records["items.csv"] = items.to_csv(None).encode("utf-8")
+            records["items.csv"] = items.to_csv(None).encode()
         meta = {
             "kind": kind,
             "key": key,
@@ -1047,7 +1052,7 @@ class Store:
         for name, data in records.items():
             atomic_write_bytes(path / name, data)
         tmp = path / f"stage.json.tmp.{HOST}.{os.getpid()}"
-        text = json.dumps(meta, indent=2, sort_keys=True).encode("utf-8")
+        text = json.dumps(meta, indent=2, sort_keys=True).encode()
         try:
             with writing(path / "stage.json"):
                 tmp.write_bytes(seal_json(text + b"\n", record_owner(path.name, "stage.json")))
@@ -1150,7 +1155,7 @@ class Store:
         written with checksums.  Damage is a :class:`DamagedName`."""
         label = f"{what} {name!r}: {path}"
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_bytes().decode()
         except UnicodeDecodeError as err:
             raise DamagedName(f"{label} is damaged ({first_line(err)})") from None
         except OSError as err:
@@ -1161,7 +1166,7 @@ class Store:
             raise DamagedName(f"{label} holds {folder[:200]!r}, not a stage folder of this "
                               "store (kind-key); names never point outside their store's "
                               "stages/")
-        if text == pointer_bytes(name, folder).decode("utf-8"):
+        if text == pointer_bytes(name, folder).decode():
             return folder
         if len(lines) > 2 and lines[1].strip() and CHECKSUM.match(lines[1].strip()):
             raise DamagedName(f"{label} is damaged (checksum {name_checksum(name, folder)} of "

@@ -405,7 +405,7 @@ def rebuild_cache(store: Store) -> str:
     one cached (a file changed or gone is left out: hashed when next used)."""
     path = store.root / CACHE_NAME
     try:
-        text = path.read_bytes().decode("utf-8", "replace")
+        text = path.read_bytes().decode(errors="replace")
         entries = json.loads(text[:text.rfind('"crc32"')].rstrip(", ") + "}") \
             if '"crc32"' in text else json.loads(text)
     except ValueError:

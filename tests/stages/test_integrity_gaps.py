@@ -135,6 +135,8 @@ def test_a_seal_binds_a_record_to_its_place_and_every_byte(tmp_path):
             continue
         assert not was_sealed, at  # the seal itself hit: unsealed, damage where it is due
     assert unseal_json(seal_json(b"{}", "o"), "o") == ({}, True)
+    malformed = b'{"a": 1, "crc32": "not a checksum"}'  # no seal: read as written
+    assert unseal_json(malformed, "o") == ({"a": 1, "crc32": "not a checksum"}, False)
     with pytest.raises(ValueError, match="a sealed record is a JSON object"):
         seal_json(b"[1]", "o")
 
@@ -407,3 +409,56 @@ def test_a_damaged_sealed_record_is_named_by_its_full_path(tmp_path):
     meta.write_bytes(meta.read_bytes().replace(b'"dtype": "float32"', b'"dtype": "float64"'))
     with pytest.raises(FeatpipeError, match=f"damaged stage metadata \\({meta}: checksum"):
         store.stage_by_folder(stage.name)
+
+
+def test_a_stage_records_the_checksum_rules_it_was_written_with(tmp_path):
+    """``"checksums": 2`` in stage.json (docs/store.md): what makes a missing checksum damage."""
+    stage = sleepy_stage(Store(tmp_path / "s"), 1)
+    assert json.loads((stage.path / "stage.json").read_text())["checksums"] == 2
+    assert stage.checksummed
+
+
+def test_a_ledger_keeps_an_ids_own_characters(tmp_path):
+    items = from_rows([("café/été", "", ["x"], ["train"])], root=tmp_path)
+    stage = Store(tmp_path / "s").stage("import", {"p": 1}, items=items)
+    stage.write_item("café/été", np.ones(3))
+    ledger = next((stage.path / "ledger").glob("*.jsonl"))
+    assert '"id": "café/été"' in ledger.read_bytes().decode()
+    assert stage.done_ids() == {"café/été"}
+
+
+def test_an_item_list_that_is_not_utf8_is_one_error(tmp_path):
+    items = from_rows([("a", "", ["x"], ["train"])], root=tmp_path)
+    stage = Store(tmp_path / "s").stage("import", {"p": 1}, items=items)
+    meta = stage.path / "stage.json"  # written before issue 39: no checksum of items.csv
+    value = json.loads(meta.read_text())
+    for key in ("checksums", "files", "crc32"):
+        value.pop(key)
+    meta.write_text(json.dumps(value))
+    (stage.path / "items.csv").write_bytes(b"id,path,label,split1\n\xff,,x,train\n")
+    with pytest.raises(FeatpipeError, match="items.csv is not UTF-8"):
+        assert Store(tmp_path / "s").stage_by_folder(stage.name).items
+
+
+def test_a_folder_with_names_that_are_not_a_stores_is_not_a_store(tmp_path):
+    from featpipe.store import is_store
+
+    (tmp_path / "names").mkdir()
+    (tmp_path / "names" / "alice").write_bytes(b"\xff\xfe not a stage\n")
+    (tmp_path / "stages").mkdir()
+    (tmp_path / "stages" / "notes.txt").write_text("x")
+    assert not is_store(tmp_path)
+    Store(tmp_path / "inner").check_not_nested()  # allowed
+    (tmp_path / "names" / "bob").write_text("encode-0123456789abcdef\n")
+    assert is_store(tmp_path)
+    with pytest.raises(FeatpipeError, match="is inside the store"):
+        Store(tmp_path / "inner").check_not_nested()
+
+
+def test_a_cache_that_is_not_even_text_is_rebuilt_by_repair(tmp_path):
+    store, _ = _imported(tmp_path)
+    cache = store.root / content.CACHE_NAME
+    cache.write_bytes(b"\xff\xfe" + cache.read_bytes()[2:])
+    assert verify(store) == 1
+    assert verify(store, repair=True) == 0
+    assert verify(store) == 0 and content.load_cache(cache) == {}
