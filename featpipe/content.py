@@ -155,26 +155,27 @@ def read_hashes(stage_path: str | os.PathLike) -> dict[str, str | None]:
     ``stage.json`` keeps (read once per process while the file keeps its stat record; empty
     for a stage made before featpipe kept them, whose reads are then not checked).  A
     damaged record is a :class:`~featpipe.store.DamagedRecord` naming it."""
-    from featpipe.store import Stage
-
     path = Path(stage_path) / READ_HASHES
     try:
         info = path.stat()
-        stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
-    except OSError:
-        stamp = None
+    except OSError:  # no file: none kept, or a damaged stage (it says so)
+        return _read_hashes(stage_path)
+    stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
     cached = _kept.get(str(path))
-    if cached is not None and stamp is not None and cached[0] == stamp:
-        return cached[1]
+    if cached is None or cached[0] != stamp:
+        cached = _kept[str(path)] = (stamp, _read_hashes(stage_path))
+    return cached[1]
+
+
+def _read_hashes(stage_path: str | os.PathLike) -> dict[str, str | None]:
+    from featpipe.store import Stage
+
     raw = Stage(stage_path).read_record(READ_HASHES)
     try:
         loaded = json.loads(raw) if raw is not None else {}
     except ValueError:
-        loaded = {}  # written before featpipe kept checksums of records, and damaged
-    loaded = loaded if isinstance(loaded, dict) else {}
-    if stamp is not None:
-        _kept[str(path)] = (stamp, loaded)
-    return loaded
+        return {}  # written before featpipe kept checksums of records, and damaged
+    return loaded if isinstance(loaded, dict) else {}
 
 
 def changed_since_key(stage_path: str | os.PathLike, item_id: str,

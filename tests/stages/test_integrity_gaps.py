@@ -462,3 +462,111 @@ def test_a_cache_that_is_not_even_text_is_rebuilt_by_repair(tmp_path):
     assert verify(store) == 1
     assert verify(store, repair=True) == 0
     assert verify(store) == 0 and content.load_cache(cache) == {}
+
+
+def test_read_hashes_are_read_once_while_their_file_is_unchanged(tmp_path, monkeypatch):
+    from featpipe.store import Stage
+
+    _, stage = _imported(tmp_path)
+    reads = []
+    real = Stage.read_record
+    monkeypatch.setattr(Stage, "read_record",
+                        lambda self, name: reads.append(name) or real(self, name))
+    first = content.read_hashes(stage.path)
+    assert content.read_hashes(stage.path) == first and len(reads) <= 1
+
+
+def test_a_stage_without_read_hashes_keeps_none_and_an_old_damaged_one_none(tmp_path):
+    items = from_rows([("a", "", ["x"], ["train"])], root=tmp_path)
+    stage = Store(tmp_path / "s").stage("encode", {"p": 1}, items=items)
+    assert content.read_hashes(stage.path) == {}
+    assert content.changed_since_key(stage.path, "a", "0" * 64) is None
+    meta = stage.path / "stage.json"  # a stage from before issue 39, its record damaged
+    value = json.loads(meta.read_text())
+    for key in ("checksums", "files", "crc32"):
+        value.pop(key)
+    meta.write_text(json.dumps(value))
+    (stage.path / content.READ_HASHES).write_text('{"a": "12')
+    assert content.read_hashes(stage.path) == {}
+    (stage.path / content.READ_HASHES).write_text('["a"]')
+    assert content.read_hashes(stage.path) == {}
+
+
+def test_the_read_hashes_record_is_the_same_bytes_whatever_the_order():
+    assert content.read_hashes_record({"b": "2", "a": None}) == \
+        content.read_hashes_record({"a": None, "b": "2"}) == b'{"a": null, "b": "2"}'
+
+
+def test_a_file_gone_at_its_read_is_said_to_have_changed(tmp_path):
+    _, stage = _imported(tmp_path)
+    missing = tmp_path / "npy" / "v01.npy"
+    missing.unlink()
+    reason = content.changed_since_key(stage.path, "v01", None, missing)
+    assert reason.startswith("its file changed after the stage key was computed (SHA-256 "
+                             "missing... read")
+    assert content.file_changed_since_key(stage.path, "v01", missing) == reason
+
+
+def test_an_old_stage_reads_nothing_to_check_a_file_it_kept_no_hash_of(tmp_path,
+                                                                      monkeypatch):
+    _, stage = _imported(tmp_path)
+    monkeypatch.setattr(content, "sha256_of", lambda path: pytest.fail("hashed"))
+    assert content.file_changed_since_key(stage.path, "not-an-item", tmp_path / "x") is None
+
+
+def _cache_lies_about(store, path, sha: str, record=None) -> None:
+    """The store's cache says ``path`` has SHA-256 ``sha`` under ``record`` (its stat now)."""
+    cache = store.root / content.CACHE_NAME
+    entries = content.load_cache(cache)
+    entries[os.path.abspath(path)] = [*(record or content.stat_record(os.stat(path))), sha]
+    cache.write_bytes(content.cache_bytes(entries))
+
+
+def test_a_changed_read_asks_the_cache_before_blaming_the_file(tmp_path):
+    store, stage = _imported(tmp_path)
+    path = tmp_path / "npy" / "v02.npy"
+    kept = content.read_hashes(stage.path)["v02"]
+    np.save(path, np.zeros((3, 8), np.float32))  # other bytes...
+    _cache_lies_about(store, path, kept)  # ...that the cache holds under the key's hash
+    digest = content.sha256_of(path)
+    for reason in (content.changed_since_key(stage.path, "v02", digest, path),
+                   content.file_changed_since_key(stage.path, "v02", path)):
+        assert "content-hash cache" in reason and "damaged, not the file" in reason
+        assert str(path) in reason
+    _cache_lies_about(store, path, kept, record=[0, 0, 0, 0])  # another stat record
+    assert "its file changed" in content.changed_since_key(stage.path, "v02", digest, path)
+    cache = store.root / content.CACHE_NAME
+    entries = content.load_cache(cache)
+    entries[os.path.abspath(path)] = "not a record"
+    cache.write_bytes(content.cache_bytes(entries))
+    assert "its file changed" in content.changed_since_key(stage.path, "v02", digest, path)
+
+
+def test_a_damaged_cache_is_named_by_its_path_and_warned_of(tmp_path, caplog):
+    store, _ = _imported(tmp_path)
+    cache = store.root / content.CACHE_NAME
+    cache.write_bytes(cache.read_bytes().replace(b"npy", b"npx", 1))
+    with pytest.raises(ChecksumError, match=f"{cache}: checksum"):
+        content.load_cache(cache, strict=True)
+    with caplog.at_level("WARNING", logger="featpipe"):
+        assert content.load_cache(cache) == {}
+    assert f"{cache} is damaged" in caplog.text and "every file is hashed again" in caplog.text
+
+
+def test_a_file_is_hashed_three_times_at_most_while_it_keeps_changing(tmp_path,
+                                                                     monkeypatch):
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"x")
+    calls = []
+
+    def grows_three_times(p):
+        calls.append(p)
+        if len(calls) <= 3:
+            with open(p, "ab") as handle:
+                handle.write(b"x")
+        return "0" * 64
+
+    monkeypatch.setattr(content, "sha256_of", grows_three_times)
+    with pytest.raises(FeatpipeError, match="keeps changing while it is hashed"):
+        content.ContentHashes(None).file_hash(path)
+    assert len(calls) == 3
