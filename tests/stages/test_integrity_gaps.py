@@ -570,3 +570,21 @@ def test_a_file_is_hashed_three_times_at_most_while_it_keeps_changing(tmp_path,
     with pytest.raises(FeatpipeError, match="keeps changing while it is hashed"):
         content.ContentHashes(None).file_hash(path)
     assert len(calls) == 3
+
+
+def test_the_changed_file_messages_word_for_word(tmp_path):
+    store, stage = _imported(tmp_path)
+    path = tmp_path / "npy" / "v02.npy"
+    kept = content.read_hashes(stage.path)["v02"]
+    np.save(path, np.zeros((3, 8), np.float32))
+    digest = content.sha256_of(path)
+    assert content.changed_since_key(stage.path, "v02", digest) == (
+        f"its file changed after the stage key was computed (SHA-256 {digest[:12]}... read, "
+        f"{kept[:12]}... keyed): nothing was written; run the command again once the file "
+        "is complete")
+    _cache_lies_about(store, path, kept)
+    assert content.changed_since_key(stage.path, "v02", digest, path) == (
+        f"the store's content-hash cache {store.root / content.CACHE_NAME} holds SHA-256 "
+        f"{kept[:12]}... for {path}, whose bytes read {digest[:12]}... under the same stat "
+        "record: the cache is damaged, not the file; `featpipe cache verify --repair` hashes "
+        "it again, then run the command again")
