@@ -107,7 +107,7 @@ class PackedItems:
             raise FeatpipeError(f"unreadable packed file {path}: {first_line(err)}") from None
 
     @classmethod
-    def open(cls, stage_path: Path, checksummed: bool = False) -> PackedItems | None:
+    def open(cls, stage_path: Path, checksummed: bool) -> PackedItems | None:
         """The packed items of the stage folder ``stage_path``; ``pack.json`` is checked
         against its seal, which (with its ``sums``) a stage written with checksums
         (``checksummed``) must have."""

@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import threading
 import time
 import zlib
@@ -588,3 +589,55 @@ def test_the_changed_file_messages_word_for_word(tmp_path):
         f"{kept[:12]}... for {path}, whose bytes read {digest[:12]}... under the same stat "
         "record: the cache is damaged, not the file; `featpipe cache verify --repair` hashes "
         "it again, then run the command again")
+
+
+def _sealed_index(stage, index: dict) -> None:
+    from featpipe.packed import index_owner
+
+    (stage.path / "packed" / "pack.json").write_bytes(
+        seal_json(json.dumps(index).encode(), index_owner(stage.name)))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"shards": 3}, "file count differs from shards"),
+    ({"files": ["shard-0000-of-0002.0a.h5", "../elsewhere.h5"]}, "'../elsewhere.h5'"),
+    ({"files": ["shard-0000-of-0002.0a.h5", 7]}, "(7)"),
+    ({"sums": "crc32:00000000"}, "'sums' must give the checksum of every shard file"),
+    ({"sums": {}}, "'sums' must give the checksum of every shard file"),
+    ({"sums": {"shard-0000-of-0002.0a.h5": "crc32:00000000",
+               "shard-0001-of-0002.0a.h5": "md5:0"}}, "'sums' must give the checksum"),
+])
+def test_a_sealed_pack_index_that_lists_the_wrong_files_is_corrupt(tmp_path, change, message):
+    """Sealed as featpipe seals it (a program that wrote it wrong): the seal passes, the list
+    does not."""
+    stage = _finished(tmp_path)
+    pack.pack_stage(stage, shards=2)
+    index = {"shards": 2, "files": ["shard-0000-of-0002.0a.h5", "shard-0001-of-0002.0a.h5"],
+             "n_items": 5, "generation": "0a",
+             "sums": {"shard-0000-of-0002.0a.h5": "crc32:00000000",
+                      "shard-0001-of-0002.0a.h5": "crc32:00000000"}}
+    _sealed_index(stage, {**index, **change})
+    with pytest.raises(FeatpipeError, match=re.escape(message)):
+        Store(stage.path.parent.parent).stage_by_folder(stage.name).packed()
+    _sealed_index(stage, index)  # the same list, right: it opens
+    assert Store(stage.path.parent.parent).stage_by_folder(stage.name).packed().n_shards == 2
+
+
+def test_a_forked_process_opens_its_own_packed_files(tmp_path):
+    stage = _finished(tmp_path)
+    pack.pack_stage(stage, shards=1)
+    packed = stage.packed()
+    (path,) = packed.files
+    parent = packed._handle(path)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: another handle than the parent's, and it reads
+        try:
+            ok = (packed._handle(path) is not parent
+                  and packed.read(stage.items.ids[0]) is not None)
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    assert packed._handle(path) is parent  # the parent keeps its own

@@ -11,7 +11,6 @@ from featpipe.cli.cache_pack import pack
 from featpipe.errors import FeatpipeError
 from featpipe.fileio import safe_stem, shard_of
 from featpipe.pack import pack_stage, repair_pack
-from featpipe.packed import PackedItems
 from featpipe.parallel import run_items
 from featpipe.store import Store
 from tests._computes import SleepyCompute, expected_array, sleepy_stage
@@ -69,7 +68,7 @@ def test_repack_replaces_old_files_and_keep_files(tmp_path):
     files = set((stage.path / "packed").glob("*.h5"))
     assert len(files) == 1 and not files & first and loose_files(stage) == []
     pack_stage(stage, shards=4, jobs=2)  # repack from the packed files, 2 processes
-    packed = PackedItems.open(stage.path)
+    packed = stage.packed()
     assert packed.n_shards == 4 and len(set((stage.path / "packed").glob("*.h5"))) == 4
     for item_id in stage.items.ids:
         assert stage.read_item(item_id).tobytes() == expected_array(item_id).tobytes()
@@ -122,7 +121,7 @@ def test_a_second_packer_is_refused_while_one_runs(tmp_path):
     with stage.exclusive("pack", lambda: None), \
             pytest.raises(FeatpipeError, match="is being packed by another process"):
         pack_stage(stage)
-    assert len(loose_files(stage)) == 6 and PackedItems.open(stage.path) is None
+    assert len(loose_files(stage)) == 6 and stage.packed() is None
 
 
 def test_a_pack_repair_is_refused_while_a_pack_runs(tmp_path):

@@ -10,7 +10,6 @@ import pytest
 from featpipe.errors import FeatpipeError
 from featpipe.manifest import from_rows
 from featpipe.pack import pack_stage
-from featpipe.packed import PackedItems
 from featpipe.parallel import run_items
 from featpipe.store import Store
 from tests._computes import SleepyCompute, expected_array, sleepy_stage
@@ -33,7 +32,7 @@ def test_pack_refuses_a_stage_without_items_and_zero_shards(tmp_path):
     stage = finished(tmp_path)
     with pytest.raises(FeatpipeError, match="--shards must be at least 1, got 0"):
         pack_stage(stage, shards=0)
-    assert len(loose(stage)) == 10 and PackedItems.open(stage.path) is None
+    assert len(loose(stage)) == 10 and stage.packed() is None
 
 
 def test_an_unfinished_stage_names_an_item_that_is_not_done(tmp_path):
@@ -88,7 +87,7 @@ def test_a_pack_that_does_not_read_back_identical_removes_nothing(tmp_path, what
                        "nothing removed"):
         pack_stage(stage, shards=1)
     monkeypatch.undo()
-    assert PackedItems.open(stage.path) is None
+    assert stage.packed() is None
     assert list((stage.path / "packed").glob("*.h5")) == []  # the written shard is removed
     assert len(loose(stage)) == 10
     for item_id in stage.items.ids:
