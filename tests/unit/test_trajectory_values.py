@@ -331,3 +331,37 @@ def test_the_camera_is_still_without_enough_matches_and_found_with_them():
         before, after = matcher.keypoint_matches(texture, mask)
         assert len(before) > 50
         np.testing.assert_allclose(before, after, atol=1e-4)  # the same frame: themselves
+
+
+def _corners_moved(monkeypatch, n_inliers: int, n_outliers: int):
+    """Frames whose Shi-Tomasi corners are the points given here, inliers moved 3 px right
+    by the flow and outliers 10-40 px each in its own direction (no other consensus)."""
+    rng = np.random.default_rng(2)
+    grid = np.array([(8 + 6 * (k % 20), 8 + 6 * (k // 20)) for k in range(n_inliers +
+                                                                          n_outliers)],
+                    np.float32)
+    flow = np.zeros((120, 160, 2), np.float32)
+    for k, (x, y) in enumerate(grid.astype(int)):
+        if k < n_inliers:
+            flow[y, x] = (3.0, 0.0)
+        else:
+            angle, length = rng.uniform(0, 2 * np.pi), rng.uniform(10, 40)
+            flow[y, x] = (length * np.cos(angle), length * np.sin(angle))
+    monkeypatch.setattr(trajectories.cv2, "goodFeaturesToTrack",
+                        lambda *args, **kwargs: grid.reshape(-1, 1, 2).copy())
+    return flow
+
+
+@pytest.mark.parametrize(("inliers", "outliers", "moved"), [
+    (50, 0, False), (51, 0, True),  # more than 50 matches are needed
+    (25, 35, False), (26, 34, True),  # and more than 25 inliers of RANSAC's homography
+])
+def test_the_camera_needs_over_fifty_matches_and_over_twenty_five_inliers(
+        monkeypatch, inliers, outliers, moved):
+    from featpipe.extract.trajectories import CameraMotion
+
+    flow = _corners_moved(monkeypatch, inliers, outliers)
+    grey = np.zeros((120, 160), np.uint8)
+    found = CameraMotion("corners").homography(grey, grey, flow, np.ones_like(grey))
+    expected = [[1, 0, 3], [0, 1, 0], [0, 0, 1]] if moved else np.eye(3)
+    np.testing.assert_allclose(found, expected, atol=1e-4)
