@@ -20,10 +20,6 @@ import featpipe.extract.optical_flow as optical_flow
 import featpipe.extract.trajectories as trajectories
 from featpipe.errors import InputError, ParameterError
 from featpipe.extract.trajectories import (
-    EPSILON,
-    MAX_STD,
-    MAX_STEP,
-    MIN_STD,
     DenseTrajectories,
     ImprovedDenseTrajectories,
     parse_descriptors,
@@ -32,6 +28,9 @@ from featpipe.extract.trajectories import (
     warp_current,
 )
 
+#: the release's constants (written here, not read from the module, so that a changed
+#: constant in the module is a failing test)
+EPSILON, MIN_STD, MAX_STD, MAX_STEP = 0.05, math.sqrt(3), 50.0, 20.0
 HEIGHT, WIDTH, PATCH, CELLS, LENGTH, T_CELLS = 20, 96, 16, 2, 6, 3
 SLOPE = 2  # grey = SLOPE * x: a central difference of 2 * SLOPE along x, 0 along y
 
@@ -151,16 +150,18 @@ def std_of(dx: float, length: int = 15) -> float:
 def test_a_trajectory_is_static_only_below_min_std_along_both_axes():
     at = MIN_STD / std_of(1.0)  # the step whose positions have std exactly √3
     points = np.stack([straight(at * (1 - 1e-6), 0), straight(at * (1 + 1e-6), 0),
-                       straight(0, at * (1 + 1e-6))]).astype(np.float64)
-    valid, _, _ = trajectory_shapes(points)
-    assert valid.tolist() == [False, True, True]
+                       straight(0, at * (1 + 1e-6)), straight(1.9 / std_of(1.0), 0)])
+    valid, _, _ = trajectory_shapes(points.astype(np.float64))
+    assert valid.tolist() == [False, True, True, True]  # std 1.9 > √3: not static
 
 
 def test_a_trajectory_is_erratic_above_max_std_along_either_axis():
-    step = MAX_STD / std_of(1.0)
-    valid, _, _ = trajectory_shapes(np.stack([straight(step * 0.999, 0),
-                                              straight(0, step * 1.001),
-                                              straight(step * 1.001, 0)]))
+    def step(std):
+        return std / std_of(1.0)
+
+    valid, _, _ = trajectory_shapes(np.stack([straight(step(MAX_STD - 0.01), 0),
+                                              straight(0, step(MAX_STD + 0.5)),
+                                              straight(step(MAX_STD + 0.5), 0)]))
     assert valid.tolist() == [True, False, False]
 
 
@@ -365,3 +366,64 @@ def test_the_camera_needs_over_fifty_matches_and_over_twenty_five_inliers(
     found = CameraMotion("corners").homography(grey, grey, flow, np.ones_like(grey))
     expected = [[1, 0, 3], [0, 1, 0], [0, 0, 1]] if moved else np.eye(3)
     np.testing.assert_allclose(found, expected, atol=1e-4)
+
+
+def test_the_release_defaults_and_which_method_takes_peoples_boxes():
+    assert DenseTrajectories().get_params() == {
+        "step": 5, "n_scales": 8, "scale_factor": 1 / math.sqrt(2), "quality": 0.001,
+        "track_length": 15, "patch_size": 32, "n_xy_cells": 2, "n_t_cells": 3,
+        "flow": "farneback", "descriptors": "trajectory,hog,hof,mbh"}
+    assert ImprovedDenseTrajectories().keypoints == "orb"
+    assert DenseTrajectories.takes_boxes is False and ImprovedDenseTrajectories.takes_boxes
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("step", 0), ("n_scales", 0), ("scale_factor", 1.0), ("quality", -0.1),
+    ("quality", 1.0), ("track_length", 1), ("patch_size", 1), ("n_xy_cells", 0),
+    ("n_t_cells", 0), ("flow", "lucas-kanade")])
+def test_each_parameter_out_of_its_range_is_refused(name, value):
+    with pytest.raises(ParameterError, match=name):
+        DenseTrajectories.check_param_values({name: value})
+    for use in (lambda e: e.count(64, 64), lambda e: e.start(64, 64), lambda e: e.groups()):
+        with pytest.raises(ParameterError, match=name):
+            use(DenseTrajectories(**{name: value}))
+
+
+def test_a_descriptor_spec_is_checked_with_the_other_parameters():
+    with pytest.raises(ParameterError, match="unknown group 'sift'"):
+        DenseTrajectories.check_param_values({"descriptors": "hog,sift"})
+    with pytest.raises(ParameterError, match="must be a comma-separated string of groups, got 3"):
+        parse_descriptors(3)
+
+
+def test_dense_samples_are_float32_points_and_none_in_a_frame_smaller_than_a_cell():
+    from featpipe.extract.trajectories import dense_sample
+
+    grey = np.asarray(np.random.default_rng(0).random((20, 30)) * 255, np.uint8)
+    empty = np.zeros((0, 20, 2), np.float32)
+    points = dense_sample(grey, 5, 0.001, empty, np.zeros(0, np.intp), np.zeros(0, bool))
+    assert points.dtype == np.float32 and len(points) > 0
+    assert set(points[:, 0] % 5) == {2.0} and set(points[:, 1] % 5) == {2.0}
+    tiny = dense_sample(grey[:3, :3], 5, 0.001, empty, np.zeros(0, np.intp),
+                        np.zeros(0, bool))
+    assert tiny.shape == (0, 2) and tiny.dtype == np.float32
+
+
+def test_keypoints_are_matched_with_the_frame_before():
+    from featpipe.extract.trajectories import CameraMotion
+
+    rng = np.random.default_rng(3)
+    texture = np.asarray(np.kron(rng.random((60, 80)) * 255, np.ones((2, 2))), np.uint8)
+    shifted = np.zeros_like(texture)
+    shifted[:, 5:] = texture[:, :-5]  # the scene 5 px to the right
+    mask = np.ones_like(texture)
+    camera = CameraMotion("orb")
+    camera.keypoints(texture, mask)
+    before, after = camera.keypoint_matches(shifted, mask)
+    moves = after - before
+    assert len(moves) > 50 and np.median(moves[:, 0]) == pytest.approx(5, abs=0.5)
+    flat = np.full_like(texture, 128)  # no keypoint at all: no match, no error
+    before, after = camera.keypoint_matches(flat, mask)
+    assert before.shape == after.shape == (0, 2)
+    before, after = camera.keypoint_matches(texture, mask)  # after a frame without any
+    assert before.shape == (0, 2)
