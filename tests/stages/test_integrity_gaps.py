@@ -606,6 +606,8 @@ def _sealed_index(stage, index: dict) -> None:
     ({"sums": {}}, "'sums' must give the checksum of every shard file"),
     ({"sums": {"shard-0000-of-0002.0a.h5": "crc32:00000000",
                "shard-0001-of-0002.0a.h5": "md5:0"}}, "'sums' must give the checksum"),
+    ({"sums": {"shard-0000-of-0002.0a.h5": "crc32:00000000",
+               "shard-0001-of-0002.0a.h5": 7}}, "'sums' must give the checksum"),
 ])
 def test_a_sealed_pack_index_that_lists_the_wrong_files_is_corrupt(tmp_path, change, message):
     """Sealed as featpipe seals it (a program that wrote it wrong): the seal passes, the list
@@ -641,3 +643,25 @@ def test_a_forked_process_opens_its_own_packed_files(tmp_path):
     os.waitpid(pid, 0)
     assert os.read(read, 1) == b"1"
     assert packed._handle(path) is parent  # the parent keeps its own
+
+
+def test_packed_reads_of_an_item_not_packed_a_damaged_sidecar_and_a_damaged_index(tmp_path):
+    from featpipe.checksums import DamagedItem
+    from featpipe.fileio import safe_stem
+    from featpipe.packed import open_h5
+
+    stage = _finished(tmp_path)
+    pack.pack_stage(stage, shards=1)
+    (shard,) = (stage.path / "packed").glob("shard-*.h5")
+    item_id = stage.items.ids[0]
+    with open_h5(shard, "r+") as handle:  # before any read keeps the file open
+        handle[f"extras/{safe_stem(item_id)}/timestamps"].attrs["crc32"] = "crc32:00000000"
+    packed = stage.packed()
+    assert packed.read("video/999") is None and packed.extras("video/999") == {}
+    reopened = Store(stage.path.parent.parent).stage_by_folder(stage.name)
+    with pytest.raises(DamagedItem, match="timestamps.*checksum crc32:"):
+        reopened.extras_of(item_id)
+    index = stage.path / "packed" / "pack.json"
+    index.write_bytes(index.read_bytes().replace(b'"shards": 1', b'"shards": 2'))
+    with pytest.raises(FeatpipeError, match=f"damaged pack index \\({index}: checksum"):
+        Store(stage.path.parent.parent).stage_by_folder(stage.name).packed()
