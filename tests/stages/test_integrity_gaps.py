@@ -665,3 +665,8 @@ def test_packed_reads_of_an_item_not_packed_a_damaged_sidecar_and_a_damaged_inde
     index.write_bytes(index.read_bytes().replace(b'"shards": 1', b'"shards": 2'))
     with pytest.raises(FeatpipeError, match=f"damaged pack index \\({index}: checksum"):
         Store(stage.path.parent.parent).stage_by_folder(stage.name).packed()
+
+
+def test_a_pack_makes_one_file_per_ten_thousand_items_by_default():
+    """docs/cluster.md and `cache pack --help`: one file per 10,000 items."""
+    assert pack.ITEMS_PER_FILE == 10_000
