@@ -3,7 +3,7 @@
 Usage (issue 31 §4, issue 39 §6; ``benchmarks/RESULTS.md``)::
 
     nice -n 19 python benchmarks/mutation_sample.py featpipe/store.py tests/stages/test_store.py \
-        ... [--log store.jsonl] [--timeout 120] [--only 3,17] [--list] [--confirm]
+        ... [--log store.jsonl] [--timeout 120] [--only 3,17] [--part 1/2] [--list] [--confirm]
 
 The mutants are enumerated, not drawn: every point of the module where one of these changes
 applies is a mutant (a plausible bug each):
@@ -330,6 +330,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=0.0,
                         help="seconds per mutant (default: 3x its tests' unmutated time + 20)")
     parser.add_argument("--only", default="", help="comma-separated mutant numbers to run")
+    parser.add_argument("--part", default="1/1", metavar="K/N",
+                        help="run every N-th mutant from the K-th (N runs side by side)")
     parser.add_argument("--list", action="store_true", help="list the mutants only")
     parser.add_argument("--log", default="", help="append one JSON line per mutant here")
     parser.add_argument("--confirm", action="store_true",
@@ -344,6 +346,8 @@ def main() -> None:
     if args.only:
         wanted = {int(n) for n in args.only.split(",")}
         numbered = [(n, p) for n, p in numbered if n in wanted]
+    part, parts = (int(k) for k in args.part.split("/"))
+    numbered = numbered[part - 1::parts]
     print(f"{args.module}: {len(points)} mutants ({len(points) - len(numbered)} in annotations "
           f"or not asked for), running {len(numbered)}", flush=True)
     if args.list:
