@@ -28,9 +28,9 @@ start, each test's id being its coverage context), which gives, for each line of
 the tests that execute it, and each test's duration.  Each mutant replaces the module there
 (``ast.unparse``, no byte-code written or read) and runs ``pytest -x`` on the tests that reach
 its lines, fastest first, in a child forked from a process that has imported pytest, numpy,
-scipy and h5py (not featpipe), with a timeout: 3 x the unmutated time of every test of the
-files those tests are in (their module fixtures included) + 30 s; a mutant that times out is
-run once more with four times as long, and only then counts as killed by its timeout.  A
+scipy and h5py (not featpipe), with a timeout: 2 x the unmutated time of every test of the
+files those tests are in (their module fixtures included) + 60 s; a mutant that times out is
+run once more with three times as long, and only then counts as killed by its timeout.  A
 mutant no test reaches survives without a run.  With ``--confirm`` a survivor is run again
 against every test of the given files, so a test the coverage missed (a worker process
 reused across tests keeps its first test's id) still counts; without it a survivor may be
@@ -375,11 +375,11 @@ def main() -> None:
             status, seconds, ran = "not reached", 0.0, len(chosen)
             if chosen:
                 files = {t.split("::")[0] for t in chosen}
-                limit = args.timeout or 3 * sum(d for t, d in durations.items()
-                                                if t.split("::")[0] in files) + 30
+                limit = args.timeout or 2 * sum(d for t, d in durations.items()
+                                                if t.split("::")[0] in files) + 60
                 status, seconds = run_forked(root, chosen, limit)
                 if status == "timeout":  # the load, or a mutant that hangs: once more
-                    status, more = run_forked(root, chosen, 4 * limit)
+                    status, more = run_forked(root, chosen, 3 * limit)
                     seconds += more
             if status in ("survived", "not reached") and args.confirm:
                 limit = args.timeout or 3 * sum(durations.values()) + 20
