@@ -357,11 +357,28 @@ def test_a_failing_fsync_while_packing_writes_nothing_and_keeps_the_items(tmp_pa
     assert not list((stage.path / "packed").glob("*")) and stage.packed() is None
 
 
+#: HDF5's bytes beyond the arrays the room check counts (measured: featpipe/pack.py)
+FILE_BYTES, DATASET_BYTES = 65536, 4096
+
+
+def test_a_pack_needs_room_for_its_items_and_hdf5s_bytes(tmp_path, monkeypatch):
+    stage = _finished(tmp_path)
+    files = sorted((stage.path / "items").rglob("*.npy"))
+    needed = FILE_BYTES * 2 + sum(p.stat().st_size + DATASET_BYTES for p in files)
+    monkeypatch.setattr(pack, "free_bytes", lambda path: needed - 1)
+    with pytest.raises(FeatpipeError, match="the packed files need about"):
+        pack.pack_stage(stage, shards=2)
+    assert stage.packed() is None
+    monkeypatch.setattr(pack, "free_bytes", lambda path: needed)
+    pack.pack_stage(stage, shards=2)
+    assert stage.is_complete()
+
+
 def test_a_repack_counts_the_old_pack_in_the_room_it_needs(tmp_path, monkeypatch):
     stage = _finished(tmp_path)
     pack.pack_stage(stage, shards=2)
     old = sum(p.stat().st_size for p in stage.packed().files)
-    needed = pack._H5_FILE_BYTES * 2 + old  # the items are in the old pack only
+    needed = FILE_BYTES * 2 + old  # the items are in the old pack only
     monkeypatch.setattr(pack, "free_bytes", lambda path: needed - 1)
     with pytest.raises(FeatpipeError, match="the packed files need about"):
         pack.pack_stage(stage, shards=2)
@@ -670,3 +687,67 @@ def test_packed_reads_of_an_item_not_packed_a_damaged_sidecar_and_a_damaged_inde
 def test_a_pack_makes_one_file_per_ten_thousand_items_by_default():
     """docs/cluster.md and `cache pack --help`: one file per 10,000 items."""
     assert pack.ITEMS_PER_FILE == 10_000
+
+
+def test_a_shard_whose_ids_differ_after_packing_removes_nothing(tmp_path, monkeypatch):
+    from featpipe.checksums import ids_checksum
+    from featpipe.packed import open_h5
+
+    stage = _finished(tmp_path)
+    loose = sorted((stage.path / "items").rglob("*.npy"))
+    real = pack._write_shard
+
+    def one_id_wrong(stage_, ids, target, read=None):
+        checksum = real(stage_, ids, target, read)
+        with open_h5(target, "r+") as handle:
+            wrong = [*ids[:-1], "video/999"]
+            del handle["ids"]
+            handle.create_dataset("ids", data=wrong).attrs["crc32"] = ids_checksum(wrong)
+        return checksum
+
+    monkeypatch.setattr(pack, "_write_shard", one_id_wrong)
+    with pytest.raises(FeatpipeError, match="packed ids differ from the stage's; nothing "
+                                            "removed"):
+        pack.pack_stage(stage, shards=1)
+    assert sorted((stage.path / "items").rglob("*.npy")) == loose and stage.packed() is None
+
+
+def test_the_pack_index_says_its_items_and_generation_and_a_repair_keeps_them_true(
+        tmp_path):
+    from featpipe.fileio import safe_stem
+    from featpipe.packed import open_h5
+
+    stage = _finished(tmp_path, n=6)
+    pack.pack_stage(stage, shards=2)
+    index, _ = unseal_json((stage.path / "packed" / "pack.json").read_bytes(),
+                           f"stages/{stage.name}/packed/pack.json")
+    assert index["n_items"] == 6
+    assert all(name.endswith(f".{index['generation']}.h5") for name in index["files"])
+    first, second = stage.packed().files
+    untouched = (second.name, second.stat().st_ino)
+    victim = next(i for i in stage.items.ids if stage.packed().file_of(i) == first)
+    with open_h5(first, "r+") as handle:  # one item damaged in the first file
+        handle[f"items/{safe_stem(victim)}"].attrs["crc32"] = "crc32:00000000"
+    assert verify(Store(stage.path.parent.parent), repair=True) == 0
+    index, _ = unseal_json((stage.path / "packed" / "pack.json").read_bytes(),
+                           f"stages/{stage.name}/packed/pack.json")
+    assert index["n_items"] == 5
+    assert (second.name, second.stat().st_ino) == untouched  # the other file stays as it was
+    assert sorted(p.name for p in (stage.path / "packed").glob("*.h5")) == \
+        sorted(index["files"])  # the damaged file is gone
+
+
+def test_a_repair_of_a_pack_from_before_checksums_sums_every_file(tmp_path):
+    from tests._stores import make_old
+
+    stage = _finished(tmp_path)
+    pack.pack_stage(stage, shards=2)
+    make_old(stage.path.parent.parent, item_sums=False)
+    old = Store(stage.path.parent.parent).stage_by_folder(stage.name)
+    assert old.packed().sums is None
+    victim = stage.items.ids[0]
+    pack.repair_pack(old, {victim}, set())
+    index = json.loads((stage.path / "packed" / "pack.json").read_text())
+    assert set(index["sums"]) == set(index["files"])
+    for name, checksum in index["sums"].items():
+        assert file_checksum(stage.path / "packed" / name) == checksum
