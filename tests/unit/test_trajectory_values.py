@@ -83,10 +83,11 @@ def block(values_per_cell: np.ndarray) -> np.ndarray:
     return np.sqrt(cells / cells.sum())
 
 
-def test_hog_hof_mbh_and_shape_are_the_hand_computed_values(constant_flow):
-    estimator = DenseTrajectories(step=8, patch_size=PATCH, track_length=LENGTH,
+@pytest.mark.parametrize("length", [LENGTH, LENGTH + 1])  # 7 steps: 3 time cells of 2
+def test_hog_hof_mbh_and_shape_are_the_hand_computed_values(constant_flow, length):
+    estimator = DenseTrajectories(step=8, patch_size=PATCH, track_length=length,
                                   n_t_cells=T_CELLS, n_scales=1)
-    _, out = run(estimator)
+    _, out = run(estimator, length + 1)
     assert all(len(frame.descriptors) == 0 for frame in out[:-1])
     (row,) = out[-1].descriptors
     groups = dict(estimator.groups())
@@ -96,7 +97,7 @@ def test_hog_hof_mbh_and_shape_are_the_hand_computed_values(constant_flow):
     hof = np.zeros(9)
     hof[0] = 1.0 * pixels  # the flow (1, 0): angle 0, magnitude 1 > MIN_FLOW
     expected = {
-        "trajectory": np.tile([1 / LENGTH, 0.0], LENGTH),
+        "trajectory": np.tile([1 / length, 0.0], length),
         "hog": np.tile(block(hog).ravel(), T_CELLS),
         "hof": np.tile(block(hof).ravel(), T_CELLS),
         "mbhx": np.tile(block(np.zeros(8)).ravel(), T_CELLS),  # a constant flow: no gradient
@@ -105,7 +106,7 @@ def test_hog_hof_mbh_and_shape_are_the_hand_computed_values(constant_flow):
     for name, columns in groups.items():
         np.testing.assert_allclose(row[columns], expected[name], rtol=2e-6, atol=1e-7,
                                    err_msg=name)
-    np.testing.assert_allclose(out[-1].positions, [[40 + LENGTH / 2, 10, 1]], rtol=1e-6)
+    np.testing.assert_allclose(out[-1].positions, [[40 + length / 2, 10, 1]], rtol=1e-6)
 
 
 def test_slow_flow_goes_to_hofs_zero_bin(constant_flow, monkeypatch):
@@ -427,3 +428,93 @@ def test_keypoints_are_matched_with_the_frame_before():
     assert before.shape == after.shape == (0, 2)
     before, after = camera.keypoint_matches(texture, mask)  # after a frame without any
     assert before.shape == (0, 2)
+
+
+def test_idt_takes_every_parameter_and_dt_s_defaults():
+    params = {"step": 3, "n_scales": 2, "scale_factor": 0.5, "quality": 0.01,
+              "track_length": 9, "patch_size": 16, "n_xy_cells": 4, "n_t_cells": 3,
+              "flow": "dis", "descriptors": "hog", "keypoints": "sift"}
+    assert ImprovedDenseTrajectories(**params).get_params() == params
+    assert ImprovedDenseTrajectories().get_params() == {
+        **DenseTrajectories().get_params(), "keypoints": "orb"}
+
+
+def test_tracks_are_kept_in_float32_slots():
+    from featpipe.extract.trajectories import _ScaleTracks
+
+    tracks = _ScaleTracks(15, 3, 10, camera=True)
+    assert tracks.points.shape == (0, 16, 2) and tracks.sums.shape == (0, 3, 10)
+    assert tracks.displacements.shape == (0, 15, 2)
+    assert {a.dtype for a in (tracks.points, tracks.sums, tracks.displacements)} == \
+        {np.dtype(np.float32)}
+
+
+def test_dense_samples_are_the_grid_points_over_the_eigenvalue_threshold():
+    """The release's DenseSample: the cell centres (x, y) = (j·step + ⌊step/2⌋, i·step +
+    ⌊step/2⌋) whose minimum eigenvalue (3×3 Sobel, 3×3 block) is over quality × the largest,
+    row by row, but in cells where a live track ends."""
+    import cv2
+
+    from featpipe.extract.trajectories import dense_sample
+
+    rng = np.random.default_rng(5)
+    grey = np.asarray(np.kron(rng.random((12, 16)) * 255, np.ones((3, 3))), np.uint8)
+    eig = cv2.cornerMinEigenVal(grey, 3, ksize=3)
+    step, quality = 4, 0.2
+    expected = [(x, y) for y in range(step // 2, 36 - step // 2 + 1, step)
+                for x in range(step // 2, 48 - step // 2 + 1, step)
+                if y < (36 // step) * step and x < (48 // step) * step
+                and eig[y, x] > quality * eig.max()]
+    live = np.array([[[float(expected[0][0]), float(expected[0][1])]]], np.float32)
+    points = dense_sample(grey, step, quality, live, np.zeros(1, np.intp),
+                          np.ones(1, bool))
+    assert [tuple(p) for p in points.tolist()] == expected[1:]  # the first cell is taken
+    points = dense_sample(grey, step, quality, live, np.zeros(1, np.intp),
+                          np.zeros(1, bool))  # a track that ended frees its cell
+    assert [tuple(p) for p in points.tolist()] == expected
+
+
+def test_keypoints_are_matched_within_25_pixels_only():
+    from featpipe.extract.trajectories import CameraMotion
+
+    rng = np.random.default_rng(3)
+    texture = np.asarray(np.kron(rng.random((60, 80)) * 255, np.ones((2, 2))), np.uint8)
+    shifted = np.zeros_like(texture)
+    shifted[:, 40:] = texture[:, :-40]  # the scene 40 px to the right: beyond the window
+    mask = np.ones_like(texture)
+    camera = CameraMotion("orb")
+    camera.keypoints(texture, mask)
+    before, after = camera.keypoint_matches(shifted, mask)
+    assert len(before) and np.abs(after - before).max() <= 25
+    fresh = CameraMotion("orb")  # no frame before: no match
+    assert fresh.keypoint_matches(texture, mask)[0].shape == (0, 2)
+
+
+def test_the_camera_leaves_people_out_of_the_corners(monkeypatch):
+    from featpipe.extract.trajectories import CameraMotion
+
+    seen = []
+    monkeypatch.setattr(trajectories.cv2, "goodFeaturesToTrack",
+                        lambda *args, **kwargs: seen.append(kwargs.get("mask")))
+    grey = np.zeros((20, 30), np.uint8)
+    mask = people_mask(20, 30, np.array([[2.0, 2.0, 9.0, 9.0]]))
+    found = CameraMotion("corners").homography(grey, grey, np.zeros((20, 30, 2), np.float32),
+                                               mask)
+    np.testing.assert_array_equal(found, np.eye(3))
+    assert seen[0] is mask
+
+
+def test_ransac_counts_as_inliers_only_matches_within_one_pixel(monkeypatch):
+    """10 matches moved 3 px right, 41 moved 3 px right and then 2.4 px in a direction of
+    their own: within 3 px (OpenCV's default threshold) over 25 agree, within the release's
+    1 px fewer than 20 (too few for a homography)."""
+    from featpipe.extract.trajectories import CameraMotion
+
+    flow = _corners_moved(monkeypatch, 51, 0)
+    grid = trajectories.cv2.goodFeaturesToTrack(None).reshape(-1, 2).astype(int)
+    angles = np.random.default_rng(2).uniform(0, 2 * np.pi, 41)
+    for (x, y), angle in zip(grid[10:], angles, strict=True):
+        flow[y, x] = (3.0 + 2.4 * np.cos(angle), 2.4 * np.sin(angle))
+    grey = np.zeros((120, 160), np.uint8)
+    found = CameraMotion("corners").homography(grey, grey, flow, np.ones_like(grey))
+    np.testing.assert_allclose(found, np.eye(3))
