@@ -36,12 +36,15 @@ SLOPE = 2  # grey = SLOPE * x: a central difference of 2 * SLOPE along x, 0 alon
 
 
 class ConstantFlow:
-    """A flow engine whose field is ``move`` pixels everywhere, at every scale."""
+    """A flow engine whose field is ``move`` pixels everywhere, at every scale (in the pixels
+    of the scale); ``made`` keeps the arguments it was made with."""
 
     move = (1.0, 0.0)
+    made: list = []
 
     def __init__(self, sizes, scales, *args):
         self.sizes = sizes
+        ConstantFlow.made.append((sizes, scales, *args))
 
     def expand(self, grey):
         return grey
@@ -53,11 +56,12 @@ class ConstantFlow:
 
 @pytest.fixture
 def constant_flow(monkeypatch):
-    """One point sampled at (40, 10) on the first frame only; every flow ``ConstantFlow``."""
+    """One point sampled at (40, 10) on the first frame only (at each scale); every flow
+    ``ConstantFlow``."""
     sampled = []
 
     def one_point(grey, step, quality, points, steps, alive):
-        first = not sampled
+        first = len(sampled) < len(ConstantFlow.made[-1][0])
         sampled.append(1)
         return np.array([[40.0, 10.0]] if first else np.zeros((0, 2)), np.float32)
 
@@ -505,16 +509,146 @@ def test_the_camera_leaves_people_out_of_the_corners(monkeypatch):
 
 
 def test_ransac_counts_as_inliers_only_matches_within_one_pixel(monkeypatch):
-    """10 matches moved 3 px right, 41 moved 3 px right and then 2.4 px in a direction of
-    their own: within 3 px (OpenCV's default threshold) over 25 agree, within the release's
-    1 px fewer than 20 (too few for a homography)."""
+    """10 matches moved 3 px right, 41 moved 3 px right and then 1.6 px in a direction of
+    their own: within 2 or 3 px (OpenCV's default threshold) over 25 agree, within the
+    release's 1 px fewer than 20 (too few for a homography)."""
     from featpipe.extract.trajectories import CameraMotion
 
     flow = _corners_moved(monkeypatch, 51, 0)
     grid = trajectories.cv2.goodFeaturesToTrack(None).reshape(-1, 2).astype(int)
     angles = np.random.default_rng(2).uniform(0, 2 * np.pi, 41)
     for (x, y), angle in zip(grid[10:], angles, strict=True):
-        flow[y, x] = (3.0 + 2.4 * np.cos(angle), 2.4 * np.sin(angle))
+        flow[y, x] = (3.0 + 1.6 * np.cos(angle), 1.6 * np.sin(angle))
     grey = np.zeros((120, 160), np.uint8)
     found = CameraMotion("corners").homography(grey, grey, flow, np.ones_like(grey))
     np.testing.assert_allclose(found, np.eye(3))
+
+
+def test_the_parameters_lowest_values_are_allowed():
+    DenseTrajectories.check_param_values({"step": 1, "n_scales": 1, "quality": 0.0,
+                                          "track_length": 2, "patch_size": 2,
+                                          "n_xy_cells": 1, "n_t_cells": 1})
+
+
+def test_the_validity_limits_are_exclusive():
+    """A std of exactly √3 is not static, one of exactly 50 not erratic, a largest step of
+    exactly 20 px (or of exactly 0.7 of the length) not a jump."""
+    deviations = np.array([3.0, -1.0, -1.0, -1.0])  # mean square 3: std √3 exactly
+    at_min = np.stack([10 + deviations, 10 + deviations], axis=1)
+    at_max = np.array([[0.0, 0.0], [100.0, 0.0], [0.0, 0.0], [100.0, 0.0]])  # std 50
+    step_20 = np.array([[0.0, 0.0], [20.0, 0.0], [21.0, 0.0], [22.0, 0.0]])
+    seven_tenths = np.array([[0.0, 0.0], [35.0, 0.0], [50.0, 0.0]])  # 35 = 0.7 x 50
+    for points in (at_min, at_max, step_20, seven_tenths):
+        assert trajectory_shapes(points[None].astype(np.float64))[0].tolist() == [True]
+
+
+def test_a_short_trajectorys_shape_is_divided_by_its_length_under_one_pixel():
+    points = np.array([[[0.0, 0.0], [0.25, 0.0], [0.5, 0.0]]])
+    _, shape, _ = trajectory_shapes(points)
+    np.testing.assert_allclose(shape, [[0.5, 0.0, 0.5, 0.0]])
+
+
+def test_the_release_s_camera_parameters(monkeypatch):
+    """Shi-Tomasi corners: at most 1000, quality 0.001, 3 px apart; keypoints matched within
+    25 px; the flow engine made with the scales' ratio √2."""
+    import featpipe.extract._trajectory_kernels as kernels
+    from featpipe.extract.trajectories import CameraMotion
+
+    calls = []
+    monkeypatch.setattr(trajectories.cv2, "goodFeaturesToTrack",
+                        lambda *args, **kwargs: calls.append(args[1:]))
+    grey = np.zeros((20, 30), np.uint8)
+    CameraMotion("corners").homography(grey, grey, np.zeros((20, 30, 2), np.float32),
+                                       np.ones_like(grey))
+    assert calls == [(1000, 0.001, 3)]
+    radii = []
+    real = kernels.match_window
+    monkeypatch.setattr(kernels, "match_window",
+                        lambda xy, prev, radius, out: radii.append(radius) or
+                        real(xy, prev, radius, out))
+    rng = np.random.default_rng(3)
+    texture = np.asarray(np.kron(rng.random((60, 80)) * 255, np.ones((2, 2))), np.uint8)
+    camera = CameraMotion("orb")
+    camera.keypoints(texture, np.ones_like(texture))
+    camera.keypoint_matches(texture, np.ones_like(texture))
+    assert radii == [25]
+
+
+def test_a_corner_on_the_last_pixel_takes_the_flow_there(monkeypatch):
+    from featpipe.extract.trajectories import CameraMotion
+
+    corners = np.array([[[159.6, 119.6]], [[-0.4, -0.4]]] * 30, np.float32)
+    monkeypatch.setattr(trajectories.cv2, "goodFeaturesToTrack",
+                        lambda *args, **kwargs: corners.copy())
+    flow = np.zeros((120, 160, 2), np.float32)
+    grey = np.zeros((120, 160), np.uint8)
+    found = CameraMotion("corners").homography(grey, grey, flow, np.ones_like(grey))
+    assert found.shape == (3, 3)
+
+
+def test_new_trajectories_start_at_every_frame(constant_flow, monkeypatch):
+    def every_frame(grey, step, quality, points, steps, alive):
+        return np.array([[40.0, 10.0]], np.float32)
+
+    monkeypatch.setattr(trajectories, "dense_sample", every_frame)
+    estimator = DenseTrajectories(step=8, patch_size=PATCH, track_length=LENGTH,
+                                  n_t_cells=T_CELLS, n_scales=1, descriptors="trajectory")
+    _, out = run(estimator, LENGTH + 4)
+    assert [len(frame.descriptors) for frame in out] == [0] * LENGTH + [1, 1, 1, 1]
+
+
+def test_tracks_stay_float32_when_their_slots_grow():
+    from featpipe.extract.trajectories import _ScaleTracks
+
+    tracks = _ScaleTracks(15, 3, 10, camera=True)
+    grey = np.asarray(np.random.default_rng(0).random((200, 200)) * 255, np.uint8)
+    tracks.renew(grey, 5, 0.0)
+    assert tracks.alive.sum() > 64
+    assert {a.dtype for a in (tracks.points, tracks.sums, tracks.displacements)} == \
+        {np.dtype(np.float32)}
+
+
+def test_idt_leaves_peoples_boxes_out_of_the_camera_corners(monkeypatch, constant_flow):
+    masks = []
+    monkeypatch.setattr(trajectories.cv2, "goodFeaturesToTrack",
+                        lambda *args, **kwargs: masks.append(kwargs["mask"]))
+    tracker = ImprovedDenseTrajectories(step=8, patch_size=PATCH, track_length=LENGTH,
+                                        n_t_cells=T_CELLS, n_scales=1,
+                                        keypoints="corners").start(HEIGHT, WIDTH)
+    for _ in range(2):
+        tracker.add(ramp(), boxes=np.array([[10.0, 2.0, 30.0, 12.0]]))
+    assert masks[0][2:13, 10:31].max() == 0 and masks[0][:, 40:].min() == 1
+    masks.clear()
+    dt = DenseTrajectories(step=8, patch_size=PATCH, track_length=LENGTH, n_scales=1)
+    dt.start(HEIGHT, WIDTH).add(ramp())
+    assert masks == []  # dt has no camera
+
+
+def test_a_one_pixel_box_masks_its_pixel():
+    mask = people_mask(6, 8, np.array([[4.0, 3.0, 4.0, 3.0]]))
+    assert mask[3, 4] == 0 and mask.sum() == 6 * 8 - 1
+
+
+@pytest.mark.parametrize("camera", [False, True])
+def test_a_coarser_scales_trajectories_are_in_frame_pixels(constant_flow, monkeypatch,
+                                                           camera):
+    """Two scales (√2 apart): each keeps its point and moves 1 px a frame in its own pixels;
+    the coarser one's positions, and (idt) its camera-compensated moves, are √2 times as
+    large in frame pixels: idt keeps it (1.41 px > 1 px a frame) and drops the other."""
+    height = 24
+    monkeypatch.setattr(trajectories.cv2, "goodFeaturesToTrack",
+                        lambda *args, **kwargs: None)
+    cls = ImprovedDenseTrajectories if camera else DenseTrajectories
+    estimator = cls(step=8, patch_size=PATCH, track_length=LENGTH, n_t_cells=T_CELLS,
+                    n_scales=2, descriptors="trajectory",
+                    **({"keypoints": "corners"} if camera else {}))
+    tracker = estimator.start(height, WIDTH)
+    frames = [tracker.add(np.repeat(ramp()[:1], height, axis=0)) for _ in range(LENGTH + 1)]
+    sizes, scales, stride = ConstantFlow.made[-1][:3]
+    assert scales == pytest.approx([1, math.sqrt(2)]) and stride == pytest.approx(math.sqrt(2))
+    positions = frames[-1].positions
+    coarse = [40 + LENGTH / 2, 10]
+    expected = [[*(np.array(coarse) * math.sqrt(2)), math.sqrt(2)]]
+    if not camera:
+        expected = [[*coarse, 1.0], *expected]
+    np.testing.assert_allclose(positions, expected, rtol=1e-5)
