@@ -751,3 +751,59 @@ def test_a_repair_of_a_pack_from_before_checksums_sums_every_file(tmp_path):
     assert set(index["sums"]) == set(index["files"])
     for name, checksum in index["sums"].items():
         assert file_checksum(stage.path / "packed" / name) == checksum
+
+
+def test_a_shard_is_flushed_before_it_is_fsynced(tmp_path, monkeypatch):
+    """What fsync makes durable is the whole file: Python's buffer flushed first."""
+    stage = _finished(tmp_path, n=40)
+    sizes = []
+    real = os.fsync
+
+    def recording(fd):
+        sizes.append(os.fstat(fd).st_size)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    pack.pack_stage(stage, shards=1)
+    (shard,) = stage.packed().files
+    assert shard.stat().st_size in sizes
+
+
+def test_the_default_number_of_files_rounds_up(tmp_path, monkeypatch):
+    stage = _finished(tmp_path, n=5)
+    monkeypatch.setattr(pack, "ITEMS_PER_FILE", 2)
+    assert len(pack.pack_stage(stage).files) == 3  # 5 items, 2 a file
+
+
+def test_a_file_that_cannot_be_removed_is_named_as_such(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    stage = _finished(tmp_path)
+    pack.pack_stage(stage, shards=1)
+    real = Path.unlink
+
+    def refuse(self, *args, **kwargs):
+        if self.suffix == ".h5" or self.name == "pack.json":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    for attempt in (lambda: pack.pack_stage(stage, shards=2),  # the old file
+                    lambda: pack.repair_pack(stage, {stage.items.ids[0]}, set()),
+                    lambda: pack.remove_pack(stage)):
+        with pytest.raises(WriteError, match="cannot remove .*: Permission denied"):
+            attempt()
+
+
+def test_a_damaged_pack_index_is_removed_with_its_files_and_says_how_many_items(tmp_path):
+    stage = _finished(tmp_path, n=6)
+    pack.pack_stage(stage, shards=2)
+    index = stage.path / "packed" / "pack.json"
+    index.write_bytes(index.read_bytes().replace(b'"n_items": 6', b'"n_items": 7'))
+    lines = []
+    reporter = type("R", (), {"info": lambda self, text: lines.append(text),
+                              "warn": lambda self, text: lines.append(text)})()
+    assert verify(Store(stage.path.parent.parent), reporter=reporter, repair=True) == 0
+    assert any("removed the damaged pack (6 packed item(s) to recompute)" in line
+               for line in lines)
+    assert not list((stage.path / "packed").iterdir())
