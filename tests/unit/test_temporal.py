@@ -384,3 +384,22 @@ def test_a_long_final_layer_keeps_its_zero_columns(monkeypatch):
     v = np.asarray(HierarchicalRankPooling(window=5).transform([array_api_strict.asarray(X)])[0])
     assert widths == [12]
     assert_close_vectors(u, v)
+
+
+@pytest.mark.parametrize("psi", ["ser", "ssr", "none"])
+@pytest.mark.parametrize("directions", ["fwd", "both"])
+def test_rank_pooling_of_a_sequence_does_not_depend_on_its_batch(psi, directions):
+    """`featpipe encode` pools items in batches (64 a call for rankpool) while `extract --pool`
+    pools each item alone: both must give the same bits (one key, one result), whatever the
+    lengths and signs of the other items of a batch."""
+    from featpipe.encode.functional.temporal import rank_pool_sequences
+
+    rng = np.random.default_rng(7)
+    seqs = [rng.standard_normal((T, 24)).astype(np.float32) for T in (37, 50, 37, 8, 50, 37, 1)]
+    seqs[2] = np.abs(seqs[2])
+    params = dict(directions=directions, psi=psi, C=1.0, epsilon=0.1, solver="newton",
+                  device="cpu")
+    together = rank_pool_sequences(seqs, batch_size=64, **params)
+    for X, pooled in zip(seqs, together, strict=True):
+        np.testing.assert_array_equal(rank_pool_sequences([X], batch_size=64, **params)[0],
+                                      pooled)

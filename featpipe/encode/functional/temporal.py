@@ -643,36 +643,27 @@ def approximate_rank_pool_sequences(seqs, *, device):
 
 
 def rank_pool_sequences(seqs, *, directions, psi, C, epsilon, solver, device, batch_size):
-    """Rank pooling of each whole sequence.  numpy: ``batch_size`` sequences solved together
-    (sorted by length; shorter ones zero-padded and masked), longer than
+    """Rank pooling of each whole sequence.  numpy: up to ``batch_size`` sequences of the
+    same length solved together (no padding, and each window's Gram matrix and Newton steps
+    are its own: a sequence gets the same bits alone or in any batch), longer than
     :data:`DENSE_MAX_LENGTH` in the primal; a device (Newton): every sequence in one
     :func:`rank_pool_batch`."""
     if not array_is_numpy(seqs[0]) and solver == "newton":
         return _rank_pool_batched(seqs, directions, psi, C, epsilon, solver)
     out = [None] * len(seqs)
+    by_length: dict[int, list[int]] = {}
     for i, X in enumerate(seqs):
         if X.shape[0] > DENSE_MAX_LENGTH:
             out[i] = rank_pool_long(X, psi, C, epsilon, directions, solver)
-    order = sorted((i for i in range(len(seqs)) if out[i] is None),
-                   key=lambda i: seqs[i].shape[0])
-    for c in range(0, len(order), batch_size):
-        group = order[c: c + batch_size]
-        lengths = [seqs[i].shape[0] for i in group]
-        T = max(lengths)
-        xp = namespace(seqs[group[0]])
-        padded = []
-        for i in group:
-            X = seqs[i]
-            if X.shape[0] < T:
-                pad = xp.zeros((T - X.shape[0], X.shape[1]), dtype=X.dtype,
-                               device=getattr(X, "device", None))
-                X = xp.concat([X, pad], axis=0)
-            padded.append(X)
-        W = xp.stack(padded, axis=0)
-        U = rank_pool_windows(W, psi, C, epsilon, directions, solver,
-                              None if min(lengths) == T else lengths)
-        for k, i in enumerate(group):
-            out[i] = U[k, ...]
+        else:
+            by_length.setdefault(X.shape[0], []).append(i)
+    for same in by_length.values():
+        for c in range(0, len(same), batch_size):
+            group = same[c: c + batch_size]
+            W = namespace(seqs[group[0]]).stack([seqs[i] for i in group], axis=0)
+            U = rank_pool_windows(W, psi, C, epsilon, directions, solver)
+            for k, i in enumerate(group):
+                out[i] = U[k, ...]
     return out
 
 
