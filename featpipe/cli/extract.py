@@ -28,6 +28,9 @@ from featpipe.cli.options import (
     table_entry,
 )
 
+#: the temporal encoders --temporal offers
+POOLING = ("avg", "max", "tpyramid", "arp", "rankpool", "hrp", "recursive")
+
 EPILOG = (
     "Disk: raw local features are large (dense SIFT of one 320x240 frame at step 2 is about "
     "30 MB). --dry-run prints each item's frames, rows and bytes at rest; a stage whose "
@@ -70,10 +73,23 @@ def _make_command() -> click.Command:
     @click.option("--features", "-f", required=True, type=click.Choice(list(features)),
                   help="Feature method: " + "; ".join(f"{n}: {s}" for n, s in features.items())
                   + ". Its options follow (each says which methods take it).")
-    @click.option("--name", "-n", default=None, help="Name to give the stage.")
+    @click.option("--name", "-n", default=None, help="Name to give the stage (with --temporal: "
+                  "of the pooled stages, NAME-GROUP each).")
+    @click.option("--temporal", "temporal", type=click.Choice(list(POOLING)), default=None,
+                  help="Pool each item's per-frame vectors over time in the same pass, as "
+                  "`featpipe encode --method METHOD` would (same stage key); the per-frame "
+                  "stage is written only with --keep-frames.")
+    @click.option("--temporal-param", "temporal_params", multiple=True, metavar="KEY=VALUE",
+                  help="A parameter of the --temporal method (e.g. window=20); repeatable.")
+    @click.option("--temporal-groups", "temporal_groups", default="all", show_default=True,
+                  help="What to pool, comma-separated: 'all' (the whole per-frame vector) "
+                  "and descriptor groups of a grouped --encode fisher GMM (hog,hof,mbh).")
+    @click.option("--keep-frames", is_flag=True, default=False,
+                  help="With --temporal: write the per-frame stage too (named NAME-frames).")
     @item_parallel_options
     @click.pass_context
-    def extract(ctx, manifest_path, store_path, features, name, **kwargs):
+    def extract(ctx, manifest_path, store_path, features, name, temporal, temporal_params,
+                temporal_groups, keep_frames, **kwargs):
         """Decode each manifest item and store its features (or their encoding)."""
         from featpipe.extract.settings import ExtractSettings
         from featpipe.interrupts import Interrupted
@@ -87,10 +103,29 @@ def _make_command() -> click.Command:
         params = {k: v for k, v in params.items() if v is not None}
         encode_params = {k: v for k, v in kwargs.items() if v not in (None, ())}
         settings = ExtractSettings(**settings, encode_params=encode_params)
+        then, keep, own_name = (), None, name
+        if temporal is not None:
+            from featpipe.chain import parse_value, pooling_steps
+
+            given = {}
+            for text in temporal_params:
+                key, sep, value = text.partition("=")
+                if not sep or not key:
+                    raise click.BadParameter(f"expected KEY=VALUE, got {text!r}",
+                                             param_hint="--temporal-param")
+                given[key.strip().replace("-", "_")] = parse_value(value.strip())
+            gmm = encode_params.get("gmm") if settings.encode == "fisher" else None
+            then = pooling_steps(temporal, given, [g.strip() for g in temporal_groups.split(",")
+                                                   if g.strip()], gmm, name)
+            keep, own_name = keep_frames, f"{name}-frames" if name and keep_frames else None
+        elif temporal_params or keep_frames or temporal_groups != "all":
+            raise click.UsageError("--temporal-param, --temporal-groups and --keep-frames go "
+                                   "with --temporal METHOD")
         try:
             run = extract_stage(open_store(store_path), Manifest.read(manifest_path), features,
                                 params=params, sampling=Sampling(**sampling), settings=settings,
-                                name=name, options=options, reporter=ClickReporter())
+                                name=own_name, then=then, keep=keep, options=options,
+                                reporter=ClickReporter())
         except Interrupted as err:
             click.echo(str(err), err=True)
             ctx.exit(err.exit_code)

@@ -73,6 +73,12 @@ class FrameSinks:
     model_paths: Mapping[str, str] = field(default_factory=dict)
     sample: int = 0
     seed: int = 0
+    #: steps run on each item's output (:mod:`featpipe.chain`); ``keep``: the output itself
+    #: is written too; ``partial``: item id -> what to write of an item that has some of it
+    #: already (step indexes, -1 for the output itself; an item not listed needs all)
+    chain: tuple = ()
+    keep: bool = True
+    partial: Mapping[str, frozenset] = field(default_factory=dict)
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
@@ -91,16 +97,34 @@ class FrameSinks:
 
                 models = {k: Stage(p) for k, p in self.model_paths.items()}
                 self._encoder = load_methods()[self.method].build(dict(self.params), models)
+            self._chain = None
+            if self.chain:
+                from featpipe.chain import ChainRunner
+
+                self._chain = ChainRunner(self.chain)
         return self._stage, self._pca, self._encoder
+
+    def wanted(self, item_id: str) -> frozenset:
+        """What to write of ``item_id``: kept chain steps by index, -1 for the output itself."""
+        every = frozenset([-1] * self.keep + [i for i, s in enumerate(self.chain) if s.keep])
+        return self.partial.get(item_id, every)
 
     def open(self, item_id: str) -> FrameSink:
         """The output of one item."""
         stage, pca, encoder = self._built()
         if self.kind == "sample":
             return SampledRows(stage, item_id, pca, self.sample, self.seed)
+        files = None
+        if self._chain is not None:
+            from featpipe.chain import BufferedRows, spill_bytes
+
+            wanted = self.wanted(item_id)
+            files = BufferedRows(stage, item_id, 0 if -1 in wanted else spill_bytes())
         if self.kind == "encode":
-            return EncodedFrames(stage, item_id, pca, encoder)
-        return StoredFrames(stage, item_id, pca, self.local, self.positions)
+            sink = EncodedFrames(stage, item_id, pca, encoder, files)
+        else:
+            sink = StoredFrames(stage, item_id, pca, self.local, self.positions, files)
+        return sink if files is None else ChainedFrames(sink, self._chain, wanted)
 
 
 class FrameSink:
@@ -108,11 +132,11 @@ class FrameSink:
     item to commit.  (A computed item handed to the store is
     :class:`featpipe.parallel.ItemOutput`.)"""
 
-    def __init__(self, stage: Stage, item_id: str, pca):
+    def __init__(self, stage: Stage, item_id: str, pca, files=None):
         self.stage = stage
         self.item_id = item_id
         self.pca = pca
-        self.files = ItemFiles(stage, item_id)
+        self.files = ItemFiles(stage, item_id) if files is None else files
 
     def _projected(self, frame: Frame) -> Frame:
         if self.pca is None:
@@ -133,8 +157,8 @@ class FrameSink:
 class StoredFrames(FrameSink):
     """The features themselves, appended to the item's files as each frame comes."""
 
-    def __init__(self, stage, item_id, pca, local: bool, positions: bool):
-        super().__init__(stage, item_id, pca)
+    def __init__(self, stage, item_id, pca, local: bool, positions: bool, files=None):
+        super().__init__(stage, item_id, pca, files)
         self.local = local
         self.keep_positions = positions
         self.timestamps: list[float] = []
@@ -163,8 +187,8 @@ class StoredFrames(FrameSink):
 class EncodedFrames(FrameSink):
     """The features fed to a local-feature encoder's stream; only its output is written."""
 
-    def __init__(self, stage, item_id, pca, encoder):
-        super().__init__(stage, item_id, pca)
+    def __init__(self, stage, item_id, pca, encoder, files=None):
+        super().__init__(stage, item_id, pca, files)
         self.stream = encoder.stream(self.files)
 
     def add(self, frame: Frame) -> None:
@@ -173,6 +197,42 @@ class EncodedFrames(FrameSink):
     def finish(self) -> PendingItem:
         self.stream.finish()
         return self.files.close()
+
+
+class ChainedFrames(FrameSink):
+    """An item's output (``inner``, writing to a :class:`~featpipe.chain.BufferedRows`) fed,
+    once complete, to the steps of a chain (:class:`~featpipe.chain.ChainRunner`): what is
+    committed is the output itself when ``wanted`` holds -1 and each wanted step's result;
+    spilled rows that are not kept are removed."""
+
+    def __init__(self, inner: FrameSink, runner, wanted: frozenset):
+        self.inner = inner
+        self.item_id = inner.item_id
+        self.runner = runner
+        self.wanted = wanted
+
+    def add(self, frame: Frame) -> None:
+        self.inner.add(frame)
+
+    def finish(self):
+        from featpipe.chain import ChainedPending
+
+        files, array, extras = self.inner.finish()
+        try:
+            steps = self.runner.run(self.item_id, array, extras, set(self.wanted) - {-1})
+        except BaseException:
+            if files is not None:
+                files.discard()
+            raise
+        del array, extras  # a memory map of a spilled file
+        if -1 in self.wanted:
+            return ChainedPending(self.item_id, files, steps)
+        if files is not None:
+            files.discard()
+        return ChainedPending(self.item_id, None, steps)
+
+    def abort(self) -> None:
+        self.inner.abort()
 
 
 class SampledRows(FrameSink):
@@ -518,6 +578,8 @@ class Extraction:
         self.network = network
         self.allow_partial = allow_partial
         self.record_failures = record_failures
+        #: the other stages this pass writes (chained steps), where a failure is recorded too
+        self.also_failed: list[Stage] = []
         self.on_frames: Callable[[int], None] = lambda n: None
         self.on_warning: Callable[[str, str], None] = lambda item_id, text: None
         self.items: dict[str, _Item] = {}
@@ -565,7 +627,8 @@ class Extraction:
         remove_partial_files(self.stage, item_id, pid)
         if self.record_failures:
             with critical():
-                self.stage.record(item_id, "failed", error=error)
+                for stage in [self.stage, *self.also_failed]:
+                    stage.record(item_id, "failed", error=error)
         return item_id, error
 
     def _store_error(self, event: tuple) -> None:

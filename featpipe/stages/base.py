@@ -110,6 +110,8 @@ class StageRun:
     stage: Stage
     summary: RunSummary
     todo: list[str] = field(default_factory=list)
+    #: a dry run's estimate: each stage the run would write, with its bytes at rest
+    sizes: list[tuple[Stage, int]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

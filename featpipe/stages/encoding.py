@@ -100,6 +100,37 @@ def method_models(store: Store, method: EncodeMethod, given: Mapping
     return params, models
 
 
+def plan_encode(store: Store, source: Stage | str, method: str, params: Mapping | None, *,
+                reporter: Reporter, create: bool = True, retried: bool = False):
+    """The stage of ``method`` with ``params`` on the items of ``source`` (a stage, or its
+    name: resolved after the parameters are checked), planned only with ``create=False``,
+    and what computes it: ``(stage, items, compute, batch size)``.
+
+    ``featpipe encode`` and the steps run inside another stage's pass
+    (:mod:`featpipe.chain`) both plan here, so a step has one key however it runs.  Items
+    that failed in ``source`` are left out and listed in the key (``input_failed``), unless
+    ``retried``: the pass that makes ``source`` computes them again (a fused chain is planned
+    on its input as it is when every item succeeds).
+    """
+    try:
+        chosen = load_method(method)
+    except KeyError:
+        raise ParameterError("method", f"must be one of {', '.join(sorted(load_methods()))}, "
+                             f"got {method!r}") from None
+    params, models = method_models(store, chosen, params or {})
+    if isinstance(source, str):
+        source = store.resolve(source)
+    if not source.items.ids:
+        raise FeatpipeError(f"input stage {source.name} has no items")
+    items, left_out = (source.items, []) if retried else usable_items(source, reporter)
+    record = {"method": method, **params, **({"input_failed": left_out} if left_out else {})}
+    stage = store.stage("encode", record, inputs=[source, *models.values()], items=items,
+                        create=create)
+    compute = EncodeCompute(source.path, method, params, {k: s.path for k, s in models.items()})
+    batch = chosen.batch_size(params) if callable(chosen.batch_size) else chosen.batch_size
+    return stage, items, compute, batch
+
+
 def encode(store: Store, input: str, method: str, params: Mapping | None = None, *,
            name: str | None = None, options: RunOptions | None = None,
            reporter: Reporter | None = None) -> StageRun:
@@ -112,21 +143,9 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
     model parameter (``gmm``, ``model``...) names a fitted stage of ``store``.  Every value is
     checked before the stage exists (:class:`~featpipe.errors.ParameterError`).
     """
-    try:
-        chosen = load_method(method)
-    except KeyError:
-        raise ParameterError("method", f"must be one of {', '.join(sorted(load_methods()))}, "
-                             f"got {method!r}") from None
     check_name(name)
-    params, models = method_models(store, chosen, params or {})
-    source = store.resolve(input)
-    if not source.items.ids:
-        raise FeatpipeError(f"input stage {source.name} has no items")
-    items, left_out = usable_items(source, reporter or Reporter())
-    record = {"method": method, **params, **({"input_failed": left_out} if left_out else {})}
-    stage = store.stage("encode", record, inputs=[source, *models.values()], items=items,
-                        create=not (options and options.dry_run))
-    compute = EncodeCompute(source.path, method, params, {k: s.path for k, s in models.items()})
-    batch = chosen.batch_size(params) if callable(chosen.batch_size) else chosen.batch_size
+    reporter = reporter or Reporter()
+    stage, items, compute, batch = plan_encode(store, input, method, params, reporter=reporter,
+                                               create=not (options and options.dry_run))
     return run_stage(stage, items.ids, compute, store=store, name=name, options=options,
                      reporter=reporter, batch_size=batch)

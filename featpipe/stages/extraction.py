@@ -36,9 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
+from featpipe.chain import ChainRunner, ChainStep, Then, order_steps
 from featpipe.content import CACHE_NAME, ContentHashes, save_read_hashes
 from featpipe.errors import FeatpipeError, ItemError, ParameterError, WriteError
 from featpipe.extract.estimate import (
+    ItemEstimate,
     Layout,
     Totals,
     describe,
@@ -61,8 +63,16 @@ from featpipe.extract.streaming import (
 from featpipe.interrupts import Interrupt, Interrupted, interruptible
 from featpipe.io.images import is_image
 from featpipe.io.video import DecodePool, Sampling
+from featpipe.items import NPY_HEADER_BYTES
 from featpipe.manifest import Manifest
-from featpipe.parallel import make_executor, parse_shard, plan, resolve_jobs, store_stopped
+from featpipe.parallel import (
+    RunSummary,
+    make_executor,
+    parse_shard,
+    plan,
+    resolve_jobs,
+    store_stopped,
+)
 from featpipe.parameters import parameter_record, typed_value
 from featpipe.stages.base import (
     Reporter,
@@ -296,8 +306,8 @@ def _check_projections(method, given, models, encoder, dim, chain) -> None:
 
 def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping | None = None,
             sampling: Sampling | None = None, settings: ExtractSettings | None = None,
-            name: str | None = None, options: RunOptions | None = None,
-            reporter: Reporter | None = None) -> StageRun:
+            name: str | None = None, then: Sequence[Then] = (), keep: bool | None = None,
+            options: RunOptions | None = None, reporter: Reporter | None = None) -> StageRun:
     """Decode every item of ``manifest`` and store its ``features`` (or their encoding, or
     a sample of them); returns the run.
 
@@ -310,6 +320,12 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
     stored dtype, positions, a ``pca`` projection, an ``encode`` method for local features
     and its parameters, or a sample of ``sample_descriptors`` rows) and how the stage runs
     (device, batch size, decoder, ``allow_partial`` for truncated videos, ``disk_check``).
+
+    ``then`` lists ``featpipe encode`` steps (:class:`featpipe.chain.Then`) run on each item
+    as soon as its extraction is done, in the same pass (e.g. per-frame Fisher vectors ->
+    one group's part -> rank pooling): each step's stage has the key of the same step run by
+    ``featpipe encode``, and is written when the step is kept (named, or ``keep``); the
+    extraction's own stage is written when ``keep`` (default: only without ``then``).
     Raises :class:`~featpipe.interrupts.Interrupted` after SIGINT/SIGTERM (finished items
     kept).
     """
@@ -320,6 +336,9 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
     settings = settings or ExtractSettings()
     chosen = choose_features(features, params)
     settings.check(chosen.method)
+    then = order_steps(then)
+    keep = not then if keep is None else bool(keep)
+    _check_then(then, keep, settings, options)
     if chosen.method.default_fps is not None and sampling == Sampling():
         sampling = Sampling(fps=chosen.method.default_fps)
     if settings.human_boxes is not None:
@@ -339,7 +358,9 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
     # the stage as planned (nothing on disk yet): a dry run and the disk check come first
     stage = store.stage("extract", plan_.params, inputs=plan_.inputs, items=manifest,
                         dtype=settings.dtype, create=False)
-    todo, summary = plan(stage, manifest.ids, force=options.force, shard=shard)
+    chain = _plan_chain(store, stage, then, reporter, create=False)
+    sizes = _chain_sizes(chain, plan_.layout, settings.dtype)
+    todo, summary, partial = _plan_pass(stage, keep, chain, manifest.ids, options.force, shard)
     with interruptible():
         pool = DecodePool(resolve_jobs(options.jobs), settings.decoder,
                           settings.decode_timeout)
@@ -349,42 +370,175 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
             probed = todo if options.dry_run else sample_ids(todo, ESTIMATE_SAMPLE)
             estimates = _estimates(pool, paths, probed, sampling, plan_.layout)
             if options.dry_run:
-                return _dry_run(store, stage, name, estimates, summary, reporter)
-            total = _check_disk(store, estimates, len(todo), settings.disk_check)
+                return _dry_run(store, stage, name, keep, chain, sizes, estimates, summary,
+                                reporter)
+            total = _check_disk(store, _pass_estimates(estimates, keep, chain, sizes),
+                                len(todo), settings.disk_check)
             stage = store.stage("extract", plan_.params, inputs=plan_.inputs, items=manifest,
                                 dtype=settings.dtype)
             save_read_hashes(stage.path, plan_.read)
-            outputs = dataclasses.replace(plan_.outputs, stage_path=str(stage.path))
+            chain = _plan_chain(store, stage, then, reporter, create=True)
+            outputs = dataclasses.replace(plan_.outputs, stage_path=str(stage.path),
+                                          chain=tuple(chain.steps), keep=keep,
+                                          partial=partial)
             if options.executor == "dask":
                 pool.close()
                 compute = ExtractCompute(str(stage.path), paths, sampling, chosen, outputs,
                                          settings)
                 return run_stage(stage, manifest.ids, compute, store=store, name=name,
                                  options=options, reporter=reporter, batch_size=4)
-            announce(stage, name, reporter)
+            written = ([(stage, name)] if keep else []) + chain.written()
+            for output, output_name in written if then else []:
+                announce(output, output_name, reporter)
+            if not then:
+                announce(stage, name, reporter)
             with one_run_at_a_time(stage, manifest.ids, shard, options.force,
                                    reporter) as reused:
-                mark_running(store, name, stage)
-                todo, summary = plan(stage, manifest.ids, force=options.force, shard=shard)
+                for output, output_name in written or [(stage, None)]:
+                    mark_running(store, output_name, output)
+                todo, summary, partial = _plan_pass(stage, keep, chain, manifest.ids,
+                                                    options.force, shard)
+                outputs = dataclasses.replace(outputs, partial=partial)
                 try:
                     extraction = _extraction(stage, pool, sampling, chosen, outputs,
                                              settings)
+                    extraction.also_failed = [s for s, _ in chain.written()]
                     run = _run(stage, extraction, [(i, paths[i]) for i in todo], summary,
-                               total, options, reporter, name)
+                               total, options, reporter, name if not then else None)
                 except Interrupted:
                     raise  # its one line says how many items are left
                 except BaseException:
-                    name_left(stage, name, manifest.ids, reporter)
+                    for output, output_name in written:
+                        name_left(output, output_name, output.items.ids, reporter)
                     raise
                 finally:
-                    stage.unmark_running()
+                    for output, _ in written or [(stage, None)]:
+                        output.unmark_running()
             reused(run.summary)
-            settle_name(store, name, stage, manifest.ids, options.on_error, reporter)
+            for output, output_name in written:
+                settle_name(store, output_name, output, output.items.ids, options.on_error,
+                            reporter)
             return run
         except Interrupt as signal_:  # before any item ran (probing, loading the model)
             raise Interrupted(signal_.signum, summary.done, len(todo) - summary.done) from None
         finally:
             pool.close()
+
+
+def _check_then(then: Sequence[Then], keep: bool, settings: ExtractSettings,
+                options: RunOptions) -> None:
+    """What a pass with ``then`` steps cannot do, refused before anything exists."""
+    for step in then:
+        check_name(step.name)
+    if not then:
+        return
+    if settings.sample_descriptors is not None:
+        raise ParameterError("then", "steps run on each item's features or encoding, not on "
+                             "a sample of its descriptors (--sample-descriptors)")
+    if options.executor == "dask":
+        raise ParameterError("executor", "steps fused into an extraction (--temporal, or a "
+                             "pipeline's fused steps) run with the local and slurm executors; "
+                             "run them as separate commands with --executor dask")
+    if not keep and not any(step.kept for step in then):
+        raise ParameterError("then", "nothing would be written: keep the extraction or "
+                             "name a step")
+
+
+@dataclasses.dataclass
+class _Chain:
+    """The steps of a pass (:mod:`featpipe.chain`), planned: each step, its stage and the
+    store name it gets (kept steps only)."""
+
+    steps: list[ChainStep]
+    stages: list[Stage]
+    names: list[str | None]
+
+    def written(self) -> list[tuple[Stage, str | None]]:
+        return [(stage, name) for step, stage, name in
+                zip(self.steps, self.stages, self.names, strict=True) if step.keep]
+
+
+def _plan_chain(store: Store, source: Stage, then: Sequence[Then], reporter: Reporter,
+                create: bool) -> _Chain:
+    """Each step's stage as ``featpipe encode`` plans it on the stage of the step it reads
+    (``source`` for the first ones), created (record only) unless planning a dry run."""
+    from featpipe.stages.encoding import plan_encode
+
+    chain = _Chain([], [], [])
+    index: dict[str, int] = {}
+    for step in then:
+        parent = source if step.input is None else chain.stages[index[step.input]]
+        try:
+            stage, _, compute, _ = plan_encode(store, parent, step.method, step.params,
+                                               reporter=reporter, create=create, retried=True)
+        except ParameterError as err:
+            raise ParameterError(err.parameter, f"(step {step.key}, {step.method}) "
+                                 f"{err.problem}") from None
+        index[step.key] = len(chain.steps)
+        chain.steps.append(ChainStep(
+            step.key, step.method, dict(compute.params),
+            {k: str(p) for k, p in compute.model_paths.items()},
+            -1 if step.input is None else index[step.input], str(stage.path), stage.dtype.name,
+            step.kept))
+        chain.stages.append(stage)
+        chain.names.append(step.name)
+    return chain
+
+
+def _chain_sizes(chain: _Chain, layout: Layout, dtype: str) -> list[tuple[int, int]]:
+    """Bytes at rest of each step's item as ``(fixed, per frame)``, measured on synthetic
+    items of 2 and 3 frames shaped as the extraction's (a step that cannot take them is an
+    error before anything runs)."""
+    if not chain.steps:
+        return []
+    if layout.kind == "encode" and layout.per_frame:
+        width, frame_index = layout.code_dim, True
+    elif layout.kind == "store" and not layout.local:
+        width, frame_index = layout.dim, False
+    else:
+        raise FeatpipeError("steps after an extraction (--temporal, fused pipeline steps) take "
+                            "one vector per frame: per-frame features (vgg16-fc6) or a "
+                            "per-frame encoding (--encode with per-frame output)")
+    runner = ChainRunner(chain.steps)
+    every = set(range(len(chain.steps)))
+    measured = []
+    for frames in (2, 3):
+        rng = np.random.default_rng(frames)
+        array = rng.standard_normal((frames, width)).astype(dtype)
+        extras = {"timestamps": np.arange(frames, dtype=np.float64)}
+        if frame_index:
+            extras["frame_index"] = np.arange(frames, dtype=np.int64)
+        try:
+            out = runner.run("size-check", array, extras, every)
+        except ItemError as err:
+            raise FeatpipeError(f"the steps cannot take this extraction's items: "
+                                f"{err.cause}") from None
+        measured.append([pending.array.nbytes + sum(np.asarray(v).nbytes
+                                                    for v in pending.sidecars.values())
+                         + NPY_HEADER_BYTES * (1 + len(pending.sidecars))
+                         for _, pending in out])
+    return [(2 * two - three, three - two) for two, three in zip(*measured, strict=True)]
+
+
+def _plan_pass(stage: Stage, keep: bool, chain: _Chain, ids, force: bool, shard):
+    """The items this pass computes (those missing from any stage it writes), the summary
+    of the others, and what to write of an item that some of those stages have already
+    (``FrameSinks.partial``)."""
+    written = ([(-1, stage)] if keep else []) + \
+        [(i, s) for i, (step, s) in enumerate(zip(chain.steps, chain.stages, strict=True))
+         if step.keep]
+    missing: dict[str, set[int]] = {}
+    not_in_shard = 0
+    for index, output in written:
+        todo, counts = plan(output, ids, force=force, shard=shard)
+        not_in_shard = counts.not_in_shard
+        for item_id in todo:
+            missing.setdefault(item_id, set()).add(index)
+    every = {index for index, _ in written}
+    todo = [i for i in ids if i in missing]
+    summary = RunSummary(skipped=len(ids) - not_in_shard - len(todo), not_in_shard=not_in_shard)
+    partial = {i: frozenset(w) for i, w in missing.items() if w != every}
+    return todo, summary, partial
 
 
 def _estimates(pool, paths, ids, sampling, layout) -> list:
@@ -394,21 +548,61 @@ def _estimates(pool, paths, ids, sampling, layout) -> list:
     return [estimate_item(i, infos[i], sampling, layout) for i in ids]
 
 
-def _dry_run(store, stage, name, estimates, summary, reporter) -> StageRun:
-    """List the work with its estimate; create nothing."""
-    label = f" as {name!r}" if name else ""
-    created = (stage.path / "stage.json").exists()
-    reporter.info(f"stage {stage.name}{label}" + ("" if created else
-                                                   " (not created: dry run)"))
+def _pass_estimates(estimates, keep: bool, chain: _Chain, sizes) -> list[ItemEstimate]:
+    """Each item's estimate with the bytes of what the pass writes: the extraction's item
+    when it is kept, and each kept step's (``sizes``: :func:`_chain_sizes`)."""
+    out = []
     for estimate in estimates:
+        if estimate.bytes is None or not chain.steps:
+            out.append(estimate)
+            continue
+        steps = sum(fixed + per_frame * estimate.frames for (fixed, per_frame), step
+                    in zip(sizes, chain.steps, strict=True) if step.keep)
+        out.append(dataclasses.replace(estimate, bytes=steps + (estimate.bytes if keep
+                                                                  else 0)))
+    return out
+
+
+def _dry_run(store, stage, name, keep, chain: _Chain, sizes, estimates, summary,
+             reporter) -> StageRun:
+    """List the work with its estimate; create nothing."""
+    written = []
+    if keep:
+        written.append((stage, name, [e.bytes for e in estimates]))
+    for step, step_stage, step_name, (fixed, per_frame) in zip(
+            chain.steps, chain.stages, chain.names, sizes, strict=True):
+        if step.keep:
+            written.append((step_stage, step_name, [None if e.bytes is None else
+                                                    fixed + per_frame * e.frames
+                                                    for e in estimates]))
+    for output, output_name, _ in written:
+        label = f" as {output_name!r}" if output_name else ""
+        created = (output.path / "stage.json").exists()
+        reporter.info(f"stage {output.name}{label}" + ("" if created else
+                                                        " (not created: dry run)"))
+    if not keep:
+        reporter.info(f"stage {stage.name}: the extraction, run in this pass and not written")
+    for step, step_stage in zip(chain.steps, chain.stages, strict=True):
+        if not step.keep:
+            reporter.info(f"stage {step_stage.name} ({step.label}: {step.method}): fused "
+                          "into this pass, not written")
+    passed = _pass_estimates(estimates, keep, chain, sizes)
+    for estimate in passed:
         reporter.info(f"would compute {estimate.item_id}: {describe(estimate)}")
-    totals = Totals.of(estimates)
+    totals = Totals.of(passed)
     todo = [e.item_id for e in estimates]
     reporter.info(f"dry run: {len(todo)} to compute, {summary.skipped} already complete; "
                   f"about {totals.frames:,} frames, {totals.rows:,} rows, "
                   f"{human_bytes(totals.bytes)} at rest (free on the store's disk: "
                   f"{human_bytes(free_bytes(store.root))})")
-    return StageRun(stage, summary, todo)
+    sizes_at_rest = []
+    for output, output_name, item_bytes in written:
+        known = [b for b in item_bytes if b is not None]
+        total = round(sum(known) * len(item_bytes) / len(known)) if known else 0
+        sizes_at_rest.append((output, total))
+        if len(written) > 1:
+            reporter.info(f"  {output_name or output.name}: {human_bytes(total)} at rest")
+    return StageRun(stage, summary, todo, sizes_at_rest)
 
 
 def _check_disk(store, estimates, n_todo: int, disk_check: bool) -> Totals:
