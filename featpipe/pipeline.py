@@ -193,6 +193,8 @@ def check_arguments(step: Step, path: Path) -> None:
         accepted = accepted - {record[0]} | {f.name for f in fields(record[1])}
     if "options" in signature.parameters:
         accepted |= set(RUN_OPTIONS)
+    if step.function in FUSABLE:
+        accepted |= {"keep"}
     takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
     for key in step.arguments:
         if key not in accepted and not takes_any:
@@ -207,6 +209,59 @@ def check_arguments(step: Step, path: Path) -> None:
     if missing:
         raise PipelineError(f"{path}: {step.describe()} needs {', '.join(missing)}",
                             usage=True)
+
+
+#: Stage functions whose steps may run in one pass: an extraction and the encode steps after it.
+FUSABLE = ("extract", "encode")
+
+
+@dataclass
+class Fusion:
+    """The passes of a pipeline (:func:`plan_fusion`): for each extraction step that others
+    run inside, those steps in order, and for each step whether its stage is written."""
+
+    members: dict[str, list[str]] = field(default_factory=dict)  # extract step -> fused steps
+    pass_of: dict[str, str] = field(default_factory=dict)  # fused step -> its extract step
+    kept: dict[str, bool] = field(default_factory=dict)  # every step of a pass
+
+
+def plan_fusion(steps: list[Step]) -> Fusion:
+    """Which steps run in one pass (DESIGN.md section 1: a chain of per-item steps is one
+    computation): an ``encode`` step joins the pass of the ``extract`` step its input comes
+    from (directly or through steps of that pass) when it sets no run option of its own
+    and every model it names is computed before that extraction.  A step of a pass is
+    written (kept) when a step outside the pass reads it, no step reads it (a result), or
+    it says ``keep = true``; the others' stages are never written."""
+    order = {step.name: number for number, step in enumerate(steps)}
+    readers: dict[str, list[str]] = {}
+    for step in steps:
+        for _, name in references(step):
+            readers.setdefault(name, []).append(step.name)
+    fusion = Fusion()
+    for step in steps:
+        if step.function != "extract" or step.arguments.get("executor") == "dask":
+            continue
+        members, inside = [], {step.name}
+        for later in steps[order[step.name] + 1:]:
+            if later.function != "encode" or later.arguments.get("input") not in inside:
+                continue
+            if any(option in later.arguments for option in RUN_OPTIONS):
+                continue
+            models = [name for argument, name in references(later) if argument != "input"]
+            if any(order.get(name, -1) > order[step.name] for name in models):
+                continue
+            members.append(later.name)
+            inside.add(later.name)
+        if not members:
+            continue
+        fusion.members[step.name] = members
+        for name in [step.name, *members]:
+            fusion.pass_of.setdefault(name, step.name)
+            outside = [r for r in readers.get(name, []) if r not in inside]
+            fusion.kept[name] = bool(outside) or not readers.get(name) or \
+                bool(next(s for s in steps if s.name == name).arguments.get("keep"))
+        fusion.pass_of.pop(step.name)
+    return fusion
 
 
 def check_values(step: Step) -> None:
@@ -403,12 +458,36 @@ def _record_of(arguments: Mapping, function: str) -> dict:
     return arguments
 
 
+def _pass_arguments(pipeline: Pipeline, host: Step, fusion: Fusion,
+                    rename: Mapping[str, str]) -> dict:
+    """``extract``'s ``then`` and ``keep`` for the pass of step ``host``: each fused step as
+    a :class:`featpipe.chain.Then` (named by its store name when its stage is written)."""
+    from featpipe.chain import Then
+
+    by_name = {step.name: step for step in pipeline.steps}
+    then = []
+    for member in fusion.members[host.name]:
+        step = by_name[member]
+        arguments = renamed(step, rename).arguments
+        source = step.arguments["input"]
+        kept = fusion.kept[member]
+        then.append(Then(member, arguments["method"], dict(arguments.get("params") or {}),
+                         input=None if source == host.name else source,
+                         name=(arguments.get("name") or member) if kept else None,
+                         keep=kept))
+    arguments = {"then": then, "keep": fusion.kept[host.name]}
+    if not fusion.kept[host.name]:
+        arguments["name"] = None
+    return arguments
+
+
 def _converted(step: Step, dry_run: bool) -> dict:
     """The keyword arguments of the step's function call."""
     signature = _signature(step.function)
     arguments = _record_of(step.arguments, step.function)
     if "name" in signature.parameters:
         arguments.setdefault("name", step.name)
+    arguments.pop("keep", None)  # a step that runs on its own writes its stage
     if "options" in signature.parameters:
         options = {k: arguments.pop(k) for k in RUN_OPTIONS if k in arguments}
         arguments["options"] = RunOptions(**options, dry_run=dry_run)
@@ -439,12 +518,26 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
     if dry_run:  # plans on a copy: the caller's store keeps resolving names to what is there
         store = Store(store.root)
     rename = resolve_references(pipeline, store, reporter)
+    fusion = plan_fusion(pipeline.steps)
+    if only is not None:  # a step of a pass asked for runs its whole pass
+        asked = {s.name for s in pipeline.steps if only(s)}
+        asked |= {fusion.pass_of[name] for name in asked if name in fusion.pass_of}
+        only = lambda s: s.name in asked  # noqa: E731
     results = []
     for number, written in enumerate(pipeline.steps, start=1):
         if only is not None and not only(written):
             continue
         step = renamed(written, rename)
-        reporter.info(f"step {number}/{len(pipeline.steps)}: {step.name} ({step.function})")
+        if written.name in fusion.pass_of:
+            host = fusion.pass_of[written.name]
+            reporter.info(f"step {number}/{len(pipeline.steps)}: {step.name} "
+                          f"({step.function}): runs in the pass of step {host!r}"
+                          + ("" if fusion.kept[written.name] else " (its stage is not written)"))
+            results.append(None)
+            continue
+        reporter.info(f"step {number}/{len(pipeline.steps)}: {step.name} ({step.function})"
+                      + (f", with {', '.join(fusion.members[written.name])} in one pass"
+                         if written.name in fusion.members else ""))
         waits_for = sorted({name for _, name in references(written)} & pending)
         if dry_run and waits_for:
             reporter.info(f"dry run: would run after {', '.join(waits_for)} (its input is "
@@ -461,6 +554,8 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
             results.append(None)
             continue
         arguments = _converted(step, dry_run)
+        if written.name in fusion.members:
+            arguments.update(_pass_arguments(pipeline, written, fusion, rename))
         if step.function == "classify":
             arguments.setdefault("command", f"featpipe run {pipeline.path} (step {step.name})")
         step_reporter = _ShortListReporter(reporter) if dry_run else reporter
@@ -482,6 +577,9 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
         if dry_run and "name" in parameters:  # later steps plan on this step's stage
             planned_stage = result if isinstance(result, Stage) else result.stage
             store.planned[arguments.get("name") or step.name] = planned_stage
+            for output in getattr(result, "written", []):
+                if output.name:
+                    store.planned[output.name] = output.stage
         if isinstance(result, StageRun) and not result.ok:
             raise PipelineError(f"{step.describe()}: {len(result.summary.failed)} item(s) "
                                 "failed; later steps not run (fix them and run the pipeline "

@@ -78,6 +78,7 @@ from featpipe.stages.base import (
     Reporter,
     RunOptions,
     StageRun,
+    Written,
     announce,
     check_name,
     mark_running,
@@ -418,6 +419,8 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
             for output, output_name in written:
                 settle_name(store, output_name, output, output.items.ids, options.on_error,
                             reporter)
+            if then:
+                run.written = [Written(output, output_name) for output, output_name in written]
             return run
         except Interrupt as signal_:  # before any item ran (probing, loading the model)
             raise Interrupted(signal_.signum, summary.done, len(todo) - summary.done) from None
@@ -487,37 +490,53 @@ def _plan_chain(store: Store, source: Stage, then: Sequence[Then], reporter: Rep
 
 def _chain_sizes(chain: _Chain, layout: Layout, dtype: str) -> list[tuple[int, int]]:
     """Bytes at rest of each step's item as ``(fixed, per frame)``, measured on synthetic
-    items of 2 and 3 frames shaped as the extraction's (a step that cannot take them is an
-    error before anything runs)."""
+    items of 2 and 3 frames shaped as the extraction's (:func:`synthetic_item`); a step that
+    cannot take them is an error before anything runs."""
     if not chain.steps:
         return []
-    if layout.kind == "encode" and layout.per_frame:
-        width, frame_index = layout.code_dim, True
-    elif layout.kind == "store" and not layout.local:
-        width, frame_index = layout.dim, False
-    else:
-        raise FeatpipeError("steps after an extraction (--temporal, fused pipeline steps) take "
-                            "one vector per frame: per-frame features (vgg16-fc6) or a "
-                            "per-frame encoding (--encode with per-frame output)")
     runner = ChainRunner(chain.steps)
     every = set(range(len(chain.steps)))
     measured = []
     for frames in (2, 3):
-        rng = np.random.default_rng(frames)
-        array = rng.standard_normal((frames, width)).astype(dtype)
-        extras = {"timestamps": np.arange(frames, dtype=np.float64)}
-        if frame_index:
-            extras["frame_index"] = np.arange(frames, dtype=np.int64)
+        array, extras = synthetic_item(layout, dtype, frames)
         try:
             out = runner.run("size-check", array, extras, every)
         except ItemError as err:
-            raise FeatpipeError(f"the steps cannot take this extraction's items: "
+            raise FeatpipeError(f"the steps after the extraction cannot take its items: "
                                 f"{err.cause}") from None
-        measured.append([pending.array.nbytes + sum(np.asarray(v).nbytes
-                                                    for v in pending.sidecars.values())
-                         + NPY_HEADER_BYTES * (1 + len(pending.sidecars))
-                         for _, pending in out])
+        measured.append([item_bytes(pending.array, pending.sidecars) for _, pending in out])
     return [(2 * two - three, three - two) for two, three in zip(*measured, strict=True)]
+
+
+#: local features per frame of a synthetic item (:func:`synthetic_item`)
+SYNTHETIC_ROWS = 4
+
+
+def synthetic_item(layout: Layout, dtype: str, frames: int) -> tuple[np.ndarray, dict]:
+    """An item of ``frames`` sampled frames shaped as an extraction with ``layout`` stores
+    it (random values, seeded), with its sidecars: what a step after the extraction is
+    checked and sized on before any video is decoded."""
+    rng = np.random.default_rng(frames)
+    stamps = np.arange(frames, dtype=np.float64) / 25.0
+    if layout.kind == "encode":
+        if not layout.per_frame:
+            return rng.standard_normal(layout.code_dim).astype(dtype), {}
+        return rng.standard_normal((frames, layout.code_dim)).astype(dtype), {
+            "frame_index": np.arange(frames, dtype=np.int64), "timestamps": stamps}
+    if not layout.local:  # one vector per frame (fc6)
+        return rng.standard_normal((frames, layout.dim)).astype(dtype), {"timestamps": stamps}
+    rows = frames * SYNTHETIC_ROWS
+    extras = {"frame_index": np.repeat(np.arange(frames, dtype=np.int32), SYNTHETIC_ROWS),
+              "timestamps": stamps, "image_size": np.array([64, 64], np.int64)}
+    if layout.positions:
+        extras["positions"] = np.c_[rng.uniform(0, 64, (rows, 2)),
+                                    np.full(rows, 4.0)].astype(np.float32)
+    return np.abs(rng.standard_normal((rows, layout.dim))).astype(dtype), extras
+
+
+def item_bytes(array: np.ndarray, sidecars: Mapping[str, np.ndarray]) -> int:
+    """Bytes at rest of an item: its array and sidecars, each an ``.npy`` with its header."""
+    return sum(np.asarray(a).nbytes + NPY_HEADER_BYTES for a in [array, *sidecars.values()])
 
 
 def _plan_pass(stage: Stage, keep: bool, chain: _Chain, ids, force: bool, shard):
@@ -595,14 +614,14 @@ def _dry_run(store, stage, name, keep, chain: _Chain, sizes, estimates, summary,
                   f"about {totals.frames:,} frames, {totals.rows:,} rows, "
                   f"{human_bytes(totals.bytes)} at rest (free on the store's disk: "
                   f"{human_bytes(free_bytes(store.root))})")
-    sizes_at_rest = []
+    sizes = []
     for output, output_name, item_bytes in written:
         known = [b for b in item_bytes if b is not None]
         total = round(sum(known) * len(item_bytes) / len(known)) if known else 0
-        sizes_at_rest.append((output, total))
+        sizes.append(Written(output, output_name, total))
         if len(written) > 1:
             reporter.info(f"  {output_name or output.name}: {human_bytes(total)} at rest")
-    return StageRun(stage, summary, todo, sizes_at_rest)
+    return StageRun(stage, summary, todo, sizes)
 
 
 def _check_disk(store, estimates, n_todo: int, disk_check: bool) -> Totals:
