@@ -160,6 +160,8 @@ class ChainRunner:
             source, source_extras = results[step.source]
             try:
                 value = self._encoder(index).encode_batch([source], [source_extras])[0]
+            except ParameterError:
+                raise  # the step's parameters, not the item
             except FeatpipeError as err:
                 raise ItemError(item_id, f"step {step.label} ({step.method}): "
                                 f"{getattr(err, 'cause', str(err))}") from None

@@ -475,8 +475,8 @@ def _plan_chain(store: Store, source: Stage, then: Sequence[Then], reporter: Rep
             stage, _, compute, _ = plan_encode(store, parent, step.method, step.params,
                                                reporter=reporter, create=create, retried=True)
         except ParameterError as err:
-            raise ParameterError(err.parameter, f"(step {step.key}, {step.method}) "
-                                 f"{err.problem}") from None
+            raise ParameterError(err.param, f"{err.cause} (step {step.key}, "
+                                 f"{step.method})") from None
         index[step.key] = len(chain.steps)
         chain.steps.append(ChainStep(
             step.key, step.method, dict(compute.params),
