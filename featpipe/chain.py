@@ -133,7 +133,7 @@ class ChainRunner:
             from featpipe.store import Stage
 
             step = self.steps[index]
-            models = {k: Stage(p) for k, p in step.model_paths.items()}
+            models = {k: Stage.at(p) for k, p in step.model_paths.items()}
             self._encoders[index] = load_method(step.method).build(dict(step.params), models)
         return self._encoders[index]
 

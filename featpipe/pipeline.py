@@ -63,6 +63,7 @@ from pathlib import Path
 
 from featpipe import stages
 from featpipe.errors import FeatpipeError, ParameterError
+from featpipe.extract.estimate import human_bytes
 from featpipe.stages.base import Reporter, RunOptions, StageRun
 from featpipe.store import NAME_PATTERN, STAGE_FOLDER, Stage, Store
 
@@ -515,6 +516,8 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
     """
     reporter = reporter or Reporter()
     pending: set[str] = set()  # steps of this dry run that could not be planned
+    plan: list[PlanLine] = []  # a dry run's summary
+    problems: list[str] = []
     if dry_run:  # plans on a copy: the caller's store keeps resolving names to what is there
         store = Store(store.root)
     rename = resolve_references(pipeline, store, reporter)
@@ -547,9 +550,12 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
             continue
         parameters = _signature(step.function).parameters
         if dry_run and not {"options", "dry_run"} & set(parameters):  # classify
+            size = _classify_size(store, step)
             reporter.info(f"dry run: would run {step.function}"
                           + (" on " + ", ".join(step.arguments.get("inputs", []))
-                             if step.function == "classify" else ""))
+                             if step.function == "classify" else "")
+                          + (f"; about {human_bytes(size)} at rest" if size else ""))
+            plan.append((step.name, "classify", "-", size, None))
             pending.add(step.name)
             results.append(None)
             continue
@@ -571,6 +577,7 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
                 raise PipelineError(f"{step.describe()}: {err}") from None
             reporter.info(f"dry run: would run after {', '.join(planned)} (it needs what "
                           f"they compute: {err})")
+            plan.append((step.name, "?", "?", None, None))
             pending.add(step.name)
             results.append(None)
             continue
@@ -580,9 +587,80 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
             for output in getattr(result, "written", []):
                 if output.name:
                     store.planned[output.name] = output.stage
+        if dry_run:
+            plan += _planned_lines(step, arguments, result)
+            problems += [f"step {step.name!r}: {p}" for p in getattr(result, "problems", [])]
         if isinstance(result, StageRun) and not result.ok:
             raise PipelineError(f"{step.describe()}: {len(result.summary.failed)} item(s) "
                                 "failed; later steps not run (fix them and run the pipeline "
                                 "again)")
         results.append(result)
+    if dry_run:
+        _print_plan(plan, problems, reporter)
     return results
+
+
+#: one line of a dry run's plan: step, stage folder, items, bytes at rest, CPU seconds
+PlanLine = tuple[str, str, object, "int | None", "float | None"]
+
+
+def _planned_lines(step: Step, arguments: Mapping, result) -> list[PlanLine]:
+    """The plan's lines of one planned step: each stage it writes, its items, bytes and (an
+    extraction) CPU time."""
+    if isinstance(result, Stage):  # a fit: its models (stand-ins of the real shapes)
+        from featpipe.stages.dryrun import model_bytes
+
+        return [(step.name, result.name, "model", model_bytes(result), None)]
+    written = list(result.written) or [None]
+    lines = []
+    for number, output in enumerate(written):
+        stage = result.stage if output is None else output.stage
+        label = step.name if output is None or output.name in (None, step.name) else \
+            f"{step.name} -> {output.name}"
+        lines.append((label, stage.name, len(stage.items.ids),
+                      None if output is None else output.bytes,
+                      result.cpu_seconds if number == 0 else None))
+    return lines
+
+
+def _classify_size(store: Store, step: Step) -> int | None:
+    """About how many bytes a classify step's result takes (its JSON: per split and test
+    item a prediction, per class its scores, the confusion matrix), from its inputs' items."""
+    try:
+        items = store.resolve(step.arguments["inputs"][0]).items
+    except (FeatpipeError, KeyError, IndexError):
+        return None
+    classes = len(items.classes)
+    splits = (items.n_splits or 1) if str(step.arguments.get("split", "1")) == "all" else 1
+    test = len(items.split_ids(1, "test")) if items.ids else 0
+    return 2048 + splits * (160 * test + 20 * classes * classes + 60 * classes)
+
+
+def _print_plan(plan: list[PlanLine], problems: list[str], reporter: Reporter) -> None:
+    """The dry run's summary: each stage's items, bytes at rest and CPU estimate, the totals
+    and the problems a run would meet."""
+    reporter.info("dry run: the plan (bytes at rest; CPU of the extractions, calibrated on "
+                  "their first item)")
+    width = max((len(line[0]) for line in plan), default=4)
+    reporter.info(f"  {'step':<{width}}  {'stage':<26}  {'items':>7}  {'at rest':>9}  CPU")
+    for label, stage, items, size, cpu in plan:
+        reporter.info(f"  {label:<{width}}  {stage:<26}  {items!s:>7}  "
+                      f"{'?' if size is None else human_bytes(size):>9}  "
+                      f"{'' if cpu is None else _cpu_text(cpu)}")
+    sizes = [line[3] for line in plan]
+    cpu = sum(line[4] or 0.0 for line in plan)
+    unknown = sum(size is None for size in sizes)
+    reporter.info(f"dry run: total {len(plan)} stages, {human_bytes(sum(s or 0 for s in sizes))}"
+                  f" at rest" + (f" ({unknown} not sized)" if unknown else "")
+                  + f", about {_cpu_text(cpu)} of CPU for the extractions; "
+                  f"{len(problems)} problem(s)")
+    for problem in problems:
+        reporter.warn(f"problem: {problem}")
+
+
+def _cpu_text(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s"

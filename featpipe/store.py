@@ -201,6 +201,10 @@ class Stage:
         self.path = Path(path)
         self.exists = meta is None
         self._items: Manifest | None = items
+        #: a planned stage's stand-in models (a dry run's, :meth:`save_model`), by name
+        self._stand_in_models: dict[str, tuple[dict, dict]] = {}
+        #: what a dry run knows of a planned stage's items (featpipe.stages.dryrun)
+        self.planned_items = None
         if meta is None:
             meta_path = self.path / "stage.json"
             try:
@@ -571,15 +575,32 @@ class Stage:
             handle.close()
 
     # -- models -----------------------------------------------------------------------------
+    #: planned stages given stand-in models by a dry run of this process, by folder
+    _stand_ins: dict[str, Stage] = {}
+
+    @classmethod
+    def at(cls, path: str | os.PathLike) -> Stage:
+        """The stage in folder ``path``; in a dry run, the planned stage there that holds
+        stand-in models (:meth:`save_model`), so that later steps plan on them."""
+        return cls._stand_ins.get(str(path)) or cls(path)
+
     def save_model(self, name: str, model, meta: Mapping | None = None) -> None:
         """Save a fitted model as ``models/<name>.npz`` (arrays) + ``models/<name>.json``, then
         the checksums of both in ``models/<name>.sums`` (:data:`MODEL_SUMS`).
 
         ``model`` follows :mod:`featpipe.models` (``to_arrays() -> (arrays, meta)``, and
-        ``meta`` is added to its metadata) or is a dict of arrays.
+        ``meta`` is added to its metadata) or is a dict of arrays.  A planned stage (a dry
+        run) keeps it in memory instead: a stand-in of the model's shapes, which later steps
+        of the dry run are planned and sized on (:meth:`at`); nothing is written.
         """
         arrays, own = model.to_arrays() if hasattr(model, "to_arrays") else (model, {})
         meta = {**own, **(meta or {})}
+        if not self.exists:
+            arrays = {k: np.asarray(v) for k, v in arrays.items()}
+            self._stand_in_models[name] = (arrays, json.loads(json.dumps(
+                dict(meta), default=_json_default)))
+            Stage._stand_ins[str(self.path)] = self
+            return
         self._check_on_disk()
         folder = self.path / "models"
         make_dirs(folder)
@@ -610,6 +631,12 @@ class Stage:
     def load_model(self, name: str, cls=None):
         """``(arrays, meta)`` of model ``name``, or ``cls.from_arrays(arrays, meta)``; a damaged
         model is one error line (an object array is refused, never unpickled)."""
+        if not self.exists:
+            if name not in self._stand_in_models:
+                raise FeatpipeError(f"stage {self.name} has no model {name!r} (not fitted "
+                                    "yet?)")
+            arrays, meta = self._stand_in_models[name]
+            return (dict(arrays), dict(meta)) if cls is None else cls.from_arrays(arrays, meta)
         folder = self.path / "models"
         path = folder / f"{name}.npz"
         sums = self.model_sums(name) or {}
@@ -647,10 +674,14 @@ class Stage:
 
     def model_names(self) -> list[str]:
         """Names of the models this stage holds (fit stages)."""
+        if not self.exists:
+            return sorted(self._stand_in_models)
         folder = self.path / "models"
         return sorted(p.stem for p in folder.glob("*.npz")) if folder.is_dir() else []
 
     def has_model(self, name: str) -> bool:
+        if not self.exists:
+            return name in self._stand_in_models
         folder = self.path / "models"
         return (folder / f"{name}.npz").exists() and (folder / f"{name}.json").exists()
 

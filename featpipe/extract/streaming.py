@@ -95,7 +95,7 @@ class FrameSinks:
             if self.kind == "encode":
                 from featpipe.encode.registry import load_methods
 
-                models = {k: Stage(p) for k, p in self.model_paths.items()}
+                models = {k: Stage.at(p) for k, p in self.model_paths.items()}
                 self._encoder = load_methods()[self.method].build(dict(self.params), models)
             self._chain = None
             if self.chain:

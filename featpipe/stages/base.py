@@ -122,6 +122,9 @@ class StageRun:
     #: the stages the run writes, when it writes others than ``stage`` (an extraction's
     #: pass with steps), with their names and, for a dry run, their estimated bytes
     written: list[Written] = field(default_factory=list)
+    #: a dry run's CPU-time estimate (seconds), and what it found that would stop the run
+    cpu_seconds: float | None = None
+    problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

@@ -10,12 +10,13 @@ import difflib
 from collections.abc import Mapping, Sequence
 
 from featpipe.encode.registry import EncodeMethod, load_method, load_methods, method_params
-from featpipe.errors import FeatpipeError, ItemError, ParameterError
+from featpipe.errors import FeatpipeError, ItemError, ParameterError, describe_error
 from featpipe.parallel import ItemOutput
 from featpipe.stages.base import (
     Reporter,
     RunOptions,
     StageRun,
+    Written,
     check_name,
     run_stage,
     usable_items,
@@ -39,7 +40,7 @@ class EncodeCompute:
     def encoder(self):
         if self._encoder is None:
             method = load_method(self.method)
-            models = {k: Stage(p) for k, p in self.model_paths.items()}
+            models = {k: Stage.at(p) for k, p in self.model_paths.items()}
             self._encoder = method.build(self.params, models)
         return self._encoder
 
@@ -145,7 +146,48 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
     """
     check_name(name)
     reporter = reporter or Reporter()
+    dry_run = bool(options and options.dry_run)
     stage, items, compute, batch = plan_encode(store, input, method, params, reporter=reporter,
-                                               create=not (options and options.dry_run))
-    return run_stage(stage, items.ids, compute, store=store, name=name, options=options,
-                     reporter=reporter, batch_size=batch)
+                                               create=not dry_run)
+    run = run_stage(stage, items.ids, compute, store=store, name=name, options=options,
+                    reporter=reporter, batch_size=batch)
+    if dry_run:
+        size = planned_size(stage, store.resolve(input), compute.encoder(), items.ids,
+                            reporter)
+        run.written = [Written(stage, name, size)]
+    return run
+
+
+def planned_size(stage: Stage, source: Stage, encoder, ids, reporter: Reporter) -> int | None:
+    """A dry run's bytes at rest of ``stage`` (``encoder`` on the items ``ids`` of ``source``,
+    planned or computed: :mod:`featpipe.stages.dryrun`), said on ``reporter``; the planned
+    stage records its items for the steps after it.  None when it cannot be sized."""
+    from featpipe.extract.estimate import human_bytes
+    from featpipe.stages.dryrun import (
+        PlannedItems,
+        affine_bytes,
+        computed_example,
+        encoded_example,
+        source_lengths,
+        total_bytes,
+    )
+
+    try:
+        if source.planned_items is not None:
+            planned = source.planned_items
+            example, lengths = planned.example, dict(planned.frames)
+        else:
+            lengths = source_lengths(source, ids)
+            if not lengths:
+                reporter.info("dry run: size unknown (no item of the input is computed yet)")
+                return None
+            example, _ = computed_example(source, next(iter(lengths)))
+        encoded = encoded_example(encoder, example)
+        fixed, per_frame = affine_bytes(encoded)
+    except Exception as err:  # noqa: BLE001 - the run itself would say it, item by item
+        reporter.info(f"dry run: size unknown ({describe_error(err)})")
+        return None
+    size = total_bytes(fixed, per_frame, lengths, ids)
+    stage.planned_items = PlannedItems(encoded, lengths)
+    reporter.info(f"dry run: about {human_bytes(size)} at rest")
+    return size

@@ -63,7 +63,6 @@ from featpipe.extract.streaming import (
 from featpipe.interrupts import Interrupt, Interrupted, interruptible
 from featpipe.io.images import is_image
 from featpipe.io.video import DecodePool, Sampling
-from featpipe.items import NPY_HEADER_BYTES
 from featpipe.manifest import Manifest
 from featpipe.parallel import (
     RunSummary,
@@ -87,10 +86,20 @@ from featpipe.stages.base import (
     run_stage,
     settle_name,
 )
+from featpipe.stages.dryrun import PlannedItems, item_bytes
 from featpipe.store import Stage, Store
 
 #: items probed to estimate a real run's size (a dry run probes every item)
 ESTIMATE_SAMPLE = 64
+#: the weights' place in the key of a dry run's stage whose weights file is missing (its
+#: key, and those of the stages after it, are provisional; the problem is listed)
+MISSING_WEIGHTS = "missing"
+#: sampled frames a dry run times the extraction on (the first ones of the first item), and
+#: the first of them left out of the time (start-up: compiled kernels, a tracker's first
+#: tracks); a network gets :data:`CALIBRATION_BATCH` frames
+CALIBRATION_FRAMES = 30
+CALIBRATION_WARMUP = 5
+CALIBRATION_BATCH = 4
 
 
 def manifest_digest(manifest: Manifest, hashes: ContentHashes,
@@ -149,14 +158,16 @@ def choose_features(features: str, params: Mapping | None) -> Chosen:
 
 
 def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling,
-          settings: ExtractSettings, hashes: ContentHashes) -> _Plan:
+          settings: ExtractSettings, hashes: ContentHashes, problems: list | None = None
+          ) -> _Plan:
     """Work out the stage's key and what its items hold (a bad parameter is a
     ParameterError: no stage, no decoding): the features' part of the key, the projection,
-    then the items' layout."""
+    then the items' layout.  With ``problems`` (a dry run), a missing weights file is
+    listed there instead of raised."""
     if not manifest.ids:
         raise FeatpipeError("the manifest has no items")
     read: dict[str, str | None] = {}
-    params = _feature_key(manifest, chosen, sampling, settings, hashes, read)
+    params = _feature_key(manifest, chosen, sampling, settings, hashes, read, problems)
     estimator = chosen.estimator()
     dim, pca_stage = _projection(store, settings.pca, chosen.method.name,
                                  int(estimator.n_features))
@@ -169,7 +180,8 @@ def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling,
 
 
 def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: ExtractSettings,
-                 hashes: ContentHashes, read: dict | None = None) -> dict:
+                 hashes: ContentHashes, read: dict | None = None,
+                 problems: list | None = None) -> dict:
     """The stage key's record of the inputs and the features: the manifest (its files by
     content), the sampling and the decoder (none when every item is an image, read whole
     whatever they say), and the method's parameters (a network's weights by their
@@ -189,7 +201,14 @@ def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: Extract
     else:
         from featpipe.extract.vgg import weights_identity
 
-        params.update({"weights": weights_identity(chosen.record["weights"]),
+        try:
+            identity = weights_identity(chosen.record["weights"])
+        except FeatpipeError as err:
+            if problems is None:
+                raise
+            problems.append(str(err))  # a dry run lists it and plans on
+            identity = MISSING_WEIGHTS
+        params.update({"weights": identity,
                        "resize": chosen.record["resize"], "crop": chosen.record["crop"],
                        "precision": "fp16-autocast" if settings.device == "cuda" else "fp32"})
     return params
@@ -349,7 +368,9 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
         settings = dataclasses.replace(settings,
                                        human_boxes=str(Path(settings.human_boxes).resolve()))
     hashes = ContentHashes(store.root / CACHE_NAME)
-    plan_ = _plan(store, manifest, chosen, sampling, settings, hashes)
+    problems: list[str] = []
+    plan_ = _plan(store, manifest, chosen, sampling, settings, hashes,
+                  problems if options.dry_run else None)
     if not options.dry_run:
         hashes.save()
     shard = parse_shard(options.shard)
@@ -371,8 +392,17 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
             probed = todo if options.dry_run else sample_ids(todo, ESTIMATE_SAMPLE)
             estimates = _estimates(pool, paths, probed, sampling, plan_.layout)
             if options.dry_run:
-                return _dry_run(store, stage, name, keep, chain, sizes, estimates, summary,
-                                reporter)
+                for problem in problems:
+                    reporter.warn(f"problem: {problem} (the keys of this stage and those "
+                                  "computed from it are provisional)")
+                run = _dry_run(store, stage, name, keep, chain, sizes, estimates, summary,
+                               reporter, plan_.layout, settings.dtype)
+                run.problems = problems
+                if todo:
+                    run.cpu_seconds = _calibrate(paths[todo[0]], todo[0], estimates, sampling,
+                                                 chosen, plan_.outputs, chain, settings,
+                                                 reporter)
+                return run
             total = _check_disk(store, _pass_estimates(estimates, keep, chain, sizes),
                                 len(todo), settings.disk_check)
             stage = store.stage("extract", plan_.params, inputs=plan_.inputs, items=manifest,
@@ -518,6 +548,9 @@ def synthetic_item(layout: Layout, dtype: str, frames: int) -> tuple[np.ndarray,
     checked and sized on before any video is decoded."""
     rng = np.random.default_rng(frames)
     stamps = np.arange(frames, dtype=np.float64) / 25.0
+    if layout.kind == "sample":
+        rows = min(frames * SYNTHETIC_ROWS, layout.sample)
+        return rng.standard_normal((rows, layout.dim)).astype(np.float32), {}
     if layout.kind == "encode":
         if not layout.per_frame:
             return rng.standard_normal(layout.code_dim).astype(dtype), {}
@@ -532,11 +565,6 @@ def synthetic_item(layout: Layout, dtype: str, frames: int) -> tuple[np.ndarray,
         extras["positions"] = np.c_[rng.uniform(0, 64, (rows, 2)),
                                     np.full(rows, 4.0)].astype(np.float32)
     return np.abs(rng.standard_normal((rows, layout.dim))).astype(dtype), extras
-
-
-def item_bytes(array: np.ndarray, sidecars: Mapping[str, np.ndarray]) -> int:
-    """Bytes at rest of an item: its array and sidecars, each an ``.npy`` with its header."""
-    return sum(np.asarray(a).nbytes + NPY_HEADER_BYTES for a in [array, *sidecars.values()])
 
 
 def _plan_pass(stage: Stage, keep: bool, chain: _Chain, ids, force: bool, shard):
@@ -558,6 +586,108 @@ def _plan_pass(stage: Stage, keep: bool, chain: _Chain, ids, force: bool, shard)
     summary = RunSummary(skipped=len(ids) - not_in_shard - len(todo), not_in_shard=not_in_shard)
     partial = {i: frozenset(w) for i, w in missing.items() if w != every}
     return todo, summary, partial
+
+
+def _calibrate(path: str, item_id: str, estimates, sampling: Sampling, chosen: Chosen,
+               sinks: FrameSinks, chain: _Chain, settings: ExtractSettings,
+               reporter: Reporter) -> float | None:
+    """The CPU time of the whole stage, from a short calibration: the first
+    :data:`CALIBRATION_FRAMES` sampled frames of the first item decoded, their features
+    computed and encoded (and the steps of the pass run) in this process, the CPU time of
+    all its threads after the first :data:`CALIBRATION_WARMUP` frames divided by the frames
+    timed, times the frames of every item (a network: one batch of
+    :data:`CALIBRATION_BATCH` frames, seeded random weights when the file is missing)."""
+    import tempfile
+    import time
+
+    from featpipe.io.video import iter_frames
+
+    frames = sum(e.frames or 0 for e in estimates)
+    try:
+        with tempfile.TemporaryDirectory(prefix="featpipe-calibration-") as folder:
+            stage = Store(folder).stage("calibration", {}, items=Manifest([]),
+                                        dtype=settings.dtype)
+            if chosen.method.runs == "model":
+                timed, seconds = _time_network(path, sampling, chosen, settings)
+            else:
+                sinks = dataclasses.replace(sinks, stage_path=str(stage.path),
+                                            chain=tuple(chain.steps), keep=False, partial={})
+                if not chain.steps:
+                    sinks = dataclasses.replace(sinks, keep=True)
+                job = LocalFeatureProgram(chosen.method, chosen.record, sinks, None,
+                                          sampling.every or 1).start(item_id)
+                started, timed = None, 0
+                for count, (seconds, frame) in enumerate(iter_frames(path, sampling)):
+                    if count == CALIBRATION_WARMUP:
+                        started = time.process_time()
+                    job.add(frame, seconds)
+                    timed += count >= CALIBRATION_WARMUP
+                    if count + 1 >= CALIBRATION_FRAMES:
+                        break
+                try:
+                    job.finish().discard()
+                except FeatpipeError:  # too few frames for a result: the time still counts
+                    job.abort()
+                seconds = time.process_time() - started if started is not None else None
+    except (FeatpipeError, OSError, RuntimeError) as err:
+        reporter.warn(f"dry run: no CPU estimate ({err})")
+        return None
+    if not timed or seconds is None:
+        reporter.info(f"dry run: no CPU estimate ({item_id} has fewer than "
+                      f"{CALIBRATION_WARMUP + 1} sampled frames)")
+        return None
+    total = seconds / timed * frames
+    reporter.info(f"dry run: about {_hours(total)} of CPU ({1000 * seconds / timed:.1f} ms a "
+                  f"frame: the CPU time of this process decoding, extracting and encoding "
+                  f"{timed} frames of {item_id} after {CALIBRATION_WARMUP}, times "
+                  f"{frames:,} frames)")
+    return total
+
+
+def _time_network(path: str, sampling: Sampling, chosen: Chosen,
+                  settings: ExtractSettings) -> tuple[int, float]:
+    """(frames, CPU seconds) of decoding, cropping and one forward pass of
+    :data:`CALIBRATION_BATCH` frames (seeded random weights when the file is missing)."""
+    import time
+
+    record = dict(chosen.record)
+    if "weights" in record:
+        try:
+            from featpipe.extract.vgg import weights_identity
+
+            weights_identity(record["weights"])
+        except FeatpipeError:
+            record["weights"] = "random:0"
+    estimator = chosen.method.build(record)
+    preprocess = estimator.preprocess()
+    model = estimator.network(settings.device, CALIBRATION_BATCH)
+    model.forward_crops(_crops(path, sampling, preprocess, 1))  # start-up
+    started = time.process_time()
+    crops = _crops(path, sampling, preprocess, CALIBRATION_BATCH)
+    model.forward_crops(crops)
+    return len(crops), time.process_time() - started
+
+
+def _crops(path, sampling, preprocess, count):
+    import torch
+
+    from featpipe.io.video import iter_frames
+
+    crops = []
+    for _, frame in iter_frames(path, sampling):
+        crops.append(preprocess(frame))
+        if len(crops) == count:
+            break
+    return torch.from_numpy(np.stack(crops))
+
+
+def _hours(seconds: float) -> str:
+    """'3.2 CPU hours' / '41 s' for a dry run's estimate."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} hours"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} minutes"
+    return f"{seconds:.0f} s"
 
 
 def _estimates(pool, paths, ids, sampling, layout) -> list:
@@ -582,8 +712,29 @@ def _pass_estimates(estimates, keep: bool, chain: _Chain, sizes) -> list[ItemEst
     return out
 
 
-def _dry_run(store, stage, name, keep, chain: _Chain, sizes, estimates, summary,
-             reporter) -> StageRun:
+def _plan_items(stage: Stage, chain: _Chain, layout: Layout, dtype: str, estimates) -> None:
+    """What the later steps of a dry run plan on (:class:`~featpipe.stages.dryrun.
+    PlannedItems`): the extraction's items and each step's, sized by each item's frames."""
+    frames = {e.item_id: e.frames for e in estimates if e.frames is not None}
+    rows = {e.item_id: e.rows if layout.kind != "sample" else min(e.rows, layout.sample)
+            for e in estimates if e.rows is not None}
+
+    def example(count: int):
+        return synthetic_item(layout, dtype, count)
+
+    stage.planned_items = PlannedItems(example, frames, rows)
+    runner = ChainRunner(chain.steps)
+    for index, step_stage in enumerate(chain.stages):
+        def step_example(count: int, index=index):
+            array, extras = example(count)
+            (_, pending), = runner.run("dry-run", array, extras, {index})
+            return pending.array, pending.sidecars
+
+        step_stage.planned_items = PlannedItems(step_example, frames)
+
+
+def _dry_run(store, stage, name, keep, chain: _Chain, sizes, estimates, summary, reporter,
+             layout: Layout, dtype: str) -> StageRun:
     """List the work with its estimate; create nothing."""
     written = []
     if keep:
@@ -605,6 +756,7 @@ def _dry_run(store, stage, name, keep, chain: _Chain, sizes, estimates, summary,
         if not step.keep:
             reporter.info(f"stage {step_stage.name} ({step.label}: {step.method}): fused "
                           "into this pass, not written")
+    _plan_items(stage, chain, layout, dtype, estimates)
     passed = _pass_estimates(estimates, keep, chain, sizes)
     for estimate in passed:
         reporter.info(f"would compute {estimate.item_id}: {describe(estimate)}")
@@ -615,9 +767,9 @@ def _dry_run(store, stage, name, keep, chain: _Chain, sizes, estimates, summary,
                   f"{human_bytes(totals.bytes)} at rest (free on the store's disk: "
                   f"{human_bytes(free_bytes(store.root))})")
     sizes = []
-    for output, output_name, item_bytes in written:
-        known = [b for b in item_bytes if b is not None]
-        total = round(sum(known) * len(item_bytes) / len(known)) if known else 0
+    for output, output_name, each in written:
+        known = [b for b in each if b is not None]
+        total = round(sum(known) * len(each) / len(known)) if known else 0
         sizes.append(Written(output, output_name, total))
         if len(written) > 1:
             reporter.info(f"  {output_name or output.name}: {human_bytes(total)} at rest")
