@@ -609,6 +609,7 @@ def _calibrate(path: str, item_id: str, estimates, sampling: Sampling, chosen: C
                                         dtype=settings.dtype)
             if chosen.method.runs == "model":
                 timed, seconds = _time_network(path, sampling, chosen, settings)
+                how = f"decoding, cropping and a forward pass of {timed} frames of {item_id}"
             else:
                 sinks = dataclasses.replace(sinks, stage_path=str(stage.path),
                                             chain=tuple(chain.steps), keep=False, partial={})
@@ -629,6 +630,8 @@ def _calibrate(path: str, item_id: str, estimates, sampling: Sampling, chosen: C
                 except FeatpipeError:  # too few frames for a result: the time still counts
                     job.abort()
                 seconds = time.process_time() - started if started is not None else None
+                how = (f"decoding, extracting and encoding {timed} frames of {item_id} after "
+                       f"the first {CALIBRATION_WARMUP}")
     except (FeatpipeError, OSError, RuntimeError) as err:
         reporter.warn(f"dry run: no CPU estimate ({err})")
         return None
@@ -638,9 +641,7 @@ def _calibrate(path: str, item_id: str, estimates, sampling: Sampling, chosen: C
         return None
     total = seconds / timed * frames
     reporter.info(f"dry run: about {_hours(total)} of CPU ({1000 * seconds / timed:.1f} ms a "
-                  f"frame: the CPU time of this process decoding, extracting and encoding "
-                  f"{timed} frames of {item_id} after {CALIBRATION_WARMUP}, times "
-                  f"{frames:,} frames)")
+                  f"frame, the CPU time of this process {how}, times {frames:,} frames)")
     return total
 
 

@@ -106,6 +106,16 @@ def _model_stage(store: Store, kind: str, record: dict, inputs: list[Stage], mod
     return stage, nothing_to_fit
 
 
+class _WarningsOnly(Reporter):
+    """Forwards only the warnings of a stand-in fit (its figures describe synthetic rows)."""
+
+    def __init__(self, reporter: Reporter):
+        self.reporter = reporter
+
+    def warn(self, text: str) -> None:
+        self.reporter.warn(text)
+
+
 def _stand_in_stage(stage: Stage, model: str, dry_run: bool) -> tuple[Stage, bool]:
     """In a dry run whose model is not fitted, the planned stage that receives a stand-in of
     it (:mod:`featpipe.stages.dryrun`: nothing is written, even to a stage folder that
@@ -370,7 +380,8 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
             g: None if pca_dim is None and pca_fraction is None else
             PCAProjection(_projected_dim(c.stop - c.start, pca_dim, pca_fraction, g,
                                          "pca_dim")).fit(x[:, c]) for g, c in layout}
-        _fit_groups(stage, x, layout, columns, projections, params, reporter, rows)
+        _fit_groups(stage, x, layout, columns, projections, params,
+                    _WarningsOnly(reporter) if stand_in else reporter, rows)
         if stand_in:
             return stage
         _fitted(store, name, stage, reporter)
