@@ -54,6 +54,7 @@ result a rerun reuses from its stage) is listed as ``would run`` and never calle
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import tomllib
@@ -460,9 +461,10 @@ def _record_of(arguments: Mapping, function: str) -> dict:
 
 
 def _pass_arguments(pipeline: Pipeline, host: Step, fusion: Fusion,
-                    rename: Mapping[str, str]) -> dict:
-    """``extract``'s ``then`` and ``keep`` for the pass of step ``host``: each fused step as
-    a :class:`featpipe.chain.Then` (named by its store name when its stage is written)."""
+                    rename: Mapping[str, str], settings) -> dict:
+    """``extract``'s settings (``then`` and ``keep``) for the pass of step ``host``: each
+    fused step as a :class:`featpipe.chain.Then` (named by its store name when its stage is
+    written)."""
     from featpipe.chain import Then
 
     by_name = {step.name: step for step in pipeline.steps}
@@ -476,7 +478,8 @@ def _pass_arguments(pipeline: Pipeline, host: Step, fusion: Fusion,
                          input=None if source == host.name else source,
                          name=(arguments.get("name") or member) if kept else None,
                          keep=kept))
-    arguments = {"then": then, "keep": fusion.kept[host.name]}
+    arguments = {"settings": dataclasses.replace(settings, then=tuple(then),
+                                                 keep=fusion.kept[host.name])}
     if not fusion.kept[host.name]:
         arguments["name"] = None
     return arguments
@@ -561,7 +564,8 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
             continue
         arguments = _converted(step, dry_run)
         if written.name in fusion.members:
-            arguments.update(_pass_arguments(pipeline, written, fusion, rename))
+            arguments.update(_pass_arguments(pipeline, written, fusion, rename,
+                                             arguments["settings"]))
         if step.function == "classify":
             arguments.setdefault("command", f"featpipe run {pipeline.path} (step {step.name})")
         step_reporter = _ShortListReporter(reporter) if dry_run else reporter

@@ -88,8 +88,7 @@ def _make_command() -> click.Command:
                   help="With --temporal: write the per-frame stage too (named NAME-frames).")
     @item_parallel_options
     @click.pass_context
-    def extract(ctx, manifest_path, store_path, features, name, temporal, temporal_params,
-                temporal_groups, keep_frames, **kwargs):
+    def extract(ctx, manifest_path, store_path, features, name, **kwargs):
         """Decode each manifest item and store its features (or their encoding)."""
         from featpipe.extract.settings import ExtractSettings
         from featpipe.interrupts import Interrupted
@@ -98,11 +97,13 @@ def _make_command() -> click.Command:
         from featpipe.stages.extraction import extract as extract_stage
 
         options = run_options(kwargs)
+        temporal, temporal_params, temporal_groups, keep_frames = (
+            kwargs.pop(k) for k in ("temporal", "temporal_params", "temporal_groups",
+                                    "keep_frames"))
         sampling, settings, params = ({k: kwargs.pop(k) for k in names}
                                       for names in groups.values())
         params = {k: v for k, v in params.items() if v is not None}
         encode_params = {k: v for k, v in kwargs.items() if v not in (None, ())}
-        settings = ExtractSettings(**settings, encode_params=encode_params)
         then, keep, own_name = (), None, name
         if temporal is not None:
             from featpipe.chain import parse_value, pooling_steps
@@ -121,11 +122,12 @@ def _make_command() -> click.Command:
         elif temporal_params or keep_frames or temporal_groups != "all":
             raise click.UsageError("--temporal-param, --temporal-groups and --keep-frames go "
                                    "with --temporal METHOD")
+        settings = ExtractSettings(**settings, encode_params=encode_params, then=tuple(then),
+                                   keep=keep)
         try:
             run = extract_stage(open_store(store_path), Manifest.read(manifest_path), features,
                                 params=params, sampling=Sampling(**sampling), settings=settings,
-                                name=own_name, then=then, keep=keep, options=options,
-                                reporter=ClickReporter())
+                                name=own_name, options=options, reporter=ClickReporter())
         except Interrupted as err:
             click.echo(str(err), err=True)
             ctx.exit(err.exit_code)

@@ -29,7 +29,9 @@ class ExtractSettings:
     themselves, or their encoding by ``encode`` with ``encode_params`` (``featpipe encode``'s
     parameters of that method), or ``sample_descriptors`` rows drawn with ``sample_seed``.
     How the stage runs: a network's ``device`` and ``batch_size``, the ``decoder`` (part of
-    the key) and its ``decode_timeout``, ``allow_partial`` and ``disk_check``."""
+    the key) and its ``decode_timeout``, ``allow_partial`` and ``disk_check``; the steps
+    that run in the same pass (``then``) and whether the extraction itself is written
+    (``keep``)."""
 
     device: str = declared("cpu", "Where VGG-16 (and an --encode method with a device) runs.",
                            choices=("cpu", "cuda"))
@@ -58,6 +60,11 @@ class ExtractSettings:
     decoder: str = declared("opencv", "Video decoder.")
     decode_timeout: float = declared(
         600.0, "Seconds a decoding worker may go without a frame before it is killed.")
+    #: ``featpipe encode`` steps run on each item in the same pass (:class:`featpipe.chain.
+    #: Then`: ``extract --temporal``, the steps ``featpipe run`` fuses), and whether the
+    #: extraction's own stage is written then (None: only without steps)
+    then: tuple = ()
+    keep: bool | None = None
 
     def check(self, method) -> None:
         """Raise ParameterError for a value or a combination that cannot be made with the

@@ -152,16 +152,16 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
     run = run_stage(stage, items.ids, compute, store=store, name=name, options=options,
                     reporter=reporter, batch_size=batch)
     if dry_run:
-        size = planned_size(stage, store.resolve(input), compute.encoder(), items.ids,
-                            reporter)
+        size = planned_size(stage, store.resolve(input), compute.encoder, items.ids, reporter)
         run.written = [Written(stage, name, size)]
     return run
 
 
 def planned_size(stage: Stage, source: Stage, encoder, ids, reporter: Reporter) -> int | None:
-    """A dry run's bytes at rest of ``stage`` (``encoder`` on the items ``ids`` of ``source``,
-    planned or computed: :mod:`featpipe.stages.dryrun`), said on ``reporter``; the planned
-    stage records its items for the steps after it.  None when it cannot be sized."""
+    """A dry run's bytes at rest of ``stage`` (the encoder ``encoder()`` builds, on the items
+    ``ids`` of ``source``, planned or computed: :mod:`featpipe.stages.dryrun`), said on
+    ``reporter``; the planned stage records its items for the steps after it.  None when it
+    cannot be sized."""
     from featpipe.extract.estimate import human_bytes
     from featpipe.stages.dryrun import (
         PlannedItems,
@@ -182,7 +182,7 @@ def planned_size(stage: Stage, source: Stage, encoder, ids, reporter: Reporter) 
                 reporter.info("dry run: size unknown (no item of the input is computed yet)")
                 return None
             example, _ = computed_example(source, next(iter(lengths)))
-        encoded = encoded_example(encoder, example)
+        encoded = encoded_example(encoder(), example)
         fixed, per_frame = affine_bytes(encoded)
     except Exception as err:  # noqa: BLE001 - the run itself would say it, item by item
         reporter.info(f"dry run: size unknown ({describe_error(err)})")

@@ -326,8 +326,8 @@ def _check_projections(method, given, models, encoder, dim, chain) -> None:
 
 def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping | None = None,
             sampling: Sampling | None = None, settings: ExtractSettings | None = None,
-            name: str | None = None, then: Sequence[Then] = (), keep: bool | None = None,
-            options: RunOptions | None = None, reporter: Reporter | None = None) -> StageRun:
+            name: str | None = None, options: RunOptions | None = None,
+            reporter: Reporter | None = None) -> StageRun:
     """Decode every item of ``manifest`` and store its ``features`` (or their encoding, or
     a sample of them); returns the run.
 
@@ -341,11 +341,12 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
     and its parameters, or a sample of ``sample_descriptors`` rows) and how the stage runs
     (device, batch size, decoder, ``allow_partial`` for truncated videos, ``disk_check``).
 
-    ``then`` lists ``featpipe encode`` steps (:class:`featpipe.chain.Then`) run on each item
-    as soon as its extraction is done, in the same pass (e.g. per-frame Fisher vectors ->
-    one group's part -> rank pooling): each step's stage has the key of the same step run by
-    ``featpipe encode``, and is written when the step is kept (named, or ``keep``); the
-    extraction's own stage is written when ``keep`` (default: only without ``then``).
+    ``settings.then`` lists ``featpipe encode`` steps (:class:`featpipe.chain.Then`) run on
+    each item as soon as its extraction is done, in the same pass (e.g. per-frame Fisher
+    vectors -> one group's part -> rank pooling): each step's stage has the key of the same
+    step run by ``featpipe encode``, and is written when the step is kept (named, or its
+    ``keep``); the extraction's own stage is written when ``settings.keep`` (default: only
+    without steps).
     Raises :class:`~featpipe.interrupts.Interrupted` after SIGINT/SIGTERM (finished items
     kept).
     """
@@ -356,8 +357,8 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
     settings = settings or ExtractSettings()
     chosen = choose_features(features, params)
     settings.check(chosen.method)
-    then = order_steps(then)
-    keep = not then if keep is None else bool(keep)
+    then = order_steps(settings.then)
+    keep = not then if settings.keep is None else bool(settings.keep)
     _check_then(then, keep, settings, options)
     if chosen.method.default_fps is not None and sampling == Sampling():
         sampling = Sampling(fps=chosen.method.default_fps)
@@ -380,9 +381,9 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
     # the stage as planned (nothing on disk yet): a dry run and the disk check come first
     stage = store.stage("extract", plan_.params, inputs=plan_.inputs, items=manifest,
                         dtype=settings.dtype, create=False)
-    chain = _plan_chain(store, stage, then, reporter, create=False)
-    sizes = _chain_sizes(chain, plan_.layout, settings.dtype)
-    todo, summary, partial = _plan_pass(stage, keep, chain, manifest.ids, options.force, shard)
+    chain = _plan_chain(store, stage, then, keep, reporter, create=False)
+    chain.sizes = _chain_sizes(chain, plan_.layout)
+    todo, summary, partial = _plan_pass(stage, chain, manifest.ids, options.force, shard)
     with interruptible():
         pool = DecodePool(resolve_jobs(options.jobs), settings.decoder,
                           settings.decode_timeout)
@@ -395,20 +396,20 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
                 for problem in problems:
                     reporter.warn(f"problem: {problem} (the keys of this stage and those "
                                   "computed from it are provisional)")
-                run = _dry_run(store, stage, name, keep, chain, sizes, estimates, summary,
-                               reporter, plan_.layout, settings.dtype)
+                run = _dry_run(store, stage, name, chain, plan_.layout, estimates, summary,
+                               reporter)
                 run.problems = problems
                 if todo:
-                    run.cpu_seconds = _calibrate(paths[todo[0]], todo[0], estimates, sampling,
-                                                 chosen, plan_.outputs, chain, settings,
-                                                 reporter)
+                    run.cpu_seconds = _calibrate((todo[0], paths[todo[0]]), estimates,
+                                                 sampling, chosen, plan_.outputs, chain,
+                                                 settings, reporter)
                 return run
-            total = _check_disk(store, _pass_estimates(estimates, keep, chain, sizes),
-                                len(todo), settings.disk_check)
+            total = _check_disk(store, _pass_estimates(estimates, chain), len(todo),
+                                settings.disk_check)
             stage = store.stage("extract", plan_.params, inputs=plan_.inputs, items=manifest,
                                 dtype=settings.dtype)
             save_read_hashes(stage.path, plan_.read)
-            chain = _plan_chain(store, stage, then, reporter, create=True)
+            chain = _plan_chain(store, stage, then, keep, reporter, create=True)
             outputs = dataclasses.replace(plan_.outputs, stage_path=str(stage.path),
                                           chain=tuple(chain.steps), keep=keep,
                                           partial=partial)
@@ -427,7 +428,7 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
                                    reporter) as reused:
                 for output, output_name in written or [(stage, None)]:
                     mark_running(store, output_name, output)
-                todo, summary, partial = _plan_pass(stage, keep, chain, manifest.ids,
+                todo, summary, partial = _plan_pass(stage, chain, manifest.ids,
                                                     options.force, shard)
                 outputs = dataclasses.replace(outputs, partial=partial)
                 try:
@@ -480,24 +481,27 @@ def _check_then(then: Sequence[Then], keep: bool, settings: ExtractSettings,
 @dataclasses.dataclass
 class _Chain:
     """The steps of a pass (:mod:`featpipe.chain`), planned: each step, its stage and the
-    store name it gets (kept steps only)."""
+    store name it gets (kept steps only); whether the extraction's own stage is written
+    (``keep``) and each step's item size, ``(fixed, per frame)`` bytes (:func:`_chain_sizes`)."""
 
     steps: list[ChainStep]
     stages: list[Stage]
     names: list[str | None]
+    keep: bool = True
+    sizes: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
     def written(self) -> list[tuple[Stage, str | None]]:
         return [(stage, name) for step, stage, name in
                 zip(self.steps, self.stages, self.names, strict=True) if step.keep]
 
 
-def _plan_chain(store: Store, source: Stage, then: Sequence[Then], reporter: Reporter,
-                create: bool) -> _Chain:
+def _plan_chain(store: Store, source: Stage, then: Sequence[Then], keep: bool,
+                reporter: Reporter, create: bool) -> _Chain:
     """Each step's stage as ``featpipe encode`` plans it on the stage of the step it reads
     (``source`` for the first ones), created (record only) unless planning a dry run."""
     from featpipe.stages.encoding import plan_encode
 
-    chain = _Chain([], [], [])
+    chain = _Chain([], [], [], keep)
     index: dict[str, int] = {}
     for step in then:
         parent = source if step.input is None else chain.stages[index[step.input]]
@@ -518,7 +522,7 @@ def _plan_chain(store: Store, source: Stage, then: Sequence[Then], reporter: Rep
     return chain
 
 
-def _chain_sizes(chain: _Chain, layout: Layout, dtype: str) -> list[tuple[int, int]]:
+def _chain_sizes(chain: _Chain, layout: Layout) -> list[tuple[int, int]]:
     """Bytes at rest of each step's item as ``(fixed, per frame)``, measured on synthetic
     items of 2 and 3 frames shaped as the extraction's (:func:`synthetic_item`); a step that
     cannot take them is an error before anything runs."""
@@ -528,7 +532,7 @@ def _chain_sizes(chain: _Chain, layout: Layout, dtype: str) -> list[tuple[int, i
     every = set(range(len(chain.steps)))
     measured = []
     for frames in (2, 3):
-        array, extras = synthetic_item(layout, dtype, frames)
+        array, extras = synthetic_item(layout, frames)
         try:
             out = runner.run("size-check", array, extras, every)
         except ItemError as err:
@@ -542,11 +546,12 @@ def _chain_sizes(chain: _Chain, layout: Layout, dtype: str) -> list[tuple[int, i
 SYNTHETIC_ROWS = 4
 
 
-def synthetic_item(layout: Layout, dtype: str, frames: int) -> tuple[np.ndarray, dict]:
+def synthetic_item(layout: Layout, frames: int) -> tuple[np.ndarray, dict]:
     """An item of ``frames`` sampled frames shaped as an extraction with ``layout`` stores
-    it (random values, seeded), with its sidecars: what a step after the extraction is
-    checked and sized on before any video is decoded."""
+    it (random values, seeded; floats of the layout's item size), with its sidecars: what a
+    step after the extraction is checked and sized on before any video is decoded."""
     rng = np.random.default_rng(frames)
+    dtype = np.dtype(f"f{layout.itemsize}")
     stamps = np.arange(frames, dtype=np.float64) / 25.0
     if layout.kind == "sample":
         rows = min(frames * SYNTHETIC_ROWS, layout.sample)
@@ -567,11 +572,11 @@ def synthetic_item(layout: Layout, dtype: str, frames: int) -> tuple[np.ndarray,
     return np.abs(rng.standard_normal((rows, layout.dim))).astype(dtype), extras
 
 
-def _plan_pass(stage: Stage, keep: bool, chain: _Chain, ids, force: bool, shard):
+def _plan_pass(stage: Stage, chain: _Chain, ids, force: bool, shard):
     """The items this pass computes (those missing from any stage it writes), the summary
     of the others, and what to write of an item that some of those stages have already
     (``FrameSinks.partial``)."""
-    written = ([(-1, stage)] if keep else []) + \
+    written = ([(-1, stage)] if chain.keep else []) + \
         [(i, s) for i, (step, s) in enumerate(zip(chain.steps, chain.stages, strict=True))
          if step.keep]
     missing: dict[str, set[int]] = {}
@@ -588,7 +593,7 @@ def _plan_pass(stage: Stage, keep: bool, chain: _Chain, ids, force: bool, shard)
     return todo, summary, partial
 
 
-def _calibrate(path: str, item_id: str, estimates, sampling: Sampling, chosen: Chosen,
+def _calibrate(item: tuple[str, str], estimates, sampling: Sampling, chosen: Chosen,
                sinks: FrameSinks, chain: _Chain, settings: ExtractSettings,
                reporter: Reporter) -> float | None:
     """The CPU time of the whole stage, from a short calibration: the first
@@ -602,6 +607,7 @@ def _calibrate(path: str, item_id: str, estimates, sampling: Sampling, chosen: C
 
     from featpipe.io.video import iter_frames
 
+    item_id, path = item
     frames = sum(e.frames or 0 for e in estimates)
     try:
         with tempfile.TemporaryDirectory(prefix="featpipe-calibration-") as folder:
@@ -698,7 +704,7 @@ def _estimates(pool, paths, ids, sampling, layout) -> list:
     return [estimate_item(i, infos[i], sampling, layout) for i in ids]
 
 
-def _pass_estimates(estimates, keep: bool, chain: _Chain, sizes) -> list[ItemEstimate]:
+def _pass_estimates(estimates, chain: _Chain) -> list[ItemEstimate]:
     """Each item's estimate with the bytes of what the pass writes: the extraction's item
     when it is kept, and each kept step's (``sizes``: :func:`_chain_sizes`)."""
     out = []
@@ -707,13 +713,13 @@ def _pass_estimates(estimates, keep: bool, chain: _Chain, sizes) -> list[ItemEst
             out.append(estimate)
             continue
         steps = sum(fixed + per_frame * estimate.frames for (fixed, per_frame), step
-                    in zip(sizes, chain.steps, strict=True) if step.keep)
-        out.append(dataclasses.replace(estimate, bytes=steps + (estimate.bytes if keep
+                    in zip(chain.sizes, chain.steps, strict=True) if step.keep)
+        out.append(dataclasses.replace(estimate, bytes=steps + (estimate.bytes if chain.keep
                                                                   else 0)))
     return out
 
 
-def _plan_items(stage: Stage, chain: _Chain, layout: Layout, dtype: str, estimates) -> None:
+def _plan_items(stage: Stage, chain: _Chain, layout: Layout, estimates) -> None:
     """What the later steps of a dry run plan on (:class:`~featpipe.stages.dryrun.
     PlannedItems`): the extraction's items and each step's, sized by each item's frames."""
     frames = {e.item_id: e.frames for e in estimates if e.frames is not None}
@@ -721,7 +727,7 @@ def _plan_items(stage: Stage, chain: _Chain, layout: Layout, dtype: str, estimat
             for e in estimates if e.rows is not None}
 
     def example(count: int):
-        return synthetic_item(layout, dtype, count)
+        return synthetic_item(layout, count)
 
     stage.planned_items = PlannedItems(example, frames, rows)
     runner = ChainRunner(chain.steps)
@@ -734,14 +740,15 @@ def _plan_items(stage: Stage, chain: _Chain, layout: Layout, dtype: str, estimat
         step_stage.planned_items = PlannedItems(step_example, frames)
 
 
-def _dry_run(store, stage, name, keep, chain: _Chain, sizes, estimates, summary, reporter,
-             layout: Layout, dtype: str) -> StageRun:
+def _dry_run(store, stage, name, chain: _Chain, layout: Layout, estimates, summary,
+             reporter) -> StageRun:
     """List the work with its estimate; create nothing."""
+    keep = chain.keep
     written = []
     if keep:
         written.append((stage, name, [e.bytes for e in estimates]))
     for step, step_stage, step_name, (fixed, per_frame) in zip(
-            chain.steps, chain.stages, chain.names, sizes, strict=True):
+            chain.steps, chain.stages, chain.names, chain.sizes, strict=True):
         if step.keep:
             written.append((step_stage, step_name, [None if e.bytes is None else
                                                     fixed + per_frame * e.frames
@@ -751,14 +758,13 @@ def _dry_run(store, stage, name, keep, chain: _Chain, sizes, estimates, summary,
         created = (output.path / "stage.json").exists()
         reporter.info(f"stage {output.name}{label}" + ("" if created else
                                                         " (not created: dry run)"))
-    if not keep:
-        reporter.info(f"stage {stage.name}: the extraction, run in this pass and not written")
-    for step, step_stage in zip(chain.steps, chain.stages, strict=True):
-        if not step.keep:
-            reporter.info(f"stage {step_stage.name} ({step.label}: {step.method}): fused "
-                          "into this pass, not written")
-    _plan_items(stage, chain, layout, dtype, estimates)
-    passed = _pass_estimates(estimates, keep, chain, sizes)
+    unwritten = ([f"{stage.name} (the extraction)"] if not keep else []) + [
+        f"{step_stage.name} ({step.label}: {step.method})"
+        for step, step_stage in zip(chain.steps, chain.stages, strict=True) if not step.keep]
+    if chain.steps and unwritten:
+        reporter.info(f"in this pass, not written: {', '.join(unwritten)}")
+    _plan_items(stage, chain, layout, estimates)
+    passed = _pass_estimates(estimates, chain)
     for estimate in passed:
         reporter.info(f"would compute {estimate.item_id}: {describe(estimate)}")
     totals = Totals.of(passed)

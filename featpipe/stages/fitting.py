@@ -116,11 +116,17 @@ class _WarningsOnly(Reporter):
         self.reporter.warn(text)
 
 
-def _stand_in_stage(stage: Stage, model: str, dry_run: bool) -> tuple[Stage, bool]:
+def _stand_in_stage(stage: Stage, model: str, dry_run: bool, source: Stage,
+                    ids) -> tuple[Stage, bool]:
     """In a dry run whose model is not fitted, the planned stage that receives a stand-in of
     it (:mod:`featpipe.stages.dryrun`: nothing is written, even to a stage folder that
-    exists), and True; else ``stage`` and False."""
+    exists), and True; else ``stage`` and False (also when the input's rows are not known
+    yet: the steps after the fit then wait for it)."""
     if not dry_run or stage.has_model(model):
+        return stage, False
+    try:
+        input_width(source, ids)
+    except ValueError:
         return stage, False
     if stage.exists:
         stage = Stage(stage.path, meta=stage.meta, items=Manifest([], root=stage.path))
@@ -247,7 +253,7 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, groups: str | 
                                  **({"groups": ",".join(g for g, _ in layout)} if layout
                                     else {}))
     stage, stand_in = _stand_in_stage(stage, MODEL_NAME if layout is None else GROUPS_MODEL,
-                                      dry_run)
+                                      dry_run, source, train)
     if fitted and not stand_in:
         return stage
     rows = stand_in_rows(input_width(source, train), seed=random_state) if stand_in else \
@@ -364,7 +370,8 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
                                  pca_dim=pca_dim, sample=sample, split=1,
                                  **({"pca_fraction": pca_fraction} if pca_fraction else {}),
                                  **({"groups": groups} if layout else {}))
-    stage, stand_in = _stand_in_stage(stage, "gmm" if layout is None else "groups", dry_run)
+    stage, stand_in = _stand_in_stage(stage, "gmm" if layout is None else "groups", dry_run,
+                                      source, ids)
     if fitted and not stand_in:
         return stage
     if stand_in:  # a model of the real shapes for the dry run's later steps; nothing written
@@ -764,7 +771,7 @@ def fit_standardize(store: Store, input: str, *, name: str | None = None, split:
     announce(stage, name, reporter)
     if dry_run:
         _already(stage, MODEL_NAME, False, store, name, reporter, dry_run)
-        stage, stand_in = _stand_in_stage(stage, MODEL_NAME, dry_run)
+        stage, stand_in = _stand_in_stage(stage, MODEL_NAME, dry_run, source, train)
         if stand_in:
             width = input_width(source, train)
             stage.save_model(MODEL_NAME, Standardizer().fit([stand_in_rows(width)]))

@@ -54,8 +54,8 @@ def fused_steps(groups=("hog", "all")) -> list[Then]:
     return steps
 
 
-def fv_settings() -> ExtractSettings:
-    return ExtractSettings(encode="fisher", encode_params=FV)
+def fv_settings(then=(), keep=None) -> ExtractSettings:
+    return ExtractSettings(encode="fisher", encode_params=FV, then=tuple(then), keep=keep)
 
 
 def copy_store(clips, tmp_path) -> Store:
@@ -75,8 +75,8 @@ def test_every_temporal_encoder_fused_equals_step_by_step_and_shares_its_key(cli
                                                                              tmp_path):
     _, manifest = clips
     store = copy_store(clips, tmp_path)
-    run = extract(store, manifest, "idt", params=IDT, settings=fv_settings(),
-                  then=fused_steps(), options=RunOptions(jobs=2))
+    run = extract(store, manifest, "idt", params=IDT, settings=fv_settings(fused_steps()),
+                  options=RunOptions(jobs=2))
     assert run.summary.done == len(manifest.ids) and not run.summary.failed
     per_frame = store.stage("extract", run.stage.params, inputs=run.stage.inputs(),
                             items=manifest, create=False)
@@ -100,8 +100,8 @@ def test_recomputed_bits_equal_the_fused_ones(clips, tmp_path):
     every item of every temporal encoder and group equal to the bit."""
     _, manifest = clips
     store = copy_store(clips, tmp_path)
-    extract(store, manifest, "idt", params=IDT, settings=fv_settings(), then=fused_steps(),
-            keep=True, name="fv", options=RunOptions(jobs=2))
+    extract(store, manifest, "idt", params=IDT, settings=fv_settings(fused_steps(), True),
+            name="fv", options=RunOptions(jobs=2))
     fused = {f"f{m}-{g}": items_of(store, f"f{m}-{g}") for m in TEMPORAL
              for g in ("hog", "all")}
     encode(store, "fv", "fisher-group", {"gmm": "gmm", "group": "hog"}, name="fv-hog")
@@ -124,13 +124,13 @@ def test_a_pass_reuses_stages_computed_step_by_step_and_computes_only_what_is_mi
     stage = store.resolve("rp-all")
     lines = len(list(stage.ledger()))
     # rankpool of all groups exists: the pass computes nothing for it
-    run = extract(store, manifest, "idt", params=IDT, settings=fv_settings(),
-                  then=pooling_steps("rankpool", {}, ["all"], "gmm", "rp"))
+    run = extract(store, manifest, "idt", params=IDT, settings=fv_settings(
+        pooling_steps("rankpool", {}, ["all"], "gmm", "rp")))
     assert run.summary.done == 0 and run.summary.skipped == len(manifest.ids)
     assert store.resolve("rp") == stage
     # with one more output, the pass decodes again and writes only that output
-    run = extract(store, manifest, "idt", params=IDT, settings=fv_settings(),
-                  then=pooling_steps("rankpool", {}, ["hof", "all"], "gmm", "rp"))
+    run = extract(store, manifest, "idt", params=IDT, settings=fv_settings(
+        pooling_steps("rankpool", {}, ["hof", "all"], "gmm", "rp")))
     assert run.summary.done == len(manifest.ids)
     assert len(list(stage.ledger())) == lines  # rp-all: not one item rewritten
     assert store.resolve("rp-hof").is_complete()
@@ -142,7 +142,7 @@ def test_an_item_over_the_memory_budget_spills_and_gives_the_same_results(clips,
     folder, manifest = clips
     store = copy_store(clips, tmp_path)
     steps = pooling_steps("hrp", {"window": 6}, ["mbh", "all"], "gmm", "hrp")
-    extract(store, manifest, "idt", params=IDT, settings=fv_settings(), then=steps)
+    extract(store, manifest, "idt", params=IDT, settings=fv_settings(steps))
     expected = {g: items_of(store, f"hrp-{g}") for g in ("mbh", "all")}
     spilled = copy_store(clips, tmp_path / "spilled")
     # every process of the run (the decoding workers too) notes each item that spilled
@@ -209,7 +209,7 @@ def test_a_killed_pass_resumes_to_the_uninterrupted_results(clips, tmp_path):
     folder, manifest = clips
     store = copy_store(clips, tmp_path)
     steps = pooling_steps("rankpool", {}, ["hog", "all"], "gmm", "rp")
-    extract(store, manifest, "idt", params=IDT, settings=fv_settings(), then=steps)
+    extract(store, manifest, "idt", params=IDT, settings=fv_settings(steps))
     expected = {g: items_of(store, f"rp-{g}") for g in ("hog", "all")}
     killed = copy_store(clips, tmp_path / "killed")
     command = [sys.executable, "-m", "featpipe", "extract", "-m",
@@ -241,15 +241,15 @@ def test_steps_that_cannot_run_in_the_pass_are_refused_before_anything_exists(cl
     store = copy_store(clips, tmp_path)
     before = sorted(p.name for p in (store.root / "stages").iterdir())
     with pytest.raises(ParameterError, match="nothing would be written"):
-        extract(store, manifest, "idt", params=IDT, settings=fv_settings(),
-                then=[Then("x", "rankpool")])
+        extract(store, manifest, "idt", params=IDT, settings=fv_settings(
+            [Then("x", "rankpool")]))
     with pytest.raises(ParameterError, match="sample of its descriptors"):
         extract(store, manifest, "idt", params=IDT, settings=ExtractSettings(
-            sample_descriptors=5), then=[Then("x", "rankpool", keep=True)])
+            sample_descriptors=5, then=(Then("x", "rankpool", keep=True),)))
     with pytest.raises(ParameterError, match="window"):
-        extract(store, manifest, "idt", params=IDT, settings=fv_settings(),
-                then=[Then("x", "hrp", {"window": 0}, keep=True)])
+        extract(store, manifest, "idt", params=IDT, settings=fv_settings(
+            [Then("x", "hrp", {"window": 0}, keep=True)]))
     with pytest.raises(ParameterError, match="group"):
-        extract(store, manifest, "idt", params=IDT, settings=fv_settings(),
-                then=pooling_steps("avg", {}, ["hogg"], "gmm", "x"))
+        extract(store, manifest, "idt", params=IDT, settings=fv_settings(
+            pooling_steps("avg", {}, ["hogg"], "gmm", "x")))
     assert sorted(p.name for p in (store.root / "stages").iterdir()) == before
