@@ -228,7 +228,7 @@ class Fusion:
 
 
 def plan_fusion(steps: list[Step]) -> Fusion:
-    """Which steps run in one pass (DESIGN.md section 1: a chain of per-item steps is one
+    """Which steps run in one pass (a chain of per-item steps is one
     computation): an ``encode`` step joins the pass of the ``extract`` step its input comes
     from (directly or through steps of that pass) when it sets no run option of its own
     and every model it names is computed before that extraction.  A step of a pass is

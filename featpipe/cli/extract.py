@@ -115,7 +115,7 @@ def _make_command() -> click.Command:
                     raise click.BadParameter(f"expected KEY=VALUE, got {text!r}",
                                              param_hint="--temporal-param")
                 given[key.strip().replace("-", "_")] = parse_value(value.strip())
-            gmm = encode_params.get("gmm") if settings.encode == "fisher" else None
+            gmm = encode_params.get("gmm") if settings.get("encode") == "fisher" else None
             then = pooling_steps(temporal, given, [g.strip() for g in temporal_groups.split(",")
                                                    if g.strip()], gmm, name)
             keep, own_name = keep_frames, f"{name}-frames" if name and keep_frames else None

@@ -187,7 +187,8 @@ def test_buffered_rows_spill_past_the_budget_and_read_back_the_same_item(tmp_pat
     from featpipe.manifest import from_rows
 
     store = Store(tmp_path / "store")
-    stage = store.stage("extract", {"x": 1}, items=from_rows([("a", "", ["c"], ["train"])]))
+    stage = store.stage("extract", {"x": 1},
+                        items=from_rows([("a", "", ["c"], ["train"])], tmp_path))
     rows = np.random.default_rng(0).standard_normal((10, 6))
     for budget, spilled in ((10**6, False), (100, True)):
         buffer = BufferedRows(stage, "a", budget)
