@@ -254,3 +254,29 @@ def test_steps_that_cannot_run_in_the_pass_are_refused_before_anything_exists(cl
         extract(store, manifest, "idt", params=IDT, settings=fv_settings(
             pooling_steps("avg", {}, ["hogg"], "gmm", "x")))
     assert sorted(p.name for p in (store.root / "stages").iterdir()) == before
+
+
+def stage_item_bytes(stage) -> int:
+    """Bytes of a stage's item files (arrays and sidecars)."""
+    return sum(p.stat().st_size for p in (stage.path / "items").rglob("*.npy"))
+
+
+def test_a_dry_run_sizes_the_pass_within_5_percent_of_what_it_writes(clips, tmp_path):
+    """Issue 38 §3: the bytes a dry run plans for each stage a pass writes (pooled vectors of
+    every kind, per group and all; the per-frame stage kept) against the bytes written."""
+    _, manifest = clips
+    store = copy_store(clips, tmp_path)
+    steps = (pooling_steps("rankpool", {}, ["hog", "all"], "gmm", "rp")
+             + pooling_steps("hrp", {"window": 6}, ["mbh"], "gmm", "hrp")
+             + pooling_steps("tpyramid", {}, ["all"], "gmm", "tp"))
+    settings = fv_settings(steps, keep=True)
+    plan = extract(store, manifest, "idt", params=IDT, settings=settings, name="fv",
+                   options=RunOptions(dry_run=True))
+    planned = {w.stage.name: w.bytes for w in plan.written}
+    assert len(planned) == 5 and all(planned.values())
+    run = extract(store, manifest, "idt", params=IDT, settings=settings, name="fv",
+                  options=RunOptions(jobs=2))
+    for written in run.written:
+        actual = stage_item_bytes(written.stage)
+        assert abs(planned[written.stage.name] - actual) <= 0.05 * actual, (
+            written.name, planned[written.stage.name], actual)
