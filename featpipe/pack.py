@@ -135,6 +135,10 @@ def pack_stage(stage: Stage, shards: int | None = None, keep_files: bool = False
     ids = list(stage.items.ids)
     if not ids:
         raise FeatpipeError(f"stage {stage.name} has no items to pack")
+    view = stage.view()
+    if view is not None:
+        raise FeatpipeError(f"stage {stage.name} is a view of {view[0].name} (it holds no "
+                            "arrays of its own); pack that stage")
     done = stage.done_ids()
     missing = [i for i in ids if i not in done]
     if missing:

@@ -79,6 +79,9 @@ RUNNING_DIR = "running"
 MODEL_SUMS = ".sums"
 #: A stage folder without ``stage.json`` younger than this is being created, not broken.
 CREATION_GRACE_S = 60.0
+#: The record of a view stage (:meth:`Stage.make_view`): the input stage whose items it
+#: reads and the column range it keeps; such a stage holds no arrays of its own.
+VIEW_FILE = "view.json"
 _VERSIONED_PACKAGES = ("numpy", "scipy", "scikit-learn", "torch", "opencv-python-headless")
 
 
@@ -205,6 +208,7 @@ class Stage:
         self._stand_in_models: dict[str, tuple[dict, dict]] = {}
         #: what a dry run knows of a planned stage's items (featpipe.stages.dryrun)
         self.planned_items = None
+        self._view: tuple[Stage, slice, tuple[str, ...]] | None = None
         if meta is None:
             meta_path = self.path / "stage.json"
             try:
@@ -379,11 +383,52 @@ class Stage:
             states[entry.id] = entry
         return states
 
+    # -- views ------------------------------------------------------------------------------
+    def make_view(self, source: Stage, columns: slice, extras: Iterable[str]) -> None:
+        """Make this stage a view of ``source`` (one of its inputs): its items are the columns
+        ``columns`` of ``source``'s (the last axis), with the sidecars ``extras`` of each;
+        nothing is copied (:data:`VIEW_FILE`, written once)."""
+        self._check_on_disk()
+        if source.name not in self.input_names:
+            raise FeatpipeError(f"stage {self.name} cannot be a view of {source.name}, which "
+                                "is not its input")
+        record = {"source": source.name, "columns": [int(columns.start), int(columns.stop)],
+                  "extras": sorted(extras)}
+        path = self.path / VIEW_FILE
+        if not path.exists():
+            atomic_write_bytes(path, json.dumps(record, sort_keys=True).encode("utf-8"))
+
+    def view(self) -> tuple[Stage, slice, tuple[str, ...]] | None:
+        """``(source stage, columns, sidecars kept)`` of a view stage, else None."""
+        if self._view is None and self.exists:
+            path = self.path / VIEW_FILE
+            try:
+                record = json.loads(path.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                return None
+            except (OSError, ValueError) as err:
+                raise FeatpipeError(f"{path}: unreadable view record ({first_line(err)})") \
+                    from None
+            if not (isinstance(record, dict) and record.get("source") in self.input_names
+                    and isinstance(record.get("columns"), list) and len(record["columns"]) == 2
+                    and all(isinstance(c, int) and c >= 0 for c in record["columns"])
+                    and isinstance(record.get("extras"), list)):
+                raise FeatpipeError(f"{path}: not a view record of this stage (an input "
+                                    "stage, two column bounds, the sidecars kept)")
+            start, stop = record["columns"]
+            self._view = (self.store.stage_by_folder(record["source"]), slice(start, stop),
+                          tuple(str(e) for e in record["extras"]))
+        return self._view
+
     def done_ids(self) -> set[str]:
-        """Items whose ledger says done and whose file exists (resume trusts both).
+        """Items whose ledger says done and whose file exists (resume trusts both); a view's,
+        those of its source.
 
         An item packed by ``featpipe cache pack`` counts as existing.
         """
+        view = self.view()
+        if view is not None:
+            return view[0].done_ids() & set(self.items.ids)
         packed = self.packed()
         packed_ids = packed.ids() if packed is not None else frozenset()
         return {
@@ -397,6 +442,9 @@ class Stage:
         """Of ``ids``, the items whose loose file holds less data than its ``.npy`` header
         declares (cut short by a failing disk or a copy: ``cache verify`` reports them), so
         that a rerun recomputes them; one header read per item, no array is loaded."""
+        view = self.view()
+        if view is not None:
+            return view[0].truncated_ids(ids)
         found = set()
         for item_id in ids:
             try:
@@ -418,6 +466,9 @@ class Stage:
 
     def failed(self) -> dict[str, str]:
         """Items whose latest state is failed, with their recorded error."""
+        view = self.view()
+        if view is not None:
+            return {i: e for i, e in view[0].failed().items() if i in set(self.items.ids)}
         done = self.done_ids()
         return {
             item_id: entry.error or "failed"
@@ -432,8 +483,19 @@ class Stage:
         """Load one item's array (``allow_pickle=False``); packed items are read from HDF5.
 
         The header is checked against the file size first: a corrupt header is an
-        :class:`ItemError` naming the item, never a MemoryError.
+        :class:`ItemError` naming the item, never a MemoryError.  A view's item is read from
+        its source (checked there) and its columns copied, as its method would have stored
+        them.
         """
+        view = self.view()
+        if view is not None:
+            source, columns, _ = view
+            array = source.read_item(item_id)
+            if array.shape[-1] < columns.stop:
+                raise ItemError(item_id, f"{array.shape[-1]} columns in {source.name}, the "
+                                         f"view {self.name} takes {columns.start}..."
+                                         f"{columns.stop - 1}")
+            return np.ascontiguousarray(array[..., columns], dtype=self.dtype)
         path = self.item_path(item_id)
         try:
             return self._read_file(item_id, ".npy", path, mmap)
@@ -446,6 +508,9 @@ class Stage:
 
     def read_extra(self, item_id: str, extra: str) -> np.ndarray | None:
         """Load a sidecar (``timestamps``, ``positions``...) or ``None`` when there is none."""
+        view = self.view()
+        if view is not None:
+            return view[0].read_extra(item_id, extra) if extra in view[2] else None
         path = self.item_path(item_id, extra)
         if not path.exists():
             packed = None if self.item_path(item_id).exists() else self.packed()
@@ -454,6 +519,9 @@ class Stage:
 
     def extras_of(self, item_id: str) -> dict[str, np.ndarray]:
         """All sidecars of one item, by name."""
+        view = self.view()
+        if view is not None:
+            return {k: v for k, v in view[0].extras_of(item_id).items() if k in view[2]}
         prefix = safe_stem(item_id) + "+"
         folder = self.item_path(item_id).parent
         packed = None if self.item_path(item_id).exists() else self.packed()

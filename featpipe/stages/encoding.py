@@ -149,12 +149,53 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
     dry_run = bool(options and options.dry_run)
     stage, items, compute, batch = plan_encode(store, input, method, params, reporter=reporter,
                                                create=not dry_run)
+    if not dry_run and view_of(stage, compute):
+        return _view_run(store, stage, items.ids, name, options or RunOptions(), reporter)
     run = run_stage(stage, items.ids, compute, store=store, name=name, options=options,
                     reporter=reporter, batch_size=batch)
     if dry_run:
         size = planned_size(stage, store.resolve(input), compute.encoder, items.ids, reporter)
         run.written = [Written(stage, name, size)]
     return run
+
+
+def view_of(stage: Stage, compute: EncodeCompute) -> bool:
+    """Make ``stage`` a view of its input when its method keeps a column range of it (the
+    method's ``view``: fisher-group) and the input is stored; True when it is one."""
+    method = load_method(compute.method)
+    if method.view is None:
+        return False
+    source = Stage(compute.input_path)
+    if not source.exists or source.view() is not None:
+        return False
+    models = {k: Stage.at(p) for k, p in compute.model_paths.items()}
+    columns, extras = method.view(compute.params, models)
+    stage.make_view(source, columns, extras)
+    return True
+
+
+def _view_run(store: Store, stage: Stage, ids, name: str | None, options: RunOptions,
+              reporter: Reporter) -> StageRun:
+    """A view stage: nothing to compute; its items are those its source has (a missing one
+    is said, as the encode of a missing input item would fail)."""
+    from featpipe.parallel import RunSummary, parse_shard
+    from featpipe.stages.base import announce, settle_name
+
+    announce(stage, name, reporter)
+    source, columns, _ = stage.view()
+    done = stage.done_ids()
+    summary = RunSummary(skipped=len(done))
+    for item_id in ids:
+        if item_id not in done:
+            summary.failed[item_id] = f"input not available: not computed in {source.name}"
+    reporter.info(f"stage {stage.name} is a view of columns {columns.start}..{columns.stop - 1} "
+                  f"of {source.name}: nothing copied")
+    reporter.info(f"summary: {summary.line()}")
+    for item_id, error in list(summary.failed.items())[:20]:
+        reporter.error(f"failed: {item_id}: {error}")
+    if parse_shard(options.shard) is None:
+        settle_name(store, name, stage, ids, options.on_error, reporter)
+    return StageRun(stage, summary)
 
 
 def planned_size(stage: Stage, source: Stage, encoder, ids, reporter: Reporter) -> int | None:

@@ -434,7 +434,8 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
                 try:
                     extraction = _extraction(stage, pool, sampling, chosen, outputs,
                                              settings)
-                    extraction.also_failed = [s for s, _ in chain.written()]
+                    extraction.also_failed = [s for s, step in zip(chain.stages, chain.steps,
+                                                                   strict=True) if step.keep]
                     run = _run(stage, extraction, [(i, paths[i]) for i in todo], summary,
                                total, options, reporter, name if not then else None)
                 except Interrupted:
@@ -489,17 +490,23 @@ class _Chain:
     names: list[str | None]
     keep: bool = True
     sizes: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    #: kept steps whose stage is a view of the extraction's (fisher-group of kept per-frame
+    #: vectors: a column range, nothing copied, :meth:`featpipe.store.Stage.make_view`)
+    views: list[bool] = dataclasses.field(default_factory=list)
 
     def written(self) -> list[tuple[Stage, str | None]]:
-        return [(stage, name) for step, stage, name in
-                zip(self.steps, self.stages, self.names, strict=True) if step.keep]
+        """The stages of kept steps (views included), with their names."""
+        return [(stage, name) for step, stage, name, view in
+                zip(self.steps, self.stages, self.names, self.views, strict=True)
+                if step.keep or view]
 
 
 def _plan_chain(store: Store, source: Stage, then: Sequence[Then], keep: bool,
                 reporter: Reporter, create: bool) -> _Chain:
     """Each step's stage as ``featpipe encode`` plans it on the stage of the step it reads
     (``source`` for the first ones), created (record only) unless planning a dry run."""
-    from featpipe.stages.encoding import plan_encode
+    from featpipe.encode.registry import load_method
+    from featpipe.stages.encoding import plan_encode, view_of
 
     chain = _Chain([], [], [], keep)
     index: dict[str, int] = {}
@@ -512,13 +519,18 @@ def _plan_chain(store: Store, source: Stage, then: Sequence[Then], keep: bool,
             raise ParameterError(err.param, f"{err.cause} (step {step.key}, "
                                  f"{step.method})") from None
         index[step.key] = len(chain.steps)
+        view = step.kept and keep and step.input is None and \
+            load_method(step.method).view is not None
+        if view and create:
+            view_of(stage, compute)
         chain.steps.append(ChainStep(
             step.key, step.method, dict(compute.params),
             {k: str(p) for k, p in compute.model_paths.items()},
             -1 if step.input is None else index[step.input], str(stage.path), stage.dtype.name,
-            step.kept))
+            step.kept and not view))
         chain.stages.append(stage)
         chain.names.append(step.name)
+        chain.views.append(view)
     return chain
 
 
@@ -747,12 +759,14 @@ def _dry_run(store, stage, name, chain: _Chain, layout: Layout, estimates, summa
     written = []
     if keep:
         written.append((stage, name, [e.bytes for e in estimates]))
-    for step, step_stage, step_name, (fixed, per_frame) in zip(
-            chain.steps, chain.stages, chain.names, chain.sizes, strict=True):
+    for step, step_stage, step_name, (fixed, per_frame), view in zip(
+            chain.steps, chain.stages, chain.names, chain.sizes, chain.views, strict=True):
         if step.keep:
             written.append((step_stage, step_name, [None if e.bytes is None else
                                                     fixed + per_frame * e.frames
                                                     for e in estimates]))
+        elif view:  # a view of the extraction's stage: a record, no items
+            written.append((step_stage, step_name, [0 for _ in estimates]))
     for output, output_name, _ in written:
         label = f" as {output_name!r}" if output_name else ""
         created = (output.path / "stage.json").exists()

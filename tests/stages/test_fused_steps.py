@@ -280,3 +280,61 @@ def test_a_dry_run_sizes_the_pass_within_5_percent_of_what_it_writes(clips, tmp_
         actual = stage_item_bytes(written.stage)
         assert abs(planned[written.stage.name] - actual) <= 0.05 * actual, (
             written.name, planned[written.stage.name], actual)
+
+
+def test_a_group_of_stored_per_frame_vectors_is_a_view_not_a_copy(clips, tmp_path):
+    """Issue 38 §2: with the per-frame Fisher vectors kept, `fisher-group` makes a view (its
+    record names the stage and the columns) whose items are those columns, read from the
+    source; in a pass that keeps both, the same."""
+    from featpipe.encode.fisher_groups import _GroupSlice
+
+    _, manifest = clips
+    store = copy_store(clips, tmp_path)
+    extract(store, manifest, "idt", params=IDT, settings=fv_settings(), name="fv",
+            options=RunOptions(jobs=2))
+    run = encode(store, "fv", "fisher-group", {"gmm": "gmm", "group": "hof"}, name="fv-hof")
+    view, source = store.resolve("fv-hof"), store.resolve("fv")
+    assert run.summary.skipped == len(manifest.ids) and not run.summary.failed
+    assert (view.path / "view.json").is_file() and not (view.path / "items").exists()
+    assert view.is_complete() and view.view()[0] == source
+    columns = _GroupSlice(store.resolve("gmm"), "hof")
+    for item_id in manifest.ids:
+        expected = columns.encode_batch([source.read_item(item_id)],
+                                        [source.extras_of(item_id)])[0]
+        np.testing.assert_array_equal(view.read_item(item_id), expected.array)
+        assert set(view.extras_of(item_id)) == set(expected.extras) == {"frame_index",
+                                                                          "timestamps"}
+    # in a pass that writes the per-frame stage, a kept group step is the same view
+    steps = [Then("fv-mbh", "fisher-group", {"gmm": "gmm", "group": "mbh"}, name="fv-mbh"),
+             Then("rp", "rankpool", input="fv-mbh", name="rp-mbh")]
+    run = extract(store, manifest, "idt", params=IDT, settings=fv_settings(steps, True),
+                  name="fv")
+    assert store.resolve("fv-mbh").view() is not None
+    assert not (store.resolve("fv-mbh").path / "items").exists()
+    assert store.resolve("rp-mbh").is_complete()
+    assert encode(store, "fv-mbh", "rankpool").summary.skipped == len(manifest.ids)
+
+
+def test_a_view_is_not_packed_and_its_source_is_kept_by_gc(tmp_path):
+    """A view holds no arrays: `cache pack` refuses it (packing would copy it), and gc keeps
+    the stage it reads while the view is named."""
+    from featpipe.errors import FeatpipeError
+    from featpipe.manifest import from_rows
+    from featpipe.pack import pack_stage
+    from featpipe.stages.cache import gc
+
+    store = Store(tmp_path / "store")
+    items = from_rows([(f"v{i}", "", ["c"], ["train"]) for i in range(3)], tmp_path)
+    source = store.stage("extract", {"n": 3}, items=items)
+    rows = np.random.default_rng(0).standard_normal((3, 5, 8))
+    for i in range(3):
+        source.write_item(f"v{i}", rows[i], {"frame_index": np.arange(5)})
+    view = store.stage("encode", {"part": 1}, inputs=[source], items=items)
+    view.make_view(source, slice(2, 6), ["frame_index"])
+    store.set_name("part", view)
+    np.testing.assert_array_equal(view.read_item("v1"), rows[1][:, 2:6].astype(np.float32))
+    assert set(view.extras_of("v1")) == {"frame_index"}
+    with pytest.raises(FeatpipeError, match="is a view of"):
+        pack_stage(view)
+    gc(store, min_age=0.0)
+    assert store.resolve("part").read_item("v2").shape == (5, 4)
