@@ -16,7 +16,9 @@ and the other way round.
 
 An item's extraction output (for the Table 6 recipe, one 101,376-value Fisher vector a frame:
 405 kB) is held in memory up to :func:`spill_bytes` and beyond that written to temporary files
-beside the item (:class:`BufferedRows`), read back memory-mapped for the steps, and removed.
+beside the item (:class:`BufferedRows`), read back memory-mapped for the steps, and removed;
+what the steps themselves need beyond that budget (rank pooling's vectors of a long video)
+goes to a temporary file of the store too (:func:`featpipe.backend.spill_array`).
 """
 
 from __future__ import annotations
@@ -29,18 +31,16 @@ import numpy as np
 from featpipe.errors import FeatpipeError, ItemError, ParameterError, describe_error
 from featpipe.fileio import checked_result
 from featpipe.items import ItemFiles, PendingItem
-from featpipe.settings import memory_setting
-
-#: Bytes of one item's extraction output held in memory before it spills to disk (the
-#: ``FEATPIPE_MEMORY`` setting when given): 1 GiB is 2,600 frames of the recipe's per-frame
-#: Fisher vectors (405 kB), 14 minutes of video at 3 sampled frames a second.
-DEFAULT_SPILL_BYTES = 2**30
 
 
 def spill_bytes() -> int:
-    """Bytes of an item's extraction output kept in memory before it spills to a file."""
-    size = memory_setting()
-    return DEFAULT_SPILL_BYTES if size is None else size
+    """Bytes of an item's extraction output kept in memory before it spills to a file: the
+    process's memory budget (``FEATPIPE_MEMORY``, default 256 MiB:
+    :func:`featpipe.backend.memory_budget`), 660 frames of the recipe's per-frame Fisher
+    vectors (405 kB each)."""
+    from featpipe.backend import memory_budget
+
+    return memory_budget()
 
 
 @dataclass(frozen=True)

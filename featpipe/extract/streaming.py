@@ -215,15 +215,20 @@ class ChainedFrames(FrameSink):
         self.inner.add(frame)
 
     def finish(self):
+        from featpipe.backend import SPILL_FOLDER
         from featpipe.chain import ChainedPending
 
         files, array, extras = self.inner.finish()
+        # what the steps spill (a long video's rank-pooling vectors) stays in the store
+        token = SPILL_FOLDER.set(str(self.inner.stage.path))
         try:
             steps = self.runner.run(self.item_id, array, extras, set(self.wanted) - {-1})
         except BaseException:
             if files is not None:
                 files.discard()
             raise
+        finally:
+            SPILL_FOLDER.reset(token)
         del array, extras  # a memory map of a spilled file
         if -1 in self.wanted:
             return ChainedPending(self.item_id, files, steps)

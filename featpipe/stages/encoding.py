@@ -45,6 +45,15 @@ class EncodeCompute:
         return self._encoder
 
     def __call__(self, ids: Sequence[str]) -> list:
+        from featpipe.backend import SPILL_FOLDER
+
+        token = SPILL_FOLDER.set(str(self.input_path))  # spills stay on the store's disk
+        try:
+            return self._encode(ids)
+        finally:
+            SPILL_FOLDER.reset(token)
+
+    def _encode(self, ids: Sequence[str]) -> list:
         source = Stage(self.input_path)
         arrays, extras, results = [], [], []
         for item_id in ids:
