@@ -31,10 +31,12 @@ class ExtractSettings:
     How the stage runs: a network's ``device`` and ``batch_size``, the ``decoder`` (part of
     the key) and its ``decode_timeout``, ``allow_partial`` and ``disk_check``."""
 
-    device: str = declared("cpu", "Where VGG-16 (and an --encode method with a device) runs.",
-                           choices=("cpu", "cuda"))
+    device: str = declared(
+        "cpu", "Where the network (VGG-16, torchvision) and an --encode method with a device "
+        "run.", choices=("cpu", "cuda"))
     batch_size: int = declared(
-        16, "Frames per VGG-16 forward pass (frames of several items share one).")
+        16, "Frames (a video model: clips) per forward pass of the network (several items "
+        "share one).")
     dtype: str = declared("float32", "Stored array type.", choices=("float32", "float16"))
     positions: bool = declared(True, "Store x, y, scale of each local feature.")
     pca: str | None = declared(

@@ -6,6 +6,9 @@ What one item holds (``stage.read_item`` and its sidecars, :mod:`featpipe.items`
 * ``vgg16-fc6``: (T, 4096) for T sampled frames; ``timestamps`` (T,) seconds;
 * ``vgg16-conv5_3``: (T·H·W, 512) local features; ``timestamps`` (T,), ``frame_index``
   (rows,) int32, ``positions`` (rows, 3) ``x, y, scale`` in frame pixels, ``image_size``;
+* ``torchvision``: (T, D) for T sampled frames, or (clips, D) for a video model (the
+  ``timestamps`` of each clip's first frame); with ``spatial``, (T·H·W, C) local features
+  with the sidecars of conv5_3 (:mod:`featpipe.extract.torchvision_features`);
 * ``dsift``: (N, 128) descriptors over all frames; ``timestamps``, ``frame_index``,
   ``image_size`` and (unless ``positions=False``) ``positions`` ``x, y, bin size``;
 * with ``encode=METHOD`` (local features only): what ``featpipe encode --method METHOD``
@@ -131,9 +134,13 @@ def choose_features(features: str, params: Mapping | None) -> Chosen:
     method = methods[features]
     record = parameter_record(method.parameters, dict(params or {}), f"--features {features}")
     method.estimator.check_param_values({**record, **dict(method.fixed)})
-    resolved = getattr(method.build(record), "effective_params", None)
+    estimator = method.build(record)
+    resolved = getattr(estimator, "effective_params", None)
     if resolved is not None:
         record = {k: v for k, v in resolved().items() if k in record}
+    local = getattr(estimator, "local", method.local)  # decided by its parameters (--spatial)
+    if local != method.local:
+        method = dataclasses.replace(method, local=local)
     return Chosen(method, record)
 
 
@@ -175,11 +182,9 @@ def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: Extract
 
             params["human_boxes"] = boxes_digest(settings.human_boxes, manifest.ids,
                                                  hashes.file_hash)
-    else:
-        from featpipe.extract.vgg import weights_identity
-
-        params.update({"weights": weights_identity(chosen.record["weights"]),
-                       "resize": chosen.record["resize"], "crop": chosen.record["crop"],
+    else:  # a network: its weights by identity, what else it declares, the precision
+        estimator = chosen.estimator()
+        params.update({"weights": estimator.weights_identity(), **estimator.stage_params(),
                        "precision": "fp16-autocast" if settings.device == "cuda" else "fp32"})
     return params
 
@@ -440,13 +445,14 @@ def _extraction(stage, pool, sampling, chosen: Chosen, sinks, settings: ExtractS
     preprocess = estimator.preprocess()
     pool.program = CropProgram(preprocess)
     model = model or estimator.network(settings.device, settings.batch_size)
-    loaded = model.model_.weights_identity
+    loaded = model.weights_identity
     if loaded != stage.params["weights"]:
         raise FeatpipeError(f"--weights {estimator.weights} changed after the stage key was "
                             f"computed ({loaded[:19]}... loaded, {stage.params['weights'][:19]}"
                             "... keyed): nothing was computed; run the command again")
-    return Extraction(stage, pool, sampling, sinks,
-                      network=Network(model, preprocess, settings.batch_size),
+    network = Network(model, preprocess, settings.batch_size, getattr(estimator, "clip", None),
+                      getattr(estimator, "clip_stride", None))
+    return Extraction(stage, pool, sampling, sinks, network=network,
                       allow_partial=settings.allow_partial, record_failures=record_failures)
 
 
