@@ -1,10 +1,12 @@
 # Sourced by bin/demo and bin/test (not run on its own): `prepare_environment SCRIPT EXTRA...`
 # uses the active virtual environment, or creates and activates .venv when none is active,
-# then installs only what is missing there: CPU torch (torch==2.13.0) when no torch imports,
-# then what `python bin/missing.py EXTRA...` lists (this checkout with those extras when
-# featpipe itself is missing; an installed featpipe is kept); then compiles featpipe's numba
-# kernels into their cache (`python -m featpipe.compiled`: once per environment, seconds when
-# they are cached already), so that no job pays for it.  Every install step that fails stops
+# then installs only what is missing there: torch as `python bin/missing.py --torch EXTRA...`
+# says (torch==2.14.1 with torchvision==0.29.1 when the extras ask for torchvision, or CPU
+# torch==2.13.0 when no torch imports), then what `python bin/missing.py EXTRA...` lists
+# (this checkout with those extras when featpipe itself is missing; an installed featpipe is
+# kept); then compiles featpipe's numba kernels into their cache (`python -m
+# featpipe.compiled`: once per environment, seconds when they are cached already), so that
+# no job pays for it.  Every install step that fails stops
 # the script with pip's own error above one line that names the step.
 
 # install_step SCRIPT WHAT PIP-ARGUMENT...: one `pip install`, announced, its failure named.
@@ -36,7 +38,16 @@ prepare_environment() {
     . .venv/bin/activate
   fi
   export PIP_DISABLE_PIP_VERSION_CHECK=1
-  python -c "import torch" 2>/dev/null || install_step "$script" "CPU torch" "torch==2.13.0"
+  # torch first: with torchvision (extras vision/all) the pair that imports together here,
+  # else CPU torch (python bin/missing.py --torch says which, or nothing when it imports)
+  arguments=$(python bin/missing.py --torch "$@") || {
+    echo "$script: the step that failed: python bin/missing.py --torch $*" >&2
+    exit 1
+  }
+  if [ -n "$arguments" ]; then
+    mapfile -t arguments <<<"$arguments"
+    install_step "$script" "torch" "${arguments[@]}"
+  fi
   arguments=$(python bin/missing.py "$@") || {
     echo "$script: the step that failed: python bin/missing.py $*" >&2
     exit 1

@@ -1,6 +1,6 @@
-"""``featpipe extract``: per-frame (VGG-16 fc6) or local (conv5_3, dense SIFT, dense
-trajectories) features, their encoding while they are computed (``--encode``), or a sample of
-them (``--sample-descriptors``).
+"""``featpipe extract``: per-frame or per-clip (VGG-16 fc6, torchvision networks) or local
+(conv5_3, a torchvision map, dense SIFT, dense trajectories) features, their encoding while
+they are computed (``--encode``), or a sample of them (``--sample-descriptors``).
 
 The work is :func:`featpipe.stages.extraction.extract`; its docstring says what an item holds.
 Every option is generated (:mod:`featpipe.cli.options`, precomputed): the frame sampling and

@@ -33,10 +33,12 @@ class ExtractSettings:
     that run in the same pass (``then``) and whether the extraction itself is written
     (``keep``)."""
 
-    device: str = declared("cpu", "Where VGG-16 (and an --encode method with a device) runs.",
-                           choices=("cpu", "cuda"))
+    device: str = declared(
+        "cpu", "Where the network (VGG-16, torchvision) and an --encode method with a device "
+        "run.", choices=("cpu", "cuda"))
     batch_size: int = declared(
-        16, "Frames per VGG-16 forward pass (frames of several items share one).")
+        16, "Frames (a video model: clips) per forward pass of the network (several items "
+        "share one).")
     dtype: str = declared("float32", "Stored array type.", choices=("float32", "float16"))
     positions: bool = declared(True, "Store x, y, scale of each local feature.")
     pca: str | None = declared(

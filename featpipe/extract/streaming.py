@@ -9,11 +9,13 @@ Where the work runs:
   the features,
   then, on a second thread, PCA and the item's output (rows appended to disk, an encoder's
   stream, or a sample); only a small result travels back.  ``--jobs N`` = N workers.
-* **VGG-16**: the workers decode, resize and crop (:class:`CropProgram`); the parent packs
-  crops of all items into batches (pinned host memory when CUDA is present) and runs the
-  model on a thread of its own (its own CUDA stream) while the next batch is packed
-  (:class:`ModelThread`); every frame's features then go to its item's output.  ``--jobs N``
-  = N decoding workers sharing one model.
+* **a network** (VGG-16, torchvision's models): the workers decode, resize and crop
+  (:class:`CropProgram`); the parent packs crops of all items into batches (pinned host
+  memory when CUDA is present) and runs the model on a thread of its own (its own CUDA
+  stream) while the next batch is packed (:class:`ModelThread`); every frame's features then
+  go to its item's output.  A clip model's batches hold clips instead: each item's last T
+  crops are kept, and every S-th frame completes a clip (:class:`Network`).  ``--jobs N`` =
+  N decoding workers sharing one model.
 
 Where an item's frames go (:class:`FrameSinks`, one :class:`FrameSink` per item) is one of:
 the features themselves, stored row by row (:class:`~featpipe.items.ItemFiles`); their
@@ -427,7 +429,7 @@ class _LocalFeatureJob:
 
 
 class CropProgram(SendFrames):
-    """VGG-16 preprocessing in the decoding worker: (crop, original (height, width))."""
+    """A network's preprocessing in the decoding worker: (crop, original (height, width))."""
 
     def __init__(self, preprocess):
         self.preprocess = preprocess
@@ -446,21 +448,23 @@ class CropProgram(SendFrames):
 
 class ModelThread:
     """The model on a thread of its own: ``submit`` a batch of crops (a host buffer of
-    (B, H, W, 3) uint8, pinned when CUDA is present) and collect ``(features, tag)`` with
+    (B, *shape) uint8: (B, H, W, 3) crops or (B, T, H, W, 3) clips, pinned when CUDA is
+    present) and collect ``(features, tag)`` with
     ``results``; at most one batch waits while one computes, so the caller packs the next
     batch meanwhile, and ``wake`` (a pipe) becomes readable when a batch is done;
     ``last_seconds`` is the last batch's duration.
     ``model.forward_crops(uint8 tensor) -> numpy`` runs on one CUDA stream (when on CUDA); a
     failure of the model ends the run (it is no item's fault)."""
 
-    def __init__(self, model, batch_size: int, crop: int, device: str = "cpu", buffers: int = 3):
+    def __init__(self, model, batch_size: int, shape: tuple[int, ...], device: str = "cpu",
+                 buffers: int = 3):
         import torch
 
         self.model = model
         pin = device == "cuda" and torch.cuda.is_available()
         self.free: queue.Queue = queue.Queue()
         for _ in range(buffers):
-            self.free.put(torch.empty((batch_size, crop, crop, 3), dtype=torch.uint8,
+            self.free.put(torch.empty((batch_size, *shape), dtype=torch.uint8,
                                       pin_memory=pin))
         self.todo: queue.Queue = queue.Queue(maxsize=1)
         self.done: queue.Queue = queue.Queue()
@@ -536,7 +540,9 @@ class ModelThread:
 
 @dataclass
 class _Item:
-    """An item in flight in the parent: its output (VGG) and its frames in the model."""
+    """An item in flight in the parent: its output (a network's), its rows (frames or clips)
+    sent to the model and those in the model, and a clip model's last crops (``window``,
+    ``seen`` frames so far)."""
 
     output: FrameSink | None
     started: float
@@ -545,18 +551,25 @@ class _Item:
     pending: int = 0
     decoded: bool = False
     warning: str | None = None
+    window: list = field(default_factory=list)
+    seen: int = 0
 
 
 @dataclass(frozen=True)
 class Network:
-    """A network in the parent process (VGG-16): ``model.forward_crops(uint8 crops)`` gives
-    one row (a per-frame vector) or a map of local features per crop, of the crops the
-    workers' ``preprocess`` makes (its side is ``preprocess.crop``), ``batch_size`` crops per
-    forward pass."""
+    """A network in the parent process: ``model.forward_crops(uint8 crops)`` gives one row
+    (a per-frame vector) or a map of local features (at ``preprocess.positions(frame
+    shape)``) per crop, of the crops the workers' ``preprocess`` makes (``preprocess.shape``:
+    height, width), ``batch_size`` crops per forward pass.  A clip model (``clip`` = T) takes
+    (T, H, W, 3) clips instead: T consecutive sampled frames, one clip every ``clip_stride``
+    frames from the first, ``batch_size`` clips per pass; an item of fewer than T frames
+    gives one clip, its last frame repeated."""
 
     model: object
     preprocess: object
     batch_size: int
+    clip: int | None = None
+    clip_stride: int | None = None
 
 
 class Extraction:
@@ -676,16 +689,64 @@ class Extraction:
                 elif kind == "store-error":
                     self._store_error(event)
 
-    def _run_model(self):
-        """VGG-16: pack crops across items into batches; the model thread computes one
-        batch while the next is packed; frames go to their item's output in order."""
-        from featpipe.extract.vgg import conv5_3_positions
+    def _inputs(self, item: _Item, crop: np.ndarray, seconds: float, frame_shape) -> list:
+        """What one decoded crop completes: itself (a frame model), or for a clip model the
+        clip that ends at this frame, if one does: [(crops, seconds of the first, frame
+        shape)]."""
+        clip, stride = self.network.clip, self.network.clip_stride or self.network.clip
+        if clip is None:
+            return [([crop], seconds, frame_shape)]
+        item.window = [*item.window[max(0, len(item.window) + 1 - clip):],
+                       (crop, seconds, frame_shape)]
+        item.seen += 1
+        if item.seen < clip or (item.seen - clip) % stride:
+            return []
+        return [([c for c, _, _ in item.window], item.window[0][1], frame_shape)]
 
+    def _short_clip(self, item: _Item) -> list:
+        """At an item's end: one clip of its frames, the last repeated, when it has frames
+        but fewer than one clip's (said in the item's warning)."""
+        clip = self.network.clip
+        if clip is None or item.frames or not item.window:
+            return []
+        crops = [c for c, _, _ in item.window]
+        note = (f"{len(crops)} sampled frames, fewer than one clip of {clip}: its last frame "
+                "is repeated")
+        item.warning = f"{item.warning}; {note}" if item.warning else note
+        return [(crops + [crops[-1]] * (clip - len(crops)), item.window[0][1],
+                 item.window[-1][2])]
+
+    def _run_model(self):
+        """A network: pack crops (or clips) across items into batches; the model thread
+        computes one batch while the next is packed; rows go to their item's output in
+        order."""
         network = self.network
         preprocess, batch_size = network.preprocess, network.batch_size
-        model = ModelThread(network.model, batch_size, preprocess.crop,
+        shape = (*preprocess.shape, 3) if network.clip is None \
+            else (network.clip, *preprocess.shape, 3)
+        model = ModelThread(network.model, batch_size, shape,
                             getattr(network.model, "device", "cpu"))
         buffer, tags, packed_since = None, [], 0.0
+
+        def pack(item_id: str, item: _Item, inputs: list) -> None:
+            nonlocal buffer, tags, packed_since
+            for crops, seconds, frame_shape in inputs:
+                if buffer is None:
+                    buffer, packed_since = model.buffer(), time.monotonic()
+                slot = buffer[len(tags)].numpy()
+                if network.clip is None:
+                    slot[...] = crops[0]
+                else:
+                    for t, crop in enumerate(crops):
+                        slot[t] = crop
+                tags.append((item_id, item.generation, item.frames, seconds,
+                             tuple(frame_shape)))
+                item.frames += 1
+                item.pending += 1
+                if len(tags) == batch_size:
+                    model.submit(buffer, len(tags), tags)
+                    buffer, tags = None, []
+
         try:
             while self.pool.busy or tags or model.busy:
                 # A partial batch goes to an idle model once it has waited as long as the
@@ -709,37 +770,35 @@ class Extraction:
                         item.output.abort()
                         item.output = self.outputs.open(item_id)
                         item.generation += 1
+                        item.frames, item.window, item.seen = 0, [], 0
                     elif kind == "end":
                         item.decoded, item.warning = True, event[3]
+                        pack(item_id, item, self._short_clip(item))
+                        item.window = []
                     else:
-                        for (crop, shape), seconds in zip(event[2], event[3], strict=True):
-                            if buffer is None:
-                                buffer, packed_since = model.buffer(), time.monotonic()
-                            buffer[len(tags)].numpy()[...] = crop
-                            tags.append((item_id, item.generation, item.frames, seconds,
-                                         tuple(shape)))
-                            item.frames += 1
-                            item.pending += 1
-                            if len(tags) == batch_size:
-                                model.submit(buffer, len(tags), tags)
-                                buffer, tags = None, []
+                        for (crop, frame_shape), seconds in zip(event[2], event[3],
+                                                                strict=True):
+                            pack(item_id, item, self._inputs(item, crop, seconds,
+                                                             frame_shape))
                         self.on_frames(len(event[3]))
                 if tags and model.busy == 0 and (not self.pool.busy or time.monotonic() >= max(
                         packed_since, model.idle_since) + model.last_seconds):
                     model.submit(buffer, len(tags), tags)
                     buffer, tags = None, []
                 for features, batch_tags in model.results():
-                    for row, (item_id, generation, index, seconds, shape) in zip(
+                    for row, (item_id, generation, index, seconds, frame_shape) in zip(
                             features, batch_tags, strict=True):
                         item = self.items.get(item_id)
-                        if item is None or item.generation != generation:
-                            continue  # failed or restarted meanwhile
+                        if item is None:
+                            continue  # failed meanwhile
                         item.pending -= 1
-                        if not self.outputs.local:  # one vector per frame (fc6)
+                        if item.generation != generation:
+                            continue  # restarted meanwhile: a frame of the void pass
+                        if not self.outputs.local:  # one vector per frame or clip
                             frame = Frame(row[None], index, seconds)
                         else:
-                            frame = Frame(row, index, seconds, conv5_3_positions(
-                                preprocess.crop, preprocess, shape), shape)
+                            frame = Frame(row, index, seconds,
+                                          preprocess.positions(frame_shape), frame_shape)
                         try:
                             item.output.add(frame)
                         except WriteError:

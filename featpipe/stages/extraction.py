@@ -6,6 +6,9 @@ What one item holds (``stage.read_item`` and its sidecars, :mod:`featpipe.items`
 * ``vgg16-fc6``: (T, 4096) for T sampled frames; ``timestamps`` (T,) seconds;
 * ``vgg16-conv5_3``: (T·H·W, 512) local features; ``timestamps`` (T,), ``frame_index``
   (rows,) int32, ``positions`` (rows, 3) ``x, y, scale`` in frame pixels, ``image_size``;
+* ``torchvision``: (T, D) for T sampled frames, or (clips, D) for a video model (the
+  ``timestamps`` of each clip's first frame); with ``spatial``, (T·H·W, C) local features
+  with the sidecars of conv5_3 (:mod:`featpipe.extract.torchvision_features`);
 * ``dsift``: (N, 128) descriptors over all frames; ``timestamps``, ``frame_index``,
   ``image_size`` and (unless ``positions=False``) ``positions`` ``x, y, bin size``;
 * with ``encode=METHOD`` (local features only): what ``featpipe encode --method METHOD``
@@ -151,9 +154,13 @@ def choose_features(features: str, params: Mapping | None) -> Chosen:
     method = methods[features]
     record = parameter_record(method.parameters, dict(params or {}), f"--features {features}")
     method.estimator.check_param_values({**record, **dict(method.fixed)})
-    resolved = getattr(method.build(record), "effective_params", None)
+    estimator = method.build(record)
+    resolved = getattr(estimator, "effective_params", None)
     if resolved is not None:
         record = {k: v for k, v in resolved().items() if k in record}
+    local = getattr(estimator, "local", method.local)  # decided by its parameters (--spatial)
+    if local != method.local:
+        method = dataclasses.replace(method, local=local)
     return Chosen(method, record)
 
 
@@ -198,18 +205,16 @@ def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: Extract
 
             params["human_boxes"] = boxes_digest(settings.human_boxes, manifest.ids,
                                                  hashes.file_hash)
-    else:
-        from featpipe.extract.vgg import weights_identity
-
+    else:  # a network: its weights by identity, what else it declares, the precision
+        estimator = chosen.estimator()
         try:
-            identity = weights_identity(chosen.record["weights"])
+            identity = estimator.weights_identity()
         except FeatpipeError as err:
             if problems is None:
                 raise
             problems.append(str(err))  # a dry run lists it and plans on
             identity = MISSING_WEIGHTS
-        params.update({"weights": identity,
-                       "resize": chosen.record["resize"], "crop": chosen.record["crop"],
+        params.update({"weights": identity, **estimator.stage_params(),
                        "precision": "fp16-autocast" if settings.device == "cuda" else "fp32"})
     return params
 
@@ -670,16 +675,19 @@ def _time_network(path: str, sampling: Sampling, chosen: Chosen,
     import time
 
     record = dict(chosen.record)
-    if "weights" in record:
-        try:
-            from featpipe.extract.vgg import weights_identity
-
-            weights_identity(record["weights"])
-        except FeatpipeError:
-            record["weights"] = "random:0"
+    try:
+        chosen.method.build(record).weights_identity()
+    except FeatpipeError:  # the file is missing: the same network, seeded random weights
+        record["weights"] = "random:0"
     estimator = chosen.method.build(record)
     preprocess = estimator.preprocess()
     model = estimator.network(settings.device, CALIBRATION_BATCH)
+    clip = getattr(estimator, "clip", None)
+    if clip:  # one clip of T frames, a vector every clip_stride frames
+        model.forward_crops(_crops(path, sampling, preprocess, clip)[None])  # start-up
+        started = time.process_time()
+        model.forward_crops(_crops(path, sampling, preprocess, clip)[None])
+        return estimator.clip_stride or clip, time.process_time() - started
     model.forward_crops(_crops(path, sampling, preprocess, 1))  # start-up
     started = time.process_time()
     crops = _crops(path, sampling, preprocess, CALIBRATION_BATCH)
@@ -694,9 +702,10 @@ def _crops(path, sampling, preprocess, count):
 
     crops = []
     for _, frame in iter_frames(path, sampling):
-        crops.append(preprocess(frame))
+        crops.append(np.asarray(preprocess(frame)))
         if len(crops) == count:
             break
+    crops += crops[-1:] * (count - len(crops))  # a short video: its last frame repeated
     return torch.from_numpy(np.stack(crops))
 
 
@@ -826,13 +835,14 @@ def _extraction(stage, pool, sampling, chosen: Chosen, sinks, settings: ExtractS
     preprocess = estimator.preprocess()
     pool.program = CropProgram(preprocess)
     model = model or estimator.network(settings.device, settings.batch_size)
-    loaded = model.model_.weights_identity
+    loaded = model.weights_identity
     if loaded != stage.params["weights"]:
         raise FeatpipeError(f"--weights {estimator.weights} changed after the stage key was "
                             f"computed ({loaded[:19]}... loaded, {stage.params['weights'][:19]}"
                             "... keyed): nothing was computed; run the command again")
-    return Extraction(stage, pool, sampling, sinks,
-                      network=Network(model, preprocess, settings.batch_size),
+    network = Network(model, preprocess, settings.batch_size, getattr(estimator, "clip", None),
+                      getattr(estimator, "clip_stride", None))
+    return Extraction(stage, pool, sampling, sinks, network=network,
                       allow_partial=settings.allow_partial, record_failures=record_failures)
 
 

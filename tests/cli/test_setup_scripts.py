@@ -4,6 +4,7 @@ featpipe; the install path runs the real pip in a fresh environment, and a faile
 itself under pip's own error."""
 
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -149,8 +150,31 @@ def test_a_failed_install_step_shows_pips_error_and_names_the_step(tmp_path):
     proc = subprocess.run([str(REPO / "bin" / "test"), "-q"], env=env, text=True,
                           capture_output=True, timeout=300)
     assert proc.returncode == 1
-    assert "ERROR: " in proc.stderr and "torch==2.13.0" in proc.stderr  # pip's own words
+    pair = " ".join(missing.TORCH_PAIRS.get(platform.machine(), ["torch", "torchvision"]))
+    assert "ERROR: " in proc.stderr and pair.split()[0] in proc.stderr  # pip's own words
     assert proc.stderr.rstrip().splitlines()[-1] == (
-        "bin/test: the step that failed: installing CPU torch (python -m pip install -q "
-        "torch==2.13.0); pip's error is above")
+        f"bin/test: the step that failed: installing torch (python -m pip install -q {pair}); "
+        "pip's error is above")
     assert "passed" not in proc.stdout  # pytest never started
+
+
+def test_torch_comes_with_torchvision_when_the_extras_ask_for_it(monkeypatch):
+    """bin/test (every extra) installs the torch and torchvision pair that imports together
+    on the machine; bin/demo (cnn, demo) CPU torch; FEATPIPE_TORCHVISION=0 leaves torchvision
+    and its extra out; nothing when they import already."""
+    monkeypatch.delenv("FEATPIPE_TORCHVISION", raising=False)
+    nothing = lambda module: False  # noqa: E731
+    assert missing.torch_install(["all"], "x86_64", nothing) == [
+        "torch==2.14.1", "torchvision==0.29.1"]
+    assert missing.torch_install(["all"], "aarch64", nothing) == [
+        "torch==2.9.1", "torchvision==0.24.1"]
+    assert missing.torch_install(["cnn", "demo"], "x86_64", nothing) == ["torch==2.13.0"]
+    assert missing.torch_install(["all"], "x86_64", lambda module: True) == []
+    assert missing.torch_install(["cnn"], "x86_64", lambda module: module == "torch") == []
+    assert missing.missing(["all"], lambda name: name != "featpipe") == \
+        ["--editable", ".[all]"]
+    monkeypatch.setenv("FEATPIPE_TORCHVISION", "0")
+    assert missing.torch_install(["all"], "x86_64", nothing) == ["torch==2.13.0"]
+    assert missing.missing(["all"], lambda name: name != "featpipe") == \
+        ["--editable", ".[cnn,cluster,demo,test]"]
+    assert "torchvision>=0.16" not in missing.missing(["all"], lambda name: name == "featpipe")
