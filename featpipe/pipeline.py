@@ -191,8 +191,8 @@ def check_arguments(step: Step, path: Path) -> None:
     signature = _signature(step.function)
     accepted = set(signature.parameters) - {"store", "reporter", "options", "command"}
     record = _flat_record(step.function)
-    if record is not None:
-        accepted = accepted - {record[0]} | {f.name for f in fields(record[1])}
+    if record is not None:  # its fields, but the steps of a pass (made from other steps)
+        accepted = accepted - {record[0]} | {f.name for f in fields(record[1])} - {"then"}
     if "options" in signature.parameters:
         accepted |= set(RUN_OPTIONS)
     if step.function in FUSABLE:

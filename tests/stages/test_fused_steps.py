@@ -338,3 +338,56 @@ def test_a_view_is_not_packed_and_its_source_is_kept_by_gc(tmp_path):
         pack_stage(view)
     gc(store, min_age=0.0)
     assert store.resolve("part").read_item("v2").shape == (5, 4)
+
+
+def test_a_pipeline_fuses_its_chains_and_keeps_what_is_read_or_asked_for(tmp_path,
+                                                                          monkeypatch):
+    """Issue 38 §2: `featpipe run` runs an extraction and the encode steps after it as one
+    pass; a step's stage is written when a step outside the pass reads it (the classify of
+    `grid`'s pooling), when nothing reads it, or with `keep = true`; a step with run options
+    of its own runs alone; `--step` of a step of a pass runs the pass."""
+    from featpipe.pipeline import load_pipeline, plan_fusion, run_pipeline
+
+    monkeypatch.chdir(tmp_path)
+    render_dataset(tmp_path / "clips", per_class=2, frames=8)
+    (tmp_path / "p.toml").write_text("""
+[pipeline]
+store = "store"
+[steps.sift]
+stage = "extract"
+manifest = "clips/manifest.csv"
+features = "dsift"
+params = { sizes = [8], step = 16 }
+sampling = { every = 2 }
+[steps.grid]
+stage = "encode"
+input = "sift"
+method = "spatial-grid"
+params = { grid = "2x2" }
+keep = true
+[steps.avg]
+stage = "encode"
+input = "grid"
+method = "avg"
+[steps.hrp]
+stage = "encode"
+input = "grid"
+method = "hrp"
+params = { window = 2 }
+jobs = 2
+[steps.result]
+stage = "classify"
+inputs = ["avg"]
+""")
+    pipeline = load_pipeline(tmp_path / "p.toml")
+    fusion = plan_fusion(pipeline.steps)
+    assert fusion.members == {"sift": ["grid", "avg"]}  # hrp has run options of its own
+    assert fusion.kept == {"sift": False, "grid": True, "avg": True}
+    store = Store(tmp_path / "store")
+    run_pipeline(pipeline, store, only=lambda step: step.name == "avg")
+    assert store.resolve("grid").is_complete() and store.resolve("avg").is_complete()
+    assert "sift" not in store.names()
+    assert not list((tmp_path / "store" / "stages").glob("extract-*/items/*/*.npy"))
+    results = run_pipeline(pipeline, store)
+    assert results[3].summary.done == 8  # hrp, alone, from the kept grid stage
+    assert results[0].summary.done == 0 and results[0].summary.skipped == 8
