@@ -391,3 +391,30 @@ inputs = ["avg"]
     results = run_pipeline(pipeline, store)
     assert results[3].summary.done == 8  # hrp, alone, from the kept grid stage
     assert results[0].summary.done == 0 and results[0].summary.skipped == 8
+
+
+def test_fit_gmm_warns_when_its_sample_is_thin_for_its_components(clips, tmp_path):
+    """Issue 38 §3: fewer sampled rows per component than a diagonal Gaussian has parameters
+    (2 d + 1) is a warning of `fit gmm` (and of its dry run, tests/cli/test_recipe_pipeline.py),
+    naming the group, the rows and the most components those rows carry."""
+    from featpipe.stages import Reporter
+
+    class Warnings(Reporter):
+        def __init__(self):
+            self.lines = []
+
+        def warn(self, text):
+            self.lines.append(text)
+
+    store = copy_store(clips, tmp_path)
+    rows = len(store.resolve("sample").read_item(store.resolve("sample").items.ids[0]))
+    # the sample: about 250 rows; MBH's 96 dimensions (193 parameters) take one component
+    quiet, thin = Warnings(), Warnings()
+    fit_gmm(store, "sample", name="g1", groups="hog,hof,mbh", pca_fraction=0.5,
+            n_components=1, sample=4000, reporter=quiet)
+    fit_gmm(store, "sample", name="g64", groups="hog,hof,mbh", pca_fraction=0.5,
+            n_components=64, sample=4000, reporter=thin)
+    assert rows and not quiet.lines
+    assert [line.split(":")[1].strip() for line in thin.lines] == ["group hog", "group hof",
+                                                                   "group mbh"]
+    assert all("for K = 64 components" in line and "(2 x " in line for line in thin.lines)
