@@ -1,7 +1,8 @@
 """Write ``docs/cli.md`` from the click commands: ``python -m featpipe.cli.docgen > docs/cli.md``.
 
 Every command and subcommand of ``featpipe`` in a fixed order (the group's listing), each with
-its usage line, its help text as ``--help`` prints it and a table of its options (flags,
+its usage line and help text as ``--help`` prints them (a ``text`` block: output, which
+the documentation's runner shows and never runs) and a table of its options (flags,
 metavar, help with default).  The text is rendered at a fixed width, with no plugin encoders
 (``$FEATPIPE_ENCODERS`` is ignored; an installed ``featpipe.encoders`` entry point
 would add its methods), so the file depends on the code only;
@@ -37,7 +38,7 @@ def _section(command: click.Command, ctx: click.Context) -> list[str]:
     command.format_help_text(ctx, formatter)
     if isinstance(command, click.Group):
         command.format_commands(ctx, formatter)
-    lines = [f"## `{ctx.command_path}`", "", "```", formatter.getvalue().rstrip(), "```", ""]
+    lines = [f"## `{ctx.command_path}`", "", "```text", formatter.getvalue().rstrip(), "```", ""]
     records = [p.get_help_record(ctx) for p in command.get_params(ctx)]
     records = [r for r in records if r is not None]
     if records:
