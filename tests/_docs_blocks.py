@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -194,6 +195,7 @@ class BlockRun:
     stdout: str = ""
     stderr: str = ""
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # user + system, of this process and the processes it waited for
 
 
 @dataclass
@@ -209,6 +211,17 @@ class PageRun:
     @property
     def seconds(self) -> float:
         return sum(r.seconds for r in self.runs)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(r.cpu_seconds for r in self.runs)
+
+
+def _cpu() -> float:
+    """CPU seconds so far of this process and of its children that have been waited for."""
+    own, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
+                                                       resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _shell_text(block: Block) -> str:
@@ -228,12 +241,13 @@ def run_block(block: Block, folder: Path, env: dict, namespace: dict) -> BlockRu
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(block.runnable_text(), encoding="utf-8")
         return BlockRun(block, False)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _cpu()
     if block.language in SHELL:
         proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", _shell_text(block)],
                               cwd=folder, env=env, capture_output=True, text=True,
                               timeout=BLOCK_TIMEOUT)
-        run = BlockRun(block, True, proc.stdout, proc.stderr, time.perf_counter() - started)
+        run = BlockRun(block, True, proc.stdout, proc.stderr, time.perf_counter() - started,
+                       _cpu() - cpu)
         if proc.returncode != 0:
             raise AssertionError(f"{block.where}: the {block.language} block exited "
                                  f"{proc.returncode}\n--- block ---\n{block.runnable_text()}"
@@ -250,7 +264,8 @@ def run_block(block: Block, folder: Path, env: dict, namespace: dict) -> BlockRu
                                  f"{block.runnable_text()}") from err
         finally:
             os.chdir(saved)
-        return BlockRun(block, True, seconds=time.perf_counter() - started)
+        return BlockRun(block, True, seconds=time.perf_counter() - started,
+                        cpu_seconds=_cpu() - cpu)
     return BlockRun(block, False)  # output and data blocks are shown only
 
 
@@ -285,8 +300,10 @@ if __name__ == "__main__":
     for name in sys.argv[1:] or PAGES:
         run = page_run(name)
         for item in run.runs:
-            state = f"{item.seconds:6.1f} s" if item.ran else "  shown "
+            state = (f"{item.seconds:6.1f} s, CPU {item.cpu_seconds:6.1f} s" if item.ran
+                     else "  (not run)")
             print(f"{state}  {item.block.where} {item.block.language}"
                   + (f" (skip: {item.block.skip})" if item.block.skip else ""))
-        print(f"{name}: {run.seconds:.1f} s" + (f"\nFAILED: {run.failure}" if run.failure
+        print(f"{name}: {run.seconds:.1f} s, CPU {run.cpu_seconds:.1f} s; load "
+              f"{os.getloadavg()[0]:.1f}" + (f"\nFAILED: {run.failure}" if run.failure
                                                  else ""))

@@ -21,6 +21,7 @@ from featpipe.cli.common import (
     store_option,
 )
 from featpipe.cli.options import table_entry
+from featpipe.cli.suggest import Choice
 
 
 def table_source() -> dict[str, list[str]]:
@@ -55,11 +56,11 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
 @store_option
 @click.option("--input", "-i", "inputs", multiple=True, required=True, metavar="NAME",
               help="Encoded stage (repeat to fuse several encodings).")
-@click.option("--kernel", "-k", "kernels", multiple=True, type=click.Choice(CHOICES["kernel"]),
+@click.option("--kernel", "-k", "kernels", multiple=True, type=Choice(CHOICES["kernel"]),
               default=("linear",), show_default=True,
               help="Kernel: one for all inputs or one per input, in --input order.")
 @click.option("--fusion", default="average", show_default=True,
-              type=click.Choice(CHOICES["fusion"]),
+              type=Choice(CHOICES["fusion"]),
               help="How the per-input kernels are combined.")
 @click.option("--weights", default=None, metavar="W,W,...",
               help="Fusion weights, one per input (default: equal).")
@@ -74,19 +75,19 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
                    "note].")
 @click.option("--split", "split", default="1", show_default=True, metavar="K|all",
               help="Which split of the manifest; 'all' reports mean and std over splits.")
-@click.option("--metric", default=None, type=click.Choice(CHOICES["metric"]),
+@click.option("--metric", default=None, type=Choice(CHOICES["metric"]),
               help="Headline metric [default: map for multi-label items, else accuracy].")
 @click.option("--ap", "ap_mode", default="standard", show_default=True,
-              type=click.Choice(CHOICES["ap"]), help="AP: non-interpolated or VOC2007 11-point.")
+              type=Choice(CHOICES["ap"]), help="AP: non-interpolated or VOC2007 11-point.")
 @click.option("--solver", default="libsvm", show_default=True,
-              type=click.Choice(CHOICES["solver"]),
+              type=Choice(CHOICES["solver"]),
               help="libsvm on the precomputed kernel, or liblinear on explicit features "
                    "(linear, ssr, ser, chi2-map).")
 @click.option("--gamma", default=None, type=float,
               help="chi2-exp γ [default: 1 / mean train chi-square distance].")
 @click.option("--order", default=1, show_default=True, type=int,
               help="chi2-map: order of the homogeneous kernel map.")
-@click.option("--normalize", default="none", show_default=True, type=click.Choice(["none", "l2"]),
+@click.option("--normalize", default="none", show_default=True, type=Choice(["none", "l2"]),
               help="L2-normalise each encoding before its kernel (usual for rank pooling).")
 @click.option("--jobs", "-j", default=-1, show_default=True, type=int, callback=check_jobs,
               help="Threads for the chi-square kernels (capped at the cores; -1: all cores).")

@@ -8,6 +8,7 @@ from importlib import resources
 import click
 
 from featpipe.cli import LazyGroup
+from featpipe.cli.suggest import Choice
 
 #: the example pipeline files by name, package data (pyproject's ``package-data``): the
 #: walkthrough's, and the dense-trajectory recipe of issue 32 (docs/walkthrough.md)
@@ -26,7 +27,7 @@ def example():
 
 
 @example.command("pipeline")
-@click.argument("name", default="walkthrough", type=click.Choice(list(PIPELINES)))
+@click.argument("name", default="walkthrough", type=Choice(list(PIPELINES)))
 def pipeline(name):
     """Print a pipeline file: the walkthrough's (featpipe example pipeline > pipeline.toml) or
     the dense-trajectory recipe's (featpipe example pipeline trajectories)."""
