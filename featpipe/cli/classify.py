@@ -25,13 +25,15 @@ from featpipe.cli.suggest import Choice
 
 
 def table_source() -> dict[str, list[str]]:
-    """The choices of ``--kernel --fusion --metric --ap --solver`` (``options.json``)."""
+    """The choices of ``--kernel --fusion --fusion-scale --metric --ap --solver``
+    (``options.json``)."""
     from featpipe.classify.experiment import METRICS, SOLVERS
-    from featpipe.classify.fusion import FUSIONS
+    from featpipe.classify.fusion import FUSIONS, SCALES
     from featpipe.classify.kernels import KERNELS
     from featpipe.classify.metrics import AP_MODES
 
-    return {"kernel": list(KERNELS), "fusion": list(FUSIONS), "metric": list(METRICS),
+    return {"kernel": list(KERNELS), "fusion": list(FUSIONS), "fusion_scale": list(SCALES),
+            "metric": list(METRICS),
             "ap": list(AP_MODES), "solver": list(SOLVERS)}
 
 
@@ -62,6 +64,10 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
 @click.option("--fusion", default="average", show_default=True,
               type=Choice(CHOICES["fusion"]),
               help="How the per-input kernels are combined.")
+@click.option("--fusion-scale", default=CHOICES["fusion_scale"][0], show_default=True,
+              type=Choice(CHOICES["fusion_scale"]),
+              help="How each fused kernel is scaled before the average: to a mean k(x, x) of 1 "
+                   "over the train items, or as computed (docs/classify.md, Fusion).")
 @click.option("--weights", default=None, metavar="W,W,...",
               help="Fusion weights, one per input (default: equal).")
 @click.option("--C", "C_values", multiple=True, default=("1000",), show_default=True,
@@ -96,12 +102,13 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
 @click.option("--intersect", is_flag=True,
               help="Fuse inputs that hold different items on the items they share, saying "
                    "how many each input loses (default: refuse, naming the missing ids).")
-def classify(store_path, inputs, kernels, fusion, weights, C_values, cv, split, metric,
-             ap_mode, solver, gamma, order, normalize, jobs, report_path, intersect):
+def classify(store_path, inputs, kernels, fusion, fusion_scale, weights, C_values, cv, split,
+             metric, ap_mode, solver, gamma, order, normalize, jobs, report_path, intersect):
     """Train one-vs-rest kernel SVMs on encoded items and report accuracy or mAP."""
     from featpipe.stages.classification import classify as classify_stage
 
     classify_stage(open_store(store_path), inputs, kernels, fusion=fusion,
+                   fusion_scale=fusion_scale,
                    weights=_numbers([weights], "--weights") if weights else None,
                    C=_numbers(C_values, "--C"), cv=cv, split=split, metric=metric,
                    ap_mode=ap_mode, solver=solver, gamma=gamma, order=order,
