@@ -88,3 +88,11 @@ def test_featpipe_in_shell_blocks_is_this_checkout(tmp_path):
     run = docs.run_block(block, tmp_path, env, {})
     assert run.stdout.startswith("featpipe, version ")
     assert run.stdout.splitlines()[1] == str(docs.REPO / "featpipe" / "__init__.py")
+
+
+def test_a_console_block_runs_its_prompt_lines_only(tmp_path):
+    env = docs.environment(docs.featpipe_bin(tmp_path / "bin"))
+    block = docs.Block("p.md", 1, "console", "$ echo one > out.txt\nsome output, not run\n"
+                       "$ echo two >> out.txt\n")
+    assert docs.run_block(block, tmp_path, env, {}).ran
+    assert (tmp_path / "out.txt").read_text() == "one\ntwo\n"
