@@ -69,6 +69,7 @@ from featpipe.fileio import (
 )
 from featpipe.manifest import Manifest
 from featpipe.packed import PackedItems
+from featpipe.suggest import did_you_mean
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: A stage folder name, ``<kind>-<16 hex digits of its key>``: one path component, no dots.
@@ -1014,8 +1015,9 @@ class Store:
             return self.stage_by_folder(folder)
         if STAGE_FOLDER.match(name) and (self.stages_dir / name / "stage.json").exists():
             return self.stage_by_folder(name)
-        known = ", ".join(self.names()) or "none yet"
+        names = self.names()
+        hint = did_you_mean(name, names)
         raise FeatpipeError(
-            f"no stage named {name!r} in store {self.root} (names: {known}; "
-            "see `featpipe cache ls`)"
+            f"no stage named {name!r} in store {self.root}{': ' + hint if hint else ''} "
+            f"(names: {', '.join(names) or 'none yet'}; see `featpipe cache ls`)"
         )

@@ -8,6 +8,7 @@ from importlib import resources
 import click
 
 from featpipe.cli import LazyGroup
+from featpipe.cli.suggest import Choice
 
 #: the example pipeline files by name, package data (pyproject's ``package-data``): the
 #: walkthrough's, and the dense-trajectory recipe of issue 32 (docs/walkthrough.md)
@@ -55,7 +56,7 @@ def example():
 
 
 @example.command("pipeline")
-@click.argument("name", default="walkthrough", type=click.Choice(list(PIPELINES)))
+@click.argument("name", default="walkthrough", type=Choice(list(PIPELINES)))
 @click.option("--small", is_flag=True, help="The recipe's variant for featpipe's rendered "
               "clips (trajectories only): the same steps, small settings, a minute to run.")
 def pipeline(name, small):

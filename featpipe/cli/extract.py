@@ -21,12 +21,14 @@ from featpipe.cli.common import (
     run_options,
     store_option,
 )
+from featpipe.cli.method_help import MethodCommand
 from featpipe.cli.options import (
     make_option,
     method_option_specs,
     parameter_option_specs,
     table_entry,
 )
+from featpipe.cli.suggest import Choice
 
 #: the temporal encoders --temporal offers
 POOLING = ("avg", "max", "tpyramid", "arp", "rankpool", "hrp", "recursive")
@@ -52,11 +54,11 @@ def table_source() -> dict:
 
     features = load_features()
     methods = load_methods()
-    specs = method_option_specs({name: methods[name] for name in LOCAL_ENCODERS})
+    specs = method_option_specs({name: methods[name] for name in LOCAL_ENCODERS}, "encode")
     return {"features": [[m.name, m.summary] for m in features.values()],
             "sampling": parameter_option_specs(record_parameters(Sampling)),
             "settings": parameter_option_specs(record_parameters(ExtractSettings)),
-            "feature_options": method_option_specs(features),
+            "feature_options": method_option_specs(features, "features"),
             "options": [s for s in specs if s["decls"][-1] != "device"]}
 
 
@@ -66,16 +68,21 @@ def _make_command() -> click.Command:
     groups = {group: [spec["decls"][-1] for spec in entry[group]]
               for group in ("sampling", "settings", "feature_options")}
 
-    @click.command("extract", epilog=EPILOG)
+    listing = "\n".join(f"  {name:14s} {summary}" for name, summary in features.items())
+
+    @click.command("extract", cls=MethodCommand, selectors=("features", "encode"), epilog=EPILOG,
+                   help="Decode each manifest item and store its features (or their "
+                   "encoding).\n\nFeature methods (featpipe extract -f METHOD --help: its "
+                   "options; with --encode METHOD too, that encoder's):\n\n\b\n" + listing)
     @click.option("--manifest", "-m", "manifest_path", required=True,
                   type=click.Path(dir_okay=False), help="Manifest CSV (id,path,label,split1...).")
     @store_option
-    @click.option("--features", "-f", required=True, type=click.Choice(list(features)),
-                  help="Feature method: " + "; ".join(f"{n}: {s}" for n, s in features.items())
-                  + ". Its options follow (each says which methods take it).")
+    @click.option("--features", "-f", required=True, type=Choice(list(features)),
+                  metavar="METHOD",
+                  help="Feature method (listed above).")
     @click.option("--name", "-n", default=None, help="Name to give the stage (with --temporal: "
                   "of the pooled stages, NAME-GROUP each).")
-    @click.option("--temporal", "temporal", type=click.Choice(list(POOLING)), default=None,
+    @click.option("--temporal", "temporal", type=Choice(list(POOLING)), default=None,
                   help="Pool each item's per-frame vectors over time in the same pass, as "
                   "`featpipe encode --method METHOD` would (same stage key); the per-frame "
                   "stage is written only with --keep-frames.")
@@ -89,7 +96,6 @@ def _make_command() -> click.Command:
     @item_parallel_options
     @click.pass_context
     def extract(ctx, manifest_path, store_path, features, name, **kwargs):
-        """Decode each manifest item and store its features (or their encoding)."""
         from featpipe.extract.settings import ExtractSettings
         from featpipe.interrupts import Interrupted
         from featpipe.io.video import Sampling

@@ -46,7 +46,7 @@ class ExtractSettings:
         model=("fit pca",))
     encode: str | None = declared(
         None, "Store only this encoding of the local features (as featpipe encode --method; "
-        "its options below).", choices=LOCAL_ENCODERS)
+        "--help after it lists its options).", choices=LOCAL_ENCODERS)
     encode_params: Mapping | None = None
     sample_descriptors: int | None = declared(
         None, "Store only N rows per item, drawn uniformly (for fit pca / fit gmm).")

@@ -577,9 +577,10 @@ class Extraction:
     :class:`Network`); commits each item as it finishes.
 
     ``run(items)`` yields ``(id, error or None)`` per item as it is done or failed (failures
-    recorded in the ledger unless ``record_failures`` is off); ``on_frames(n)`` counts
-    decoded frames, ``on_warning(id, text)`` reports items accepted with lost frames (set
-    them as attributes).  ``allow_partial`` keeps damaged videos' decodable frames.
+    recorded in the ledger unless ``record_failures`` is off); ``on_frames(n)`` counts frames
+    done (computed in the workers, or out of the model and in their item's output; never
+    frames only decoded ahead), ``on_warning(id, text)`` reports items accepted with lost
+    frames (set them as attributes).  ``allow_partial`` keeps damaged videos' decodable frames.
     Closing the generator early (an interrupt, a failure with ``--on-error fail``) kills the
     workers and removes the unfinished items' files: nothing half-written stays.  A store that
     cannot be written (disk full) raises :class:`~featpipe.errors.WriteError` from ``run``
@@ -780,12 +781,12 @@ class Extraction:
                                                                 strict=True):
                             pack(item_id, item, self._inputs(item, crop, seconds,
                                                              frame_shape))
-                        self.on_frames(len(event[3]))
                 if tags and model.busy == 0 and (not self.pool.busy or time.monotonic() >= max(
                         packed_since, model.idle_since) + model.last_seconds):
                     model.submit(buffer, len(tags), tags)
                     buffer, tags = None, []
                 for features, batch_tags in model.results():
+                    added = 0
                     for row, (item_id, generation, index, seconds, frame_shape) in zip(
                             features, batch_tags, strict=True):
                         item = self.items.get(item_id)
@@ -801,10 +802,12 @@ class Extraction:
                                           preprocess.positions(frame_shape), frame_shape)
                         try:
                             item.output.add(frame)
+                            added += network.clip_stride or network.clip or 1  # a clip: its stride
                         except WriteError:
                             raise
                         except Exception as err:
                             yield self._fail(item_id, describe_error(err))
+                    self.on_frames(added)  # frames done: out of the model, in their output
                 for item_id in [i for i, it in self.items.items()
                                 if it.decoded and it.pending == 0]:
                     item = self.items[item_id]
