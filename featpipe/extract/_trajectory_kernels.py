@@ -3,6 +3,8 @@
 Kept apart from :mod:`featpipe.extract.trajectories` so that numba is imported only when a video
 is tracked.  The passes, each one loop over the pixels or the tracked points:
 
+* :func:`polynomial_coefficients`: a frame's five polynomial coefficients per pixel from its
+  six correlations (the expansion's last step);
 * :func:`farneback_matrices` and :func:`farneback_solve`: one Farnebäck iteration (Farnebäck,
   SCIA 2003; OpenCV's Gaussian-window variant, which the release copies): from the polynomial
   coefficients R0 (previous frame) and R1 (current frame, sampled bilinearly at x + d) the
@@ -31,89 +33,184 @@ from numba.extending import intrinsic
 
 #: weights of the five outermost rows/columns in the Farnebäck system (OpenCV's values)
 _BORDER = np.array([0.14, 0.14, 0.4472, 0.4472, 0.4472], dtype=np.float32)
+#: the Farnebäck system is made in strips of a row of at most STRIP pixels, through planes of
+#: PITCH float64 values (a PITCH that is not a multiple of 512 bytes' worth of values keeps the
+#: planes in different cache sets: at 256, 2 KB apart, they evicted each other)
+STRIP = 256
+PITCH = 264
+#: the planes: the bilinear weights along x and y, whether x + d falls inside (1.0 or 0.0),
+#: then R1's five coefficients at the four corners, coefficient c at corner k (top left, top
+#: right, bottom left, bottom right) in plane CORNERS + 4c + k
+WEIGHT_X, WEIGHT_Y, INSIDE, CORNERS = 0, 1, 2, 3
+PLANES = CORNERS + 20
+_U = np.uint64
 
 
 @numba.njit(cache=True, nogil=True)
+def polynomial_coefficients(b1, by, bx, byy, bxx, bxy, ig11, ig03, ig33, ig55, out):
+    """The five polynomial coefficients of every pixel (into ``out``, (H, W, 5) float32) from
+    the image's six correlations ((H, W) float32): with g along x and y (``b1``), t·g along y
+    (``by``; g along x), t·g along x (``bx``), t²·g along y (``byy``), t²·g along x (``bxx``),
+    t·g along both (``bxy``): by·ig11, bx·ig11, b1·ig03 + byy·ig33, b1·ig03 + bxx·ig33,
+    bxy·ig55, in float32 (each product rounded, then the sum; the release's order of
+    coefficients).  Unsigned indices, as in :func:`farneback_matrices`."""
+    b1, by, bx = b1.reshape(-1), by.reshape(-1), bx.reshape(-1)
+    byy, bxx, bxy = byy.reshape(-1), bxx.reshape(-1), bxy.reshape(-1)
+    flat = out.reshape(-1)
+    for i in range(b1.shape[0]):
+        p = _U(i)
+        q = _U(5) * p
+        base = b1[p] * ig03
+        flat[q] = by[p] * ig11
+        flat[q + _U(1)] = bx[p] * ig11
+        flat[q + _U(2)] = base + byy[p] * ig33
+        flat[q + _U(3)] = base + bxx[p] * ig33
+        flat[q + _U(4)] = bxy[p] * ig55
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def farneback_matrices(r0, r1, flow, out):
-    """The 5-channel system of one Farnebäck iteration at every pixel (into ``out``)."""
+    """The 5-channel system of one Farnebäck iteration at every pixel (into ``out``).
+
+    Per pixel (OpenCV's ``FarnebackUpdateMatrices``, which the release copies), with d the
+    flow, R1 sampled bilinearly at x + d when x + d is inside (else zero, and R0's quadratic
+    terms alone), averaged with R0, the five outermost rows and columns weighted by
+    ``_BORDER``; float64 arithmetic on the float32 inputs, float32 results.
+
+    Made a strip of a row at a time in two passes: :func:`_gather_corners` (scalar: the
+    bilinear weights and R1's 20 values at the four corners, into planes) and
+    :func:`_strip_system` (the arithmetic, which LLVM vectorises: every index there is
+    unsigned and affine in the pixel; numba's wrap-around of negative indices would hide
+    that, and the loop stays scalar)."""
     height, width = flow.shape[0], flow.shape[1]
     border = _BORDER
+    columns = np.empty(width, np.float32)
+    for x in range(width):
+        scale = np.float32(1.0)
+        if x < 5:
+            scale *= border[x]
+        if x >= width - 5:
+            scale *= border[width - x - 1]
+        columns[x] = scale
+    work = np.zeros(PLANES * PITCH, np.float64)
+    r0f, r1f = r0.reshape(-1), r1.reshape(-1)
+    flat_flow, flat_out = flow.reshape(-1), out.reshape(-1)
     for y in range(height):
-        for x in range(width):
-            dx = flow[y, x, 0]
-            dy = flow[y, x, 1]
-            fx = x + dx
-            fy = y + dy
-            x1 = math.floor(fx)
-            y1 = math.floor(fy)
-            ax = fx - x1
-            ay = fy - y1
-            if 0 <= x1 < width - 1 and 0 <= y1 < height - 1:
-                ix = int(x1)
-                iy = int(y1)
-                a00 = (1 - ax) * (1 - ay)
-                a01 = ax * (1 - ay)
-                a10 = (1 - ax) * ay
-                a11 = ax * ay
-                r2 = (a00 * r1[iy, ix, 0] + a01 * r1[iy, ix + 1, 0]
-                      + a10 * r1[iy + 1, ix, 0] + a11 * r1[iy + 1, ix + 1, 0])
-                r3 = (a00 * r1[iy, ix, 1] + a01 * r1[iy, ix + 1, 1]
-                      + a10 * r1[iy + 1, ix, 1] + a11 * r1[iy + 1, ix + 1, 1])
-                r4 = (a00 * r1[iy, ix, 2] + a01 * r1[iy, ix + 1, 2]
-                      + a10 * r1[iy + 1, ix, 2] + a11 * r1[iy + 1, ix + 1, 2])
-                r5 = (a00 * r1[iy, ix, 3] + a01 * r1[iy, ix + 1, 3]
-                      + a10 * r1[iy + 1, ix, 3] + a11 * r1[iy + 1, ix + 1, 3])
-                r6 = (a00 * r1[iy, ix, 4] + a01 * r1[iy, ix + 1, 4]
-                      + a10 * r1[iy + 1, ix, 4] + a11 * r1[iy + 1, ix + 1, 4])
-                r4 = (r0[y, x, 2] + r4) * np.float32(0.5)
-                r5 = (r0[y, x, 3] + r5) * np.float32(0.5)
-                r6 = (r0[y, x, 4] + r6) * np.float32(0.25)
-            else:
-                r2 = np.float32(0.0)
-                r3 = np.float32(0.0)
-                r4 = r0[y, x, 2]
-                r5 = r0[y, x, 3]
-                r6 = r0[y, x, 4] * np.float32(0.5)
-            r2 = (r0[y, x, 0] - r2) * np.float32(0.5)
-            r3 = (r0[y, x, 1] - r3) * np.float32(0.5)
-            r2 += r4 * dy + r6 * dx
-            r3 += r6 * dy + r5 * dx
-            if x < 5 or x >= width - 5 or y < 5 or y >= height - 5:
-                scale = np.float32(1.0)
-                if x < 5:
-                    scale *= border[x]
-                if x >= width - 5:
-                    scale *= border[width - x - 1]
-                if y < 5:
-                    scale *= border[y]
-                if y >= height - 5:
-                    scale *= border[height - y - 1]
-                r2 *= scale
-                r3 *= scale
-                r4 *= scale
-                r5 *= scale
-                r6 *= scale
-            out[y, x, 0] = r4 * r4 + r6 * r6
-            out[y, x, 1] = (r4 + r5) * r6
-            out[y, x, 2] = r5 * r5 + r6 * r6
-            out[y, x, 3] = r4 * r2 + r6 * r3
-            out[y, x, 4] = r6 * r2 + r5 * r3
+        top = border[y] if y < 5 else np.float32(1.0)
+        bottom = border[height - y - 1] if y >= height - 5 else np.float32(1.0)
+        for first in range(0, width, STRIP):
+            count = min(STRIP, width - first)
+            start = _U(y * width + first)
+            _gather_corners(r1f, flat_flow, work, start, first, y, width, height, count)
+            _strip_system(work, r0f[_U(5) * start:], flat_flow[_U(2) * start:],
+                          flat_out[_U(5) * start:], columns[first:], top, bottom, count)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _gather_corners(r1f, flow, work, start, first, y, width, height, count):
+    """For ``count`` pixels of row y from column ``first`` (pixel ``start`` of the frame):
+    the weights ax, ay of x + d = (x1 + ax, y1 + ay), x1 and y1 the floors, whether (x1, y1)
+    and (x1 + 1, y1 + 1) are in the frame, and where they are R1's coefficients at the four
+    corners, into ``work``'s planes."""
+    stride = _U(5 * width)
+    for i in range(count):
+        u = _U(i)
+        p = start + u
+        fx = (first + i) + flow[_U(2) * p]
+        fy = y + flow[_U(2) * p + _U(1)]
+        x1 = math.floor(fx)
+        y1 = math.floor(fy)
+        work[_U(WEIGHT_X * PITCH) + u] = fx - x1
+        work[_U(WEIGHT_Y * PITCH) + u] = fy - y1
+        if 0 <= x1 < width - 1 and 0 <= y1 < height - 1:
+            work[_U(INSIDE * PITCH) + u] = 1.0
+            upper = _U((y1 * width + x1) * 5)
+            lower = upper + stride
+            for c in range(5):
+                plane = _U((CORNERS + 4 * c) * PITCH) + u
+                work[plane] = r1f[upper + _U(c)]
+                work[plane + _U(PITCH)] = r1f[upper + _U(5 + c)]
+                work[plane + _U(2 * PITCH)] = r1f[lower + _U(c)]
+                work[plane + _U(3 * PITCH)] = r1f[lower + _U(5 + c)]
+        else:
+            work[_U(INSIDE * PITCH) + u] = 0.0
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _strip_system(work, r0, flow, out, columns, top, bottom, count):
+    """The system of ``count`` pixels from :func:`_gather_corners`' planes, R0, the flow and
+    the border weights (``columns`` per pixel, ``top`` and ``bottom`` for the row: their
+    float32 product), into ``out``."""
+    for i in range(count):
+        u = _U(i)
+        ax = work[_U(WEIGHT_X * PITCH) + u]
+        ay = work[_U(WEIGHT_Y * PITCH) + u]
+        inside = work[_U(INSIDE * PITCH) + u] != 0.0
+        dx = flow[_U(2) * u]
+        dy = flow[_U(2) * u + _U(1)]
+        a00 = (1 - ax) * (1 - ay)
+        a01 = ax * (1 - ay)
+        a10 = (1 - ax) * ay
+        a11 = ax * ay
+        s2 = _bilinear(work, a00, a01, a10, a11, CORNERS, u)
+        s3 = _bilinear(work, a00, a01, a10, a11, CORNERS + 4, u)
+        s4 = _bilinear(work, a00, a01, a10, a11, CORNERS + 8, u)
+        s5 = _bilinear(work, a00, a01, a10, a11, CORNERS + 12, u)
+        s6 = _bilinear(work, a00, a01, a10, a11, CORNERS + 16, u)
+        q = _U(5) * u
+        q0 = r0[q]
+        q1 = r0[q + _U(1)]
+        q2 = r0[q + _U(2)]
+        q3 = r0[q + _U(3)]
+        q4 = r0[q + _U(4)]
+        # every value computed, those outside the frame then left out (a select, not a
+        # branch: the loop stays vectorised)
+        r4 = (q2 + s4) * np.float32(0.5) if inside else np.float64(q2)
+        r5 = (q3 + s5) * np.float32(0.5) if inside else np.float64(q3)
+        r6 = (q4 + s6) * np.float32(0.25) if inside else np.float64(q4 * np.float32(0.5))
+        r2 = (q0 - (s2 if inside else 0.0)) * np.float32(0.5)
+        r3 = (q1 - (s3 if inside else 0.0)) * np.float32(0.5)
+        r2 += r4 * dy + r6 * dx
+        r3 += r6 * dy + r5 * dx
+        scale = columns[u] * top * bottom
+        r2 *= scale
+        r3 *= scale
+        r4 *= scale
+        r5 *= scale
+        r6 *= scale
+        out[q] = r4 * r4 + r6 * r6
+        out[q + _U(1)] = (r4 + r5) * r6
+        out[q + _U(2)] = r5 * r5 + r6 * r6
+        out[q + _U(3)] = r4 * r2 + r6 * r3
+        out[q + _U(4)] = r6 * r2 + r5 * r3
+
+
+@numba.njit(error_model="numpy")
+def _bilinear(work, a00, a01, a10, a11, plane, u):
+    """a00·v0 + a01·v1 + a10·v2 + a11·v3 (in that order), v the four corner planes from
+    ``plane`` at pixel u."""
+    at = _U(plane * PITCH) + u
+    return (a00 * work[at] + a01 * work[at + _U(PITCH)] + a10 * work[at + _U(2 * PITCH)]
+            + a11 * work[at + _U(3 * PITCH)])
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def farneback_solve(blurred, flow):
-    """d = G⁻¹h at every pixel from the blurred system (into ``flow``)."""
-    height, width = flow.shape[0], flow.shape[1]
-    for y in range(height):
-        for x in range(width):
-            g11 = np.float64(blurred[y, x, 0])
-            g12 = np.float64(blurred[y, x, 1])
-            g22 = np.float64(blurred[y, x, 2])
-            h1 = np.float64(blurred[y, x, 3])
-            h2 = np.float64(blurred[y, x, 4])
-            idet = 1.0 / (g11 * g22 - g12 * g12 + 1e-3)
-            flow[y, x, 0] = (g11 * h2 - g12 * h1) * idet
-            flow[y, x, 1] = (g22 * h1 - g12 * h2) * idet
+    """d = G⁻¹h at every pixel from the blurred system (into ``flow``; unsigned indices and
+    numpy's error model, no ZeroDivisionError check, so that LLVM vectorises the loop; the
+    determinant + 10⁻³ is not zero on any real system)."""
+    system = blurred.reshape(-1)
+    flat = flow.reshape(-1)
+    for i in range(flow.shape[0] * flow.shape[1]):
+        p = _U(i)
+        g11 = np.float64(system[_U(5) * p])
+        g12 = np.float64(system[_U(5) * p + _U(1)])
+        g22 = np.float64(system[_U(5) * p + _U(2)])
+        h1 = np.float64(system[_U(5) * p + _U(3)])
+        h2 = np.float64(system[_U(5) * p + _U(4)])
+        idet = 1.0 / (g11 * g22 - g12 * g12 + 1e-3)
+        flat[_U(2) * p] = (g11 * h2 - g12 * h1) * idet
+        flat[_U(2) * p + _U(1)] = (g22 * h1 - g12 * h2) * idet
 
 
 #: channels of each group in the integral histograms: 8 orientations and HOF's zero bin (HOG
