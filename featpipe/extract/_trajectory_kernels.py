@@ -33,8 +33,8 @@ from numba.extending import intrinsic
 
 #: weights of the five outermost rows/columns in the Farnebäck system (OpenCV's values)
 _BORDER = np.array([0.14, 0.14, 0.4472, 0.4472, 0.4472], dtype=np.float32)
-#: the Farnebäck system is made in strips of a row of at most STRIP pixels, through planes of
-#: PITCH float64 values (a PITCH that is not a multiple of 512 bytes' worth of values keeps the
+#: pixels the general pass of the Farnebäck system takes at a time, through planes of PITCH
+#: float64 values (a PITCH that is not a multiple of 512 bytes' worth of values keeps the
 #: planes in different cache sets: at 256, 2 KB apart, they evicted each other)
 STRIP = 256
 PITCH = 264
@@ -48,40 +48,45 @@ _U = np.uint64
 
 @numba.njit(cache=True, nogil=True)
 def polynomial_coefficients(b1, by, bx, byy, bxx, bxy, ig11, ig03, ig33, ig55, out):
-    """The five polynomial coefficients of every pixel (into ``out``, (H, W, 5) float32) from
-    the image's six correlations ((H, W) float32): with g along x and y (``b1``), t·g along y
-    (``by``; g along x), t·g along x (``bx``), t²·g along y (``byy``), t²·g along x (``bxx``),
-    t·g along both (``bxy``): by·ig11, bx·ig11, b1·ig03 + byy·ig33, b1·ig03 + bxx·ig33,
-    bxy·ig55, in float32 (each product rounded, then the sum; the release's order of
-    coefficients).  Unsigned indices, as in :func:`farneback_matrices`."""
+    """The five polynomial coefficients of every pixel (into ``out``, (5, H, W) float32: a
+    plane per coefficient) from the image's six correlations ((H, W) float32): with g along x
+    and y (``b1``), t·g along y (``by``; g along x), t·g along x (``bx``), t²·g along y
+    (``byy``), t²·g along x (``bxx``), t·g along both (``bxy``): by·ig11, bx·ig11,
+    b1·ig03 + byy·ig33, b1·ig03 + bxx·ig33, bxy·ig55, in float32 (each product rounded, then
+    the sum; the release's order of coefficients).  Unsigned indices, as in
+    :func:`farneback_matrices`."""
     b1, by, bx = b1.reshape(-1), by.reshape(-1), bx.reshape(-1)
     byy, bxx, bxy = byy.reshape(-1), bxx.reshape(-1), bxy.reshape(-1)
     flat = out.reshape(-1)
+    plane = _U(b1.shape[0])
     for i in range(b1.shape[0]):
         p = _U(i)
-        q = _U(5) * p
         base = b1[p] * ig03
-        flat[q] = by[p] * ig11
-        flat[q + _U(1)] = bx[p] * ig11
-        flat[q + _U(2)] = base + byy[p] * ig33
-        flat[q + _U(3)] = base + bxx[p] * ig33
-        flat[q + _U(4)] = bxy[p] * ig55
+        flat[p] = by[p] * ig11
+        flat[plane + p] = bx[p] * ig11
+        flat[_U(2) * plane + p] = base + byy[p] * ig33
+        flat[_U(3) * plane + p] = base + bxx[p] * ig33
+        flat[_U(4) * plane + p] = bxy[p] * ig55
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def farneback_matrices(r0, r1, flow, out):
-    """The 5-channel system of one Farnebäck iteration at every pixel (into ``out``).
+    """The 5-channel system of one Farnebäck iteration at every pixel (into ``out``, (H, W, 5)).
 
     Per pixel (OpenCV's ``FarnebackUpdateMatrices``, which the release copies), with d the
-    flow, R1 sampled bilinearly at x + d when x + d is inside (else zero, and R0's quadratic
-    terms alone), averaged with R0, the five outermost rows and columns weighted by
-    ``_BORDER``; float64 arithmetic on the float32 inputs, float32 results.
+    flow: R1 (the coefficients (5, H, W) of :func:`polynomial_coefficients`) sampled
+    bilinearly at x + d when x + d and the pixel after it are in the frame (else zero, and
+    R0's quadratic terms alone), averaged with R0, the five outermost rows and columns
+    weighted by ``_BORDER``; float64 arithmetic on the float32 inputs, float32 results.
 
-    Made a strip of a row at a time in two passes: :func:`_gather_corners` (scalar: the
-    bilinear weights and R1's 20 values at the four corners, into planes) and
-    :func:`_strip_system` (the arithmetic, which LLVM vectorises: every index there is
-    unsigned and affine in the pixel; numba's wrap-around of negative indices would hide
-    that, and the loop stays scalar)."""
+    Two passes, both vectorised by LLVM (every index unsigned and affine in the pixel;
+    numba's wrap-around of negative indices would hide that, and the loops stay scalar):
+    :func:`_system_near` takes the inner pixels of a row whose x + d lies in their 3 × 3
+    neighbourhood's upper-left 2 × 2 cells (-1 <= d < 1 along x and y: most pixels), R1's
+    corners selected from the nine values; the others, the first and last rows and columns,
+    go to :func:`_system_anywhere` in runs (R1's corners gathered into planes, then the same
+    arithmetic).  Equal to the bit to the per-pixel formula (tests/unit/
+    test_trajectory_kernels.py)."""
     height, width = flow.shape[0], flow.shape[1]
     border = _BORDER
     columns = np.empty(width, np.float32)
@@ -92,27 +97,128 @@ def farneback_matrices(r0, r1, flow, out):
         if x >= width - 5:
             scale *= border[width - x - 1]
         columns[x] = scale
+    elsewhere = np.zeros(width, np.uint8)
     work = np.zeros(PLANES * PITCH, np.float64)
     r0f, r1f = r0.reshape(-1), r1.reshape(-1)
     flat_flow, flat_out = flow.reshape(-1), out.reshape(-1)
+    plane, stride = _U(height * width), _U(width)
     for y in range(height):
         top = border[y] if y < 5 else np.float32(1.0)
         bottom = border[height - y - 1] if y >= height - 5 else np.float32(1.0)
-        for first in range(0, width, STRIP):
-            count = min(STRIP, width - first)
-            start = _U(y * width + first)
-            _gather_corners(r1f, flat_flow, work, start, first, y, width, height, count)
-            _strip_system(work, r0f[_U(5) * start:], flat_flow[_U(2) * start:],
-                          flat_out[_U(5) * start:], columns[first:], top, bottom, count)
+        if y == 0 or y == height - 1 or width < 3:
+            _system_anywhere(r0f, r1f, flat_flow, flat_out, work, columns, top, bottom, plane,
+                             y, width, height, 0, width)
+            continue
+        start = _U(y * width + 1)
+        _system_near(r1f[start - stride - _U(1):], r0f[start:], flat_flow[_U(2) * start:],
+                     flat_out[_U(5) * start:], columns[1:], elsewhere[1:], top, bottom, plane,
+                     stride, y, width - 2)
+        elsewhere[0] = elsewhere[width - 1] = 1
+        x = 0
+        while x < width:
+            if elsewhere[x]:
+                first = x
+                while x < width and elsewhere[x]:
+                    x += 1
+                _system_anywhere(r0f, r1f, flat_flow, flat_out, work, columns, top, bottom,
+                                 plane, y, width, height, first, x)
+            else:
+                x += 1
+
+
+@numba.njit(error_model="numpy")
+def _pick_bilinear(r1, at, stride, left, up, a00, a01, a10, a11):
+    """a00·tl + a01·tr + a10·bl + a11·br (in that order), the corners picked from the 3 × 3
+    values of a plane from ``at`` (rows ``stride`` apart): the upper-left 2 × 2 cell when
+    ``left`` and ``up``, the one to the right when only ``up``, and so on."""
+    v00, v01, v02 = r1[at], r1[at + _U(1)], r1[at + _U(2)]
+    at += stride
+    v10, v11, v12 = r1[at], r1[at + _U(1)], r1[at + _U(2)]
+    at += stride
+    v20, v21, v22 = r1[at], r1[at + _U(1)], r1[at + _U(2)]
+    tl = (v00 if left else v01) if up else (v10 if left else v11)
+    tr = (v01 if left else v02) if up else (v11 if left else v12)
+    bl = (v10 if left else v11) if up else (v20 if left else v21)
+    br = (v11 if left else v12) if up else (v21 if left else v22)
+    return a00 * tl + a01 * tr + a10 * bl + a11 * br
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _gather_corners(r1f, flow, work, start, first, y, width, height, count):
+def _system_near(r1, r0, flow, out, columns, elsewhere, top, bottom, plane, stride, y, count):
+    """The system of ``count`` inner pixels of row y from column 1 (``r1`` from the first's
+    upper-left neighbour, the other arrays from the first pixel), computed as if x + d fell
+    in the pixel's 3 × 3 neighbourhood (:func:`_pick_bilinear`); ``elsewhere`` marks those
+    where it does not (their values here are not the system: :func:`farneback_matrices`
+    recomputes them)."""
+    for i in range(count):
+        u = _U(i)
+        dx = flow[_U(2) * u]
+        dy = flow[_U(2) * u + _U(1)]
+        fx = (i + 1) + dx
+        fy = y + dy
+        x1 = math.floor(fx)
+        y1 = math.floor(fy)
+        ax = fx - x1
+        ay = fy - y1
+        left = x1 == i
+        up = y1 == y - 1
+        elsewhere[u] = not ((left or x1 == i + 1) and (up or y1 == y))
+        a00 = (1 - ax) * (1 - ay)
+        a01 = ax * (1 - ay)
+        a10 = (1 - ax) * ay
+        a11 = ax * ay
+        s2 = _pick_bilinear(r1, u, stride, left, up, a00, a01, a10, a11)
+        s3 = _pick_bilinear(r1, plane + u, stride, left, up, a00, a01, a10, a11)
+        s4 = _pick_bilinear(r1, _U(2) * plane + u, stride, left, up, a00, a01, a10, a11)
+        s5 = _pick_bilinear(r1, _U(3) * plane + u, stride, left, up, a00, a01, a10, a11)
+        s6 = _pick_bilinear(r1, _U(4) * plane + u, stride, left, up, a00, a01, a10, a11)
+        r2 = (r0[u] - s2) * np.float32(0.5)
+        r3 = (r0[plane + u] - s3) * np.float32(0.5)
+        r4 = (r0[_U(2) * plane + u] + s4) * np.float32(0.5)
+        r5 = (r0[_U(3) * plane + u] + s5) * np.float32(0.5)
+        r6 = (r0[_U(4) * plane + u] + s6) * np.float32(0.25)
+        _store_system(out, _U(5) * u, r2, r3, r4, r5, r6, dx, dy, columns[u] * top * bottom)
+
+
+@numba.njit(error_model="numpy")
+def _store_system(out, at, r2, r3, r4, r5, r6, dx, dy, scale):
+    """The system's five values from r2..r6 (the release's names), the flow and the border
+    weight, at ``out[at:at + 5]``."""
+    r2 += r4 * dy + r6 * dx
+    r3 += r6 * dy + r5 * dx
+    r2 *= scale
+    r3 *= scale
+    r4 *= scale
+    r5 *= scale
+    r6 *= scale
+    out[at] = r4 * r4 + r6 * r6
+    out[at + _U(1)] = (r4 + r5) * r6
+    out[at + _U(2)] = r5 * r5 + r6 * r6
+    out[at + _U(3)] = r4 * r2 + r6 * r3
+    out[at + _U(4)] = r6 * r2 + r5 * r3
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _system_anywhere(r0f, r1f, flow, out, work, columns, top, bottom, plane, y, width, height,
+                     first, stop):
+    """The system of pixels ``first`` .. ``stop`` - 1 of row y, wherever x + d falls: up to
+    STRIP at a time, :func:`_gather_corners` then :func:`_strip_system`."""
+    while first < stop:
+        count = min(STRIP, stop - first)
+        start = _U(y * width + first)
+        _gather_corners(r1f, flow, work, plane, start, first, y, width, height, count)
+        _strip_system(work, r0f[start:], flow[_U(2) * start:], out[_U(5) * start:],
+                      columns[first:], top, bottom, plane, count)
+        first += count
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _gather_corners(r1f, flow, work, plane, start, first, y, width, height, count):
     """For ``count`` pixels of row y from column ``first`` (pixel ``start`` of the frame):
     the weights ax, ay of x + d = (x1 + ax, y1 + ay), x1 and y1 the floors, whether (x1, y1)
     and (x1 + 1, y1 + 1) are in the frame, and where they are R1's coefficients at the four
     corners, into ``work``'s planes."""
-    stride = _U(5 * width)
+    stride = _U(width)
     for i in range(count):
         u = _U(i)
         p = start + u
@@ -124,20 +230,20 @@ def _gather_corners(r1f, flow, work, start, first, y, width, height, count):
         work[_U(WEIGHT_Y * PITCH) + u] = fy - y1
         if 0 <= x1 < width - 1 and 0 <= y1 < height - 1:
             work[_U(INSIDE * PITCH) + u] = 1.0
-            upper = _U((y1 * width + x1) * 5)
-            lower = upper + stride
+            corner = _U(y1 * width + x1)
             for c in range(5):
-                plane = _U((CORNERS + 4 * c) * PITCH) + u
-                work[plane] = r1f[upper + _U(c)]
-                work[plane + _U(PITCH)] = r1f[upper + _U(5 + c)]
-                work[plane + _U(2 * PITCH)] = r1f[lower + _U(c)]
-                work[plane + _U(3 * PITCH)] = r1f[lower + _U(5 + c)]
+                at = _U(c) * plane + corner
+                to = _U((CORNERS + 4 * c) * PITCH) + u
+                work[to] = r1f[at]
+                work[to + _U(PITCH)] = r1f[at + _U(1)]
+                work[to + _U(2 * PITCH)] = r1f[at + stride]
+                work[to + _U(3 * PITCH)] = r1f[at + stride + _U(1)]
         else:
             work[_U(INSIDE * PITCH) + u] = 0.0
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _strip_system(work, r0, flow, out, columns, top, bottom, count):
+def _strip_system(work, r0, flow, out, columns, top, bottom, plane, count):
     """The system of ``count`` pixels from :func:`_gather_corners`' planes, R0, the flow and
     the border weights (``columns`` per pixel, ``top`` and ``bottom`` for the row: their
     float32 product), into ``out``."""
@@ -146,8 +252,6 @@ def _strip_system(work, r0, flow, out, columns, top, bottom, count):
         ax = work[_U(WEIGHT_X * PITCH) + u]
         ay = work[_U(WEIGHT_Y * PITCH) + u]
         inside = work[_U(INSIDE * PITCH) + u] != 0.0
-        dx = flow[_U(2) * u]
-        dy = flow[_U(2) * u + _U(1)]
         a00 = (1 - ax) * (1 - ay)
         a01 = ax * (1 - ay)
         a10 = (1 - ax) * ay
@@ -157,12 +261,11 @@ def _strip_system(work, r0, flow, out, columns, top, bottom, count):
         s4 = _bilinear(work, a00, a01, a10, a11, CORNERS + 8, u)
         s5 = _bilinear(work, a00, a01, a10, a11, CORNERS + 12, u)
         s6 = _bilinear(work, a00, a01, a10, a11, CORNERS + 16, u)
-        q = _U(5) * u
-        q0 = r0[q]
-        q1 = r0[q + _U(1)]
-        q2 = r0[q + _U(2)]
-        q3 = r0[q + _U(3)]
-        q4 = r0[q + _U(4)]
+        q0 = r0[u]
+        q1 = r0[plane + u]
+        q2 = r0[_U(2) * plane + u]
+        q3 = r0[_U(3) * plane + u]
+        q4 = r0[_U(4) * plane + u]
         # every value computed, those outside the frame then left out (a select, not a
         # branch: the loop stays vectorised)
         r4 = (q2 + s4) * np.float32(0.5) if inside else np.float64(q2)
@@ -170,19 +273,8 @@ def _strip_system(work, r0, flow, out, columns, top, bottom, count):
         r6 = (q4 + s6) * np.float32(0.25) if inside else np.float64(q4 * np.float32(0.5))
         r2 = (q0 - (s2 if inside else 0.0)) * np.float32(0.5)
         r3 = (q1 - (s3 if inside else 0.0)) * np.float32(0.5)
-        r2 += r4 * dy + r6 * dx
-        r3 += r6 * dy + r5 * dx
-        scale = columns[u] * top * bottom
-        r2 *= scale
-        r3 *= scale
-        r4 *= scale
-        r5 *= scale
-        r6 *= scale
-        out[q] = r4 * r4 + r6 * r6
-        out[q + _U(1)] = (r4 + r5) * r6
-        out[q + _U(2)] = r5 * r5 + r6 * r6
-        out[q + _U(3)] = r4 * r2 + r6 * r3
-        out[q + _U(4)] = r6 * r2 + r5 * r3
+        _store_system(out, _U(5) * u, r2, r3, r4, r5, r6, flow[_U(2) * u],
+                      flow[_U(2) * u + _U(1)], columns[u] * top * bottom)
 
 
 @numba.njit(error_model="numpy")

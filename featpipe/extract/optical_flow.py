@@ -95,13 +95,14 @@ class FarnebackPyramid:
         return cv2.sepFilter2D(image, cv2.CV_32F, kx, ky, borderType=cv2.BORDER_REPLICATE)
 
     def expand(self, grey: np.ndarray) -> list[np.ndarray]:
-        """The (h_k, w_k, 5) polynomial coefficients of a uint8 grey frame at every scale."""
+        """The (5, h_k, w_k) polynomial coefficients of a uint8 grey frame at every scale (a
+        plane per coefficient)."""
         from featpipe.extract._trajectory_kernels import polynomial_coefficients
 
         out = []
         g, xg, xxg = self.g, self.xg, self.xxg
         for image in smoothed_pyramid(grey, self.sizes, self.scales):
-            coeffs = np.empty(image.shape + (5,), np.float32)
+            coeffs = np.empty((5,) + image.shape, np.float32)
             polynomial_coefficients(
                 self._correlate(image, g, g), self._correlate(image, g, xg),
                 self._correlate(image, xg, g), self._correlate(image, g, xxg),

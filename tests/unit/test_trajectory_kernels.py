@@ -217,9 +217,11 @@ def test_dis_scale_zero_is_opencvs_dis_on_the_whole_frame():
 def farneback_system_reference(r0, r1, flow):
     """OpenCV's ``FarnebackUpdateMatrices`` (the release's copy) one pixel at a time in plain
     Python floats (IEEE doubles, each operation rounded once), as featpipe defines it: the
-    float32 inputs promoted, R1 sampled bilinearly at x + d when x + d and the pixel after
-    it are in the frame, the five outermost rows and columns weighted in float32."""
+    float32 inputs (coefficients (5, H, W)) promoted, R1 sampled bilinearly at x + d when
+    x + d and the pixel after it are in the frame, the five outermost rows and columns
+    weighted in float32."""
     height, width = flow.shape[:2]
+    r0, r1 = r0.transpose(1, 2, 0), r1.transpose(1, 2, 0)
     border = np.array([0.14, 0.14, 0.4472, 0.4472, 0.4472], np.float32)
     out = np.empty((height, width, 5), np.float32)
     for y in range(height):
@@ -261,11 +263,12 @@ def farneback_system_reference(r0, r1, flow):
 
 @pytest.mark.parametrize("size", [(7, 9), (30, 300), (60, 80)])
 def test_farneback_kernels_equal_the_release_arithmetic_in_plain_python(size):
-    """The Farnebäck iteration's kernels (the system in strips of planes, the solve, the
-    polynomial coefficients; vectorised) against their arithmetic written out in Python and
-    numpy, to the bit: on carphone's first two frames resized (real coefficients), with its
-    flow and with that flow pushed out of the frame in places; sizes below 10 (both border
-    weights on a pixel) and wider than a strip."""
+    """The Farnebäck iteration's kernels (the system: corners picked from the 3 x 3
+    neighbourhood, or gathered into planes, both vectorised; the solve; the polynomial
+    coefficients) against their arithmetic written out in Python and numpy, to the bit: on
+    carphone's first two frames resized (real coefficients), with no flow, its flow, and that
+    flow with noise of 3 px in places (flows beyond a pixel, out of the frame); sizes below 10
+    (both border weights on a pixel) and wider than a strip."""
     from featpipe.extract._trajectory_kernels import (
         STRIP,
         farneback_matrices,
@@ -289,7 +292,7 @@ def test_farneback_kernels_equal_the_release_arithmetic_in_plain_python(size):
                          engine._correlate(image, xg, g) * ig11,
                          b1 * ig03 + engine._correlate(image, g, xxg) * ig33,
                          b1 * ig03 + engine._correlate(image, xxg, g) * ig33,
-                         engine._correlate(image, xg, xg) * ig55], axis=2)
+                         engine._correlate(image, xg, xg) * ig55])
     np.testing.assert_array_equal(r1, expected)
     flow = engine.flow([r0], [r1])[0]
     rng = np.random.default_rng(3)
@@ -306,7 +309,10 @@ def test_farneback_kernels_equal_the_release_arithmetic_in_plain_python(size):
         np.testing.assert_array_equal(solved, np.stack([(g11 * h2 - g12 * h1) * idet,
                                                         (g22 * h1 - g12 * h2) * idet],
                                                        axis=2).astype(np.float32))
-    # the wild flow leaves the frame at some pixels (the reference's other branch)
+    # the real flow stays within a pixel at most pixels (the neighbourhood pass), the wild
+    # one goes beyond at some, and out of the frame at some (the reference's other branch)
+    assert (np.abs(flow) < 1).all(axis=2).mean() > 0.5
+    assert (np.abs(wild) > 1).any(axis=2).mean() > 0.05
     ys, xs = np.mgrid[:height, :width]
     outside = ((np.floor(xs + wild[..., 0]) < 0) | (np.floor(xs + wild[..., 0]) >= width - 1)
                | (np.floor(ys + wild[..., 1]) < 0) | (np.floor(ys + wild[..., 1]) >= height - 1))
