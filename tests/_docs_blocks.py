@@ -23,6 +23,9 @@ rendered page):
 - ``<!-- docs-test: replace OLD => NEW -->``: run with NEW in place of OLD (a stand-in, e.g.
   seeded random weights for a checkpoint); OLD must occur in the block and NEW must be named in
   the page's visible text, so a reader learns what the tests ran.  Several may stack.
+- ``<!-- docs-test: requires MODULE -->``: run only where MODULE imports (an optional
+  install, e.g. torchvision, which ``bin/test`` installs unless ``FEATPIPE_TORCHVISION=0``);
+  elsewhere the block is not run and says why.
 
 ``python -m tests._docs_blocks PAGE...`` runs pages as the test does, printing each block's
 place and time (for authors).
@@ -76,6 +79,7 @@ class Block:
     skip: str | None = None
     file: str | None = None
     replace: list[tuple[str, str]] = field(default_factory=list)
+    requires: list[str] = field(default_factory=list)
 
     @property
     def where(self) -> str:
@@ -110,9 +114,14 @@ def _marker(block: Block, kind: str, rest: str) -> None:
             raise DocsError(f"{block.where}: `docs-test: replace` needs OLD => NEW, got "
                             f"{rest!r}")
         block.replace.append((old, new))
+    elif kind == "requires":
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", rest):
+            raise DocsError(f"{block.where}: `docs-test: requires` needs a module name, got "
+                            f"{rest!r}")
+        block.requires.append(rest)
     else:
         raise DocsError(f"{block.where}: unknown marker `docs-test: {kind}` (skip, file, "
-                        "replace)")
+                        "replace, requires)")
 
 
 def parse(markdown: str, page: str) -> list[Block]:
@@ -236,6 +245,10 @@ def run_block(block: Block, folder: Path, env: dict, namespace: dict) -> BlockRu
     when it fails."""
     if block.skip is not None:
         return BlockRun(block, False)
+    missing = [m for m in block.requires if not importable(m)]
+    if missing:
+        block.skip = f"needs {', '.join(missing)}, which does not import here"
+        return BlockRun(block, False)
     if block.file is not None:
         target = folder / block.file
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -267,6 +280,15 @@ def run_block(block: Block, folder: Path, env: dict, namespace: dict) -> BlockRu
         return BlockRun(block, True, seconds=time.perf_counter() - started,
                         cpu_seconds=_cpu() - cpu)
     return BlockRun(block, False)  # output and data blocks are shown only
+
+
+@functools.cache
+def importable(module: str) -> bool:
+    """Whether ``module`` imports in this interpreter (a separate process: a broken install,
+    such as torchvision beside another torch, raises at import)."""
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
+                          timeout=300)
+    return proc.returncode == 0
 
 
 def run_page(page: str, folder: Path) -> PageRun:

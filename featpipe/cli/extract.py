@@ -21,7 +21,7 @@ from featpipe.cli.common import (
     run_options,
     store_option,
 )
-from featpipe.cli.method_help import MethodCommand
+from featpipe.cli.method_help import MethodCommand, MethodOption
 from featpipe.cli.options import (
     make_option,
     method_option_specs,
@@ -34,13 +34,9 @@ from featpipe.cli.suggest import Choice
 POOLING = ("avg", "max", "tpyramid", "arp", "rankpool", "hrp", "recursive")
 
 EPILOG = (
-    "Disk: raw local features are large (dense SIFT of one 320x240 frame at step 2 is about "
-    "30 MB). --dry-run prints each item's frames, rows and bytes at rest; a stage whose "
-    "estimate exceeds the free space of the store's disk is refused before it starts. "
-    "--encode METHOD writes only the encoding (the options of `featpipe encode --method "
-    "METHOD` apply, e.g. --encode fisher --gmm G --per-frame); --sample-descriptors N keeps "
-    "N rows per item for `fit pca` / `fit gmm`. Ctrl-C or SIGTERM stops cleanly (exit "
-    "130/143): finished items are kept; re-run the same command to finish.")
+    "--dry-run prints each item's frames, rows and bytes at rest, and the CPU time; a stage "
+    "too big for the store's disk is refused before it starts. Ctrl-C or SIGTERM stops "
+    "cleanly (exit 130/143): finished items are kept; re-run the same command to finish.")
 
 
 def table_source() -> dict:
@@ -70,7 +66,8 @@ def _make_command() -> click.Command:
 
     listing = "\n".join(f"  {name:14s} {summary}" for name, summary in features.items())
 
-    @click.command("extract", cls=MethodCommand, selectors=("features", "encode"), epilog=EPILOG,
+    @click.command("extract", cls=MethodCommand, selectors=("features", "encode", "temporal"),
+                   epilog=EPILOG,
                    help="Decode each manifest item and store its features (or their "
                    "encoding).\n\nFeature methods (featpipe extract -f METHOD --help: its "
                    "options; with --encode METHOD too, that encoder's):\n\n\b\n" + listing)
@@ -80,19 +77,22 @@ def _make_command() -> click.Command:
     @click.option("--features", "-f", required=True, type=Choice(list(features)),
                   metavar="METHOD",
                   help="Feature method (listed above).")
-    @click.option("--name", "-n", default=None, help="Name to give the stage (with --temporal: "
-                  "of the pooled stages, NAME-GROUP each).")
+    @click.option("--name", "-n", default=None,
+                  help="The stage's name (--temporal: NAME-GROUP).")
     @click.option("--temporal", "temporal", type=Choice(list(POOLING)), default=None,
-                  help="Pool each item's per-frame vectors over time in the same pass, as "
-                  "`featpipe encode --method METHOD` would (same stage key); the per-frame "
-                  "stage is written only with --keep-frames.")
+                  metavar="METHOD", help="Pool over time in the same pass, as `encode "
+                  "--method METHOD`: " + ", ".join(POOLING) + ".")
     @click.option("--temporal-param", "temporal_params", multiple=True, metavar="KEY=VALUE",
-                  help="A parameter of the --temporal method (e.g. window=20); repeatable.")
-    @click.option("--temporal-groups", "temporal_groups", default="all", show_default=True,
-                  help="What to pool, comma-separated: 'all' (the whole per-frame vector) "
-                  "and descriptor groups of a grouped --encode fisher GMM (hog,hof,mbh).")
-    @click.option("--keep-frames", is_flag=True, default=False,
-                  help="With --temporal: write the per-frame stage too (named NAME-frames).")
+                  cls=MethodOption, selector="temporal", per_method=dict.fromkeys(
+                      POOLING, "A parameter of the --temporal method (window=20); repeatable."))
+    @click.option("--temporal-groups", "temporal_groups", default="all", cls=MethodOption,
+                  selector="temporal", per_method=dict.fromkeys(
+                      POOLING, "What to pool, comma-separated: 'all' (the whole per-frame "
+                      "vector) and descriptor groups of a grouped --encode fisher GMM "
+                      "(hog,hof,mbh).  [default: all]"))
+    @click.option("--keep-frames", is_flag=True, default=False, cls=MethodOption,
+                  selector="temporal", per_method=dict.fromkeys(
+                      POOLING, "Write the per-frame stage too (named NAME-frames)."))
     @item_parallel_options
     @click.pass_context
     def extract(ctx, manifest_path, store_path, features, name, **kwargs):
