@@ -119,7 +119,7 @@ def test_verify_skips_the_cut_last_line_of_a_killed_ledger_but_reports_a_cut_mid
 @pytest.mark.parametrize(("line", "reason"), [
     ('["x"]', "not a JSON object"),
     ('{"status": "done"}', "'id' missing"),
-    ('{"id": "x", "status": "ok"}', "'status' must be 'done' or 'failed'"),
+    ('{"id": "x", "status": "ok"}', "'status' must be 'done', 'failed' or 'removed'"),
     ('{"id": "x", "status": "done", "seconds": -1}', "'seconds' must be >= 0"),
     ('{"id": "x", "status": "done", "seconds": true}', "'seconds' must be a number"),
     ('{"id": "x", "status": "done", "time": 1e300}', "in the future"),
@@ -174,7 +174,7 @@ def test_an_item_records_the_seconds_it_took(tmp_path):
     stage.record("y", "failed", seconds=0.5, error="e")
     states = stage.item_states()
     assert (states["x"].seconds, states["y"].seconds) == (1.25, 0.5)
-    with pytest.raises(ValueError, match="ledger status must be 'done' or 'failed'"):
+    with pytest.raises(ValueError, match="ledger status must be 'done', 'failed' or 'removed'"):
         stage.record("x", "skipped")
 
 
