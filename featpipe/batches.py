@@ -195,6 +195,10 @@ class BatchFiles:
             data = cls._archive(path).read(member)
         except zipfile.BadZipFile as err:
             cls.forget(path)
+            if str(err).startswith("Bad CRC-32"):  # zip's own check of the member's bytes
+                raise ChecksumError(f"{path}:{member}: its checksum (the zip's CRC-32) "
+                                    "differs from the one recorded when it was written "
+                                    "(damaged at rest)") from None
             raise ValueError(f"{path}: {err}") from None
         array = npy_from_bytes(data)
         if checksum is not None:

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
 import secrets
@@ -55,12 +54,14 @@ from pathlib import Path
 
 import numpy as np
 
-from featpipe.checksums import CHECKSUM, as_text, check
+from featpipe.checksums import CHECKSUM, as_text, check, stream_checksum
 from featpipe.fileio import atomic_save_npz, atomic_write_bytes, first_line, make_dirs
 
 #: The index record of a stage folder, and the pattern of its table files.
 INDEX_FILE = "index.json"
 TABLE_PREFIX = "index-"
+#: Bytes of a ledger read at a time.
+_BLOCK = 1 << 18
 #: Bytes at the start and at the end of a folded ledger whose checksums say it is unchanged.
 _PROBE = 4096
 #: A run writes the index at least this often (seconds) while it computes.
@@ -113,7 +114,7 @@ class LedgerTally:
         self.last = entry.time if self.last is None else max(self.last, entry.time)
 
 
-@dataclass
+@dataclass(slots=True)
 class ItemState:
     """The folded lines of one item: the time of its latest done, failed and removed line
     (None: no such line), the checksums and batch file of the latest done line, the error
@@ -425,10 +426,11 @@ def read_table(stage_path: Path, index: Index) -> Table:
     if index.table_file is None:
         return Table(suffixes=index.suffixes, batches=index.batches, errors=index.errors)
     path = stage_path / index.table_file
-    raw = path.read_bytes()
-    check(path, as_text(zlib.crc32(raw)), index.table_sum)
-    with np.load(io.BytesIO(raw), allow_pickle=False) as data:
-        arrays = {name: data[name] for name in Table.COLUMNS}
+    with open(path, "rb") as handle:  # summed, then read, through one open file
+        check(path, stream_checksum(handle), index.table_sum)
+        handle.seek(0)
+        with np.load(handle, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in Table.COLUMNS}
     return Table(arrays, index.suffixes, index.batches, index.errors)
 
 
@@ -509,34 +511,40 @@ def _size(path: Path) -> int:
 def _fold_ledger(index: Index, path: Path, parse: Callable, pending: bool,
                  limit: int | None = None) -> None:
     """Fold what ``path`` holds beyond its tally's offset (up to ``limit`` bytes from its
-    start when given): complete lines into the index, with ``pending`` a last line without
-    its newline into this reader's view only."""
+    start when given), :data:`_BLOCK` bytes at a time: complete lines into the index, with
+    ``pending`` a last line without its newline into this reader's view only."""
     tally = index.ledgers.get(path.name) or LedgerTally(path.name)
+    start, rest = tally.offset, b""
     try:
         with open(path, "rb") as handle:
             info = os.fstat(handle.fileno())
+            end = info.st_size if limit is None else limit
             handle.seek(tally.offset)
-            data = handle.read() if limit is None else handle.read(limit - tally.offset)
-            complete = data.rfind(b"\n") + 1
-            if complete:
-                end = tally.offset + complete
-                head = _probe(handle, 0, min(_PROBE, end))
-                tail = _probe(handle, max(0, end - _PROBE), end)
+            position = tally.offset
+            while position < end:
+                block = handle.read(min(_BLOCK, end - position))
+                if not block:
+                    break
+                position += len(block)
+                lines = (rest + block).split(b"\n")
+                rest = lines.pop()
+                for line in lines:
+                    tally.lines += 1
+                    tally.offset += len(line) + 1
+                    _fold_line(index, tally, line, parse, tally.lines, index.problems)
+                    if len(index.table.changed) >= MERGE_EVERY:
+                        index.table = index.table.merged()
+            if tally.offset > start or path.name not in index.ledgers:
+                index.stale = True
+            tally.inode = info.st_ino
+            if tally.offset:
+                tally.head = _probe(handle, 0, min(_PROBE, tally.offset))
+                tally.tail = _probe(handle, max(0, tally.offset - _PROBE), tally.offset)
     except OSError as err:
         index.problems.append(f"ledger {path.name} line {tally.lines + 1}: unreadable "
                               f"({err.strerror})")
         return
-    if complete:
-        index.stale = True
-        tally.inode, tally.head, tally.tail = info.st_ino, head, tail
-        for line in data[:complete - 1].split(b"\n"):
-            tally.lines += 1
-            _fold_line(index, tally, line, parse, tally.lines, index.problems)
-            if len(index.table.changed) >= MERGE_EVERY:
-                index.table = index.table.merged()
-        tally.offset += complete
     index.ledgers[path.name] = tally
-    rest = data[complete:]
     if pending and rest.strip():
         extra = LedgerTally(path.name)
         _fold_line(index, extra, rest, parse, tally.lines + 1, None)

@@ -427,8 +427,7 @@ def run_items(
                                         item=item_id)
         finally:
             outcomes.close()  # the workers stop: what they wrote is counted below
-            if todo:
-                stage.compact_index()
+            stage.compact_index()  # writes only what the index lacks
     except WriteError as err:
         raise store_stopped(err, stage, todo, summary.skipped) from None
     return summary

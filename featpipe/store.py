@@ -453,8 +453,7 @@ class Stage:
         """
         packed = self.packed()
         packed_ids = packed.ids() if packed is not None else frozenset()
-        table = self.index(need_table=True).table
-        Stage._tables[str(self.path)] = table
+        table = self.item_table()
         batches: dict[str, bool] = {}
 
         def exists(item_id: str, batch: str | None) -> bool:
@@ -472,7 +471,7 @@ class Stage:
         declares (cut short by a failing disk or a copy: ``cache verify`` reports them), so
         that a rerun recomputes them; one header read per item, no array is loaded (none for
         the items of batch files, whose every read is checked against its checksum)."""
-        table = self.index(need_table=True).table
+        table = self.item_table()
         loose = {item_id for item_id, batch in table.done_items() if batch is None}
         found = set()
         for item_id in (i for i in ids if i in loose):
@@ -520,31 +519,47 @@ class Stage:
                 return array
             raise ItemError(item_id, f"not computed in stage {self.name}") from None
 
-    def batch_of(self, item_id: str) -> Path | None:
+    def batch_of(self, item_id: str, reload: bool = False) -> Path | None:
         """The batch file the ledger says holds done item ``item_id`` (it may be gone), or
         None for an item of its own file (:mod:`featpipe.batches`)."""
-        state = self._state(item_id)
+        state = self._state(item_id, reload)
         batch = state.batch if state is not None and state.status == "done" else None
         return None if batch is None else self.path / BATCH_DIR / batch
 
     def _read_batched(self, item_id: str, suffix: str) -> np.ndarray | None:
         """The file ``suffix`` of ``item_id`` from its batch file, checked against its
-        recorded checksum; None when the item is in none (or its batch file is gone)."""
+        recorded checksum; None when the item is in none (or its batch file is gone).  A
+        batch file that is gone or damaged is looked up once more in a fresh read of the
+        ledgers (the item may have been recomputed since, into another batch)."""
         path = self.batch_of(item_id)
         if path is None:
             return None
+        try:
+            return self._load_batched(item_id, suffix, path)
+        except (FileNotFoundError, DamagedItem):
+            fresh = self.batch_of(item_id, reload=True)
+            if fresh is not None and fresh != path:
+                return self._read_batched(item_id, suffix)
+            if fresh is None or not fresh.exists():
+                return None
+            raise
+
+    def _load_batched(self, item_id: str, suffix: str, path: Path) -> np.ndarray | None:
         member = safe_stem(item_id) + suffix
         try:
             return BatchFiles.load(path, member, (self.recorded_sums(item_id) or {}).get(suffix))
-        except FileNotFoundError:
-            return None
         except KeyError:
             if suffix != ".npy":
                 return None
             raise ItemError(item_id, f"batch file {path} lacks {member}") from None
         except ChecksumError as err:
             raise DamagedItem(item_id, err) from None
-        except (OSError, ValueError, EOFError) as err:
+        except (ValueError, EOFError, zipfile.BadZipFile) as err:
+            raise ItemError(item_id, f"unreadable batch file {path}: {first_line(err)}") \
+                from None
+        except OSError as err:
+            if isinstance(err, FileNotFoundError):
+                raise
             raise ItemError(item_id, f"unreadable batch file {path}: {first_line(err)}") \
                 from None
 
@@ -590,11 +605,14 @@ class Stage:
         process and stage, again when ``reload`` or the item is not in it."""
         table = Stage._tables.get(str(self.path))
         state = None if table is None or reload else table.get(item_id)
-        if state is None:
-            table = self.index(need_table=True).table
-            Stage._tables[str(self.path)] = table
-            state = table.get(item_id)
-        return state
+        return self.item_table().get(item_id) if state is None else state
+
+    def item_table(self) -> stage_index.Table:
+        """The item states of the stage's ledgers as they are now (:mod:`featpipe.index`),
+        kept for this process's later reads of the stage's items."""
+        table = self.index(need_table=True).table
+        Stage._tables[str(self.path)] = table
+        return table
 
     def recorded_sums(self, item_id: str, reload: bool = False) -> dict[str, str] | None:
         """The checksums the ledger recorded for the files of done item ``item_id`` (by

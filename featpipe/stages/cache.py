@@ -96,7 +96,7 @@ def verify_stage(stage: Stage) -> StageCheck:
             except (ChecksumError, OSError) as err:
                 problems.append(f"packed file {path.name}: damaged ({first_line(err)})")
                 found.shards.append(path.name)
-    table = stage.index(need_table=True).table
+    table = stage.item_table()
     batches: dict[str, bool] = {}  # batch file -> exists
     for name in sorted({b for _, b in table.done_items() if b is not None}):
         path = stage.path / BATCH_DIR / name
@@ -192,7 +192,7 @@ def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
             removed.append(item_id)
     if batch_files:
         held: dict[str, list[str]] = {}
-        for item_id, batch in stage.index(need_table=True).table.done_items():
+        for item_id, batch in stage.item_table().done_items():
             held.setdefault(batch, []).append(item_id)
         for name in batch_files:
             path = stage.path / BATCH_DIR / name
@@ -479,7 +479,7 @@ def _unnamed_files(stage: Stage) -> list[tuple[Path, str]]:
     folder = stage.path / BATCH_DIR
     batch_files = sorted(folder.glob("*.npz")) if folder.is_dir() else []
     if batch_files:
-        named = {batch for _, batch in stage.index(need_table=True).table.done_items()}
+        named = {batch for _, batch in stage.item_table().done_items()}
         found += [(path, "batch file of a killed run") for path in batch_files
                   if path.name not in named]
     try:
