@@ -7,37 +7,42 @@ The ledgers stay the record (one line per item and process, append-only,
 git keeps its index beside its objects::
 
     STAGE/index.json           counts, each ledger's tally and how far it was folded, the
-                               failed items with their errors, the problems met, and the
-                               table's file name and checksum; its own checksum inside
+                               failed items, the errors of failed lines, the problems met,
+                               and the table's file name and checksum; its own checksum
+                               inside (the CRC-32 of its canonical JSON)
     STAGE/index-<token>.npz    the table: one row per item, sorted by a 64-bit key of its id
-                               (BLAKE2b): the id (UTF-8), its state (done or failed), the
-                               time of its line, how many done lines it has, the checksums
-                               of its files by suffix and the batch file that holds it
+                               (BLAKE2b): the id (UTF-8), the times of its latest done,
+                               failed and removed lines, how many done lines it has, and the
+                               checksums (by file suffix) and batch file of its latest done
+                               line
 
-**Folding** (what :meth:`featpipe.store.Stage.item_states` did over all lines): an item's
-state is its latest done line, or, with none, its latest failed line (a later failed line
-never undoes a done item); "latest" by the line's time.  The rule does not depend on the
-order the lines are folded in, so the ledgers can be folded a piece at a time: the index
-records, per ledger, the bytes folded (up to its last complete line), and a reader folds
-only what was appended since (:func:`load`).  A ledger that is not a longer copy of what was
-folded (replaced, cut short, rewritten: its inode, its first or its last folded 4 KiB
-differ) is folded again from its start, and the whole index with it.
+**Folding**: an item is *done* when it has a done line later than its last ``removed`` line
+(written by ``cache verify --repair`` when it removes the item's files), whatever failed
+lines follow (a later failed line never undoes a done item); else *failed* when a failed line
+is later than its last removal; else pending.  "Later" by the lines' times, so the state
+follows from the latest line of each status, in whatever order the lines are folded: the
+ledgers can be folded a piece at a time.  The index records, per ledger, the bytes folded
+(through its last complete line), and a reader folds only what was appended since
+(:func:`load`); a ledger that is not a longer copy of what was folded (replaced, cut short,
+rewritten: its inode, or its first or last folded 4 KiB differ) makes the whole index be
+folded again from the ledgers.  Folded states are merged into the arrays every
+:data:`MERGE_EVERY`, and the ledgers are read :data:`_BLOCK` bytes at a time, so folding
+10^6 lines takes the table's memory plus a constant.
 
 **Written by** runs (:func:`compact`: when a run ends, and every :data:`COMPACT_EVERY_S`
-seconds while it runs), never by a read, so a read changes nothing; one process writes at a
-time (``locks/index``, taken without waiting: a busy lock means another process is writing
-it).  Each write is a new table file, then ``index.json`` atomically, then the older tables
-are removed: a reader sees one index or the other, never a mix (a table removed under a
-reader is read again through the new ``index.json``).  A missing, damaged or unreadable
-index is folded again from the ledgers, in memory: the index is never the only copy of
-anything.  ``cache verify`` checks both checksums and compares the index with a fold of the
-ledgers from scratch; ``verify --repair`` removes an index that disagrees, and the next run
-writes it again.
+seconds while it runs), only when the ledgers hold complete lines it lacks, never by a read:
+a read changes nothing.  One process writes at a time (``locks/index``, taken without
+waiting: a busy lock means another process is writing it).  Each write is a new table file,
+then ``index.json`` atomically, then the older tables are removed: a reader sees one index or
+the other, never a mix (a table removed under a reader is read again through the new
+``index.json``).  A missing, damaged or stale index is folded again from the ledgers, in
+memory: the index is never the only copy of anything.  ``cache verify`` checks both checksums
+and folds the same ledger bytes again to compare (:func:`problems`); ``verify --repair``
+removes an index that disagrees, and the next run writes it again.
 
 The counts (``status``, ``cache ls``) are those of the ledgers: an item whose file was
 removed behind featpipe's back counts as done there until ``verify`` or a rerun (which checks
-every file, :meth:`featpipe.store.Stage.done_ids`) finds it; ``verify --repair`` removes the
-index with what it removes.
+every file, :meth:`featpipe.store.Stage.done_ids`) finds it.
 """
 
 from __future__ import annotations
@@ -67,11 +72,10 @@ _PROBE = 4096
 #: A run writes the index at least this often (seconds) while it computes.
 COMPACT_EVERY_S = 60.0
 #: Item states folded into the arrays every this many (a state held apart costs about
-#: half a kB, a row 40 bytes: folding 10^6 lines stays within some tens of MB).
+#: half a kB, a row about 60 bytes: folding 10^6 lines needs some tens of MB beyond them).
 MERGE_EVERY = 50_000
 #: Version of the index format (an index of another version is folded again).
 INDEX_FORMAT = 1
-DONE, FAILED = 1, 2
 
 
 def id_key(item_id: str) -> int:
@@ -84,9 +88,10 @@ def id_key(item_id: str) -> int:
 @dataclass
 class LedgerTally:
     """What one ledger file (one process) recorded, as far as it was folded: ``offset``
-    bytes (through its last complete line), ``lines`` lines; done and failed lines, their
-    summed seconds, first and last times; and what says it is unchanged: its inode and the
-    checksums of its first and last folded :data:`_PROBE` bytes."""
+    bytes (through its last complete line), ``lines`` lines; done, failed and removed
+    lines, the summed seconds and first and last times of the done and failed ones; and what
+    says it is unchanged: its inode and the checksums of its first and last folded
+    :data:`_PROBE` bytes."""
 
     name: str
     offset: int = 0
@@ -133,12 +138,6 @@ class ItemState:
     def status(self) -> str:
         """``done``, ``failed`` or ``removed`` (pending: to be computed again)."""
         return _status(self.done, self.failed, self.removed)
-
-    @property
-    def time(self) -> float:
-        """The time of the line its status comes from."""
-        return {"done": self.done, "failed": self.failed, "removed": self.removed}[
-            self.status]
 
     def fold(self, entry) -> ItemState:
         """This state with one more ledger entry (a new object: states are shared)."""

@@ -554,12 +554,9 @@ class Stage:
             raise ItemError(item_id, f"batch file {path} lacks {member}") from None
         except ChecksumError as err:
             raise DamagedItem(item_id, err) from None
-        except (ValueError, EOFError, zipfile.BadZipFile) as err:
-            raise ItemError(item_id, f"unreadable batch file {path}: {first_line(err)}") \
-                from None
-        except OSError as err:
-            if isinstance(err, FileNotFoundError):
-                raise
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
             raise ItemError(item_id, f"unreadable batch file {path}: {first_line(err)}") \
                 from None
 
@@ -569,7 +566,8 @@ class Stage:
         if not path.exists():
             if self.item_path(item_id).exists():
                 return None
-            if self.batch_of(item_id) is not None and self.batch_of(item_id).exists():
+            batch = self.batch_of(item_id)
+            if batch is not None and batch.exists():
                 return self._read_batched(item_id, f"+{extra}.npy")
             packed = self.packed()
             return packed.extras(item_id).get(extra) if packed is not None else None

@@ -91,6 +91,7 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     stage = store.stage("import", params, items=manifest, dtype=dtype, create=not dry_run)
     if not dry_run and read:
         save_read_hashes(stage.path, read)
+    del hashes, read  # a few hundred bytes an item: not kept while the items are computed
     expected = scan.expected
     if scan.mat.items:
         reporter.info(f"orientation: {scan.mat.items} item(s) from .mat files, read "
