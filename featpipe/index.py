@@ -266,7 +266,8 @@ class Table:
         return before, after
 
     def merged(self) -> Table:
-        """A table whose arrays hold every row (``changed`` folded into them)."""
+        """A table whose arrays hold every row: the states of ``changed`` written into their
+        rows, the rows of new ids inserted where their keys go (one copy of each array)."""
         if not self.changed:
             return self
         suffixes = list(self.suffixes)
@@ -277,43 +278,57 @@ class Table:
             if state.batch is not None:
                 batches.setdefault(state.batch, len(batches))
             row = self._row(item_id)
-            (new if row is None else updated).append((row, item_id, state))
-        n_old, n_new = len(self.keys), len(new)
-        new = [(n_old + k, item_id, state) for k, (_, item_id, state) in enumerate(new)]
-        sums = np.full((n_old + n_new, len(suffixes)), -1, np.int64)
-        sums[:n_old, :len(self.suffixes)] = self.sums
-        nan = np.full(n_new, np.nan)
-        arrays = {"t_done": np.concatenate([self.t_done, nan]),
-                  "t_failed": np.concatenate([self.t_failed, nan]),
-                  "t_removed": np.concatenate([self.t_removed, nan]),
-                  "done_lines": np.concatenate([self.done_lines, np.zeros(n_new, np.uint32)]),
-                  "batch": np.concatenate([self.batch, np.full(n_new, -1, np.int32)]),
-                  "sums": sums}
+            if row is None:
+                new.append((id_key(item_id), item_id.encode("utf-8", "surrogatepass"), state))
+            else:
+                updated.append((row, state))
+        new.sort(key=lambda entry: entry[0])
         column = {suffix: k for k, suffix in enumerate(suffixes)}
-        for row, _, s in (*updated, *new):
-            for name, value in (("t_done", s.done), ("t_failed", s.failed),
-                                ("t_removed", s.removed)):
-                arrays[name][row] = np.nan if value is None else value
-            arrays["done_lines"][row] = s.done_lines
-            arrays["batch"][row] = -1 if s.batch is None else batches[s.batch]
-            sums[row] = -1
-            for suffix, value in (s.sums or {}).items():
-                sums[row, column[suffix]] = int(value[6:], 16)
+
+        def rows(states):
+            """The columns of ``states``, one row each."""
+            n = len(states)
+            out = {"t_done": np.full(n, np.nan), "t_failed": np.full(n, np.nan),
+                   "t_removed": np.full(n, np.nan), "done_lines": np.zeros(n, np.uint32),
+                   "batch": np.full(n, -1, np.int32), "sums": np.full((n, len(suffixes)), -1,
+                                                                      np.int64)}
+            for k, state in enumerate(states):
+                for name, value in (("t_done", state.done), ("t_failed", state.failed),
+                                    ("t_removed", state.removed)):
+                    if value is not None:
+                        out[name][k] = value
+                out["done_lines"][k] = state.done_lines
+                if state.batch is not None:
+                    out["batch"][k] = batches[state.batch]
+                for suffix, value in (state.sums or {}).items():
+                    out["sums"][k, column[suffix]] = int(value[6:], 16)
+            return out
+
+        keys = np.fromiter((key for key, _, _ in new), np.uint64, len(new))
+        lengths = np.fromiter((len(encoded) for _, encoded, _ in new), np.int64, len(new))
+        where = np.searchsorted(self.keys, keys, side="right")  # the rows they go before
+        sums = self.sums
+        if sums.shape[1] < len(suffixes):
+            sums = np.full((len(self.keys), len(suffixes)), -1, np.int64)
+            sums[:, :self.sums.shape[1]] = self.sums
+        old = {"t_done": self.t_done, "t_failed": self.t_failed, "t_removed": self.t_removed,
+               "done_lines": self.done_lines, "batch": self.batch, "sums": sums}
+        inserted = rows([state for _, _, state in new])
+        arrays = {name: np.insert(old[name], where, inserted[name], axis=0) for name in old}
+        starts = np.concatenate([[0], self.id_end]).astype(np.int64)
+        arrays["keys"] = np.insert(self.keys, where, keys)
+        arrays["ids"] = np.insert(self.ids, np.repeat(starts[where], lengths),
+                                  np.frombuffer(b"".join(e for _, e, _ in new), np.uint8))
+        arrays["id_end"] = np.cumsum(np.insert(np.diff(self.id_end, prepend=0), where,
+                                               lengths)).astype(np.int64)
+        if updated:  # an old row moves down by the new rows inserted before it
+            at = np.array([row for row, _ in updated], np.int64)
+            at += np.searchsorted(where, at, side="right")
+            changed = rows([state for _, state in updated])
+            for name in old:
+                arrays[name][at] = changed[name]
         errors = dict(self.errors)
         errors.update({i: s.error for i, s in self.changed.items() if s.error is not None})
-        arrays.update(keys=self.keys, id_end=self.id_end, ids=self.ids)
-        if new:
-            encoded = [item_id.encode("utf-8", "surrogatepass") for _, item_id, _ in new]
-            keys = np.concatenate([self.keys, np.fromiter(
-                (id_key(item_id) for _, item_id, _ in new), np.uint64, n_new)])
-            lengths = np.concatenate([np.diff(self.id_end, prepend=0),
-                                      np.fromiter(map(len, encoded), np.int64, n_new)])
-            blob = np.concatenate([self.ids, np.frombuffer(b"".join(encoded), np.uint8)])
-            order = np.argsort(keys, kind="stable")
-            arrays = {k: v[order] for k, v in arrays.items()
-                      if k not in ("keys", "id_end", "ids")}
-            arrays["keys"] = keys[order]
-            arrays.update(_gather(blob, lengths, order))
         return Table(arrays, suffixes, batches, errors)
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -375,17 +390,6 @@ class Index:
 
 
 # -- reading --------------------------------------------------------------------------------
-
-def _gather(blob: np.ndarray, lengths: np.ndarray, order: np.ndarray) -> dict:
-    """The ids of ``blob`` (pieces of ``lengths`` bytes, in row order) reordered by ``order``:
-    the new blob and its end offsets."""
-    starts = np.cumsum(lengths) - lengths
-    moved = lengths[order]
-    ends = np.cumsum(moved)
-    take = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + \
-        np.repeat(starts[order] - (ends - moved), moved)
-    return {"ids": blob[take], "id_end": ends.astype(np.int64)}
-
 
 def _canonical(summary: dict) -> bytes:
     return json.dumps(summary, sort_keys=True, separators=(",", ":"),
