@@ -47,6 +47,8 @@ from pathlib import Path
 import numpy as np
 
 from featpipe import FORMAT_VERSION, __version__
+from featpipe import index as stage_index
+from featpipe.batches import BATCH_DIR, BATCH_NAME, BatchFiles, BatchWriter, commits_in_batches
 from featpipe.checksums import CHECKSUM, ChecksumError, DamagedItem, as_text, check
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.fileio import (
@@ -111,15 +113,20 @@ class LedgerEntry:
     """One line of a ledger: what happened to one item in one process."""
 
     id: str
-    status: str  # "done" or "failed"
+    status: str  # "done", "failed" or "removed" (its files removed by ``verify --repair``)
     seconds: float
     error: str | None
     time: float
     #: checksum of each file of a done item by its suffix (``.npy``, ``+timestamps.npy``);
     #: None for a line written before featpipe kept checksums
     sums: dict[str, str] | None = None
+    #: the batch file holding the item (:mod:`featpipe.batches`); None for a loose file
+    batch: str | None = None
 
 
+#: What a ledger line says of its item: computed, failed, or its files removed by ``cache
+#: verify --repair`` (to be computed again; :mod:`featpipe.index` folds the three).
+LEDGER_STATUSES = ("done", "failed", "removed")
 #: The suffix that names an item's file in its ledger line's ``sums``: ``.npy`` for the
 #: array, ``+NAME.npy`` for a sidecar.
 SUM_SUFFIX = re.compile(r"^(\+[a-z][a-z0-9_]*)?\.npy$")
@@ -138,8 +145,8 @@ def _ledger_entry(raw) -> LedgerEntry | str:
         return "not a JSON object"
     if not isinstance(raw.get("id"), str):
         return "'id' missing or not a string"
-    if raw.get("status") not in ("done", "failed"):
-        return f"'status' must be 'done' or 'failed', got {raw.get('status')!r}"
+    if raw.get("status") not in LEDGER_STATUSES:
+        return f"'status' must be 'done', 'failed' or 'removed', got {raw.get('status')!r}"
     for key in ("seconds", "time"):
         if not _is_number(raw.get(key, 0.0)):
             return f"{key!r} must be a number, got {raw.get(key)!r}"
@@ -156,8 +163,11 @@ def _ledger_entry(raw) -> LedgerEntry | str:
             isinstance(k, str) and SUM_SUFFIX.match(k) and isinstance(v, str)
             and CHECKSUM.match(v) for k, v in sums.items())):
         return "'sums' must map file suffixes (.npy, +NAME.npy) to checksums crc32:<8 hex>"
+    batch = raw.get("batch")
+    if batch is not None and not (isinstance(batch, str) and BATCH_NAME.match(batch)):
+        return "'batch' must name a batch file (<host>-<pid>-<token>.<crc>.npz)"
     return LedgerEntry(raw["id"], raw["status"], float(raw.get("seconds", 0.0)),
-                       raw.get("error"), float(raw.get("time", 0.0)), sums)
+                       raw.get("error"), float(raw.get("time", 0.0)), sums, batch)
 
 
 class _LedgerWriter:
@@ -172,10 +182,17 @@ class _LedgerWriter:
 
     @classmethod
     def append(cls, ledger_dir: Path, entry: dict) -> None:
+        cls.append_lines(ledger_dir, [entry])
+
+    @classmethod
+    def append_lines(cls, ledger_dir: Path, entries: list[dict]) -> None:
+        """Append ``entries``, one line each, with one ``os.write`` and one fsync (a batch's
+        lines, :mod:`featpipe.batches`)."""
         pid = os.getpid()
         key = (str(ledger_dir), pid)
         path = ledger_dir / f"{HOST}-{pid}.jsonl"
-        data = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
+        data = "".join(json.dumps(entry, ensure_ascii=False) + "\n"
+                       for entry in entries).encode("utf-8")
         fd = cls._open.get(key)
         if fd is None:
             make_dirs(ledger_dir)
@@ -279,9 +296,15 @@ class Stage:
         return self._items
 
     @property
+    def n_items(self) -> int:
+        """How many items the stage covers (``stage.json`` says, without reading items.csv)."""
+        n_items = self.meta.get("n_items")
+        return n_items if isinstance(n_items, int) and n_items >= 0 else len(self.items)
+
+    @property
     def is_model_stage(self) -> bool:
         """A fit stage: it covers no items and holds models (once fitted)."""
-        return not self.items.ids
+        return not self.n_items
 
     @property
     def dtype(self) -> np.dtype:
@@ -321,16 +344,44 @@ class Stage:
 
     def record(self, item_id: str, status: str, seconds: float = 0.0, error: str | None = None,
                sums: Mapping[str, str] | None = None):
-        """Append one ledger line for ``item_id`` (``done`` or ``failed``); ``sums`` holds the
-        checksum of each file of a done item by its suffix (:data:`SUM_SUFFIX`)."""
-        if status not in ("done", "failed"):
-            raise ValueError(f"ledger status must be 'done' or 'failed', got {status!r}")
+        """Append one ledger line for ``item_id`` (``done``, ``failed`` or ``removed``:
+        :data:`LEDGER_STATUSES`); ``sums`` holds the checksum of each file of a done item by
+        its suffix (:data:`SUM_SUFFIX`)."""
+        if status not in LEDGER_STATUSES:
+            raise ValueError("ledger status must be 'done', 'failed' or 'removed', got "
+                             f"{status!r}")
         self._check_on_disk()
+        _LedgerWriter.append(self.path / "ledger", self._line(item_id, status, seconds, error,
+                                                              sums))
+
+    @staticmethod
+    def _line(item_id: str, status: str, seconds: float, error: str | None,
+              sums: Mapping[str, str] | None, batch: str | None = None) -> dict:
         entry = {"id": item_id, "status": status, "seconds": round(float(seconds), 6),
                  "error": error, "time": time.time()}
         if sums is not None:
             entry["sums"] = dict(sums)
-        _LedgerWriter.append(self.path / "ledger", entry)
+        if batch is not None:
+            entry["batch"] = batch
+        return entry
+
+    def record_removed(self, ids: Iterable[str], why: str) -> None:
+        """Record that the files of ``ids`` were removed (``verify --repair``): they are no
+        longer done, and a rerun computes them again (one ledger write for all)."""
+        self._check_on_disk()
+        lines = [self._line(item_id, "removed", 0.0, why, None) for item_id in ids]
+        if lines:
+            _LedgerWriter.append_lines(self.path / "ledger", lines)
+
+    def batch_writer(self) -> BatchWriter | None:
+        """A writer committing a chunk of small items together (:mod:`featpipe.batches`),
+        or None when this stage writes each item to its own file."""
+        self._check_on_disk()
+        if not commits_in_batches(self.n_items):
+            return None
+        ledger = self.path / "ledger"
+        return BatchWriter(self.path / BATCH_DIR, self.dtype, self._line,
+                           lambda lines: _LedgerWriter.append_lines(ledger, lines))
 
     def ledger(self) -> Iterator[LedgerEntry]:
         """All ledger lines of all processes; a line cut short by a killed process is skipped."""
@@ -348,9 +399,13 @@ class Stage:
                 yield name, entry
 
     def ledger_problems(self) -> list[str]:
-        """Malformed ledger lines, except a last line cut short by a killed process."""
-        return [f"ledger {name} line {lineno}: {entry}"
-                for name, lineno, entry in self._ledger_lines() if isinstance(entry, str)]
+        """Malformed ledger lines, except a last line cut short by a killed process (from
+        the index: the lines folded since it was written are read, not all of them)."""
+        def where(problem: str) -> tuple[str, int]:
+            name, _, rest = problem.removeprefix("ledger ").partition(" line ")
+            return name, int(rest.partition(":")[0])
+
+        return sorted(self.index().problems, key=where)
 
     def _ledger_lines(self) -> Iterator[tuple[str, int, LedgerEntry | str]]:
         ledger_dir = self.path / "ledger"
@@ -375,7 +430,8 @@ class Stage:
                 yield path.name, lineno, entry
 
     def item_states(self) -> dict[str, LedgerEntry]:
-        """Latest ledger entry per item, a ``done`` entry winning over any ``failed`` one."""
+        """Latest ledger entry per item, a ``done`` entry winning over any later ``failed``
+        one (all lines read: :meth:`index` is the cheap way to the same states)."""
         states: dict[str, LedgerEntry] = {}
         for entry in sorted(self.ledger(), key=lambda e: e.time):
             previous = states.get(entry.id)
@@ -383,6 +439,20 @@ class Stage:
                 continue
             states[entry.id] = entry
         return states
+
+    def index(self, need_table: bool = False) -> stage_index.Index:
+        """The stage's ledgers folded (:mod:`featpipe.index`): counts and failed items in
+        O(ledgers) when the index on disk is current, the table of item states with
+        ``need_table``."""
+        return stage_index.load(self.path, _ledger_entry, need_table)
+
+    def index_problems(self) -> list[str]:
+        """What is wrong with the index on disk (:func:`featpipe.index.problems`)."""
+        return stage_index.problems(self.path, _ledger_entry)
+
+    def compact_index(self) -> bool:
+        """Write the index when the ledgers hold lines it lacks (runs call this)."""
+        return self.exists and stage_index.compact(self.path, _ledger_entry)
 
     # -- views ------------------------------------------------------------------------------
     def make_view(self, source: Stage, columns: slice, extras: Iterable[str]) -> None:
@@ -425,29 +495,40 @@ class Stage:
         """Items whose ledger says done and whose file exists (resume trusts both); a view's,
         those of its source.
 
-        An item packed by ``featpipe cache pack`` counts as existing.
+        An item packed by ``featpipe cache pack`` counts as existing, and so does one in a
+        batch file that exists (:mod:`featpipe.batches`).
         """
         view = self.view()
         if view is not None:
             return view[0].done_ids() & set(self.items.ids)
         packed = self.packed()
         packed_ids = packed.ids() if packed is not None else frozenset()
-        return {
-            item_id
-            for item_id, entry in self.item_states().items()
-            if entry.status == "done"
-            and (item_id in packed_ids or self.item_path(item_id).exists())
-        }
+        table = self.item_table()
+        batches: dict[str, bool] = {}
+
+        def exists(item_id: str, batch: str | None) -> bool:
+            if batch is not None:
+                if batch not in batches:
+                    batches[batch] = (self.path / BATCH_DIR / batch).exists()
+                if batches[batch]:
+                    return True
+            return item_id in packed_ids or self.item_path(item_id).exists()
+
+        return {item_id for item_id, batch in table.done_items() if exists(item_id, batch)}
 
     def truncated_ids(self, ids: Iterable[str]) -> set[str]:
         """Of ``ids``, the items whose loose file holds less data than its ``.npy`` header
         declares (cut short by a failing disk or a copy: ``cache verify`` reports them), so
-        that a rerun recomputes them; one header read per item, no array is loaded."""
+        that a rerun recomputes them; one header read per item, no array is loaded (none for
+        the items of batch files, whose every read is checked against its checksum); a
+        view's, those of its source."""
         view = self.view()
         if view is not None:
             return view[0].truncated_ids(ids)
+        table = self.item_table()
+        loose = {item_id for item_id, batch in table.done_items() if batch is None}
         found = set()
-        for item_id in ids:
+        for item_id in (i for i in ids if i in loose):
             try:
                 with open(self.item_path(item_id), "rb") as handle:
                     head = handle.read(NPY_HEAD_BYTES)
@@ -466,16 +547,12 @@ class Stage:
         return PackedItems.open(self.path)
 
     def failed(self) -> dict[str, str]:
-        """Items whose latest state is failed, with their recorded error."""
+        """Items whose latest state is failed, with their recorded error (a done line, in
+        any ledger, makes an item done for good); a view's, those of its source."""
         view = self.view()
         if view is not None:
             return {i: e for i, e in view[0].failed().items() if i in set(self.items.ids)}
-        done = self.done_ids()
-        return {
-            item_id: entry.error or "failed"
-            for item_id, entry in self.item_states().items()
-            if entry.status == "failed" and item_id not in done
-        }
+        return dict(self.index().failed)
 
     def is_complete(self) -> bool:
         return set(self.items.ids) <= self.done_ids()
@@ -501,11 +578,55 @@ class Stage:
         try:
             return self._read_file(item_id, ".npy", path, mmap)
         except FileNotFoundError:
+            array = self._read_batched(item_id, ".npy")
+            if array is not None:
+                return array
             packed = self.packed()
             array = packed.read(item_id) if packed is not None else None
             if array is not None:
                 return array
             raise ItemError(item_id, f"not computed in stage {self.name}") from None
+
+    def batch_of(self, item_id: str, reload: bool = False) -> Path | None:
+        """The batch file the ledger says holds done item ``item_id`` (it may be gone), or
+        None for an item of its own file (:mod:`featpipe.batches`)."""
+        state = self._state(item_id, reload)
+        batch = state.batch if state is not None and state.status == "done" else None
+        return None if batch is None else self.path / BATCH_DIR / batch
+
+    def _read_batched(self, item_id: str, suffix: str) -> np.ndarray | None:
+        """The file ``suffix`` of ``item_id`` from its batch file, checked against its
+        recorded checksum; None when the item is in none (or its batch file is gone).  A
+        batch file that is gone or damaged is looked up once more in a fresh read of the
+        ledgers (the item may have been recomputed since, into another batch)."""
+        path = self.batch_of(item_id)
+        if path is None:
+            return None
+        try:
+            return self._load_batched(item_id, suffix, path)
+        except (FileNotFoundError, DamagedItem):
+            fresh = self.batch_of(item_id, reload=True)
+            if fresh is not None and fresh != path:
+                return self._read_batched(item_id, suffix)
+            if fresh is None or not fresh.exists():
+                return None
+            raise
+
+    def _load_batched(self, item_id: str, suffix: str, path: Path) -> np.ndarray | None:
+        member = safe_stem(item_id) + suffix
+        try:
+            return BatchFiles.load(path, member, (self.recorded_sums(item_id) or {}).get(suffix))
+        except KeyError:
+            if suffix != ".npy":
+                return None
+            raise ItemError(item_id, f"batch file {path} lacks {member}") from None
+        except ChecksumError as err:
+            raise DamagedItem(item_id, err) from None
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+            raise ItemError(item_id, f"unreadable batch file {path}: {first_line(err)}") \
+                from None
 
     def read_extra(self, item_id: str, extra: str) -> np.ndarray | None:
         """Load a sidecar (``timestamps``, ``positions``...) or ``None`` when there is none."""
@@ -514,7 +635,12 @@ class Stage:
             return view[0].read_extra(item_id, extra) if extra in view[2] else None
         path = self.item_path(item_id, extra)
         if not path.exists():
-            packed = None if self.item_path(item_id).exists() else self.packed()
+            if self.item_path(item_id).exists():
+                return None
+            batch = self.batch_of(item_id)
+            if batch is not None and batch.exists():
+                return self._read_batched(item_id, f"+{extra}.npy")
+            packed = self.packed()
             return packed.extras(item_id).get(extra) if packed is not None else None
         return self._read_file(item_id, f"+{extra}.npy", path)
 
@@ -525,7 +651,16 @@ class Stage:
             return {k: v for k, v in view[0].extras_of(item_id).items() if k in view[2]}
         prefix = safe_stem(item_id) + "+"
         folder = self.item_path(item_id).parent
-        packed = None if self.item_path(item_id).exists() else self.packed()
+        loose = self.item_path(item_id).exists()
+        batch = None if loose else self.batch_of(item_id)
+        if batch is not None and batch.exists():
+            try:
+                names = BatchFiles.sidecars(batch, prefix[:-1])
+            except (OSError, ValueError, zipfile.BadZipFile) as err:
+                raise ItemError(item_id, f"unreadable batch file {batch}: "
+                                         f"{first_line(err)}") from None
+            return {name: self._read_batched(item_id, f"+{name}.npy") for name in names}
+        packed = None if loose else self.packed()
         found = packed.extras(item_id) if packed is not None else {}
         if folder.is_dir():
             for path in folder.glob(f"{prefix}*.npy"):
@@ -533,18 +668,29 @@ class Stage:
                     item_id, path.name[len(prefix) - 1:], path)
         return found
 
-    #: checksums recorded by the ledger, per stage folder and item (see :meth:`recorded_sums`)
-    _sums: dict[str, dict[str, dict[str, str] | None]] = {}
+    #: the item states of the index (:mod:`featpipe.index`), per stage folder, read once per
+    #: process (see :meth:`recorded_sums`)
+    _tables: dict[str, stage_index.Table] = {}
+
+    def _state(self, item_id: str, reload: bool = False) -> stage_index.ItemState | None:
+        """The folded ledger state of ``item_id``: the index's table is read once per
+        process and stage, again when ``reload`` or the item is not in it."""
+        table = Stage._tables.get(str(self.path))
+        state = None if table is None or reload else table.get(item_id)
+        return self.item_table().get(item_id) if state is None else state
+
+    def item_table(self) -> stage_index.Table:
+        """The item states of the stage's ledgers as they are now (:mod:`featpipe.index`),
+        kept for this process's later reads of the stage's items."""
+        table = self.index(need_table=True).table
+        Stage._tables[str(self.path)] = table
+        return table
 
     def recorded_sums(self, item_id: str, reload: bool = False) -> dict[str, str] | None:
         """The checksums the ledger recorded for the files of done item ``item_id`` (by
-        suffix), or None (not done, or done before featpipe kept checksums).  The ledger is
-        read once per process and stage, again when ``reload`` or the item is not in it."""
-        table = Stage._sums.get(str(self.path))
-        if table is None or reload or item_id not in table:
-            table = {i: e.sums for i, e in self.item_states().items() if e.status == "done"}
-            Stage._sums[str(self.path)] = table
-        return table.get(item_id)
+        suffix), or None (not done, or done before featpipe kept checksums)."""
+        state = self._state(item_id, reload)
+        return state.sums if state is not None and state.status == "done" else None
 
     def _read_file(self, item_id: str, suffix: str, path: Path, mmap: bool = False
                    ) -> np.ndarray:

@@ -21,13 +21,15 @@ import os
 import shutil
 import time
 import zipfile
-from collections import Counter
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from featpipe import index as stage_index
+from featpipe.batches import BATCH_DIR, batch_checksum
 from featpipe.checksums import ChecksumError, DamagedItem, check, file_checksum
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import (
@@ -39,7 +41,7 @@ from featpipe.fileio import (
     stale_tmp,
     writing,
 )
-from featpipe.io.importers import describe, signature
+from featpipe.io.importers import Signature, describe, signature
 from featpipe.pack import repair_pack
 from featpipe.packed import PACK_DIR, PACK_INDEX
 from featpipe.progress import stage_progress
@@ -69,6 +71,12 @@ class StageCheck:
     models: list[str] = field(default_factory=list)
     shards: list[str] = field(default_factory=list)
     unchecked: int = 0
+    #: done items whose files exist (damaged or not)
+    present: int = 0
+    #: batch files (:mod:`featpipe.batches`) whose bytes differ from their checksums
+    batches: list[str] = field(default_factory=list)
+    #: whether the index (:mod:`featpipe.index`) is damaged or disagrees with the ledgers
+    index: bool = False
 
 
 def verify_stage(stage: Stage) -> StageCheck:
@@ -76,7 +84,9 @@ def verify_stage(stage: Stage) -> StageCheck:
     models and the packed files of ``stage``; see :class:`StageCheck`."""
     found = StageCheck(problems=list(stage.ledger_problems()))
     problems = found.problems
-    shapes: dict[str, tuple[int, ...]] = {}
+    index_problems = stage.index_problems()
+    problems.extend(index_problems)
+    found.index = bool(index_problems)
     packed = stage.packed()
     if packed is not None:
         for path in packed.files:
@@ -86,42 +96,62 @@ def verify_stage(stage: Stage) -> StageCheck:
             except (ChecksumError, OSError) as err:
                 problems.append(f"packed file {path.name}: damaged ({first_line(err)})")
                 found.shards.append(path.name)
-    for item_id, entry in sorted(stage.item_states().items()):
-        if entry.status != "done":
-            continue
-        path = stage.item_path(item_id)
-        if not path.exists() and not (packed is not None and item_id in packed.ids()):
-            problems.append(f"item {item_id!r}: the ledger says done but {path} is missing")
-            continue
+    table = stage.item_table()
+    batches: dict[str, bool] = {}  # batch file -> exists
+    for name in sorted({b for _, b in table.done_items() if b is not None}):
+        path = stage.path / BATCH_DIR / name
+        batches[name] = path.exists()
         try:
-            array = stage.read_item(item_id)
+            if batches[name]:
+                check(path, file_checksum(path), batch_checksum(name))
+        except (ChecksumError, OSError) as err:
+            problems.append(f"batch file {name}: damaged ({first_line(err)})")
+            found.batches.append(name)
+    by_signature: dict[Signature, tuple[array, array]] = {}  # rows of ``ids``, first dims
+    ids = sorted(item_id for item_id, _ in table.done_items())
+    for row, item_id in enumerate(ids):
+        state = table.get(item_id)
+        path = stage.item_path(item_id)
+        loose = path.exists()
+        if not loose and not batches.get(state.batch) and not (
+                packed is not None and item_id in packed.ids()):
+            where = stage.path / BATCH_DIR / state.batch if state.batch else path
+            problems.append(f"item {item_id!r}: the ledger says done but {where} is missing")
+            continue
+        found.present += 1
+        try:
+            data = stage.read_item(item_id)
             extras = list(stage.extras_of(item_id).items())
         except FeatpipeError as err:
             what = "damaged" if isinstance(err, DamagedItem) else "unreadable"
             problems.append(f"item {item_id!r}: {what} ({err.cause})")
             found.items.append(item_id)
             continue
-        if path.exists():
-            found.unchecked += entry.sums is None
-            gone = sorted(set(entry.sums or ()) - {".npy"} - {f"+{k}.npy" for k, _ in extras})
+        if loose or state.batch:
+            found.unchecked += state.sums is None
+            gone = sorted(set(state.sums or ()) - {".npy"} - {f"+{k}.npy" for k, _ in extras})
             if gone:
                 problems.append(f"item {item_id!r}: sidecar file(s) {', '.join(gone)} missing")
                 found.items.append(item_id)
-        for source, values in [("array", array), *extras]:
+        for source, values in [("array", data), *extras]:
             if values.dtype.kind not in "biuf":
                 problems.append(f"item {item_id!r}: {source} has non-numeric dtype "
                                 f"{values.dtype}")
             elif values.dtype.kind == "f" and not np.all(np.isfinite(values)):
                 problems.append(f"item {item_id!r}: {source} contains NaN or Inf")
-        shapes[item_id] = array.shape
-    found.checked = len(shapes)
-    if shapes:
-        counts = Counter(signature(s) for s in shapes.values())
-        reference = counts.most_common(1)[0][0]
-        for item_id, shape in shapes.items():
-            if signature(shape) != reference:
-                problems.append(f"item {item_id!r}: shape {shape} but {counts[reference]} other "
-                                f"items are {describe(reference)}")
+        rows, firsts = by_signature.setdefault(signature(data.shape), (array("q"), array("q")))
+        rows.append(row)
+        firsts.append(data.shape[0] if data.ndim else 0)
+        found.checked += 1
+    if by_signature:
+        reference = max(by_signature, key=lambda sig: len(by_signature[sig][0]))
+        count = len(by_signature[reference][0])
+        for sig, (rows, firsts) in by_signature.items():
+            if sig == reference:
+                continue
+            for row, first in zip(rows, firsts, strict=True):
+                problems.append(f"item {ids[row]!r}: shape {_shape(sig, first)} but {count} "
+                                f"other items are {describe(reference)}")
     for npz in sorted((stage.path / "models").glob("*.npz")):
         try:
             stage.load_model(npz.stem)
@@ -131,14 +161,27 @@ def verify_stage(stage: Stage) -> StageCheck:
     return found
 
 
+def _shape(sig: Signature, first: int) -> tuple[int, ...]:
+    """The shape of an item of signature ``sig`` whose first dimension is ``first``."""
+    ndim, feature = sig
+    return feature if ndim <= 1 else (first, *feature)
+
+
 def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
     """Remove what :func:`verify_stage` found damaged, so that a re-run of the stage's command
     recomputes exactly that (resume computes what is missing): a loose item's files (the main
     array first: without it the item is not done), a model's files, and from a packed file
     the damaged items (the file is rewritten with the others; an unreadable one is dropped
-    whole).  Returns one line per thing removed."""
-    done = []
-    packed_ids = [i for i in found.items if not stage.item_path(i).exists()]
+    whole), a batch file that is damaged or holds a damaged item (whole: its other items
+    are small, :mod:`featpipe.batches`) and a damaged index.  Each item removed gets a
+    ``removed`` ledger line, so ``status`` counts it as pending again.  Returns one line per
+    thing removed."""
+    done, removed = [], []
+    batched = {i: stage.batch_of(i) for i in found.items if stage.batch_of(i) is not None
+               and stage.batch_of(i).exists()}
+    packed_ids = [i for i in found.items if not stage.item_path(i).exists() and
+                  i not in batched]
+    batch_files = sorted(set(found.batches) | {path.name for path in batched.values()})
     for item_id in found.items:
         main = stage.item_path(item_id)
         if main.exists():
@@ -146,6 +189,18 @@ def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
                 with writing(path, "remove"):
                     path.unlink(missing_ok=True)
             done.append(f"removed damaged item {item_id!r}")
+            removed.append(item_id)
+    if batch_files:
+        held: dict[str, list[str]] = {}
+        for item_id, batch in stage.item_table().done_items():
+            held.setdefault(batch, []).append(item_id)
+        for name in batch_files:
+            path = stage.path / BATCH_DIR / name
+            with writing(path, "remove"):
+                path.unlink(missing_ok=True)
+            removed.extend(held.get(name, []))
+            done.append(f"removed batch file {name} ({len(held.get(name, []))} item(s), "
+                        "damaged or holding a damaged item)")
     for model in found.models:
         for suffix in (".npz", ".json", MODEL_SUMS):
             path = stage.path / "models" / f"{model}{suffix}"
@@ -155,6 +210,11 @@ def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
     if stage.packed() is not None and (packed_ids or found.shards):
         dropped = repair_pack(stage, set(packed_ids), set(found.shards))
         done.extend(f"dropped damaged item {i!r} from the packed files" for i in dropped)
+        removed.extend(dropped)
+    stage.record_removed(removed, "removed by `cache verify --repair` (damaged)")
+    if found.index:
+        stage_index.remove(stage.path)
+        done.append("removed the index (the next run writes it again)")
     return done
 
 
@@ -177,8 +237,8 @@ def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = 
     for stage in stages:
         try:
             found = verify_stage(stage)
-            missing = len(set(stage.items.ids) - stage.done_ids())
-            note = f" ({missing} of {len(stage.items)} not computed)" if missing else ""
+            missing = stage.n_items - found.present
+            note = f" ({missing} of {stage.n_items} not computed)" if missing else ""
         except FeatpipeError as err:
             found, note = StageCheck(problems=[f"unreadable ({err})"]), ""
         total += found.checked
@@ -188,11 +248,13 @@ def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = 
             reporter.info(f"problem: stage {stage.name}: {problem}")
         reporter.info(f"{'ok' if not found.problems else 'BAD'}: stage {stage.name}: "
                       f"{found.checked} items checked{note}")
-        if repair and (found.items or found.models or found.shards):
+        if repair and (found.items or found.models or found.shards or found.batches or
+                       found.index):
             lines = repair_stage(stage, found)
             for line in lines:
                 reporter.info(f"repaired: stage {stage.name}: {line}")
-            repaired += len(found.items) + len(found.models) + len(found.shards)
+            repaired += len(found.items) + len(found.models) + len(found.shards) + \
+                len(found.batches) + found.index
             reporter.info(f"repaired: stage {stage.name}: re-run the command that computed it "
                           "to recompute exactly what was removed")
     n_stages = len(stages) + len(broken)
@@ -404,6 +466,29 @@ def _leftovers(store: Store, stages: Sequence[Stage], min_age: float
     for stage in stages:
         found += [(path, "shard file of a killed pack") for path in _unlisted_shards(stage)
                   if time.time() - path.stat().st_mtime > min_age * 60]
+        found += [(path, what) for path, what in _unnamed_files(stage)
+                  if time.time() - path.stat().st_mtime > max(CREATION_GRACE_S, min_age * 60)]
+    return found
+
+
+def _unnamed_files(stage: Stage) -> list[tuple[Path, str]]:
+    """Batch files no ledger line names (a process killed between writing one and its
+    lines, :mod:`featpipe.batches`) and index tables ``index.json`` does not name (an index
+    write killed before its record)."""
+    found = []
+    folder = stage.path / BATCH_DIR
+    batch_files = sorted(folder.glob("*.npz")) if folder.is_dir() else []
+    if batch_files:
+        named = {batch for _, batch in stage.item_table().done_items()}
+        found += [(path, "batch file of a killed run") for path in batch_files
+                  if path.name not in named]
+    try:
+        record = stage_index.read_record(stage.path) or {}
+    except (OSError, ValueError):
+        return found  # a damaged index: verify reports it, nothing is guessed
+    found += [(path, "index table of a killed run")
+              for path in sorted(stage.path.glob(f"{stage_index.TABLE_PREFIX}*.npz"))
+              if path.name != record.get("table")]
     return found
 
 
