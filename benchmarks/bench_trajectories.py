@@ -45,7 +45,8 @@ CLIPS = {"bigbuckbunny": "bigbuckbunny.mp4", "bikes": "bikes.mp4",
          "carphone": "carphone_pristine.mp4"}
 #: cProfile function names by where their time goes
 CATEGORIES = {
-    "flow": ("expand", "flow", "farneback_matrices", "farneback_solve", "sepFilter2D",
+    "flow": ("expand", "flow", "farneback_matrices", "farneback_solve",
+             "polynomial_coefficients", "sepFilter2D",
              "medianBlur", "GaussianBlur", "median_flow", "median_blur5", "median5x5",
              "smoothed_pyramid", "calc", "resize"),
     "histograms": ("advance_tracks",),

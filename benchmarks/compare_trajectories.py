@@ -26,9 +26,12 @@ Per clip and program pair it prints:
   process (Python start-up, imports, warm-up) beside it; memory: max RSS of each process
   (``/usr/bin/time``) and featpipe's RSS growth while tracking (peak reset before the first
   frame);
-* the command a user runs, ``featpipe extract --features dt|idt --jobs 1`` on the clip
-  (``--cli``): its process and its decoding worker on core 0, decoding, the store's writes
-  and every start-up cost included, frames/s by CPU time and max RSS beside the release's.
+* the command a user runs, ``featpipe extract --features dt|idt --jobs 1`` (``--cli``): on
+  each clip alone, and once on all the clips in one manifest (the multi-clip command: a
+  start-up for the whole set, as a dataset's run pays it), its process and its decoding worker
+  on core 0, decoding, the store's writes and every start-up cost included; frames/s by CPU
+  time and max RSS beside the release's (for the multi-clip command: the clips' frames over
+  the release's CPU seconds on them, each clip's fastest run, summed).
 
 Usage: python benchmarks/compare_trajectories.py [--bin DIR] [--release-src DIR]
        [--frames 60] [--clips bigbuckbunny,bikes,carphone] [--programs dt,idt,idt-mask255]
@@ -270,20 +273,36 @@ def run_featpipe(kind: str, avi: str, out: str) -> dict:
     return measured
 
 
-def run_extract_command(kind: str, avi: str, work: str) -> dict:
-    """``featpipe extract --features KIND --jobs 1 -q`` on the clip alone, into a fresh store
-    (the whole command: its process and its decoding worker, both on core 0)."""
+def run_extract_command(kind: str, avis: list[str], work: str) -> dict:
+    """``featpipe extract --features KIND --jobs 1 -q`` on the clips ``avis``, one manifest,
+    into a fresh store (the whole command: its process and its decoding worker, both on core
+    0)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     folder = tempfile.mkdtemp(prefix=f"cli_{kind}_", dir=work)
-    manifest = os.path.join(folder, "clip.csv")
+    manifest = os.path.join(folder, "clips.csv")
     with open(manifest, "w") as f:
-        f.write(f"id,path,label,split1\nclip,{os.path.abspath(avi)},x,train\n")
+        f.write("id,path,label,split1\n")
+        for i, avi in enumerate(avis):
+            f.write(f"clip{i},{os.path.abspath(avi)},x,train\n")
     env = dict(one_core_env(), PYTHONPATH=repo)
     command = [sys.executable, "-m", "featpipe", "extract", "--manifest", manifest, "--store",
                os.path.join(folder, "store"), "--features", kind, "--jobs", "1", "-q"]
     measured = run_measured(command, os.path.join(folder, "out.txt"), env)
     shutil.rmtree(folder, ignore_errors=True)
     return measured
+
+
+def print_multi_clip(kind: str, avis: list[str], frames: int, release_cpu: float,
+                     work: str) -> None:
+    """The multi-clip command's line: its CPU frames/s against the release's on the clips."""
+    command = run_extract_command(kind, avis, work)
+    fps, release_fps = frames / command["cpu"], frames / release_cpu
+    print(f"featpipe extract --features {kind} on the {len(avis)} clips in one command "
+          f"({frames} frames: start-up, decoding, one worker, the store): {fps:.1f} frames/s "
+          f"by CPU time ({command['cpu']:.2f} s) against the release's {release_fps:.1f} "
+          f"({release_cpu:.2f} s, its fastest run of each clip): x{fps / release_fps:.2f}; "
+          f"{frames / command['wall']:.1f} by wall time; max RSS "
+          f"{command['max_rss_mib']:.0f} MiB")
 
 
 # ----------------------------------------------------------------------------- comparison
@@ -476,7 +495,8 @@ def main() -> int:
     parser.add_argument("--work", default=None)
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--cli", action="store_true",
-                        help="also time the command featpipe extract on each clip")
+                        help="also time the command featpipe extract on each clip and on "
+                             "all the clips at once")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -513,6 +533,10 @@ def main() -> int:
     _print_blas()
     dumper = build_dumper(args.release_src, work) if args.release_src else None
 
+    #: kind -> (clips' .avi, their frames, the release's CPU seconds on them) for --cli
+    multi: dict[str, tuple[list[str], int, float]] = {}
+    #: program -> [frames, the release's CPU seconds, featpipe's tracking loop's] over the clips
+    totals: dict[str, list[float]] = {}
     for clip in [c.strip() for c in args.clips.split(",") if c.strip()]:
         avi = prepare_clip(clip, args.frames, work)
         n_frames = sum(1 for _ in decode(avi))
@@ -533,8 +557,15 @@ def main() -> int:
                              n_frames)}
             row.update(speed(runs_rel, featpipe_runs[kind], n_frames))
             _print_row(row)
+            total = totals.setdefault(program, [0, 0.0, 0.0])
+            total[0] += n_frames
+            total[1] += min(r["cpu"] for r in runs_rel)
+            total[2] += min(r["loop_cpu"] for r in featpipe_runs[kind])
             if args.cli and not program.endswith("mask255"):
-                command = run_extract_command(kind, avi, work)
+                avis, frames, seconds = multi.get(kind, ([], 0, 0.0))
+                multi[kind] = (avis + [avi], frames + n_frames,
+                               seconds + min(r["cpu"] for r in runs_rel))
+                command = run_extract_command(kind, [avi], work)
                 fps = n_frames / command["cpu"]
                 print(f"    featpipe extract --features {kind} (the command: start-up, "
                       f"decoding, one worker, the store): {fps:.1f} frames/s by CPU time "
@@ -547,6 +578,12 @@ def main() -> int:
                           f"{level['mean_epe']:.4f} px, median {level['median_epe']:.4f}, "
                           f"99th pct {level['p99_epe']:.3f} (release's mean |flow| "
                           f"{level['mean_magnitude']:.3f} px)")
+    for program, (frames, release_cpu, loop_cpu) in totals.items():
+        print(f"all clips, {program}: featpipe's tracking loop {frames / loop_cpu:.1f} frames/s "
+              f"by CPU time against the release's {frames / release_cpu:.1f} "
+              f"(x{release_cpu / loop_cpu:.2f}; {frames} frames)")
+    for kind, (avis, frames, seconds) in multi.items():
+        print_multi_clip(kind, avis, frames, seconds, work)
     if args.shipped:
         compare_shipped(args.shipped.split(","), work)
     print(f"load average at the end {os.getloadavg()[0]:.2f}")

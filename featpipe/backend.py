@@ -15,11 +15,14 @@ own threads calls BLAS inside ``single_threaded_blas()``.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib.util
+import math
 import os
 
 import array_api_compat
+import numpy as np
 
 from featpipe.errors import FeatpipeError, InputError
 from featpipe.settings import memory_setting, threads_setting
@@ -53,6 +56,36 @@ def memory_budget(chunk_bytes: int | None = None) -> int:
         return chunk_bytes
     size = memory_setting()
     return DEFAULT_MEMORY_BYTES if size is None else size
+
+
+#: where arrays too big for :func:`memory_budget` go (a folder of the store while an item is
+#: encoded in an extraction's pass: :mod:`featpipe.chain`); None: the system's temporary folder
+SPILL_FOLDER: contextvars.ContextVar[str | None] = contextvars.ContextVar("featpipe_spill",
+                                                                          default=None)
+
+
+def spill_array(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A zeroed array of ``shape``: in memory when it fits :func:`memory_budget`, else a
+    memory map of a temporary file in :data:`SPILL_FOLDER`, deleted once unmapped (the pages
+    it uses are the file system's cache, not the process's memory)."""
+    import tempfile
+
+    dtype = np.dtype(dtype)
+    if math.prod(shape) * dtype.itemsize <= memory_budget():
+        return np.zeros(shape, dtype)
+    with tempfile.NamedTemporaryFile(prefix="featpipe-spill-", suffix=".tmp",
+                                     dir=SPILL_FOLDER.get()) as handle:
+        return np.memmap(handle, dtype=dtype, mode="w+", shape=shape)
+
+
+def all_rows(X, predicate, rows: int = 1024) -> bool:
+    """``bool(all(predicate(X)))`` over the rows of a 2-D+ array; numpy arrays a block of
+    ``rows`` at a time, so a long (memory-mapped) sequence needs no full-size temporary."""
+    if not isinstance(X, np.ndarray) or X.ndim < 2:
+        xp = namespace(X)
+        return bool(xp.all(predicate(X)))
+    return all(bool(np.all(predicate(X[start:start + rows])))
+               for start in range(0, X.shape[0], rows))
 
 
 def worker_threads() -> int:

@@ -40,6 +40,7 @@ from pathlib import Path
 from featpipe.errors import FeatpipeError
 from featpipe.io.images import IMAGE_SUFFIXES as IMAGE_EXTENSIONS
 from featpipe.manifest import Manifest, ManifestItem, from_rows
+from featpipe.suggest import did_you_mean
 
 VIDEO_EXTENSIONS = (".avi", ".mp4", ".mkv", ".mov", ".webm", ".mpg", ".mpeg", ".m4v")
 SPLIT_FORMATS = ("ucf101", "hmdb51", "hollywood2", "voc")
@@ -362,7 +363,9 @@ def from_split_files(fmt: str, root: str | Path, path: str | Path) -> Manifest:
     builders = {"ucf101": from_ucf101, "hmdb51": from_hmdb51, "hollywood2": from_hollywood2,
                 "voc": from_voc}
     if fmt not in builders:
-        raise FeatpipeError(f"unknown split format {fmt!r}; use one of {', '.join(builders)}")
+        hint = did_you_mean(fmt, builders)
+        raise FeatpipeError(f"unknown split format {fmt!r}; {hint + ' ' if hint else ''}use one "
+                            f"of {', '.join(builders)}")
     if not Path(path).is_dir():
         raise FeatpipeError(f"--splits {fmt}:{path}: not a folder")
     return builders[fmt](root, path)

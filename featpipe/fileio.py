@@ -363,7 +363,8 @@ def check_h5_dataset(node, name: str) -> None:
                          f"({human_bytes(declared)}), more than this machine's memory "
                          f"({human_bytes(memory_bytes())})")
     stored = node.id.get_storage_size()
-    if node.id.get_create_plist().get_nfilters() == 0 and stored < declared:
+    plist = getattr(node, "plist", None) or node.id.get_create_plist()
+    if plist.get_nfilters() == 0 and stored < declared:
         raise ValueError(f"dataset {name!r} declares shape {node.shape} {node.dtype} "
                          f"({human_bytes(declared)}) but only {human_bytes(stored)} are stored "
                          "(truncated or never written)")

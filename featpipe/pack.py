@@ -14,7 +14,8 @@ estimated from the items' files); write every shard file to a temporary name, fs
 read every item back and compare it bit for bit with its source; then write
 ``packed/pack.json`` (the list of files and the checksum of each) atomically: this is the
 commit point.  Each item dataset carries the checksum of its bytes (:mod:`featpipe.packed`).
-Only then are the loose ``.npy`` files (and the files of an older pack) removed.  Readers
+Only then are the loose ``.npy`` files, the batch files (:mod:`featpipe.batches`) and the
+files of an older pack removed.  Readers
 (:meth:`featpipe.store.Stage.read_item`) prefer a loose file and fall back to the pack, so
 they see every item at every moment.  HDF5 files are opened read-only without file locking,
 which NFS and Lustre often refuse.  One packer at a time: the stage's lock ``locks/pack``
@@ -34,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from featpipe.batches import BATCH_DIR
 from featpipe.checksums import (
     ChecksumError,
     array_checksum,
@@ -143,6 +145,10 @@ def pack_stage(stage: Stage, shards: int | None = None, keep_files: bool = False
     ids = list(stage.items.ids)
     if not ids:
         raise FeatpipeError(f"stage {stage.name} has no items to pack")
+    view = stage.view()
+    if view is not None:
+        raise FeatpipeError(f"stage {stage.name} is a view of {view[0].name} (it holds no "
+                            "arrays of its own); pack that stage")
     done = stage.done_ids()
     missing = [i for i in ids if i not in done]
     if missing:
@@ -233,6 +239,11 @@ def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_f
                     with writing(path, "remove"):
                         path.unlink()
                     removed += 1
+        batches = stage.path / BATCH_DIR  # every item they hold is packed now
+        for path in sorted(batches.glob("*.npz")) if batches.is_dir() else ():
+            with writing(path, "remove"):
+                path.unlink()
+            removed += 1
     return files, removed
 
 

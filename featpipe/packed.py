@@ -138,6 +138,16 @@ class PackedItems:
         cls._cache[str(index_path)] = (stamp, packed)
         return packed
 
+    def check_files(self) -> None:
+        """Open every packed file (no item is read: O(files)); one that cannot be opened is
+        a :class:`FeatpipeError` naming it (``status`` and ``cache ls`` say so)."""
+        for path in self.files:
+            try:
+                self._handle(path)
+            except (OSError, ValueError) as err:
+                raise FeatpipeError(f"unreadable packed file {path}: {first_line(err)}") \
+                    from None
+
     def file_of(self, item_id: str) -> Path:
         return self.files[shard_of(item_id, self.n_shards)]
 

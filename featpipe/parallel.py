@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from featpipe.backend import available_cores
+from featpipe.batches import COMMIT_ITEMS, commits_in_batches, is_small
 from featpipe.errors import (
     FeatpipeError,
     ParameterError,
@@ -51,6 +52,7 @@ from featpipe.errors import (
 )
 from featpipe.fileio import first_line, shard_of
 from featpipe.flags import flag_of
+from featpipe.index import COMPACT_EVERY_S
 from featpipe.settings import node_checks_deferred
 from featpipe.store import Stage
 
@@ -195,30 +197,45 @@ def compute_each(compute: Compute, ids: Sequence[str]) -> list:
     return [compute_each(compute, [item_id])[0] for item_id in ids]
 
 
-def process_batch(stage: Stage, compute: Compute, ids: Sequence[str]
-                  ) -> list[tuple[str, str | None]]:
-    """Compute a batch, write each result, record each outcome; returns (id, error or None).
+def process_batch(stage: Stage, compute: Compute, ids: Sequence[str],
+                  compute_size: int | None = None) -> list[tuple[str, str | None]]:
+    """Compute a chunk of items ``compute_size`` at a time (all at once by default), write
+    each result, record each outcome; returns (id, error or None).
 
-    A :class:`WriteError` (the store cannot be written) propagates: it is no item's fault.
+    In a stage that commits small items in batches (:mod:`featpipe.batches`) the chunk's
+    small items and failures are committed together at its end (one file, one ledger
+    write); other results are written as they come.  A :class:`WriteError` (the store cannot
+    be written) propagates: it is no item's fault.
     """
-    started = time.perf_counter()
-    results = compute_each(compute, ids)
-    seconds = (time.perf_counter() - started) / max(len(ids), 1)
+    group = stage.batch_writer()
     outcomes = []
-    for item_id, result in zip(ids, results, strict=True):
-        error = None
-        if isinstance(result, BaseException):
-            error = describe_error(result)
-        elif result is not WRITTEN:
-            try:
-                stage.write_item(item_id, result.array, result.extras, seconds=seconds)
-            except WriteError:
-                raise
-            except Exception as err:
-                error = describe_error(err)
-        if error is not None:
-            stage.record(item_id, "failed", seconds=seconds, error=error)
-        outcomes.append((item_id, error))
+    for part in batches(ids, compute_size or len(ids)):
+        started = time.perf_counter()
+        results = compute_each(compute, part)
+        seconds = (time.perf_counter() - started) / max(len(part), 1)
+        for item_id, result in zip(part, results, strict=True):
+            error = None
+            if isinstance(result, BaseException):
+                error = describe_error(result)
+            elif result is not WRITTEN:
+                try:
+                    if group is not None and is_small(result.array, result.extras):
+                        group.add(item_id, result.array, result.extras, seconds)
+                    else:
+                        stage.write_item(item_id, result.array, result.extras,
+                                         seconds=seconds)
+                except WriteError:
+                    raise
+                except Exception as err:
+                    error = describe_error(err)
+            if error is not None:
+                if group is not None:
+                    group.fail(item_id, seconds, error)
+                else:
+                    stage.record(item_id, "failed", seconds=seconds, error=error)
+            outcomes.append((item_id, error))
+    if group is not None:
+        group.commit()
     return outcomes
 
 
@@ -239,8 +256,9 @@ class Executor:
 
     name = "base"
 
-    def outcomes(self, stage: Stage, compute: Compute, chunks: list[list[str]]
-                 ) -> Iterator[Outcomes]:
+    def outcomes(self, stage: Stage, compute: Compute, chunks: list[list[str]],
+                 compute_size: int | None = None) -> Iterator[Outcomes]:
+        """Each chunk's outcomes (:func:`process_batch`, ``compute_size`` ids a call)."""
         raise NotImplementedError
 
     def check_shard(self, shard: tuple[int, int] | None) -> None:
@@ -255,16 +273,17 @@ class LocalExecutor(Executor):
     def __init__(self, jobs: int = 1):
         self.jobs = resolve_jobs(jobs)
 
-    def outcomes(self, stage, compute, chunks):
+    def outcomes(self, stage, compute, chunks, compute_size=None):
         if self.jobs == 1 or len(chunks) <= 1:
             for chunk in chunks:
-                yield process_batch(stage, compute, chunk)
+                yield process_batch(stage, compute, chunk, compute_size)
             return
         from joblib import delayed
         from joblib.externals.loky.process_executor import TerminatedWorkerError
 
         parallel = worker_pool(self.jobs, return_as="generator_unordered")
-        results = parallel(delayed(process_batch)(stage, compute, chunk) for chunk in chunks)
+        results = parallel(delayed(process_batch)(stage, compute, chunk, compute_size)
+                           for chunk in chunks)
         try:
             yield from results
         except TerminatedWorkerError:
@@ -306,7 +325,7 @@ class DaskExecutor(Executor):
         self.scheduler = scheduler
         self.timeout = timeout
 
-    def outcomes(self, stage, compute, chunks):
+    def outcomes(self, stage, compute, chunks, compute_size=None):
         if not chunks:
             return
         try:
@@ -322,7 +341,8 @@ class DaskExecutor(Executor):
         futures = []
         try:
             shared = client.scatter(compute, broadcast=True, hash=False)
-            futures = [client.submit(process_batch, stage, shared, chunk, pure=False,
+            futures = [client.submit(process_batch, stage, shared, chunk, compute_size,
+                                     pure=False,
                                      key=f"featpipe-{stage.name}-batch-{i}-{uuid.uuid4().hex}")
                        for i, chunk in enumerate(chunks)]
             for future in as_completed(futures, loop=client.loop):
@@ -381,11 +401,18 @@ def run_items(
         executor = make_executor(executor, jobs=jobs, scheduler=scheduler)
     executor.check_shard(shard)
     todo, summary = plan(stage, ids, force=force, shard=shard)
-    chunks = batches(todo, batch_size)
-    outcomes = executor.outcomes(stage, compute, chunks)
+    chunk = batch_size
+    if commits_in_batches(stage.n_items):  # a chunk is a batch: COMMIT_ITEMS at least
+        chunk = batch_size * max(1, -(-COMMIT_ITEMS // batch_size))
+    chunks = batches(todo, chunk)
+    outcomes = executor.outcomes(stage, compute, chunks, batch_size)
+    compacted = time.monotonic()
     try:
         try:
             for chunk_outcomes in outcomes:
+                if time.monotonic() - compacted > COMPACT_EVERY_S:
+                    stage.compact_index()  # status stays O(ledgers) while a long run goes
+                    compacted = time.monotonic()
                 for item_id, error in chunk_outcomes:
                     if error is None:
                         summary.done += 1
@@ -400,6 +427,7 @@ def run_items(
                                         item=item_id)
         finally:
             outcomes.close()  # the workers stop: what they wrote is counted below
+            stage.compact_index()  # writes only what the index lacks
     except WriteError as err:
         raise store_stopped(err, stage, todo, summary.skipped) from None
     return summary

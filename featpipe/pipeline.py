@@ -54,6 +54,7 @@ result a rerun reuses from its stage) is listed as ``would run`` and never calle
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import tomllib
@@ -63,6 +64,7 @@ from pathlib import Path
 
 from featpipe import stages
 from featpipe.errors import FeatpipeError, ParameterError
+from featpipe.extract.estimate import human_bytes
 from featpipe.stages.base import Reporter, RunOptions, StageRun
 from featpipe.store import NAME_PATTERN, STAGE_FOLDER, Stage, Store
 
@@ -189,10 +191,12 @@ def check_arguments(step: Step, path: Path) -> None:
     signature = _signature(step.function)
     accepted = set(signature.parameters) - {"store", "reporter", "options", "command"}
     record = _flat_record(step.function)
-    if record is not None:
-        accepted = accepted - {record[0]} | {f.name for f in fields(record[1])}
+    if record is not None:  # its fields, but the steps of a pass (made from other steps)
+        accepted = accepted - {record[0]} | {f.name for f in fields(record[1])} - {"then"}
     if "options" in signature.parameters:
         accepted |= set(RUN_OPTIONS)
+    if step.function in FUSABLE:
+        accepted |= {"keep"}
     takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
     for key in step.arguments:
         if key not in accepted and not takes_any:
@@ -207,6 +211,59 @@ def check_arguments(step: Step, path: Path) -> None:
     if missing:
         raise PipelineError(f"{path}: {step.describe()} needs {', '.join(missing)}",
                             usage=True)
+
+
+#: Stage functions whose steps may run in one pass: an extraction and the encode steps after it.
+FUSABLE = ("extract", "encode")
+
+
+@dataclass
+class Fusion:
+    """The passes of a pipeline (:func:`plan_fusion`): for each extraction step that others
+    run inside, those steps in order, and for each step whether its stage is written."""
+
+    members: dict[str, list[str]] = field(default_factory=dict)  # extract step -> fused steps
+    pass_of: dict[str, str] = field(default_factory=dict)  # fused step -> its extract step
+    kept: dict[str, bool] = field(default_factory=dict)  # every step of a pass
+
+
+def plan_fusion(steps: list[Step]) -> Fusion:
+    """Which steps run in one pass (a chain of per-item steps is one
+    computation): an ``encode`` step joins the pass of the ``extract`` step its input comes
+    from (directly or through steps of that pass) when it sets no run option of its own
+    and every model it names is computed before that extraction.  A step of a pass is
+    written (kept) when a step outside the pass reads it, no step reads it (a result), or
+    it says ``keep = true``; the others' stages are never written."""
+    order = {step.name: number for number, step in enumerate(steps)}
+    readers: dict[str, list[str]] = {}
+    for step in steps:
+        for _, name in references(step):
+            readers.setdefault(name, []).append(step.name)
+    fusion = Fusion()
+    for step in steps:
+        if step.function != "extract" or step.arguments.get("executor") == "dask":
+            continue
+        members, inside = [], {step.name}
+        for later in steps[order[step.name] + 1:]:
+            if later.function != "encode" or later.arguments.get("input") not in inside:
+                continue
+            if any(option in later.arguments for option in RUN_OPTIONS):
+                continue
+            models = [name for argument, name in references(later) if argument != "input"]
+            if any(order.get(name, -1) > order[step.name] for name in models):
+                continue
+            members.append(later.name)
+            inside.add(later.name)
+        if not members:
+            continue
+        fusion.members[step.name] = members
+        for name in [step.name, *members]:
+            fusion.pass_of.setdefault(name, step.name)
+            outside = [r for r in readers.get(name, []) if r not in inside]
+            fusion.kept[name] = bool(outside) or not readers.get(name) or \
+                bool(next(s for s in steps if s.name == name).arguments.get("keep"))
+        fusion.pass_of.pop(step.name)
+    return fusion
 
 
 def check_values(step: Step) -> None:
@@ -403,12 +460,38 @@ def _record_of(arguments: Mapping, function: str) -> dict:
     return arguments
 
 
+def _pass_arguments(pipeline: Pipeline, host: Step, fusion: Fusion,
+                    rename: Mapping[str, str], settings) -> dict:
+    """``extract``'s settings (``then`` and ``keep``) for the pass of step ``host``: each
+    fused step as a :class:`featpipe.chain.Then` (named by its store name when its stage is
+    written)."""
+    from featpipe.chain import Then
+
+    by_name = {step.name: step for step in pipeline.steps}
+    then = []
+    for member in fusion.members[host.name]:
+        step = by_name[member]
+        arguments = renamed(step, rename).arguments
+        source = step.arguments["input"]
+        kept = fusion.kept[member]
+        then.append(Then(member, arguments["method"], dict(arguments.get("params") or {}),
+                         input=None if source == host.name else source,
+                         name=(arguments.get("name") or member) if kept else None,
+                         keep=kept))
+    arguments = {"settings": dataclasses.replace(settings, then=tuple(then),
+                                                 keep=fusion.kept[host.name])}
+    if not fusion.kept[host.name]:
+        arguments["name"] = None
+    return arguments
+
+
 def _converted(step: Step, dry_run: bool) -> dict:
     """The keyword arguments of the step's function call."""
     signature = _signature(step.function)
     arguments = _record_of(step.arguments, step.function)
     if "name" in signature.parameters:
         arguments.setdefault("name", step.name)
+    arguments.pop("keep", None)  # a step that runs on its own writes its stage
     if "options" in signature.parameters:
         options = {k: arguments.pop(k) for k in RUN_OPTIONS if k in arguments}
         arguments["options"] = RunOptions(**options, dry_run=dry_run)
@@ -436,15 +519,31 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
     """
     reporter = reporter or Reporter()
     pending: set[str] = set()  # steps of this dry run that could not be planned
+    plan: list[PlanLine] = []  # a dry run's summary
+    problems: list[str] = []
     if dry_run:  # plans on a copy: the caller's store keeps resolving names to what is there
         store = Store(store.root)
     rename = resolve_references(pipeline, store, reporter)
+    fusion = plan_fusion(pipeline.steps)
+    if only is not None:  # a step of a pass asked for runs its whole pass
+        asked = {s.name for s in pipeline.steps if only(s)}
+        asked |= {fusion.pass_of[name] for name in asked if name in fusion.pass_of}
+        only = lambda s: s.name in asked  # noqa: E731
     results = []
     for number, written in enumerate(pipeline.steps, start=1):
         if only is not None and not only(written):
             continue
         step = renamed(written, rename)
-        reporter.info(f"step {number}/{len(pipeline.steps)}: {step.name} ({step.function})")
+        if written.name in fusion.pass_of:
+            host = fusion.pass_of[written.name]
+            reporter.info(f"step {number}/{len(pipeline.steps)}: {step.name} "
+                          f"({step.function}): runs in the pass of step {host!r}"
+                          + ("" if fusion.kept[written.name] else " (its stage is not written)"))
+            results.append(None)
+            continue
+        reporter.info(f"step {number}/{len(pipeline.steps)}: {step.name} ({step.function})"
+                      + (f", with {', '.join(fusion.members[written.name])} in one pass"
+                         if written.name in fusion.members else ""))
         waits_for = sorted({name for _, name in references(written)} & pending)
         if dry_run and waits_for:
             reporter.info(f"dry run: would run after {', '.join(waits_for)} (its input is "
@@ -454,13 +553,19 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
             continue
         parameters = _signature(step.function).parameters
         if dry_run and not {"options", "dry_run"} & set(parameters):  # classify
+            size = _classify_size(store, step)
             reporter.info(f"dry run: would run {step.function}"
                           + (" on " + ", ".join(step.arguments.get("inputs", []))
-                             if step.function == "classify" else ""))
+                             if step.function == "classify" else "")
+                          + (f"; about {human_bytes(size)} at rest" if size else ""))
+            plan.append((step.name, "classify", "-", size, None))
             pending.add(step.name)
             results.append(None)
             continue
         arguments = _converted(step, dry_run)
+        if written.name in fusion.members:
+            arguments.update(_pass_arguments(pipeline, written, fusion, rename,
+                                             arguments["settings"]))
         if step.function == "classify":
             arguments.setdefault("command", f"featpipe run {pipeline.path} (step {step.name})")
         step_reporter = _ShortListReporter(reporter) if dry_run else reporter
@@ -476,15 +581,90 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
                 raise PipelineError(f"{step.describe()}: {err}") from None
             reporter.info(f"dry run: would run after {', '.join(planned)} (it needs what "
                           f"they compute: {err})")
+            plan.append((step.name, "?", "?", None, None))
             pending.add(step.name)
             results.append(None)
             continue
         if dry_run and "name" in parameters:  # later steps plan on this step's stage
             planned_stage = result if isinstance(result, Stage) else result.stage
             store.planned[arguments.get("name") or step.name] = planned_stage
+            for output in getattr(result, "written", []):
+                if output.name:
+                    store.planned[output.name] = output.stage
+        if dry_run:
+            plan += _planned_lines(step, arguments, result)
+            problems += [f"step {step.name!r}: {p}" for p in getattr(result, "problems", [])]
         if isinstance(result, StageRun) and not result.ok:
             raise PipelineError(f"{step.describe()}: {len(result.summary.failed)} item(s) "
                                 "failed; later steps not run (fix them and run the pipeline "
                                 "again)")
         results.append(result)
+    if dry_run:
+        _print_plan(plan, problems, reporter)
     return results
+
+
+#: one line of a dry run's plan: step, stage folder, items, bytes at rest, CPU seconds
+PlanLine = tuple[str, str, object, "int | None", "float | None"]
+
+
+def _planned_lines(step: Step, arguments: Mapping, result) -> list[PlanLine]:
+    """The plan's lines of one planned step: each stage it writes, its items, bytes and (an
+    extraction) CPU time."""
+    if isinstance(result, Stage):  # a fit: its models (stand-ins of the real shapes)
+        from featpipe.stages.dryrun import model_bytes
+
+        return [(step.name, result.name, "model", model_bytes(result), None)]
+    written = list(result.written) or [None]
+    lines = []
+    for number, output in enumerate(written):
+        stage = result.stage if output is None else output.stage
+        label = step.name if output is None or output.name in (None, step.name) else \
+            f"{step.name} -> {output.name}"
+        lines.append((label, stage.name, len(stage.items.ids),
+                      None if output is None else output.bytes,
+                      result.cpu_seconds if number == 0 else None))
+    return lines
+
+
+def _classify_size(store: Store, step: Step) -> int | None:
+    """About how many bytes a classify step's result takes (its JSON: per split and test
+    item a prediction, per class its scores, the confusion matrix), from its inputs' items."""
+    try:
+        items = store.resolve(step.arguments["inputs"][0]).items
+    except (FeatpipeError, KeyError, IndexError):
+        return None
+    classes = len(items.classes)
+    splits = (items.n_splits or 1) if str(step.arguments.get("split", "1")) == "all" else 1
+    test = len(items.split_ids(1, "test")) if items.ids else 0
+    return 2048 + splits * (160 * test + 20 * classes * classes + 60 * classes)
+
+
+def _print_plan(plan: list[PlanLine], problems: list[str], reporter: Reporter) -> None:
+    """The dry run's summary: each stage's items, bytes at rest and CPU estimate, the totals
+    and the problems a run would meet."""
+    reporter.info("dry run: the plan (bytes at rest; CPU of the extractions, calibrated on "
+                  "their first item)")
+    width = max((len(line[0]) for line in plan), default=4)
+    reporter.info(f"  {'step':<{width}}  {'stage':<26}  {'items':>7}  {'at rest':>9}  CPU")
+    for label, stage, items, size, cpu in plan:
+        reporter.info(f"  {label:<{width}}  {stage:<26}  {items!s:>7}  "
+                      f"{'?' if size is None else human_bytes(size):>9}  "
+                      f"{'' if cpu is None else _cpu_text(cpu)}")
+    sizes = [line[3] for line in plan]
+    cpu = sum(line[4] or 0.0 for line in plan)
+    unknown = sum(size is None for size in sizes)
+    reporter.info(f"dry run: total {len(plan)} stages, {human_bytes(sum(s or 0 for s in sizes))}"
+                  f" at rest" + (f" ({unknown} not sized)" if unknown else "")
+                  + f", about {_cpu_text(cpu)} of CPU for the extractions; "
+                  f"{len(problems)} problem(s)")
+    for problem in problems:
+        reporter.warn(f"problem: {problem}")
+
+
+def _cpu_text(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s"

@@ -21,7 +21,7 @@ import datetime as _dt
 import math
 import os
 import time
-from collections import Counter
+from collections import deque
 from dataclasses import asdict, dataclass, field
 
 from featpipe.fileio import HOST
@@ -29,66 +29,63 @@ from featpipe.store import Stage
 
 #: A ledger of another host counts as active when its last line is at most this old.
 RECENT_S = 600.0
-#: Seconds after a run starts whose work the time left ignores: pipelines fill their queues
-#: first (frames decoded ahead of the model), faster than they then go.
-WARMUP_S = 5.0
-#: Time constant of the smoothed rate, in seconds: work done s seconds ago weighs e^(-s/τ).
-RATE_TAU_S = 30.0
+#: Seconds of completed work the rate of a running display is measured over.
+RATE_WINDOW_S = 30.0
 
 
 class RateEstimate:
-    """The smoothed rate and time left of work counted in units (items, frames).
+    """The rate and time left of work counted in units (items, frames) as it completes.
 
-    The rate is a time-weighted exponential moving average of the rates between updates,
-    ``r <- r + (1 - exp(-dt/τ)) (n/dt - r)`` (τ = :data:`RATE_TAU_S`; a constant rate is
-    returned exactly), over the work counted after the first :data:`WARMUP_S` seconds: the
-    first update after the warm-up is its baseline, the next ones feed it.  Read between
-    updates it includes the time since the last one, so a stall lowers it.  The time left is
-    the units left over that rate; there is none during the warm-up (the estimate would be
-    as optimistic as the queues are deep).  Times come from the caller (``now``).
+    The rate read at ``now`` is the units completed since an anchor over the time since it,
+    ``(done - done_anchor) / (now - t_anchor)``; the anchor is the latest update at least
+    :data:`RATE_WINDOW_S` seconds old and not after the update before the last one (the run's
+    start while none is): the work of about the last 30 s, and at least of the last update,
+    however far apart updates are.  A constant rate is returned exactly; a stall lowers it
+    (the time since the last update counts); a burst moves it by the burst over the window,
+    never over the moment since the previous update.  The callers count work that is done
+    (items committed, frames whose features are written), never what decoders read ahead,
+    so nothing at the start is left out.  The time left is the units left over that rate.
+    Times come from the caller (``now``).
     """
 
-    def __init__(self, start: float, warmup: float = WARMUP_S, tau: float = RATE_TAU_S):
+    def __init__(self, start: float, window: float = RATE_WINDOW_S):
         self.start = start
-        self.warmup = warmup
-        self.tau = tau
+        self.window = window
         self.done = 0
-        self._last: float | None = None  # the last update after the warm-up
-        self._pending = 0  # units counted since then
-        self._rate: float | None = None
+        #: (time, units done) at the start and after each update, from the anchor on
+        self._updates: deque[tuple[float, int]] = deque([(start, 0)])
 
-    def _mix(self, n: int, dt: float) -> float:
-        if self._rate is None:
-            return n / dt
-        return self._rate + (1.0 - math.exp(-dt / self.tau)) * (n / dt - self._rate)
+    def _bound(self, now: float) -> float:
+        """The anchor is the latest update at or before this time."""
+        previous = self._updates[-2][0] if len(self._updates) > 1 else self.start
+        return min(now - self.window, previous)
 
     def add(self, n: int, now: float) -> None:
         """``n`` more units done at time ``now``."""
         self.done += n
-        if now - self.start < self.warmup:
-            return
-        if self._last is None:
-            self._last = now  # the baseline: what came before is warm-up
-            return
-        self._pending += n
-        if now > self._last:
-            self._rate = self._mix(self._pending, now - self._last)
-            self._last, self._pending = now, 0
+        self._updates.append((now, self.done))
+        bound = self._bound(now)
+        while len(self._updates) > 2 and self._updates[1][0] <= bound:
+            self._updates.popleft()
 
     def rate(self, now: float) -> float | None:
-        """Smoothed units per second; None until two updates after the warm-up."""
-        if self._last is None or now <= self._last:
-            return self._rate
-        if self._rate is None and not self._pending:
+        """Units per second (see the class); None before any unit is done."""
+        bound = self._bound(now)
+        anchor = self._updates[0]
+        for update in self._updates:
+            if update[0] > bound:
+                break
+            anchor = update
+        if not self.done or now <= anchor[0]:
             return None
-        return self._mix(self._pending, now - self._last)
+        return (self.done - anchor[1]) / (now - anchor[0])
 
     def average(self, now: float) -> float | None:
         """Units per second since the start (None before anything is counted)."""
         return self.done / (now - self.start) if self.done and now > self.start else None
 
     def eta(self, now: float, total: int | None) -> float | None:
-        """Seconds left for ``total`` units at the smoothed rate (None while it is unknown)."""
+        """Seconds left for ``total`` units at the current rate (None while it is unknown)."""
         rate = self.rate(now)
         if not rate or total is None:
             return None
@@ -213,29 +210,24 @@ def format_time(stamp: float | None) -> str:
 
 
 def stage_progress(stage: Stage) -> StageProgress:
-    """Read all ledgers of ``stage`` once and count its items."""
-    ids = set(stage.items.ids)
-    per_file: dict[str, LedgerProgress] = {}
-    done_lines: Counter[str] = Counter()
-    ledger_dir = stage.path / "ledger"
-    for path in sorted(ledger_dir.glob("*.jsonl")) if ledger_dir.is_dir() else ():
-        per_file[path.name] = LedgerProgress(path.stem)
-    for source, entry in stage.ledger_with_source():
-        progress = per_file.setdefault(source, LedgerProgress(source.removesuffix(".jsonl")))
-        if entry.status == "done":
-            progress.done += 1
-            done_lines[entry.id] += 1
-        else:
-            progress.failed += 1
-        progress.seconds += entry.seconds
-        progress.first = entry.time if progress.first is None else min(progress.first,
-                                                                        entry.time)
-        progress.last = entry.time if progress.last is None else max(progress.last, entry.time)
-    done = stage.done_ids() & ids
-    failed = {k: v for k, v in stage.failed().items() if k in ids}
+    """Count the stage's items from its index (:meth:`featpipe.store.Stage.index`: the
+    ledgers folded, O(ledgers) when the index is current, whatever the item count): done
+    and failed as the ledgers say (a done item whose file was removed behind featpipe's back
+    counts as done until ``cache verify`` or a rerun, which check every file, find it); the
+    packed files of a packed stage are opened (O(files)); a view's from its source's."""
+    if stage.view() is not None:  # its items are its source's: counted there
+        return StageProgress(total=stage.n_items, done=len(stage.done_ids()),
+                             failed=stage.failed(), done_lines=0,
+                             processes=stage.running_processes())
+    packed = stage.packed()
+    if packed is not None:
+        packed.check_files()
+    index = stage.index()
+    ledgers = [LedgerProgress(t.name.removesuffix(".jsonl"), t.done, t.failed, t.seconds,
+                              t.first, t.last) for t in index.tallies()]
     return StageProgress(
-        total=len(ids), done=len(done), failed=failed,
-        done_lines=sum(done_lines.values()), ledgers=list(per_file.values()),
-        recomputed=sorted(k for k, n in done_lines.items() if n > 1),
+        total=stage.n_items, done=index.done, failed=dict(index.failed),
+        done_lines=index.done_lines,
+        ledgers=ledgers, recomputed=sorted(index.recomputed),
         processes=stage.running_processes(),
     )

@@ -1,8 +1,10 @@
 """Where a stage tells what it does: the :class:`Reporter` and :class:`Progress` interfaces.
 
-Both are silent here (library use); the command line subclasses them
-(:class:`featpipe.cli.common.ClickReporter`, :mod:`featpipe.cli.display`).  This module
-imports nothing, so that a command's ``--help`` can define its reporter without numpy.
+In library use the reporter says nothing but its progress, which it shows as the command
+line does when stderr is a terminal or a notebook (:mod:`featpipe.progress_line`); the
+command line subclasses it (:class:`featpipe.cli.common.ClickReporter`,
+:mod:`featpipe.cli.display`).  This module imports nothing, so that a command's ``--help``
+can define its reporter without numpy.
 """
 
 from __future__ import annotations
@@ -26,7 +28,17 @@ class Progress:
 
 
 class Reporter:
-    """Where a stage tells what it does. This base reporter is silent (library use)."""
+    """Where a stage tells what it does, for stages called from Python: its lines are
+    dropped, its progress is the command line's progress line on stderr when stderr is a
+    terminal or the process a Jupyter kernel (tqdm's rule), else nothing.  ``progress=True``
+    shows it on any stderr, ``False`` never; subclass it to keep the lines (docs/python-api.md).
+    """
+
+    #: show progress: None = when someone watches (a terminal, a notebook), True, False
+    show_progress: bool | None = None
+
+    def __init__(self, progress: bool | None = None):
+        self.show_progress = progress
 
     def info(self, text: str) -> None:
         """A result line (the stage and its name, a summary): stdout on the command line."""
@@ -39,4 +51,9 @@ class Reporter:
 
     def progress(self, total: int | None, label: str, unit: str = "items") -> Progress:
         """A progress display for ``total`` units (``None``: not known in advance)."""
-        return Progress()
+        from featpipe.progress_line import interactive, library_board
+
+        watched = interactive()
+        if not (watched if self.show_progress is None else self.show_progress) or total == 0:
+            return Progress()
+        return library_board(watched).open(total, label, unit)

@@ -47,6 +47,8 @@ from pathlib import Path
 import numpy as np
 
 from featpipe import FORMAT_VERSION, __version__
+from featpipe import index as stage_index
+from featpipe.batches import BATCH_DIR, BATCH_NAME, BatchFiles, BatchWriter, commits_in_batches
 from featpipe.checksums import (
     CHECKSUM,
     CHECKSUM_FORMAT,
@@ -82,6 +84,7 @@ from featpipe.fileio import (
 )
 from featpipe.manifest import Manifest
 from featpipe.packed import PackedItems
+from featpipe.suggest import did_you_mean
 
 
 def pointer_bytes(name: str, folder: str) -> bytes:
@@ -106,6 +109,9 @@ RUNNING_DIR = "running"
 MODEL_SUMS = ".sums"
 #: A stage folder without ``stage.json`` younger than this is being created, not broken.
 CREATION_GRACE_S = 60.0
+#: The record of a view stage (:meth:`Stage.make_view`): the input stage whose items it
+#: reads and the column range it keeps; such a stage holds no arrays of its own.
+VIEW_FILE = "view.json"
 _VERSIONED_PACKAGES = ("numpy", "scipy", "scikit-learn", "torch", "opencv-python-headless")
 
 
@@ -134,15 +140,20 @@ class LedgerEntry:
     """One line of a ledger: what happened to one item in one process."""
 
     id: str
-    status: str  # "done" or "failed"
+    status: str  # "done", "failed" or "removed" (its files removed by ``verify --repair``)
     seconds: float
     error: str | None
     time: float
     #: checksum of each file of a done item by its suffix (``.npy``, ``+timestamps.npy``);
     #: None for a line written before featpipe kept checksums
     sums: dict[str, str] | None = None
+    #: the batch file holding the item (:mod:`featpipe.batches`); None for a loose file
+    batch: str | None = None
 
 
+#: What a ledger line says of its item: computed, failed, or its files removed by ``cache
+#: verify --repair`` (to be computed again; :mod:`featpipe.index` folds the three).
+LEDGER_STATUSES = ("done", "failed", "removed")
 #: The suffix that names an item's file in its ledger line's ``sums``: ``.npy`` for the
 #: array, ``+NAME.npy`` for a sidecar.
 SUM_SUFFIX = re.compile(r"^(\+[a-z][a-z0-9_]*)?\.npy$")
@@ -162,8 +173,8 @@ def _ledger_entry(raw, checksummed: bool = False) -> LedgerEntry | str:
         return "not a JSON object"
     if not isinstance(raw.get("id"), str):
         return "'id' missing or not a string"
-    if raw.get("status") not in ("done", "failed"):
-        return f"'status' must be 'done' or 'failed', got {raw.get('status')!r}"
+    if raw.get("status") not in LEDGER_STATUSES:
+        return f"'status' must be 'done', 'failed' or 'removed', got {raw.get('status')!r}"
     for key in ("seconds", "time"):
         if not _is_number(raw.get(key, 0.0)):
             return f"{key!r} must be a number, got {raw.get(key)!r}"
@@ -183,8 +194,11 @@ def _ledger_entry(raw, checksummed: bool = False) -> LedgerEntry | str:
     if checksummed and raw["status"] == "done" and not (sums or {}).get(".npy"):
         return ("damaged: a done line without the checksum of its file, in a stage written "
                 "with checksums")
+    batch = raw.get("batch")
+    if batch is not None and not (isinstance(batch, str) and BATCH_NAME.match(batch)):
+        return "'batch' must name a batch file (<host>-<pid>-<token>.<crc>.npz)"
     return LedgerEntry(raw["id"], raw["status"], float(raw.get("seconds", 0.0)),
-                       raw.get("error"), float(raw.get("time", 0.0)), sums)
+                       raw.get("error"), float(raw.get("time", 0.0)), sums, batch)
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -242,11 +256,18 @@ class _LedgerWriter:
 
     @classmethod
     def append(cls, ledger_dir: Path, entry: dict) -> None:
+        cls.append_lines(ledger_dir, [entry])
+
+    @classmethod
+    def append_lines(cls, ledger_dir: Path, entries: list[dict]) -> None:
+        """Append ``entries``, one line each, with one ``os.write`` and one fsync (a batch's
+        lines, :mod:`featpipe.batches`)."""
         pid = os.getpid()
         key = (str(ledger_dir), pid)
         path = ledger_dir / f"{HOST}-{pid}.jsonl"
-        line = json.dumps(entry, ensure_ascii=False).encode()
-        data = seal_json(line, ledger_owner(ledger_dir.parent.name)) + b"\n"
+        owner = ledger_owner(ledger_dir.parent.name)
+        data = b"".join(seal_json(json.dumps(entry, ensure_ascii=False).encode(), owner)
+                        + b"\n" for entry in entries)
         fd = cls._open.get(key)
         if fd is not None and not _same_file(fd, path):  # its stage was removed and made anew
             os.close(fd)
@@ -274,6 +295,17 @@ def record_owner(folder: str, name: str) -> str:
     """What a stage's record file ``name`` (``stage.json``, ``packed/pack.json``) is sealed to:
     its place in the store, so that a record copied to another stage does not pass."""
     return f"stages/{folder}/{name}"
+
+
+def view_bytes(folder: str, source: str, columns: slice, extras: Iterable[str]) -> bytes:
+    """The content of the :data:`VIEW_FILE` of stage folder ``folder`` that reads the columns
+    ``columns`` (and the sidecars ``extras``) of stage folder ``source``: sealed to its place
+    (:func:`featpipe.checksums.seal_json`); determined by the stage's key, so it is also
+    written before ``stage.json``, which keeps its checksum (``files``)."""
+    record = {"source": source, "columns": [int(columns.start), int(columns.stop)],
+              "extras": sorted(extras)}
+    return seal_json(json.dumps(record, sort_keys=True).encode() + b"\n",
+                     record_owner(folder, VIEW_FILE))
 
 
 #: What a damaged stage record's error says to do.
@@ -305,6 +337,11 @@ class Stage:
         self.path = Path(path)
         self.exists = meta is None
         self._items: Manifest | None = items
+        #: a planned stage's stand-in models (a dry run's, :meth:`save_model`), by name
+        self._stand_in_models: dict[str, tuple[dict, dict]] = {}
+        #: what a dry run knows of a planned stage's items (featpipe.stages.dryrun)
+        self.planned_items = None
+        self._view: tuple[Stage, slice, tuple[str, ...]] | None = None
         if meta is None:
             meta_path = self.path / "stage.json"
             try:
@@ -329,6 +366,8 @@ class Stage:
                                    "missing, and it was written with checksums)")
             meta.pop("crc32", None)
         self.meta = dict(meta)
+        if self.exists:  # a view's record is part of the stage's own: damage is found here
+            self._view_record()
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -442,9 +481,15 @@ class Stage:
             atomic_write_bytes(path, data)
 
     @property
+    def n_items(self) -> int:
+        """How many items the stage covers (``stage.json`` says, without reading items.csv)."""
+        n_items = self.meta.get("n_items")
+        return n_items if isinstance(n_items, int) and n_items >= 0 else len(self.items)
+
+    @property
     def is_model_stage(self) -> bool:
         """A fit stage: it covers no items and holds models (once fitted)."""
-        return not self.items.ids
+        return not self.n_items
 
     @property
     def dtype(self) -> np.dtype:
@@ -484,19 +529,47 @@ class Stage:
 
     def record(self, item_id: str, status: str, seconds: float = 0.0, error: str | None = None,
                sums: Mapping[str, str] | None = None):
-        """Append one ledger line for ``item_id`` (``done`` or ``failed``); ``sums`` holds the
-        checksum of each file of a done item by its suffix (:data:`SUM_SUFFIX`)."""
-        if status not in ("done", "failed"):
-            raise ValueError(f"ledger status must be 'done' or 'failed', got {status!r}")
+        """Append one ledger line for ``item_id`` (``done``, ``failed`` or ``removed``:
+        :data:`LEDGER_STATUSES`); ``sums`` holds the checksum of each file of a done item by
+        its suffix (:data:`SUM_SUFFIX`)."""
+        if status not in LEDGER_STATUSES:
+            raise ValueError("ledger status must be 'done', 'failed' or 'removed', got "
+                             f"{status!r}")
         if status == "done" and self.checksummed and not (sums or {}).get(".npy"):
             raise ValueError("a done line of a stage written with checksums holds the "
                              "checksums of the item's files (sums)")
         self._check_on_disk()
+        _LedgerWriter.append(self.path / "ledger", self._line(item_id, status, seconds, error,
+                                                              sums))
+
+    @staticmethod
+    def _line(item_id: str, status: str, seconds: float, error: str | None,
+              sums: Mapping[str, str] | None, batch: str | None = None) -> dict:
         entry = {"id": item_id, "status": status, "seconds": round(float(seconds), 6),
                  "error": error, "time": time.time()}
         if sums is not None:
             entry["sums"] = dict(sums)
-        _LedgerWriter.append(self.path / "ledger", entry)
+        if batch is not None:
+            entry["batch"] = batch
+        return entry
+
+    def record_removed(self, ids: Iterable[str], why: str) -> None:
+        """Record that the files of ``ids`` were removed (``verify --repair``): they are no
+        longer done, and a rerun computes them again (one ledger write for all)."""
+        self._check_on_disk()
+        lines = [self._line(item_id, "removed", 0.0, why, None) for item_id in ids]
+        if lines:
+            _LedgerWriter.append_lines(self.path / "ledger", lines)
+
+    def batch_writer(self) -> BatchWriter | None:
+        """A writer committing a chunk of small items together (:mod:`featpipe.batches`),
+        or None when this stage writes each item to its own file."""
+        self._check_on_disk()
+        if not commits_in_batches(self.n_items):
+            return None
+        ledger = self.path / "ledger"
+        return BatchWriter(self.path / BATCH_DIR, self.dtype, self._line,
+                           lambda lines: _LedgerWriter.append_lines(ledger, lines))
 
     def ledger(self) -> Iterator[LedgerEntry]:
         """All ledger lines of all processes; a line cut short by a killed process is skipped."""
@@ -513,10 +586,32 @@ class Stage:
             if isinstance(entry, LedgerEntry):
                 yield name, entry
 
-    def ledger_problems(self) -> list[str]:
-        """Malformed ledger lines, except a last line cut short by a killed process."""
-        return [f"ledger {name} line {lineno}: {entry}"
-                for name, lineno, entry in self._ledger_lines() if isinstance(entry, str)]
+    def ledger_problems(self, fresh: bool = False) -> list[str]:
+        """Malformed or damaged ledger lines, except a last line cut short by a killed
+        process (from the index: the lines folded since it was written are read, not all of
+        them; with ``fresh``, as ``cache verify`` reads them, every line of every ledger)."""
+        if fresh:
+            return [f"ledger {name} line {lineno}: {entry}"
+                    for name, lineno, entry in self._ledger_lines() if isinstance(entry, str)]
+
+        def where(problem: str) -> tuple[str, int]:
+            name, _, rest = problem.removeprefix("ledger ").partition(" line ")
+            return name, int(rest.partition(":")[0])
+
+        return sorted(self.index().problems, key=where)
+
+    def parse_line(self, value, line: bytes) -> LedgerEntry | str:
+        """Ledger line ``line`` (its JSON ``value``) as an entry, or the reason it is not one:
+        malformed, or damaged (its seal differs from its bytes, or it has none in a stage
+        written with checksums: :func:`featpipe.checksums.check_seal`)."""
+        entry = _ledger_entry(value, self.checksummed)
+        if isinstance(entry, LedgerEntry):  # well formed: is it what was written?
+            try:
+                if not check_seal(line, ledger_owner(self.name)) and self.checksummed:
+                    return "damaged: no checksum of its own, in a stage written with checksums"
+            except ChecksumError as err:
+                return f"damaged ({first_line(err)})"
+        return entry
 
     def _ledger_lines(self) -> Iterator[tuple[str, int, LedgerEntry | str]]:
         ledger_dir = self.path / "ledger"
@@ -529,27 +624,20 @@ class Stage:
                 yield path.name, 0, f"unreadable ({err.strerror})"
                 continue
             last = len(lines) - 1  # after the final newline: empty, or a line cut short
-            owner = ledger_owner(self.name)
             for lineno, line in enumerate(lines, start=1):
                 if not line.strip():
                     continue
                 try:
-                    entry = _ledger_entry(json.loads(line), self.checksummed)
+                    entry = self.parse_line(json.loads(line), line)
                 except (json.JSONDecodeError, UnicodeDecodeError) as err:
                     if lineno - 1 == last:
                         continue  # the process was killed while writing this line
                     entry = f"not JSON ({err})"
-                if isinstance(entry, LedgerEntry):  # well formed: is it what was written?
-                    try:
-                        if not check_seal(line, owner, path) and self.checksummed:
-                            entry = ("damaged: no checksum of its own, in a stage written "
-                                     "with checksums")
-                    except ChecksumError as err:
-                        entry = f"damaged ({first_line(err)})"
                 yield path.name, lineno, entry
 
     def item_states(self) -> dict[str, LedgerEntry]:
-        """Latest ledger entry per item, a ``done`` entry winning over any ``failed`` one."""
+        """Latest ledger entry per item, a ``done`` entry winning over any later ``failed``
+        one (all lines read: :meth:`index` is the cheap way to the same states)."""
         states: dict[str, LedgerEntry] = {}
         for entry in sorted(self.ledger(), key=lambda e: e.time):
             previous = states.get(entry.id)
@@ -558,26 +646,117 @@ class Stage:
             states[entry.id] = entry
         return states
 
-    def done_ids(self) -> set[str]:
-        """Items whose ledger says done and whose file exists (resume trusts both).
+    def index(self, need_table: bool = False, trust: bool = True) -> stage_index.Index:
+        """The stage's ledgers folded (:mod:`featpipe.index`): counts and failed items in
+        O(ledgers) when the index on disk is current, the table of item states with
+        ``need_table``; without ``trust``, every ledger folded again (``cache verify``)."""
+        return stage_index.load(self.path, self.parse_line, need_table, trust=trust)
 
-        An item packed by ``featpipe cache pack`` counts as existing.
+    def index_problems(self) -> list[str]:
+        """What is wrong with the index on disk (:func:`featpipe.index.problems`)."""
+        return stage_index.problems(self.path, self.parse_line)
+
+    def compact_index(self) -> bool:
+        """Write the index when the ledgers hold lines it lacks (runs call this)."""
+        return self.exists and stage_index.compact(self.path, self.parse_line)
+
+    # -- views ------------------------------------------------------------------------------
+    def make_view(self, source: Stage, columns: slice, extras: Iterable[str]) -> None:
+        """Make this stage a view of ``source`` (one of its inputs): its items are the columns
+        ``columns`` of ``source``'s (the last axis), with the sidecars ``extras`` of each;
+        nothing is copied (:data:`VIEW_FILE`, written once)."""
+        self._check_on_disk()
+        if source.name not in self.input_names:
+            raise FeatpipeError(f"stage {self.name} cannot be a view of {source.name}, which "
+                                "is not its input")
+        path = self.path / VIEW_FILE
+        if not path.exists():
+            atomic_write_bytes(path, view_bytes(self.name, source.name, columns, extras))
+
+    def _view_record(self) -> dict | None:
+        """The record in :data:`VIEW_FILE` (None: not a view), checked against the checksum
+        ``stage.json`` keeps of it (``files``) and against its own seal; a view record that
+        is damaged, missing (``stage.json`` has its checksum) or not one of this stage is a
+        :class:`DamagedStage`: part of the stage's own record."""
+        path = self.path / VIEW_FILE
+        expected = (self.meta.get("files") or {}).get(VIEW_FILE)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            if expected is None:
+                return None
+            raise DamagedStage(f"{path}: damaged view record (missing, and stage.json keeps "
+                               "its checksum)") from None
+        except OSError as err:
+            raise FeatpipeError(f"{path}: unreadable view record ({os_reason(err)})") from None
+        try:
+            if expected is not None:
+                check(path, as_text(zlib.crc32(raw)), expected)
+            record, sealed = unseal_json(raw, record_owner(self.name, VIEW_FILE), path)
+        except ChecksumError as err:
+            raise DamagedStage(f"{path}: damaged view record ({first_line(err)})") from None
+        except (ValueError, UnicodeDecodeError) as err:
+            raise DamagedStage(f"{path}: corrupt view record ({first_line(err)})") from None
+        if not sealed and self.checksummed:
+            raise DamagedStage(f"{path}: damaged view record (its checksum is missing, and "
+                               "the stage was written with checksums)")
+        if not (isinstance(record, dict) and record.get("source") in self.input_names
+                and isinstance(record.get("columns"), list) and len(record["columns"]) == 2
+                and all(isinstance(c, int) and c >= 0 for c in record["columns"])
+                and isinstance(record.get("extras"), list)):
+            raise DamagedStage(f"{path}: corrupt view record (not one of this stage: an "
+                               "input stage, two column bounds, the sidecars kept)")
+        return record
+
+    def view(self) -> tuple[Stage, slice, tuple[str, ...]] | None:
+        """``(source stage, columns, sidecars kept)`` of a view stage, else None."""
+        if self._view is None and self.exists:
+            record = self._view_record()
+            if record is None:
+                return None
+            start, stop = record["columns"]
+            self._view = (self.store.stage_by_folder(record["source"]), slice(start, stop),
+                          tuple(str(e) for e in record["extras"]))
+        return self._view
+
+    def done_ids(self) -> set[str]:
+        """Items whose ledger says done and whose file exists (resume trusts both); a view's,
+        those of its source.
+
+        An item packed by ``featpipe cache pack`` counts as existing, and so does one in a
+        batch file that exists (:mod:`featpipe.batches`).
         """
+        view = self.view()
+        if view is not None:
+            return view[0].done_ids() & set(self.items.ids)
         packed = self.packed()
         packed_ids = packed.ids() if packed is not None else frozenset()
-        return {
-            item_id
-            for item_id, entry in self.item_states().items()
-            if entry.status == "done"
-            and (item_id in packed_ids or self.item_path(item_id).exists())
-        }
+        table = self.item_table()
+        batches: dict[str, bool] = {}
+
+        def exists(item_id: str, batch: str | None) -> bool:
+            if batch is not None:
+                if batch not in batches:
+                    batches[batch] = (self.path / BATCH_DIR / batch).exists()
+                if batches[batch]:
+                    return True
+            return item_id in packed_ids or self.item_path(item_id).exists()
+
+        return {item_id for item_id, batch in table.done_items() if exists(item_id, batch)}
 
     def truncated_ids(self, ids: Iterable[str]) -> set[str]:
         """Of ``ids``, the items whose loose file holds less data than its ``.npy`` header
         declares (cut short by a failing disk or a copy: ``cache verify`` reports them), so
-        that a rerun recomputes them; one header read per item, no array is loaded."""
+        that a rerun recomputes them; one header read per item, no array is loaded (none for
+        the items of batch files, whose every read is checked against its checksum); a
+        view's, those of its source."""
+        view = self.view()
+        if view is not None:
+            return view[0].truncated_ids(ids)
+        table = self.item_table()
+        loose = {item_id for item_id, batch in table.done_items() if batch is None}
         found = set()
-        for item_id in ids:
+        for item_id in (i for i in ids if i in loose):
             try:
                 with open(self.item_path(item_id), "rb") as handle:
                     head = handle.read(NPY_HEAD_BYTES)
@@ -596,13 +775,12 @@ class Stage:
         return PackedItems.open(self.path, self.checksummed)
 
     def failed(self) -> dict[str, str]:
-        """Items whose latest state is failed, with their recorded error."""
-        done = self.done_ids()
-        return {
-            item_id: entry.error or "failed"
-            for item_id, entry in self.item_states().items()
-            if entry.status == "failed" and item_id not in done
-        }
+        """Items whose latest state is failed, with their recorded error (a done line, in
+        any ledger, makes an item done for good); a view's, those of its source."""
+        view = self.view()
+        if view is not None:
+            return {i: e for i, e in view[0].failed().items() if i in set(self.items.ids)}
+        return dict(self.index().failed)
 
     def is_complete(self) -> bool:
         return set(self.items.ids) <= self.done_ids()
@@ -611,31 +789,106 @@ class Stage:
         """Load one item's array (``allow_pickle=False``); packed items are read from HDF5.
 
         The header is checked against the file size first: a corrupt header is an
-        :class:`ItemError` naming the item, never a MemoryError.
+        :class:`ItemError` naming the item, never a MemoryError.  A view's item is read from
+        its source (checked there) and its columns copied, as its method would have stored
+        them.
         """
+        view = self.view()
+        if view is not None:
+            source, columns, _ = view
+            array = source.read_item(item_id)
+            if array.shape[-1] < columns.stop:
+                raise ItemError(item_id, f"{array.shape[-1]} columns in {source.name}, the "
+                                         f"view {self.name} takes {columns.start}..."
+                                         f"{columns.stop - 1}")
+            return np.ascontiguousarray(array[..., columns], dtype=self.dtype)
         path = self.item_path(item_id)
         try:
             return self._read_file(item_id, ".npy", path, mmap)
         except FileNotFoundError:
+            array = self._read_batched(item_id, ".npy")
+            if array is not None:
+                return array
             packed = self.packed()
             array = packed.read(item_id) if packed is not None else None
             if array is not None:
                 return array
             raise ItemError(item_id, f"not computed in stage {self.name}") from None
 
+    def batch_of(self, item_id: str, reload: bool = False) -> Path | None:
+        """The batch file the ledger says holds done item ``item_id`` (it may be gone), or
+        None for an item of its own file (:mod:`featpipe.batches`)."""
+        state = self._state(item_id, reload)
+        batch = state.batch if state is not None and state.status == "done" else None
+        return None if batch is None else self.path / BATCH_DIR / batch
+
+    def _read_batched(self, item_id: str, suffix: str) -> np.ndarray | None:
+        """The file ``suffix`` of ``item_id`` from its batch file, checked against its
+        recorded checksum; None when the item is in none (or its batch file is gone).  A
+        batch file that is gone or damaged is looked up once more in a fresh read of the
+        ledgers (the item may have been recomputed since, into another batch)."""
+        path = self.batch_of(item_id)
+        if path is None:
+            return None
+        try:
+            return self._load_batched(item_id, suffix, path)
+        except (FileNotFoundError, DamagedItem):
+            fresh = self.batch_of(item_id, reload=True)
+            if fresh is not None and fresh != path:
+                return self._read_batched(item_id, suffix)
+            if fresh is None or not fresh.exists():
+                return None
+            raise
+
+    def _load_batched(self, item_id: str, suffix: str, path: Path) -> np.ndarray | None:
+        member = safe_stem(item_id) + suffix
+        try:
+            return BatchFiles.load(path, member, (self.recorded_sums(item_id) or {}).get(suffix))
+        except KeyError:
+            if suffix != ".npy":
+                return None
+            raise ItemError(item_id, f"batch file {path} lacks {member}") from None
+        except ChecksumError as err:
+            raise DamagedItem(item_id, err) from None
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+            raise ItemError(item_id, f"unreadable batch file {path}: {first_line(err)}") \
+                from None
+
     def read_extra(self, item_id: str, extra: str) -> np.ndarray | None:
         """Load a sidecar (``timestamps``, ``positions``...) or ``None`` when there is none."""
+        view = self.view()
+        if view is not None:
+            return view[0].read_extra(item_id, extra) if extra in view[2] else None
         path = self.item_path(item_id, extra)
         if not path.exists():
-            packed = None if self.item_path(item_id).exists() else self.packed()
+            if self.item_path(item_id).exists():
+                return None
+            batch = self.batch_of(item_id)
+            if batch is not None and batch.exists():
+                return self._read_batched(item_id, f"+{extra}.npy")
+            packed = self.packed()
             return packed.extras(item_id).get(extra) if packed is not None else None
         return self._read_file(item_id, f"+{extra}.npy", path)
 
     def extras_of(self, item_id: str) -> dict[str, np.ndarray]:
         """All sidecars of one item, by name."""
+        view = self.view()
+        if view is not None:
+            return {k: v for k, v in view[0].extras_of(item_id).items() if k in view[2]}
         prefix = safe_stem(item_id) + "+"
         folder = self.item_path(item_id).parent
-        packed = None if self.item_path(item_id).exists() else self.packed()
+        loose = self.item_path(item_id).exists()
+        batch = None if loose else self.batch_of(item_id)
+        if batch is not None and batch.exists():
+            try:
+                names = BatchFiles.sidecars(batch, prefix[:-1])
+            except (OSError, ValueError, zipfile.BadZipFile) as err:
+                raise ItemError(item_id, f"unreadable batch file {batch}: "
+                                         f"{first_line(err)}") from None
+            return {name: self._read_batched(item_id, f"+{name}.npy") for name in names}
+        packed = None if loose else self.packed()
         found = packed.extras(item_id) if packed is not None else {}
         if folder.is_dir():
             for path in folder.glob(f"{prefix}*.npy"):
@@ -643,18 +896,30 @@ class Stage:
                     item_id, path.name[len(prefix) - 1:], path)
         return found
 
-    #: checksums recorded by the ledger, per stage folder and item (see :meth:`recorded_sums`)
-    _sums: dict[str, dict[str, dict[str, str] | None]] = {}
+    #: the item states of the index (:mod:`featpipe.index`), per stage folder, read once per
+    #: process (see :meth:`recorded_sums`)
+    _tables: dict[str, stage_index.Table] = {}
+
+    def _state(self, item_id: str, reload: bool = False) -> stage_index.ItemState | None:
+        """The folded ledger state of ``item_id``: the index's table is read once per
+        process and stage, again when ``reload`` or the item is not in it."""
+        table = Stage._tables.get(str(self.path))
+        state = None if table is None or reload else table.get(item_id)
+        return self.item_table().get(item_id) if state is None else state
+
+    def item_table(self, fresh: bool = False) -> stage_index.Table:
+        """The item states of the stage's ledgers as they are now (:mod:`featpipe.index`),
+        kept for this process's later reads of the stage's items; with ``fresh``, folded from
+        every ledger line, the index on disk not trusted (``cache verify``)."""
+        table = self.index(need_table=True, trust=not fresh).table
+        Stage._tables[str(self.path)] = table
+        return table
 
     def recorded_sums(self, item_id: str, reload: bool = False) -> dict[str, str] | None:
         """The checksums the ledger recorded for the files of done item ``item_id`` (by
-        suffix), or None (not done, or done before featpipe kept checksums).  The ledger is
-        read once per process and stage, again when ``reload`` or the item is not in it."""
-        table = Stage._sums.get(str(self.path))
-        if table is None or reload or item_id not in table:
-            table = {i: e.sums for i, e in self.item_states().items() if e.status == "done"}
-            Stage._sums[str(self.path)] = table
-        return table.get(item_id)
+        suffix), or None (not done, or done before featpipe kept checksums)."""
+        state = self._state(item_id, reload)
+        return state.sums if state is not None and state.status == "done" else None
 
     def _read_file(self, item_id: str, suffix: str, path: Path, mmap: bool = False
                    ) -> np.ndarray:
@@ -767,15 +1032,32 @@ class Stage:
             handle.close()
 
     # -- models -----------------------------------------------------------------------------
+    #: planned stages given stand-in models by a dry run of this process, by folder
+    _stand_ins: dict[str, Stage] = {}
+
+    @classmethod
+    def at(cls, path: str | os.PathLike) -> Stage:
+        """The stage in folder ``path``; in a dry run, the planned stage there that holds
+        stand-in models (:meth:`save_model`), so that later steps plan on them."""
+        return cls._stand_ins.get(str(path)) or cls(path)
+
     def save_model(self, name: str, model, meta: Mapping | None = None) -> None:
         """Save a fitted model as ``models/<name>.npz`` (arrays) + ``models/<name>.json``, then
         the checksums of both in ``models/<name>.sums`` (:data:`MODEL_SUMS`).
 
         ``model`` follows :mod:`featpipe.models` (``to_arrays() -> (arrays, meta)``, and
-        ``meta`` is added to its metadata) or is a dict of arrays.
+        ``meta`` is added to its metadata) or is a dict of arrays.  A planned stage (a dry
+        run) keeps it in memory instead: a stand-in of the model's shapes, which later steps
+        of the dry run are planned and sized on (:meth:`at`); nothing is written.
         """
         arrays, own = model.to_arrays() if hasattr(model, "to_arrays") else (model, {})
         meta = {**own, **(meta or {})}
+        if not self.exists:
+            arrays = {k: np.asarray(v) for k, v in arrays.items()}
+            self._stand_in_models[name] = (arrays, json.loads(json.dumps(
+                dict(meta), default=_json_default)))
+            Stage._stand_ins[str(self.path)] = self
+            return
         self._check_on_disk()
         folder = self.path / "models"
         make_dirs(folder)
@@ -811,6 +1093,12 @@ class Stage:
     def load_model(self, name: str, cls=None):
         """``(arrays, meta)`` of model ``name``, or ``cls.from_arrays(arrays, meta)``; a damaged
         model is one error line (an object array is refused, never unpickled)."""
+        if not self.exists:
+            if name not in self._stand_in_models:
+                raise FeatpipeError(f"stage {self.name} has no model {name!r} (not fitted "
+                                    "yet?)")
+            arrays, meta = self._stand_in_models[name]
+            return (dict(arrays), dict(meta)) if cls is None else cls.from_arrays(arrays, meta)
         folder = self.path / "models"
         path = folder / f"{name}.npz"
         sums = self.model_sums(name) or {}
@@ -848,7 +1136,9 @@ class Stage:
 
     def model_names(self) -> list[str]:
         """Names of the models this stage holds (fit stages), whole or in part (a file of a
-        model missing is damage ``verify`` reports)."""
+        model missing is damage ``verify`` reports); a planned stage's, its stand-ins."""
+        if not self.exists:
+            return sorted(self._stand_in_models)
         folder = self.path / "models"
         if not folder.is_dir():
             return []
@@ -857,7 +1147,10 @@ class Stage:
 
     def has_model(self, name: str) -> bool:
         """Whether model ``name`` is saved: its ``.npz`` and ``.json`` are in place and, in a
-        stage written with checksums, its checksums (written last: the commit point)."""
+        stage written with checksums, its checksums (written last: the commit point); a
+        planned stage's, whether it holds a stand-in."""
+        if not self.exists:
+            return name in self._stand_in_models
         folder = self.path / "models"
         return (folder / f"{name}.npz").exists() and (folder / f"{name}.json").exists() and \
             (not self.checksummed or (folder / f"{name}{MODEL_SUMS}").exists())
@@ -1213,8 +1506,9 @@ class Store:
             return self.stage_by_folder(folder)
         if STAGE_FOLDER.match(name) and (self.stages_dir / name / "stage.json").exists():
             return self.stage_by_folder(name)
-        known = ", ".join(self.names()) or "none yet"
+        names = self.names()
+        hint = did_you_mean(name, names)
         raise FeatpipeError(
-            f"no stage named {name!r} in store {self.root} (names: {known}; "
-            "see `featpipe cache ls`)"
+            f"no stage named {name!r} in store {self.root}{': ' + hint if hint else ''} "
+            f"(names: {', '.join(names) or 'none yet'}; see `featpipe cache ls`)"
         )

@@ -40,6 +40,10 @@ FILE_KINDS: tuple[FileKind, ...] = (
              "sealed: its last member is the CRC of the bytes before it and its place",
              "`verify --repair` removes the stage and the names pointing at it; the re-run "
              "computes it again"),
+    FileKind("view record", rf"{_STAGE}/view\.json",
+             "sealed (to its stage); and `files` in stage.json (written with it)",
+             "part of the stage's own record: `verify --repair` removes the stage and the "
+             "names pointing at it; the re-run makes the view again"),
     FileKind("item list", rf"{_STAGE}/items\.csv", "`files` in stage.json",
              "`verify --repair` removes it; the re-run writes it again"),
     FileKind("read hashes", rf"{_STAGE}/read-hashes\.json", "`files` in stage.json",
@@ -54,6 +58,19 @@ FILE_KINDS: tuple[FileKind, ...] = (
              "each line sealed (to its stage)",
              "`verify --repair` rewrites it without its damaged lines and removes the item "
              "files no line accounts for; the re-run recomputes them"),
+    FileKind("batch file",
+             rf"{_STAGE}/batches/[A-Za-z0-9._-]+-\d+-[0-9a-f]{{12}}\.[0-9a-f]{{8}}\.npz",
+             "its name (the CRC of the file); each member's in its item's ledger line (`sums`)",
+             "`verify --repair` removes it whole; the re-run recomputes its items"),
+    FileKind("index record", rf"{_STAGE}/index\.json",
+             "inside: `sum`, the CRC of its canonical JSON; and folding the ledgers again "
+             "must give the same",
+             "a cache of the ledgers: `verify --repair` removes it (reads fold the ledgers "
+             "meanwhile); the next run writes it again"),
+    FileKind("index table", rf"{_STAGE}/index-[0-9a-f]{{12}}\.npz",
+             "`table_sum` in index.json; and folding the ledgers again must give the same",
+             "a cache of the ledgers: `verify --repair` removes the index; the next run "
+             "writes it again"),
     FileKind("model arrays", rf"{_STAGE}/models/[^/]+\.npz", "models/NAME.sums",
              "`verify --repair` removes the model; the re-run fits it again"),
     FileKind("model metadata", rf"{_STAGE}/models/[^/]+\.json", "models/NAME.sums",
@@ -86,6 +103,9 @@ FILE_KINDS: tuple[FileKind, ...] = (
     FileKind("task log", r"logs/.+", None,
              "`featpipe submit`'s sbatch script and its tasks' logs: never read back by "
              "featpipe"),
+    FileKind("spill file", rf"{_STAGE}/featpipe-spill-[^/]+\.tmp", None,
+             "a running encode's or extraction's scratch array (memory-mapped), deleted once "
+             "unmapped; a killed process may leave one, never read back"),
     FileKind("temporary", r".*\.tmp\.[^./]+\.\d+(/.*)?", None,
              "a write in progress, or the leftover of a killed one: `cache gc` removes it "
              "once its process is gone"),

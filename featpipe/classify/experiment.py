@@ -44,6 +44,7 @@ class Settings:
     order: int = 1
     n_jobs: int | None = None
     normalize: str = "none"
+    fusion_scale: str = fusion.SCALES[0]
 
 
 def check_solver(solver: str, kernels) -> None:
@@ -185,15 +186,20 @@ class _Fitted:
 
     def __init__(self, settings: Settings, train_sets, test_sets, kernels):
         weights = fusion.normalised_weights(len(kernels), settings.weights)
+        scale = settings.fusion_scale if len(kernels) > 1 else "none"  # one kernel: as is
         self.gammas = []
+        self.scales: list[float] = []  # the factor of each kernel (fusion.scale_factor)
         if settings.solver == "liblinear":
             check_solver(settings.solver, kernels)
-            self.train = fusion.fuse_features(
-                [explicit_features(k, X, settings.order) for k, X in zip(kernels, train_sets,
-                                                                        strict=True)], weights)
-            self.test = fusion.fuse_features(
-                [explicit_features(k, X, settings.order) for k, X in zip(kernels, test_sets,
-                                                                        strict=True)], weights)
+            train = [explicit_features(k, X, settings.order)
+                     for k, X in zip(kernels, train_sets, strict=True)]
+            test = [explicit_features(k, X, settings.order)
+                    for k, X in zip(kernels, test_sets, strict=True)]
+            self.scales = [fusion.scale_factor(np.einsum("ij,ij->i", F, F), scale)
+                           for F in train]
+            weights = weights * np.asarray(self.scales)
+            self.train = fusion.fuse_features(train, weights)
+            self.test = fusion.fuse_features(test, weights)
             self.gammas = [None] * len(kernels)
             return
         self.train = self.test = None  # one input's kernels at a time, added into the sums
@@ -202,8 +208,10 @@ class _Fitted:
             fitted = PrecomputedKernel(kernel, gamma=settings.gamma, order=settings.order,
                                        n_jobs=settings.n_jobs).fit(X_train)
             self.gammas.append(fitted.gamma_)
-            self.test = fusion.accumulate(self.test, fitted.transform(X_test), weight)
-            self.train = fusion.accumulate(self.train, fitted.train_kernel_, weight)
+            factor = fusion.scale_factor(np.diagonal(fitted.train_kernel_), scale)
+            self.scales.append(factor)
+            self.test = fusion.accumulate(self.test, fitted.transform(X_test), weight * factor)
+            self.train = fusion.accumulate(self.train, fitted.train_kernel_, weight * factor)
 
     def train_subset(self, rows, cols, kernel: bool):
         return self.train[np.ix_(rows, cols)] if kernel else self.train[rows]
@@ -269,6 +277,7 @@ def run_split(stages: Sequence[Stage], kernels: Sequence[str], manifest: Manifes
         "cv_scores": cv_scores,
         "cv_folds": settings.cv if len(settings.Cs) > 1 else None,
         "gammas": data.gammas,
+        "kernel_scales": data.scales,
         "per_class_ap": [None if np.isnan(v) else float(v) for v in ap],
         "map": float(np.nanmean(ap)) if not np.all(np.isnan(ap)) else None,
         "seconds": {"kernels": round(kernel_seconds, 3), "svm": round(train_seconds, 3)},

@@ -1,9 +1,15 @@
-"""Kernel fusion: the (weighted) average of per-encoding kernels.
+"""Kernel fusion: the (weighted) average of per-encoding kernels, each scaled first.
 
-K = Σ_i w_i K_i / Σ_i w_i (docs/methods.md, "Fusion: the average of per-encoding kernels";
-equal weights by default).  For explicit-feature kernels the same fusion is the concatenation
-[sqrt(w_1/W) φ_1(x), ..., sqrt(w_m/W) φ_m(x)], W = Σ w_i, whose dot products are the averaged
-kernel; :func:`fuse_features` builds it for liblinear.
+K = Σ_i w_i s_i K_i / Σ_i w_i (docs/methods.md, "Fusion: the average of per-encoding
+kernels"; equal weights by default).  The scale s_i (:data:`SCALES`, :func:`scale_factor`):
+``unit-diagonal`` divides each kernel by the mean of its train items' self-similarities
+k(x, x), so every kernel gives the train items a mean k(x, x) of 1 before the average; ``none``
+takes the kernels as computed.  Kernels differ in scale by orders of magnitude: on
+L2-normalised encodings k(x, x) is 1 for linear, SSR and SER, but Σ_j |x_j| for chi2 and
+Σ_j sqrt|x_j| for chi2+SER, so without scaling the largest kernel decides alone.  One kernel
+(no fusion) is used as computed.  For explicit-feature kernels the same fusion is the
+concatenation [sqrt(w_1 s_1/W) φ_1(x), ..., sqrt(w_m s_m/W) φ_m(x)], W = Σ w_i, whose dot
+products are the averaged kernel; :func:`fuse_features` builds it for liblinear.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import numpy as np
 from featpipe.errors import InputError, ParameterError
 
 FUSIONS = ("average",)
+#: How each kernel is scaled before it is averaged with others (the first is the default).
+SCALES = ("unit-diagonal", "none")
 
 
 def normalised_weights(n_inputs: int, weights: Sequence[float] | None) -> np.ndarray:
@@ -29,6 +37,17 @@ def normalised_weights(n_inputs: int, weights: Sequence[float] | None) -> np.nda
         raise ParameterError("weights", f"must be finite and non-negative with a positive sum, "
                              f"got {[float(v) for v in w]}")
     return w / w.sum()
+
+
+def scale_factor(self_similarities: np.ndarray, scale: str) -> float:
+    """The factor of a kernel whose train items have these k(x, x): 1 / their mean for
+    ``unit-diagonal`` (1 when the mean is not positive: an all-zero kernel), 1 for ``none``."""
+    if scale == "none":
+        return 1.0
+    if scale != "unit-diagonal":
+        raise ParameterError("fusion_scale", f"must be one of {SCALES}, got {scale!r}")
+    mean = float(np.mean(self_similarities)) if len(self_similarities) else 0.0
+    return 1.0 / mean if mean > 0 and np.isfinite(mean) else 1.0
 
 
 def accumulate(total: np.ndarray | None, K: np.ndarray, weight: float) -> np.ndarray:

@@ -109,6 +109,8 @@ def describe_inputs(config: Mapping) -> str:
                                                    strict=True))
     if len(config["inputs"]) > 1:
         text += f", {config['fusion']} fusion"
+        if config.get("fusion_scale") == "unit-diagonal":
+            text += " of kernels scaled to a unit mean diagonal"
     return text
 
 

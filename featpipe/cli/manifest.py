@@ -11,6 +11,7 @@ import click
 from featpipe.cli import LazyGroup
 from featpipe.cli.common import warn
 from featpipe.cli.options import table_entry
+from featpipe.cli.suggest import Choice
 
 if TYPE_CHECKING:
     from featpipe.manifest import Manifest
@@ -47,7 +48,7 @@ def manifest():
 @click.argument("data_dir", metavar="DIR", type=click.Path(exists=True, file_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Manifest CSV to write (e.g. manifests/ucf101.csv).")
-@click.option("--labels-from", type=click.Choice(["parent-dir", "none"]), default="parent-dir",
+@click.option("--labels-from", type=Choice(["parent-dir", "none"]), default="parent-dir",
               show_default=True, help="Label of each file (folder scan only).")
 @click.option("--ext", "extensions", multiple=True, metavar=".EXT",
               help="File extensions to keep (repeatable; default: common video and image "

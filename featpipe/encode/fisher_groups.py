@@ -179,7 +179,7 @@ class _GroupSlice:
                                  f"{array.shape}")
             part = np.ascontiguousarray(array[..., self.columns], dtype=np.float32)
             kept = {k: np.asarray(v) for k, v in extra.items()
-                    if k in ("frame_index", "timestamps")} if array.ndim == 2 else {}
+                    if k in KEPT_SIDECARS} if array.ndim == 2 else {}
             out.append(ItemOutput(part, kept) if kept else part)
         return out
 
@@ -188,13 +188,23 @@ def _build_slice(params, models):
     return _GroupSlice(models["gmm"], params["group"])
 
 
+#: the sidecars a group's part of per-frame Fisher vectors keeps
+KEPT_SIDECARS = ("frame_index", "timestamps")
+
+
+def _view(params, models) -> tuple[slice, tuple[str, ...]]:
+    """The columns of group ``params['group']`` in grouped Fisher vectors: a stored stage's
+    group part is a view of those columns (:meth:`featpipe.store.Stage.make_view`)."""
+    return _GroupSlice(models["gmm"], params["group"]).columns, KEPT_SIDECARS
+
+
 def _encode_methods():
     from featpipe.encode.registry import EncodeMethod
 
     gmm = model_parameter("gmm", "GMM model stage.", ("fit gmm",))
     return [EncodeMethod("fisher-group", "one descriptor group's part of grouped Fisher "
                          "vectors (fit gmm --groups)", _build_slice,
-                         (gmm, *estimator_parameters(FisherGroup)))]
+                         (gmm, *estimator_parameters(FisherGroup)), view=_view)]
 
 
 ENCODE_METHODS = _encode_methods()

@@ -103,6 +103,10 @@ class EncodeMethod:
     batch_size: int | Callable[[Mapping], int] = 16
     fixed: Mapping[str, object] = field(default_factory=dict)
     rules: Callable[[Mapping], None] | None = None
+    #: a method that keeps a column range of its input: ``view(params, models)`` gives
+    #: ``(columns, sidecars kept)``, and its stage on a stored input is a view of it
+    #: (:meth:`featpipe.store.Stage.make_view`), not a copy
+    view: Callable[[Mapping, Mapping], tuple[slice, tuple[str, ...]]] | None = None
 
     @property
     def defaults(self) -> dict[str, object]:

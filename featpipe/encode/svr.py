@@ -150,6 +150,7 @@ def rank_svr_dual(G, C: float = 1.0, epsilon: float = 0.1, lengths=None):
     Ga = xp.zeros((B, T), dtype=dtype, device=device)
     s = loss_gradient(Ga)
     f = C * xp.sum(s * s, axis=-1)
+    done = xp.zeros((B,), dtype=xp.bool, device=device)
     for _iteration in range(MAX_NEWTON_ITER):
         active = s != 0.0
         m = xp.astype(active, dtype)
@@ -170,27 +171,38 @@ def rank_svr_dual(G, C: float = 1.0, epsilon: float = 0.1, lengths=None):
             if bool(xp.all(ok)):
                 break
             step = xp.where(ok, step, 0.5 * step)
-        a = a_try
-        Ga = _matvec(G, a)
-        s_new = loss_gradient(Ga)
-        f = 0.5 * xp.sum(a * Ga, axis=-1) + C * xp.sum(s_new * s_new, axis=-1)
+        Ga_try = _matvec(G, a_try)
+        s_new = loss_gradient(Ga_try)
+        f_new = 0.5 * xp.sum(a_try * Ga_try, axis=-1) + C * xp.sum(s_new * s_new, axis=-1)
         same = (s_new != 0.0) == active
         same = same & (((s_new > 0.0) == (s > 0.0)) | ~active)
-        s = s_new
-        settled = xp.all(same, axis=-1) & (step == 1.0)
-        if bool(xp.all(settled)):
+        # a window that settled keeps the coefficients it settled at, so that its result
+        # does not depend on the windows it shares a batch with
+        frozen = done[:, None]
+        a = xp.where(frozen, a, a_try)
+        Ga = xp.where(frozen, Ga, Ga_try)
+        s = xp.where(frozen, s, s_new)
+        f = xp.where(done, f, f_new)
+        done = done | (xp.all(same, axis=-1) & (step == 1.0))
+        if bool(xp.all(done)):
             break
     else:
         raise RuntimeError(f"rank_svr_dual: active-set Newton did not settle in "
-                           f"{MAX_NEWTON_ITER} iterations for {int(xp.sum(~settled))} windows")
+                           f"{MAX_NEWTON_ITER} iterations for {int(xp.sum(~done))} windows")
     return xp.astype(a, out_dtype), s != 0.0
 
 
 def gram(V):
-    """Batched Gram matrices V Vᵀ of (B, T, D) window vectors."""
+    """Batched Gram matrices V Vᵀ of (B, T, D) window vectors.
+
+    numpy: one 2-D product per window (BLAS's symmetric kernel), so that a window's Gram
+    matrix has the same bits alone or in a batch; other namespaces: one batched product."""
     xp = namespace(V)
-    if V.shape[0] == 1:  # one long window: a 2-D product lets BLAS use its symmetric kernel
-        return (V[0, ...] @ xp.permute_dims(V[0, ...], (1, 0)))[None, ...]
+    if V.shape[0] == 0:
+        return xp.zeros((0, V.shape[1], V.shape[1]), dtype=V.dtype)
+    if isinstance(V, np.ndarray) or V.shape[0] == 1:
+        return xp.stack([V[b, ...] @ xp.permute_dims(V[b, ...], (1, 0))
+                         for b in range(V.shape[0])], axis=0)
     return V @ xp.permute_dims(V, (0, 2, 1))
 
 

@@ -96,7 +96,7 @@ def estimate_item(item_id: str, info: VideoInfo | str, sampling: Sampling,
     if info.frames is None:
         return ItemEstimate(item_id)
     frames = sampling.expected(info.frames, info.fps) if info.frames > 1 else info.frames
-    rows = frames * layout.rows_per_frame(info.height, info.width)
+    rows = round(frames * layout.rows_per_frame(info.height, info.width))  # clips: 1/stride
     return ItemEstimate(item_id, info.frames, frames, rows, layout.item_bytes(frames, rows))
 
 

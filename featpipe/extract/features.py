@@ -21,7 +21,16 @@ Where a method runs:
   ``add(rgb_frame)`` returns the rows that end at that frame (``add(rgb_frame, boxes=...)``
   with ``--human-boxes`` when the estimator's ``takes_boxes`` is true).
 * ``"model"``: a network in the parent process fed with crops from the workers (VGG-16,
-  :mod:`featpipe.extract.vgg`).
+  :mod:`featpipe.extract.vgg`; any torchvision model, :mod:`featpipe.extract.
+  torchvision_features`).  Its estimator has ``n_features`` and ``count(height, width)``
+  as above, ``weights`` (a checkpoint path or ``random:SEED``), ``weights_identity()``
+  (what the stage key holds of them: :mod:`featpipe.extract.weights`), ``stage_params()``
+  (the rest of the key: preprocessing, layer...), ``preprocess()`` (a picklable transform
+  run in the decoding workers: RGB uint8 frame -> uint8 crop, with ``shape`` (crop height,
+  width) and, for local features, ``positions(frame_shape)``) and ``network(device,
+  batch_size)`` (loaded: ``forward_crops(uint8 host tensor) -> numpy``, ``device``,
+  ``weights_identity``); optionally ``local`` (local features or not, decided by its
+  parameters) and ``clip``/``clip_stride`` (one row per clip of sampled frames).
 """
 
 from __future__ import annotations
@@ -33,8 +42,8 @@ from featpipe import settings
 from featpipe.parameters import Parameter, estimator_parameters
 
 #: Modules that define FEATURE_METHODS.
-FEATURE_MODULES: list[str] = ["featpipe.extract.vgg", "featpipe.extract.dsift",
-                              "featpipe.extract.trajectories"]
+FEATURE_MODULES: list[str] = ["featpipe.extract.vgg", "featpipe.extract.torchvision_features",
+                              "featpipe.extract.dsift", "featpipe.extract.trajectories"]
 #: Entry point group of plugin modules; environment variable listing plugin modules.
 ENTRY_POINT_GROUP = "featpipe.features"
 PLUGIN_VARIABLE = "FEATPIPE_FEATURES"

@@ -80,8 +80,9 @@ class FarnebackPyramid:
         gram[4, 4] = gram[3, 3]
         gram[3, 4] = gram[4, 3] = gram[5, 5]
         inverse = np.linalg.inv(gram)
-        self.ig11, self.ig03 = inverse[1, 1], inverse[0, 3]
-        self.ig33, self.ig55 = inverse[3, 3], inverse[5, 5]
+        #: the inverse Gram matrix's entries the coefficients need: ig11, ig03, ig33, ig55
+        self.inverse = tuple(np.float32(inverse[i, j]) for i, j in ((1, 1), (0, 3), (3, 3),
+                                                                     (5, 5)))
         half = winsize // 2
         sigma = half * 0.3
         k = np.exp(-np.arange(-half, half + 1) ** 2 / (2 * sigma * sigma))
@@ -94,19 +95,19 @@ class FarnebackPyramid:
         return cv2.sepFilter2D(image, cv2.CV_32F, kx, ky, borderType=cv2.BORDER_REPLICATE)
 
     def expand(self, grey: np.ndarray) -> list[np.ndarray]:
-        """The (h_k, w_k, 5) polynomial coefficients of a uint8 grey frame at every scale."""
+        """The (5, h_k, w_k) polynomial coefficients of a uint8 grey frame at every scale (a
+        plane per coefficient)."""
+        from featpipe.extract._trajectory_kernels import polynomial_coefficients
+
         out = []
         g, xg, xxg = self.g, self.xg, self.xxg
         for image in smoothed_pyramid(grey, self.sizes, self.scales):
-            coeffs = np.empty(image.shape + (5,), np.float32)
-            b1 = self._correlate(image, g, g)
-            coeffs[..., 0] = self._correlate(image, g, xg) * np.float32(self.ig11)
-            coeffs[..., 1] = self._correlate(image, xg, g) * np.float32(self.ig11)
-            coeffs[..., 2] = (b1 * np.float32(self.ig03)
-                              + self._correlate(image, g, xxg) * np.float32(self.ig33))
-            coeffs[..., 3] = (b1 * np.float32(self.ig03)
-                              + self._correlate(image, xxg, g) * np.float32(self.ig33))
-            coeffs[..., 4] = self._correlate(image, xg, xg) * np.float32(self.ig55)
+            coeffs = np.empty((5,) + image.shape, np.float32)
+            polynomial_coefficients(
+                self._correlate(image, g, g), self._correlate(image, g, xg),
+                self._correlate(image, xg, g), self._correlate(image, g, xxg),
+                self._correlate(image, xxg, g), self._correlate(image, xg, xg),
+                *self.inverse, coeffs)
             out.append(coeffs)
         return out
 

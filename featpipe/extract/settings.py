@@ -29,12 +29,16 @@ class ExtractSettings:
     themselves, or their encoding by ``encode`` with ``encode_params`` (``featpipe encode``'s
     parameters of that method), or ``sample_descriptors`` rows drawn with ``sample_seed``.
     How the stage runs: a network's ``device`` and ``batch_size``, the ``decoder`` (part of
-    the key) and its ``decode_timeout``, ``allow_partial`` and ``disk_check``."""
+    the key) and its ``decode_timeout``, ``allow_partial`` and ``disk_check``; the steps
+    that run in the same pass (``then``) and whether the extraction itself is written
+    (``keep``)."""
 
-    device: str = declared("cpu", "Where VGG-16 (and an --encode method with a device) runs.",
-                           choices=("cpu", "cuda"))
+    device: str = declared(
+        "cpu", "Where the network (VGG-16, torchvision) and an --encode method with a device "
+        "run.", choices=("cpu", "cuda"))
     batch_size: int = declared(
-        16, "Frames per VGG-16 forward pass (frames of several items share one).")
+        16, "Frames (a video model: clips) per forward pass of the network (several items "
+        "share one).")
     dtype: str = declared("float32", "Stored array type.", choices=("float32", "float16"))
     positions: bool = declared(True, "Store x, y, scale of each local feature.")
     pca: str | None = declared(
@@ -42,7 +46,7 @@ class ExtractSettings:
         model=("fit pca",))
     encode: str | None = declared(
         None, "Store only this encoding of the local features (as featpipe encode --method; "
-        "its options below).", choices=LOCAL_ENCODERS)
+        "--help after it lists its options).", choices=LOCAL_ENCODERS)
     encode_params: Mapping | None = None
     sample_descriptors: int | None = declared(
         None, "Store only N rows per item, drawn uniformly (for fit pca / fit gmm).")
@@ -58,6 +62,11 @@ class ExtractSettings:
     decoder: str = declared("opencv", "Video decoder.")
     decode_timeout: float = declared(
         600.0, "Seconds a decoding worker may go without a frame before it is killed.")
+    #: ``featpipe encode`` steps run on each item in the same pass (:class:`featpipe.chain.
+    #: Then`: ``extract --temporal``, the steps ``featpipe run`` fuses), and whether the
+    #: extraction's own stage is written then (None: only without steps)
+    then: tuple = ()
+    keep: bool | None = None
 
     def check(self, method) -> None:
         """Raise ParameterError for a value or a combination that cannot be made with the

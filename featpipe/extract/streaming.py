@@ -9,11 +9,13 @@ Where the work runs:
   the features,
   then, on a second thread, PCA and the item's output (rows appended to disk, an encoder's
   stream, or a sample); only a small result travels back.  ``--jobs N`` = N workers.
-* **VGG-16**: the workers decode, resize and crop (:class:`CropProgram`); the parent packs
-  crops of all items into batches (pinned host memory when CUDA is present) and runs the
-  model on a thread of its own (its own CUDA stream) while the next batch is packed
-  (:class:`ModelThread`); every frame's features then go to its item's output.  ``--jobs N``
-  = N decoding workers sharing one model.
+* **a network** (VGG-16, torchvision's models): the workers decode, resize and crop
+  (:class:`CropProgram`); the parent packs crops of all items into batches (pinned host
+  memory when CUDA is present) and runs the model on a thread of its own (its own CUDA
+  stream) while the next batch is packed (:class:`ModelThread`); every frame's features then
+  go to its item's output.  A clip model's batches hold clips instead: each item's last T
+  crops are kept, and every S-th frame completes a clip (:class:`Network`).  ``--jobs N`` =
+  N decoding workers sharing one model.
 
 Where an item's frames go (:class:`FrameSinks`, one :class:`FrameSink` per item) is one of:
 the features themselves, stored row by row (:class:`~featpipe.items.ItemFiles`); their
@@ -73,6 +75,12 @@ class FrameSinks:
     model_paths: Mapping[str, str] = field(default_factory=dict)
     sample: int = 0
     seed: int = 0
+    #: steps run on each item's output (:mod:`featpipe.chain`); ``keep``: the output itself
+    #: is written too; ``partial``: item id -> what to write of an item that has some of it
+    #: already (step indexes, -1 for the output itself; an item not listed needs all)
+    chain: tuple = ()
+    keep: bool = True
+    partial: Mapping[str, frozenset] = field(default_factory=dict)
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
@@ -89,18 +97,36 @@ class FrameSinks:
             if self.kind == "encode":
                 from featpipe.encode.registry import load_methods
 
-                models = {k: Stage(p) for k, p in self.model_paths.items()}
+                models = {k: Stage.at(p) for k, p in self.model_paths.items()}
                 self._encoder = load_methods()[self.method].build(dict(self.params), models)
+            self._chain = None
+            if self.chain:
+                from featpipe.chain import ChainRunner
+
+                self._chain = ChainRunner(self.chain)
         return self._stage, self._pca, self._encoder
+
+    def wanted(self, item_id: str) -> frozenset:
+        """What to write of ``item_id``: kept chain steps by index, -1 for the output itself."""
+        every = frozenset([-1] * self.keep + [i for i, s in enumerate(self.chain) if s.keep])
+        return self.partial.get(item_id, every)
 
     def open(self, item_id: str) -> FrameSink:
         """The output of one item."""
         stage, pca, encoder = self._built()
         if self.kind == "sample":
             return SampledRows(stage, item_id, pca, self.sample, self.seed)
+        files = None
+        if self._chain is not None:
+            from featpipe.chain import BufferedRows, spill_bytes
+
+            wanted = self.wanted(item_id)
+            files = BufferedRows(stage, item_id, 0 if -1 in wanted else spill_bytes())
         if self.kind == "encode":
-            return EncodedFrames(stage, item_id, pca, encoder)
-        return StoredFrames(stage, item_id, pca, self.local, self.positions)
+            sink = EncodedFrames(stage, item_id, pca, encoder, files)
+        else:
+            sink = StoredFrames(stage, item_id, pca, self.local, self.positions, files)
+        return sink if files is None else ChainedFrames(sink, self._chain, wanted)
 
 
 class FrameSink:
@@ -108,11 +134,11 @@ class FrameSink:
     item to commit.  (A computed item handed to the store is
     :class:`featpipe.parallel.ItemOutput`.)"""
 
-    def __init__(self, stage: Stage, item_id: str, pca):
+    def __init__(self, stage: Stage, item_id: str, pca, files=None):
         self.stage = stage
         self.item_id = item_id
         self.pca = pca
-        self.files = ItemFiles(stage, item_id)
+        self.files = ItemFiles(stage, item_id) if files is None else files
 
     def _projected(self, frame: Frame) -> Frame:
         if self.pca is None:
@@ -133,8 +159,8 @@ class FrameSink:
 class StoredFrames(FrameSink):
     """The features themselves, appended to the item's files as each frame comes."""
 
-    def __init__(self, stage, item_id, pca, local: bool, positions: bool):
-        super().__init__(stage, item_id, pca)
+    def __init__(self, stage, item_id, pca, local: bool, positions: bool, files=None):
+        super().__init__(stage, item_id, pca, files)
         self.local = local
         self.keep_positions = positions
         self.timestamps: list[float] = []
@@ -163,8 +189,8 @@ class StoredFrames(FrameSink):
 class EncodedFrames(FrameSink):
     """The features fed to a local-feature encoder's stream; only its output is written."""
 
-    def __init__(self, stage, item_id, pca, encoder):
-        super().__init__(stage, item_id, pca)
+    def __init__(self, stage, item_id, pca, encoder, files=None):
+        super().__init__(stage, item_id, pca, files)
         self.stream = encoder.stream(self.files)
 
     def add(self, frame: Frame) -> None:
@@ -173,6 +199,47 @@ class EncodedFrames(FrameSink):
     def finish(self) -> PendingItem:
         self.stream.finish()
         return self.files.close()
+
+
+class ChainedFrames(FrameSink):
+    """An item's output (``inner``, writing to a :class:`~featpipe.chain.BufferedRows`) fed,
+    once complete, to the steps of a chain (:class:`~featpipe.chain.ChainRunner`): what is
+    committed is the output itself when ``wanted`` holds -1 and each wanted step's result;
+    spilled rows that are not kept are removed."""
+
+    def __init__(self, inner: FrameSink, runner, wanted: frozenset):
+        self.inner = inner
+        self.item_id = inner.item_id
+        self.runner = runner
+        self.wanted = wanted
+
+    def add(self, frame: Frame) -> None:
+        self.inner.add(frame)
+
+    def finish(self):
+        from featpipe.backend import SPILL_FOLDER
+        from featpipe.chain import ChainedPending
+
+        files, array, extras = self.inner.finish()
+        # what the steps spill (a long video's rank-pooling vectors) stays in the store
+        token = SPILL_FOLDER.set(str(self.inner.stage.path))
+        try:
+            steps = self.runner.run(self.item_id, array, extras, set(self.wanted) - {-1})
+        except BaseException:
+            if files is not None:
+                files.discard()
+            raise
+        finally:
+            SPILL_FOLDER.reset(token)
+        del array, extras  # a memory map of a spilled file
+        if -1 in self.wanted:
+            return ChainedPending(self.item_id, files, steps)
+        if files is not None:
+            files.discard()
+        return ChainedPending(self.item_id, None, steps)
+
+    def abort(self) -> None:
+        self.inner.abort()
 
 
 class SampledRows(FrameSink):
@@ -362,7 +429,7 @@ class _LocalFeatureJob:
 
 
 class CropProgram(SendFrames):
-    """VGG-16 preprocessing in the decoding worker: (crop, original (height, width))."""
+    """A network's preprocessing in the decoding worker: (crop, original (height, width))."""
 
     def __init__(self, preprocess):
         self.preprocess = preprocess
@@ -381,21 +448,23 @@ class CropProgram(SendFrames):
 
 class ModelThread:
     """The model on a thread of its own: ``submit`` a batch of crops (a host buffer of
-    (B, H, W, 3) uint8, pinned when CUDA is present) and collect ``(features, tag)`` with
+    (B, *shape) uint8: (B, H, W, 3) crops or (B, T, H, W, 3) clips, pinned when CUDA is
+    present) and collect ``(features, tag)`` with
     ``results``; at most one batch waits while one computes, so the caller packs the next
     batch meanwhile, and ``wake`` (a pipe) becomes readable when a batch is done;
     ``last_seconds`` is the last batch's duration.
     ``model.forward_crops(uint8 tensor) -> numpy`` runs on one CUDA stream (when on CUDA); a
     failure of the model ends the run (it is no item's fault)."""
 
-    def __init__(self, model, batch_size: int, crop: int, device: str = "cpu", buffers: int = 3):
+    def __init__(self, model, batch_size: int, shape: tuple[int, ...], device: str = "cpu",
+                 buffers: int = 3):
         import torch
 
         self.model = model
         pin = device == "cuda" and torch.cuda.is_available()
         self.free: queue.Queue = queue.Queue()
         for _ in range(buffers):
-            self.free.put(torch.empty((batch_size, crop, crop, 3), dtype=torch.uint8,
+            self.free.put(torch.empty((batch_size, *shape), dtype=torch.uint8,
                                       pin_memory=pin))
         self.todo: queue.Queue = queue.Queue(maxsize=1)
         self.done: queue.Queue = queue.Queue()
@@ -471,7 +540,9 @@ class ModelThread:
 
 @dataclass
 class _Item:
-    """An item in flight in the parent: its output (VGG) and its frames in the model."""
+    """An item in flight in the parent: its output (a network's), its rows (frames or clips)
+    sent to the model and those in the model, and a clip model's last crops (``window``,
+    ``seen`` frames so far)."""
 
     output: FrameSink | None
     started: float
@@ -480,18 +551,25 @@ class _Item:
     pending: int = 0
     decoded: bool = False
     warning: str | None = None
+    window: list = field(default_factory=list)
+    seen: int = 0
 
 
 @dataclass(frozen=True)
 class Network:
-    """A network in the parent process (VGG-16): ``model.forward_crops(uint8 crops)`` gives
-    one row (a per-frame vector) or a map of local features per crop, of the crops the
-    workers' ``preprocess`` makes (its side is ``preprocess.crop``), ``batch_size`` crops per
-    forward pass."""
+    """A network in the parent process: ``model.forward_crops(uint8 crops)`` gives one row
+    (a per-frame vector) or a map of local features (at ``preprocess.positions(frame
+    shape)``) per crop, of the crops the workers' ``preprocess`` makes (``preprocess.shape``:
+    height, width), ``batch_size`` crops per forward pass.  A clip model (``clip`` = T) takes
+    (T, H, W, 3) clips instead: T consecutive sampled frames, one clip every ``clip_stride``
+    frames from the first, ``batch_size`` clips per pass; an item of fewer than T frames
+    gives one clip, its last frame repeated."""
 
     model: object
     preprocess: object
     batch_size: int
+    clip: int | None = None
+    clip_stride: int | None = None
 
 
 class Extraction:
@@ -499,9 +577,10 @@ class Extraction:
     :class:`Network`); commits each item as it finishes.
 
     ``run(items)`` yields ``(id, error or None)`` per item as it is done or failed (failures
-    recorded in the ledger unless ``record_failures`` is off); ``on_frames(n)`` counts
-    decoded frames, ``on_warning(id, text)`` reports items accepted with lost frames (set
-    them as attributes).  ``allow_partial`` keeps damaged videos' decodable frames.
+    recorded in the ledger unless ``record_failures`` is off); ``on_frames(n)`` counts frames
+    done (computed in the workers, or out of the model and in their item's output; never
+    frames only decoded ahead), ``on_warning(id, text)`` reports items accepted with lost
+    frames (set them as attributes).  ``allow_partial`` keeps damaged videos' decodable frames.
     Closing the generator early (an interrupt, a failure with ``--on-error fail``) kills the
     workers and removes the unfinished items' files: nothing half-written stays.  A store that
     cannot be written (disk full) raises :class:`~featpipe.errors.WriteError` from ``run``
@@ -518,6 +597,8 @@ class Extraction:
         self.network = network
         self.allow_partial = allow_partial
         self.record_failures = record_failures
+        #: the other stages this pass writes (chained steps), where a failure is recorded too
+        self.also_failed: list[Stage] = []
         self.on_frames: Callable[[int], None] = lambda n: None
         self.on_warning: Callable[[str, str], None] = lambda item_id, text: None
         self.items: dict[str, _Item] = {}
@@ -565,7 +646,8 @@ class Extraction:
         remove_partial_files(self.stage, item_id, pid)
         if self.record_failures:
             with critical():
-                self.stage.record(item_id, "failed", error=error)
+                for stage in [self.stage, *self.also_failed]:
+                    stage.record(item_id, "failed", error=error)
         return item_id, error
 
     def _store_error(self, event: tuple) -> None:
@@ -608,16 +690,64 @@ class Extraction:
                 elif kind == "store-error":
                     self._store_error(event)
 
-    def _run_model(self):
-        """VGG-16: pack crops across items into batches; the model thread computes one
-        batch while the next is packed; frames go to their item's output in order."""
-        from featpipe.extract.vgg import conv5_3_positions
+    def _inputs(self, item: _Item, crop: np.ndarray, seconds: float, frame_shape) -> list:
+        """What one decoded crop completes: itself (a frame model), or for a clip model the
+        clip that ends at this frame, if one does: [(crops, seconds of the first, frame
+        shape)]."""
+        clip, stride = self.network.clip, self.network.clip_stride or self.network.clip
+        if clip is None:
+            return [([crop], seconds, frame_shape)]
+        item.window = [*item.window[max(0, len(item.window) + 1 - clip):],
+                       (crop, seconds, frame_shape)]
+        item.seen += 1
+        if item.seen < clip or (item.seen - clip) % stride:
+            return []
+        return [([c for c, _, _ in item.window], item.window[0][1], frame_shape)]
 
+    def _short_clip(self, item: _Item) -> list:
+        """At an item's end: one clip of its frames, the last repeated, when it has frames
+        but fewer than one clip's (said in the item's warning)."""
+        clip = self.network.clip
+        if clip is None or item.frames or not item.window:
+            return []
+        crops = [c for c, _, _ in item.window]
+        note = (f"{len(crops)} sampled frames, fewer than one clip of {clip}: its last frame "
+                "is repeated")
+        item.warning = f"{item.warning}; {note}" if item.warning else note
+        return [(crops + [crops[-1]] * (clip - len(crops)), item.window[0][1],
+                 item.window[-1][2])]
+
+    def _run_model(self):
+        """A network: pack crops (or clips) across items into batches; the model thread
+        computes one batch while the next is packed; rows go to their item's output in
+        order."""
         network = self.network
         preprocess, batch_size = network.preprocess, network.batch_size
-        model = ModelThread(network.model, batch_size, preprocess.crop,
+        shape = (*preprocess.shape, 3) if network.clip is None \
+            else (network.clip, *preprocess.shape, 3)
+        model = ModelThread(network.model, batch_size, shape,
                             getattr(network.model, "device", "cpu"))
         buffer, tags, packed_since = None, [], 0.0
+
+        def pack(item_id: str, item: _Item, inputs: list) -> None:
+            nonlocal buffer, tags, packed_since
+            for crops, seconds, frame_shape in inputs:
+                if buffer is None:
+                    buffer, packed_since = model.buffer(), time.monotonic()
+                slot = buffer[len(tags)].numpy()
+                if network.clip is None:
+                    slot[...] = crops[0]
+                else:
+                    for t, crop in enumerate(crops):
+                        slot[t] = crop
+                tags.append((item_id, item.generation, item.frames, seconds,
+                             tuple(frame_shape)))
+                item.frames += 1
+                item.pending += 1
+                if len(tags) == batch_size:
+                    model.submit(buffer, len(tags), tags)
+                    buffer, tags = None, []
+
         try:
             while self.pool.busy or tags or model.busy:
                 # A partial batch goes to an idle model once it has waited as long as the
@@ -641,43 +771,43 @@ class Extraction:
                         item.output.abort()
                         item.output = self.outputs.open(item_id)
                         item.generation += 1
+                        item.frames, item.window, item.seen = 0, [], 0
                     elif kind == "end":
                         item.decoded, item.warning = True, event[3]
+                        pack(item_id, item, self._short_clip(item))
+                        item.window = []
                     else:
-                        for (crop, shape), seconds in zip(event[2], event[3], strict=True):
-                            if buffer is None:
-                                buffer, packed_since = model.buffer(), time.monotonic()
-                            buffer[len(tags)].numpy()[...] = crop
-                            tags.append((item_id, item.generation, item.frames, seconds,
-                                         tuple(shape)))
-                            item.frames += 1
-                            item.pending += 1
-                            if len(tags) == batch_size:
-                                model.submit(buffer, len(tags), tags)
-                                buffer, tags = None, []
-                        self.on_frames(len(event[3]))
+                        for (crop, frame_shape), seconds in zip(event[2], event[3],
+                                                                strict=True):
+                            pack(item_id, item, self._inputs(item, crop, seconds,
+                                                             frame_shape))
                 if tags and model.busy == 0 and (not self.pool.busy or time.monotonic() >= max(
                         packed_since, model.idle_since) + model.last_seconds):
                     model.submit(buffer, len(tags), tags)
                     buffer, tags = None, []
                 for features, batch_tags in model.results():
-                    for row, (item_id, generation, index, seconds, shape) in zip(
+                    added = 0
+                    for row, (item_id, generation, index, seconds, frame_shape) in zip(
                             features, batch_tags, strict=True):
                         item = self.items.get(item_id)
-                        if item is None or item.generation != generation:
-                            continue  # failed or restarted meanwhile
+                        if item is None:
+                            continue  # failed meanwhile
                         item.pending -= 1
-                        if not self.outputs.local:  # one vector per frame (fc6)
+                        if item.generation != generation:
+                            continue  # restarted meanwhile: a frame of the void pass
+                        if not self.outputs.local:  # one vector per frame or clip
                             frame = Frame(row[None], index, seconds)
                         else:
-                            frame = Frame(row, index, seconds, conv5_3_positions(
-                                preprocess.crop, preprocess, shape), shape)
+                            frame = Frame(row, index, seconds,
+                                          preprocess.positions(frame_shape), frame_shape)
                         try:
                             item.output.add(frame)
+                            added += network.clip_stride or network.clip or 1  # a clip: its stride
                         except WriteError:
                             raise
                         except Exception as err:
                             yield self._fail(item_id, describe_error(err))
+                    self.on_frames(added)  # frames done: out of the model, in their output
                 for item_id in [i for i, it in self.items.items()
                                 if it.decoded and it.pending == 0]:
                     item = self.items[item_id]

@@ -21,15 +21,13 @@ Layers:
 
 from __future__ import annotations
 
-import hashlib
-import io
 from dataclasses import dataclass
 from numbers import Integral
-from pathlib import Path
 
 import numpy as np
 
 from featpipe.errors import FeatpipeError, InputError, ParameterError
+from featpipe.extract import weights as weights_module
 from featpipe.extract.features import FeatureMethod
 from featpipe.parameters import DeclaredEstimator, DeclaredInterval, DeclaredOptions
 
@@ -118,60 +116,25 @@ def random_init_(model, seed: int) -> None:
 
 
 def weights_identity(weights: str | None) -> str:
-    """What identifies the weights in a stage key: ``random:SEED`` or the file's sha256."""
-    if weights is None:
-        raise FeatpipeError(WEIGHTS_HELP)
-    if weights.startswith("random:"):
-        try:
-            return f"random:{int(weights.split(':', 1)[1])}"
-        except ValueError:
-            raise InputError(f"--weights random:SEED needs an integer seed, got "
-                             f"{weights!r}") from None
-    path = Path(weights)
-    if not path.is_file():
-        raise FeatpipeError(f"--weights {weights}: no such file. {WEIGHTS_HELP}")
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return f"sha256:{digest.hexdigest()}"
+    """What identifies VGG-16's weights in a stage key (:func:`featpipe.extract.weights.
+    weights_identity`): ``random:SEED`` or the file's sha256."""
+    return weights_module.weights_identity(weights, WEIGHTS_HELP)
 
 
 def load_vgg16(weights: str | None, device: str = "cpu"):
     """VGG-16 in eval mode on ``device`` with weights from a torchvision checkpoint file or
     ``random:SEED``; a missing file or a key/shape mismatch is a one-line error.  The file is
-    read once: its bytes are hashed, then loaded, and ``model.weights_identity`` is the
-    :func:`weights_identity` of exactly those bytes (a stage checks it against its key)."""
-    import torch
-
+    read once (:func:`featpipe.extract.weights.read_checkpoint`), and
+    ``model.weights_identity`` is the identity of exactly the bytes loaded (a stage checks it
+    against its key)."""
     model = build_vgg16()
     identity = weights_identity(weights)
     if identity.startswith("random:"):
         random_init_(model, int(identity.split(":")[1]))
     else:
-        try:
-            data = Path(weights).read_bytes()
-            identity = f"sha256:{hashlib.sha256(data).hexdigest()}"
-            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-            del data
-        except Exception as err:
-            raise FeatpipeError(f"--weights {weights}: cannot load it as a torch checkpoint "
-                                f"({type(err).__name__}: {str(err).splitlines()[0][:200]})") \
-                from None
-        if isinstance(state, dict) and "state_dict" in state and isinstance(
-                state["state_dict"], dict):
-            state = state["state_dict"]
-        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        if not isinstance(state, dict):
-            raise FeatpipeError(f"--weights {weights}: expected a state dict, got "
-                                f"{type(state).__name__}")
-        missing = sorted(set(expected) - set(state))
-        unexpected = sorted(set(state) - set(expected))
-        wrong = sorted(k for k in expected if k in state and tuple(state[k].shape) != expected[k])
-        if missing or unexpected or wrong:
-            raise FeatpipeError(
-                f"--weights {weights} is not a torchvision vgg16 checkpoint: missing "
-                f"{missing[:3]}, unexpected {unexpected[:3]}, wrong shape {wrong[:3]}")
+        state, identity = weights_module.read_checkpoint(weights, WEIGHTS_HELP)
+        weights_module.check_state_dict(weights, state, model.state_dict(),
+                                        "a torchvision vgg16")
         model.load_state_dict(state)
     model.eval()
     model.weights_identity = identity
@@ -188,6 +151,15 @@ class VGGPreprocess:
 
     resize: int
     crop: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(height, width) of a crop."""
+        return self.crop, self.crop
+
+    def positions(self, frame_shape: tuple[int, int]) -> np.ndarray:
+        """The conv5_3 cells' ``x, y, scale`` in the pixels of a frame of that size."""
+        return conv5_3_positions(self.crop, self, frame_shape)
 
     def geometry(self, height: int, width: int) -> tuple[int, int, float, int, int]:
         """(new_h, new_w, scale, top, left) for a frame of that size."""
@@ -295,6 +267,11 @@ class VGG16Features:
             return np.zeros(shape, np.float32)
         return np.concatenate(outputs)
 
+    @property
+    def weights_identity(self) -> str:
+        """The identity of the weights loaded (:func:`weights_identity`)."""
+        return self.model_.weights_identity
+
     def forward_crops(self, crops) -> np.ndarray:
         """A (N, H, W, 3) uint8 host tensor of crops through the network (the pipeline's
         model interface)."""
@@ -365,6 +342,13 @@ class VGG16(DeclaredEstimator):
 
     def preprocess(self) -> VGGPreprocess:
         return VGGPreprocess(int(self.resize), int(self.crop))
+
+    def weights_identity(self) -> str:
+        return weights_identity(self.weights)
+
+    def stage_params(self) -> dict:
+        """What the stage key holds besides the weights and the precision."""
+        return {"resize": self.resize, "crop": self.crop}
 
     def network(self, device: str = "cpu", batch_size: int = 16) -> VGG16Features:
         """The network, loaded (``device``, frames per forward pass)."""

@@ -35,8 +35,10 @@ import logging
 import os
 import re
 import zipfile
+from array import array
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -94,8 +96,7 @@ class NpyDirSource:
     def __init__(self, folder: Path, manifest: Manifest | None, mat_variable: str | None = None):
         self.path = Path(folder)
         self.root = manifest.root.resolve() if manifest is not None else None
-        flats = Counter(_FLAT.sub("_", i) for i in (manifest.ids if manifest else ()))
-        self._unique_flat = {f for f, n in flats.items() if n == 1}
+        self._shared_flats = _shared_flats(manifest.ids) if manifest is not None else None
         self.mat_variable = mat_variable
 
     def _candidates(self, item: ManifestItem) -> list[Path]:
@@ -108,7 +109,7 @@ class NpyDirSource:
         if item.id and not rel.is_absolute() and ".." not in rel.parts:
             found.append(self.path / (item.id + ".npy"))
         flat = _FLAT.sub("_", item.id)
-        if flat in self._unique_flat:
+        if self._shared_flats is not None and flat not in self._shared_flats:
             found.append(self.path / (flat + ".npy"))
         if item.path and self.root is not None:
             path = Path(item.path)
@@ -124,8 +125,8 @@ class NpyDirSource:
     def locate(self, item: ManifestItem) -> Path | None:
         return next((p for p in self._candidates(item) if _is_file(p)), None)
 
-    def header(self, item: ManifestItem):
-        path = self.locate(item)
+    def header(self, item: ManifestItem, path: Path | None = None):
+        path = self.locate(item) if path is None else path
         if path is None:
             return None
         if path.suffix == ".mat":
@@ -148,11 +149,13 @@ class NpyDirSource:
                                      "--mat-variable NAME")
         return next(iter(found))
 
-    def read_hashed(self, item: ManifestItem) -> tuple[np.ndarray, str]:
-        """The item's array and the SHA-256 of the bytes it was read from: an ``.npy`` is read
-        once, hashed, then parsed; a ``.mat`` (opened several times by its readers) is
-        hashed after it is read, so a change meanwhile shows too."""
-        path = self.locate(item)
+    def read_hashed(self, item: ManifestItem, path: Path | None = None
+                    ) -> tuple[np.ndarray, str]:
+        """The item's array (from ``path``, :meth:`locate`'s answer) and the SHA-256 of the
+        bytes it was read from: an ``.npy`` is read once, hashed, then parsed; a ``.mat``
+        (opened several times by its readers) is hashed after it is read, so a change
+        meanwhile shows too."""
+        path = self.locate(item) if path is None else path
         try:
             if path.suffix == ".mat":
                 array = matlab.read_variable(path, self._mat_name(item, path))
@@ -171,6 +174,17 @@ class NpyDirSource:
         twins = "".join(dict.fromkeys(normalisation_note(p) for p in paths))
         return ("none of " + ", ".join(str(p)[:300] for p in paths)
                 + f" (formats tried: {', '.join(FOLDER_EXTENSIONS)}){too_long}{twins}")
+
+
+def _shared_flats(ids: Sequence[str]) -> set[str]:
+    """The flat forms (:data:`_FLAT` replaced by ``_``) that more than one of ``ids`` has.
+    Only ids with a character to replace can share one (with each other, or with an id that
+    is its own flat form), so the common case of plain ids costs one pass and no memory."""
+    changed = Counter(flat for i in ids if (flat := _FLAT.sub("_", i)) != i)
+    if not changed:
+        return set()
+    plain = set(ids).intersection(changed)
+    return {flat for flat, n in changed.items() if n > 1 or flat in plain}
 
 
 def _is_file(path: Path) -> bool | None:
@@ -199,17 +213,18 @@ class NpzSource:
     def locate(self, item: ManifestItem) -> str | None:
         return self._members.get(item.id)
 
-    def header(self, item: ManifestItem):
-        member = self.locate(item)
+    def header(self, item: ManifestItem, member: str | None = None):
+        member = self.locate(item) if member is None else member
         if member is None:
             return None
         with self._zip.open(member) as handle:
             return check_npy_header(handle, self._zip.getinfo(member).file_size)
 
-    def read(self, item: ManifestItem) -> np.ndarray:
+    def read(self, item: ManifestItem, member: str | None = None) -> np.ndarray:
+        member = self.locate(item) if member is None else member
         try:
-            self.header(item)
-            with self._zip.open(self._members[item.id]) as handle:
+            self.header(item, member)
+            with self._zip.open(member) as handle:
                 return np.lib.format.read_array(handle, allow_pickle=False)
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
             raise ItemError(item.id, f"cannot read key {item.id!r} of {self.path}: "
@@ -217,6 +232,38 @@ class NpzSource:
 
     def describe_missing(self, item: ManifestItem) -> str:
         return f"no key {item.id!r} in {self.path}"
+
+
+@functools.cache
+def _h5():
+    """h5py's low-level modules, imported once (an import per item costs at 10^6 items)."""
+    import h5py
+
+    return h5py
+
+
+class H5Dataset:
+    """An HDF5 dataset opened with h5py's low-level API: what :func:`check_h5_dataset` reads
+    (``shape``, ``dtype``, ``id``) and :meth:`read`, the array as ``h5py.Dataset[()]`` gives
+    it (same dtype, byte order included)."""
+
+    __slots__ = ("dtype", "id", "name", "plist", "shape")
+
+    def __init__(self, dataset_id, name: str, plist):
+        h5s = _h5().h5s
+        self.id = dataset_id
+        self.name = name
+        self.plist = plist
+        space = dataset_id.get_space()
+        self.shape = None if space.get_simple_extent_type() == h5s.NULL else space.shape
+        self.dtype = dataset_id.dtype
+
+    def read(self) -> np.ndarray:
+        h5s = _h5().h5s
+        array = np.empty(self.shape, self.dtype)
+        if array.size:
+            self.id.read(h5s.ALL, h5s.ALL, array)
+        return array
 
 
 class H5Source:
@@ -244,52 +291,62 @@ class H5Source:
             raise ItemError(item_id, "'..' in an HDF5 dataset path")
         return "/" + "/".join(parts)
 
-    def locate(self, item: ManifestItem):
+    def locate(self, item: ManifestItem) -> H5Dataset | None:
         """The dataset of ``item``, or ``None``; a dataset whose data are in another file is
-        refused, naming the link or the storage."""
-        import h5py
-
+        refused, naming the link or the storage.  Opened through h5py's low-level API (about
+        a fifth of the cost of ``h5py.File.get``, which counts at 10^6 items), and nothing
+        of it is kept: an open HDF5 object costs about 10 kB of the library's memory."""
+        h5d, h5l, h5o = _h5().h5d, _h5().h5l, _h5().h5o
         path = self.dataset_path(item.id)
         if path == "/":
             return None
-        group = self._file
+        links = self._file.id.links
+        prefix = b""
         try:
             for part in path.strip("/").split("/"):
-                link = group.get(part, getlink=True)
-                if isinstance(link, h5py.ExternalLink):
-                    raise FeatpipeError(f"{self.path}: {group.name.rstrip('/')}/{part} is an "
-                                        f"external link to {link.filename}:{link.path} (item "
-                                        f"{item.id!r}); featpipe does not follow them (their "
-                                        "content is not keyed): copy the data into the file")
-                group = group.get(part)
-                if group is None:
-                    return None
-        except (KeyError, ValueError, OSError):
+                parent, prefix = prefix, prefix + b"/" + part.encode("utf-8")
+                if links.get_info(prefix).type == h5l.TYPE_EXTERNAL:
+                    filename, target = (v.decode("utf-8", "replace")
+                                        for v in links.get_val(prefix))
+                    raise FeatpipeError(
+                        f"{self.path}: {parent.decode('utf-8', 'replace')}/{part} is an "
+                        f"external link to {filename}:{target} (item {item.id!r}); featpipe "
+                        "does not follow them (their content is not keyed): copy the data into "
+                        "the file")
+            node = h5o.open(self._file.id, prefix)
+        except (KeyError, ValueError, OSError, RuntimeError):
+            return None  # a missing part, a dangling soft link, a dataset used as a group
+        if not isinstance(node, h5d.DatasetID):
             return None
-        if not isinstance(group, h5py.Dataset):
-            return None
-        if group.is_virtual or group.id.get_create_plist().get_external_count():
-            what = "a virtual dataset" if group.is_virtual else "stored in external files"
-            raise FeatpipeError(f"{self.path}: dataset {group.name} (item {item.id!r}) is "
-                                f"{what}; featpipe does not read data outside the file (their "
-                                "content is not keyed): copy the data into the file")
-        return group
+        plist = node.get_create_plist()
+        virtual = plist.get_layout() == h5d.VIRTUAL
+        if virtual or plist.get_external_count():
+            what = "a virtual dataset" if virtual else "stored in external files"
+            raise FeatpipeError(f"{self.path}: dataset {path} (item {item.id!r}) is {what}; "
+                                "featpipe does not read data outside the file (their content "
+                                "is not keyed): copy the data into the file")
+        return H5Dataset(node, path, plist)
 
-    def header(self, item: ManifestItem):
-        node = self.locate(item)
+    def header(self, item: ManifestItem, node: H5Dataset | None = None):
+        node = self.locate(item) if node is None else node
         if node is None:
             return None
         check_h5_dataset(node, item.id)
         return node.shape, node.dtype
 
-    def read(self, item: ManifestItem) -> np.ndarray:
-        node = self.locate(item)
+    def identity(self, node: H5Dataset) -> int:
+        """What two ids naming the same dataset share (a hard or soft link, ``a//b``): the
+        address of its object header in the file."""
+        return _h5().h5o.get_info(node.id).addr
+
+    def read(self, item: ManifestItem, node: H5Dataset | None = None) -> np.ndarray:
+        node = self.locate(item) if node is None else node
         if node.dtype.kind not in "biuf":
             raise ItemError(item.id, f"dataset {node.name!r} of {self.path} has non-numeric dtype "
                                      f"{node.dtype}")
         try:
             check_h5_dataset(node, item.id)
-            return np.asarray(node[()])
+            return node.read()
         except (OSError, ValueError, TypeError) as err:
             raise ItemError(item.id, f"cannot read dataset {item.id!r} of {self.path}: "
                                      f"{first_line(err)}") from None
@@ -316,13 +373,13 @@ class MatSource:
         name = matlab.matlab_name(item.id)
         return name if name in self._unique and name in self._variables else None
 
-    def header(self, item: ManifestItem):
-        name = self.locate(item)
+    def header(self, item: ManifestItem, name: str | None = None):
+        name = self.locate(item) if name is None else name
         return None if name is None else self._variables[name]
 
-    def read(self, item: ManifestItem) -> np.ndarray:
+    def read(self, item: ManifestItem, name: str | None = None) -> np.ndarray:
         try:
-            return matlab.read_variable(self.path, self.locate(item))
+            return matlab.read_variable(self.path, self.locate(item) if name is None else name)
         except FeatpipeError as err:
             raise ItemError(item.id, err.cause) from None
 
@@ -361,12 +418,12 @@ class TsSource:
     def locate(self, item: ManifestItem) -> int | None:
         return self._index.get(item.id)
 
-    def header(self, item: ManifestItem):
-        index = self.locate(item)
+    def header(self, item: ManifestItem, index: int | None = None):
+        index = self.locate(item) if index is None else index
         return None if index is None else (self.arrays[index].shape, self.arrays[index].dtype)
 
-    def read(self, item: ManifestItem) -> np.ndarray:
-        return self.arrays[self._index[item.id]]
+    def read(self, item: ManifestItem, index: int | None = None) -> np.ndarray:
+        return self.arrays[self._index[item.id] if index is None else index]
 
     def describe_missing(self, item: ManifestItem) -> str:
         return f"no case {item.id!r} in {self.path} (its ids are {self.ids[0]}..{self.ids[-1]})"
@@ -421,14 +478,15 @@ def source_fingerprint(source, manifest: Manifest, hashes: ContentHashes,
     the SHA-256 of the folder file each item will read (None: no file), for
     :func:`featpipe.content.read_hashes_record`."""
     if isinstance(source, NpyDirSource):
-        files = [(item.id, source.locate(item)) for item in manifest]
-        fingerprint = {"format": source.fmt, "content": hashes.digest(files)}
-        if read is not None:
-            for item_id, path in files:
-                seen = None if path is None else hashes.seen[os.path.abspath(path)][4]
-                if read.get(item_id) is None:
-                    read[item_id] = seen
-        return fingerprint
+        def files():  # one item at a time: nothing per item is kept but ``read``
+            for item in manifest:
+                path = source.locate(item)
+                yield item.id, path  # hashed by ``digest`` before the next line runs
+                if read is not None and read.get(item.id) is None:
+                    read[item.id] = None if path is None else \
+                        hashes.seen[os.path.abspath(path)][4]
+
+        return {"format": source.fmt, "content": hashes.digest(files())}
     return {"format": source.fmt, "content": hashes.digest([("file", source.path)])}
 
 
@@ -444,31 +502,17 @@ def source_changed(source, keyed: list | None) -> str | None:
             "written; run the command again once the file is complete")
 
 
-def check_h5_items(sources: Sequence, manifest: Manifest) -> None:
-    """Refuse, before a stage exists, what an HDF5 source would read wrongly: two item ids
-    that name one dataset (``a//b``, ``./a/b``, ``/a/b`` and ``a/b`` are one path; a hard or
-    soft link is the same data), and a dataset whose data lie in another file (an external
-    link on its path, external storage, a virtual dataset): their content is not keyed."""
-    for source in sources:
-        if isinstance(source, H5Source):
-            claimed: dict = {}
-            for item in manifest:
-                node = source.locate(item)
-                if node is None:
-                    continue
-                other = claimed.setdefault(node.id, item.id)
-                if other != item.id:
-                    raise FeatpipeError(f"items {other!r} and {item.id!r} both name dataset "
-                                        f"{node.name} of {source.path}; give each item its "
-                                        "own dataset")
-
-
 def items_digest(manifest: Manifest) -> str:
     """Hash of a manifest's rows in order: ids, labels and splits (what a stage's ``items.csv``
     holds).  Not their paths: :func:`source_fingerprint` keys what each item reads by content,
-    so a moved dataset keeps its stage."""
-    rows = [[it.id, list(it.labels), list(it.splits)] for it in manifest]
-    return hashlib.sha256(json.dumps(rows, ensure_ascii=True).encode()).hexdigest()[:16]
+    so a moved dataset keeps its stage.  The hash of ``json.dumps`` of the list of rows, fed
+    row by row (the same bytes, without the whole text in memory)."""
+    digest = hashlib.sha256(b"[")
+    for position, it in enumerate(manifest):
+        row = json.dumps([it.id, list(it.labels), list(it.splits)], ensure_ascii=True)
+        digest.update(((", " if position else "") + row).encode())
+    digest.update(b"]")
+    return digest.hexdigest()[:16]
 
 
 def file_stamp(specs: Sequence[tuple[str, str]], manifest_file: str | None) -> tuple:
@@ -484,37 +528,136 @@ def open_sources(specs: tuple[tuple[str, str], ...], manifest_file: str | None,
     """Sources opened once per process (workers reuse them across batches); ``stamp`` (see
     :func:`file_stamp`) is part of the cache key so a rewritten file is not served stale."""
     manifest = Manifest.read(manifest_file) if manifest_file else None
-    return manifest, [open_source(fmt, path, manifest, mat_variable) for fmt, path in specs]
+    return manifest, open_each(specs, manifest, mat_variable)
 
 
-def reference_signature(sources: Sequence, manifest: Manifest, transpose: bool = False
-                        ) -> Signature | None:
-    """The most common feature shape over all items (earliest item wins a tie), from headers.
+def open_each(specs: Sequence[tuple[str, str]], manifest: Manifest | None,
+              mat_variable: str | None = None) -> list:
+    """Each source of ``specs`` (format, path) opened for the items of ``manifest``."""
+    return [open_source(fmt, path, manifest, mat_variable) for fmt, path in specs]
 
-    Also refuses a folder layout where two items would read the same ``.npy`` file.
+
+@dataclass
+class ShapeSummary:
+    """What the orientation warnings need of a set of item shapes, summed up item by item:
+    how many there are, how many are matrices, the row and column counts of those (sets of
+    distinct values), whether one has at least as many rows as columns, and the first."""
+
+    items: int = 0
+    matrices: int = 0
+    rows: set[int] = field(default_factory=set)
+    cols: set[int] = field(default_factory=set)
+    tall: bool = False
+    first: tuple[str, tuple[int, ...]] | None = None
+
+    def add(self, item_id: str, shape: tuple[int, ...]) -> None:
+        self.items += 1
+        if len(shape) != 2:
+            return
+        self.matrices += 1
+        self.rows.add(shape[0])
+        self.cols.add(shape[1])
+        self.tall = self.tall or shape[0] >= shape[1]
+        if self.first is None:
+            self.first = (item_id, shape)
+
+
+@dataclass
+class SourceScan:
+    """One pass over every item's header, before the stage exists (:func:`scan_sources`):
+    the reference feature shape, and the shapes the orientation warnings look at."""
+
+    expected: Signature | None
+    mat: ShapeSummary
+    shapes: ShapeSummary
+
+
+def scan_sources(sources: Sequence, manifest: Manifest, transpose: bool = False
+                 ) -> SourceScan:
+    """Read every item's header once, in every source, and refuse what would be read wrongly.
+
+    - The reference signature: the most common feature shape over all items (earliest item
+      wins a tie), from the headers (the first source holding the item).
+    - Two items that would read one thing are refused naming both: one ``.npy`` or ``.mat``
+      file of a folder, or one HDF5 dataset (``a//b``, ``./a/b``, ``/a/b`` and ``a/b`` are one
+      path; a hard or soft link is the same data); so is an HDF5 dataset whose data lie in
+      another file (an external link on its path, external storage, a virtual dataset):
+      their content is not keyed.
+    - The shapes (after ``--transpose``) of the items read from ``.mat`` files and of all
+      items, summed up for :func:`orientation_warning` and :func:`wide_items_warning`.
+
+    Nothing per item is kept but one 8-byte key per item and source (what it reads), so a
+    manifest of 10^6 items scans in a few tens of MB.
     """
     counts: Counter[Signature] = Counter()
     first: dict[Signature, int] = {}
-    claimed: dict[Path, str] = {}
+    mat, shapes = ShapeSummary(), ShapeSummary()
+    claims = {k: array("Q") for k, s in enumerate(sources)
+              if isinstance(s, H5Source | NpyDirSource)}
     for position, item in enumerate(manifest):
-        for source in sources:
-            if isinstance(source, NpyDirSource):
-                path = source.locate(item)
-                if path is not None and claimed.setdefault(path, item.id) != item.id:
-                    raise FeatpipeError(f"items {claimed[path]!r} and {item.id!r} would both "
-                                        f"read {path}; rename the files or the ids")
-            try:
-                header = source.header(item)
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile, FeatpipeError):
-                header = None
-            if header is not None:
-                sig = signature(transposed_shape(header[0], transpose))
-                counts[sig] += 1
-                first.setdefault(sig, position)
-                break
-    if not counts:
-        return None
-    return max(counts, key=lambda s: (counts[s], -first[s]))
+        header = mat_header = None
+        for k, source in enumerate(sources):
+            where = source.locate(item)
+            if where is None:
+                continue
+            if k in claims:
+                claims[k].append(_claim_key(source, where))
+            if header is None:
+                try:
+                    header = source.header(item, where)
+                except (OSError, ValueError, EOFError, zipfile.BadZipFile, FeatpipeError):
+                    header = None
+            if mat_header is None:
+                mat_header = _mat_header(source, item, where)
+        if mat_header is not None:
+            mat.add(item.id, transposed_shape(mat_header[0], transpose))
+        if header is not None:
+            shape = transposed_shape(header[0], transpose)
+            sig = signature(shape)
+            counts[sig] += 1
+            first.setdefault(sig, position)
+            shapes.add(item.id, shape)
+    for k, keys in claims.items():
+        _refuse_shared_reads(sources[k], manifest, keys)
+    expected = max(counts, key=lambda s: (counts[s], -first[s])) if counts else None
+    return SourceScan(expected, mat, shapes)
+
+
+def _claim_key(source, where) -> int:
+    """8 bytes that say what an item reads from ``source``: an HDF5 dataset's object address,
+    else a hash of the file's path (equal paths, equal keys; the rare equal key of two paths
+    is told apart by :func:`_refuse_shared_reads`)."""
+    if isinstance(source, H5Source):
+        return source.identity(where)
+    return int.from_bytes(hashlib.blake2b(str(where).encode("utf-8", "surrogateescape"),
+                                          digest_size=8).digest(), "little")
+
+
+def _refuse_shared_reads(source, manifest: Manifest, keys: array) -> None:
+    """Raise naming the first item (in manifest order) that reads what an earlier item reads
+    from ``source`` (``keys``: :func:`_claim_key` of each item found there, in order), and
+    that earlier item; the items whose keys are shared are located again to compare what
+    they read exactly."""
+    values = np.frombuffer(keys, dtype=np.uint64) if len(keys) else np.zeros(0, np.uint64)
+    unique, counts = np.unique(values, return_counts=True)
+    shared = set(unique[counts > 1].tolist())
+    if not shared:
+        return
+    claimed: dict = {}
+    for item in manifest:
+        where = source.locate(item)
+        if where is None or _claim_key(source, where) not in shared:
+            continue
+        what = _claim_key(source, where) if isinstance(source, H5Source) else where
+        other = claimed.setdefault(what, item.id)
+        if other == item.id:
+            continue
+        if isinstance(source, H5Source):
+            raise FeatpipeError(f"items {other!r} and {item.id!r} both name dataset "
+                                f"{where.name} of {source.path}; give each item its own "
+                                "dataset")
+        raise FeatpipeError(f"items {other!r} and {item.id!r} would both read {where}; "
+                            "rename the files or the ids")
 
 
 def check_array(item_id: str, array: np.ndarray, expected: Signature | None) -> np.ndarray:
@@ -541,78 +684,48 @@ def transposed_shape(shape: Sequence[int], transpose: bool) -> tuple[int, ...]:
     return shape[::-1] if transpose and len(shape) == 2 else shape
 
 
-def _mat_header(source, item: ManifestItem):
-    """The header of an item read from a ``.mat`` file by ``source``, else None."""
+def _mat_header(source, item: ManifestItem, where):
+    """The header of an item read from a ``.mat`` file by ``source`` (found at ``where``),
+    else None."""
     if isinstance(source, NpyDirSource):
-        path = source.locate(item)
-        if path is None or path.suffix != ".mat":
+        if where.suffix != ".mat":
             return None
     elif not isinstance(source, MatSource):
         return None
     try:
-        return source.header(item)
+        return source.header(item, where)
     except (OSError, ValueError, FeatpipeError):
         return None
 
 
-def mat_shapes(sources: Sequence, manifest: Manifest) -> list[tuple[int, ...]]:
-    """The shapes (as MATLAB shows them) of the items that come from ``.mat`` files."""
-    shapes = []
-    for item in manifest:
-        header = next((h for h in (_mat_header(s, item) for s in sources) if h is not None),
-                      None)
-        if header is not None:
-            shapes.append(tuple(header[0]))
-    return shapes
-
-
-def orientation_warning(shapes: Sequence[tuple[int, ...]], transpose: bool) -> str | None:
-    """A warning when 2-D ``.mat`` matrices (``shapes`` as MATLAB shows them) look the other
-    way round: all have the same number of rows but not of columns, or all have one column."""
-    shapes = [transposed_shape(s, transpose) for s in shapes if len(s) == 2]
-    rows, cols = {s[0] for s in shapes}, {s[1] for s in shapes}
+def orientation_warning(shapes: ShapeSummary, transpose: bool) -> str | None:
+    """A warning when 2-D ``.mat`` matrices (``shapes``: as MATLAB shows them, after
+    ``--transpose``) look the other way round: all have the same number of rows but not of
+    columns, or all have one column."""
+    rows, cols = shapes.rows, shapes.cols
     flag = "without --transpose" if transpose else "with --transpose"
-    if len(shapes) > 1 and len(rows) == 1 and len(cols) > 1:
-        return (f"warning: every .mat matrix has {rows.pop()} rows but their column counts "
-                f"differ ({min(cols)}..{max(cols)}): frames look like columns; re-run {flag} "
-                "if so")
-    if shapes and cols == {1} and rows != {1}:
+    if shapes.matrices > 1 and len(rows) == 1 and len(cols) > 1:
+        return (f"warning: every .mat matrix has {next(iter(rows))} rows but their column "
+                f"counts differ ({min(cols)}..{max(cols)}): frames look like columns; re-run "
+                f"{flag} if so")
+    if shapes.matrices and cols == {1} and rows != {1}:
         return (f"warning: every .mat matrix has one column: read as sequences of 1-D "
                 f"frames; if each is one vector, re-run {flag}")
     return None
 
 
-def item_shapes(sources: Sequence, manifest: Manifest, transpose: bool = False
-                ) -> dict[str, tuple[int, ...]]:
-    """Id -> shape (after ``--transpose``) of every item whose header can be read."""
-    shapes = {}
-    for item in manifest:
-        for source in sources:
-            try:
-                header = source.header(item)
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile, FeatpipeError):
-                header = None
-            if header is not None:
-                shapes[item.id] = transposed_shape(header[0], transpose)
-                break
-    return shapes
-
-
-def wide_items_warning(shapes: dict[str, tuple[int, ...]], transpose: bool) -> str | None:
-    """A warning when every item is a matrix with more columns than rows, except when the
-    row counts vary over one column count (T x D sequences of different lengths): a D x N
-    layout (one frame per column, as VLFeat and much MATLAB code store descriptors) read
-    without ``--transpose`` passes the shape checks when every item has the same N.
-    Manifests have no frame counts, so the shapes alone decide."""
-    matrices = {i: s for i, s in shapes.items() if len(s) == 2}
-    if not matrices or len(matrices) != len(shapes):
+def wide_items_warning(shapes: ShapeSummary, transpose: bool) -> str | None:
+    """A warning when every item (``shapes``: those whose header could be read, after
+    ``--transpose``) is a matrix with more columns than rows, except when the row counts vary
+    over one column count (T x D sequences of different lengths): a D x N layout (one frame
+    per column, as VLFeat and much MATLAB code store descriptors) read without
+    ``--transpose`` passes the shape checks when every item has the same N.  Manifests have
+    no frame counts, so the shapes alone decide."""
+    if not shapes.matrices or shapes.matrices != shapes.items or shapes.tall:
         return None
-    if any(rows >= cols for rows, cols in matrices.values()):
+    if len(shapes.rows) > 1 and len(shapes.cols) == 1:
         return None
-    rows, cols = {s[0] for s in matrices.values()}, {s[1] for s in matrices.values()}
-    if len(rows) > 1 and len(cols) == 1:
-        return None
-    item_id, (n_rows, n_cols) = next(iter(matrices.items()))
+    item_id, (n_rows, n_cols) = shapes.first
     flag = "without --transpose" if transpose else "with --transpose (one frame per column)"
     return (f"warning: every item has more columns than rows (e.g. {item_id!r}: {n_rows} x "
             f"{n_cols}, read as {n_rows} frames of {n_cols} values): if each column is a "
@@ -625,10 +738,13 @@ class ImportCompute:
     def __init__(self, specs: Sequence[tuple[str, str]], manifest_file: str | None,
                  stage_path: str, expected: Signature | None, stamp: tuple = (),
                  transpose: bool = False, mat_variable: str | None = None,
-                 keyed: dict[str, list] | None = None):
+                 keyed: dict[str, list] | None = None, opened: tuple | None = None):
         """``keyed``: the stat record each single-file source was hashed under for the key
-        (its folder sources' hashes are in the stage: :func:`featpipe.content.read_hashes`)."""
+        (its folder sources' hashes are in the stage: :func:`featpipe.content.read_hashes`);
+        ``opened``: ``(manifest, sources)`` as the calling process opened them, used when
+        the items are computed in that process (not pickled: a worker opens its own)."""
         self.keyed = dict(keyed or {})
+        self._opened = opened
         self.specs = tuple((fmt, str(path)) for fmt, path in specs)
         self.manifest_file = manifest_file
         self.stage_path = str(stage_path)
@@ -637,9 +753,12 @@ class ImportCompute:
         self.transpose = transpose
         self.mat_variable = mat_variable
 
+    def __getstate__(self):
+        return {**self.__dict__, "_opened": None}
+
     def __call__(self, ids: Sequence[str]) -> list:
-        manifest, sources = open_sources(self.specs, self.manifest_file, self.stamp,
-                                         self.mat_variable)
+        manifest, sources = self._opened or open_sources(
+            self.specs, self.manifest_file, self.stamp, self.mat_variable)
         if manifest is None:
             manifest = _stage_items(self.stage_path)
         results = []
@@ -653,19 +772,19 @@ class ImportCompute:
         return results
 
     def read(self, item: ManifestItem, sources: Sequence) -> np.ndarray:
-        holders = [s for s in sources if s.locate(item) is not None]
+        holders = [(s, where) for s in sources if (where := s.locate(item)) is not None]
         if not holders:
             raise ItemError(item.id, "not found: " + "; ".join(
                 s.describe_missing(item) for s in sources))
         if len(holders) > 1:
             raise ItemError(item.id, "found in more than one source: " + ", ".join(
-                str(s.path) for s in holders))
-        source = holders[0]
+                str(s.path) for s, _ in holders))
+        source, where = holders[0]
         if isinstance(source, NpyDirSource):
-            array, digest = source.read_hashed(item)
-            changed = changed_since_key(self.stage_path, item.id, digest, source.locate(item))
+            array, digest = source.read_hashed(item, where)
+            changed = changed_since_key(self.stage_path, item.id, digest, where)
         else:
-            array = source.read(item)
+            array = source.read(item, where)
             changed = source_changed(source, self.keyed.get(str(source.path)))
         if changed:
             raise ItemError(item.id, changed)

@@ -99,8 +99,9 @@ class Sampling:
     """Which frames to keep: at most one of ``fps``, ``every``, ``frames`` (none: all)."""
 
     fps: float | None = declared(
-        None, "Sample F frames per second [dsift on video: 1, since neighbouring frames give "
-        "nearly the same descriptors; others: all frames].")
+        None, "Sample F frames per second. Without --fps, --every or --frames every frame is "
+        "kept, but dense SIFT on video samples 1 per second (neighbouring frames give nearly "
+        "the same descriptors).")
     every: int | None = declared(None, "Keep every N-th frame (1: all).")
     frames: int | None = declared(None, "Keep N frames evenly spaced over the video.")
 

@@ -106,6 +106,15 @@ def name_stage(store: Store, name: str | None, stage: Stage, reporter: Reporter)
         reporter.warn(f"name {name} moved from {before} to {describe(stage)}")
 
 
+@dataclass(frozen=True)
+class Written:
+    """A stage a run writes: the stage, its store name and (a dry run) its bytes at rest."""
+
+    stage: Stage
+    name: str | None = None
+    bytes: int | None = None
+
+
 @dataclass
 class StageRun:
     """An item stage after a run: the stage, its counts and (for a dry run) the plan."""
@@ -113,6 +122,12 @@ class StageRun:
     stage: Stage
     summary: RunSummary
     todo: list[str] = field(default_factory=list)
+    #: the stages the run writes, when it writes others than ``stage`` (an extraction's
+    #: pass with steps), with their names and, for a dry run, their estimated bytes
+    written: list[Written] = field(default_factory=list)
+    #: a dry run's CPU-time estimate (seconds), and what it found that would stop the run
+    cpu_seconds: float | None = None
+    problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

@@ -21,13 +21,15 @@ import os
 import shutil
 import time
 import zipfile
-from collections import Counter
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from featpipe import index as stage_index
+from featpipe.batches import BATCH_DIR, batch_checksum
 from featpipe.checksums import ChecksumError, DamagedItem, check, file_checksum
 from featpipe.content import CACHE_NAME, ContentHashes, cache_bytes, load_cache, stat_record
 from featpipe.errors import FeatpipeError, ParameterError
@@ -41,7 +43,7 @@ from featpipe.fileio import (
     stale_tmp,
     writing,
 )
-from featpipe.io.importers import describe, signature
+from featpipe.io.importers import Signature, describe, signature
 from featpipe.pack import remove_pack, repair_pack
 from featpipe.packed import PACK_DIR, PACK_INDEX
 from featpipe.progress import stage_progress
@@ -52,6 +54,7 @@ from featpipe.store import (
     NAME_PATTERN,
     REPAIR_STAGE,
     STAGE_FOLDER,
+    VIEW_FILE,
     DamagedName,
     DamagedStage,
     Stage,
@@ -74,13 +77,14 @@ def store_problems(store: Store) -> tuple[list[Stage], list[str], list[str]]:
 @dataclass
 class StageCheck:
     """What :func:`verify_stage` found in one stage: the items checked, one text per problem,
-    and what ``--repair`` removes: items, models and packed files that are damaged (their
-    bytes differ from their checksums) or unreadable, damaged record files (``records``),
-    ledger files with damaged lines (``ledgers``), item files no ledger line accounts for
-    (``strays``), a damaged pack index (``pack_index``), the packed files of a lost one
-    (``lost_pack``); ``missing`` counts the done items
-    whose file is gone (a re-run recomputes them); ``unchecked`` counts the items written
-    before featpipe kept checksums (read and checked for their values only)."""
+    and what ``--repair`` removes: items, models, packed files and batch files that are
+    damaged (their bytes differ from their checksums) or unreadable, damaged record files
+    (``records``), ledger files with damaged lines (``ledgers``), item files no ledger line
+    accounts for (``strays``), a damaged pack index (``pack_index``), the packed files of a
+    lost one (``lost_pack``), a damaged index (``index``: a cache of the ledgers);
+    ``missing`` counts the done items whose file is gone (a re-run recomputes them);
+    ``unchecked`` counts the items written before featpipe kept checksums (read and checked
+    for their values only)."""
 
     checked: int = 0
     problems: list[str] = field(default_factory=list)
@@ -94,12 +98,18 @@ class StageCheck:
     pack_index: bool = False
     missing: int = 0
     unchecked: int = 0
+    #: done items whose files exist (damaged or not)
+    present: int = 0
+    #: batch files (:mod:`featpipe.batches`) whose bytes differ from their checksums
+    batches: list[str] = field(default_factory=list)
+    #: whether the index (:mod:`featpipe.index`) is damaged or disagrees with the ledgers
+    index: bool = False
 
     def repairable(self) -> int:
         """How many of the problems ``--repair`` removes (or leaves to a re-run)."""
         return (len(self.items) + len(self.models) + len(self.shards) + len(self.records)
                 + len(self.ledgers) + len(self.strays) + bool(self.lost_pack) + self.pack_index
-                + self.missing)
+                + self.missing + len(self.batches) + self.index)
 
 
 #: What each kind of problem's line says will recompute it.
@@ -111,12 +121,16 @@ REMOVE = "`--repair` removes it and " + RERUN
 
 def verify_stage(stage: Stage) -> StageCheck:
     """Check every record of ``stage`` (``items.csv``, ``read-hashes.json`` against the
-    checksums ``stage.json`` keeps; ledger lines against their seals), every done item (its
-    files against their checksums, then its values), the item files no ledger line accounts
-    for, the models and the packed files; see :class:`StageCheck`."""
+    checksums ``stage.json`` keeps; ledger lines against their seals), its index against its
+    ledgers, every done item (its files, loose or in a batch file, against their checksums,
+    then its values), the item files no ledger line accounts for, the models, the batch files
+    and the packed files; see :class:`StageCheck`.  The ledgers are read whole, the index on
+    disk is not trusted."""
     found = StageCheck()
     problems = found.problems
     for name in sorted(stage.meta.get("files") or {}):
+        if name == VIEW_FILE:  # part of the stage's own record: checked when it opens
+            continue
         try:
             stage.read_record(name)
         except FeatpipeError as err:
@@ -124,9 +138,13 @@ def verify_stage(stage: Stage) -> StageCheck:
             found.records.append(name)
     if "items.csv" in found.records:  # without its item list its items cannot be checked
         return found
-    for problem in stage.ledger_problems():
+    for problem in stage.ledger_problems(fresh=True):
         problems.append(f"{problem} (`--repair` rewrites the ledger without it; {RERUN})")
         found.ledgers.append(problem.split()[1])
+    index_problems = stage.index_problems()
+    problems.extend(f"{problem}; `--repair` removes it (a cache of the ledgers: the next run "
+                    "writes it again)" for problem in index_problems)
+    found.index = bool(index_problems)
     try:
         packed = stage.packed()
         if packed is not None:
@@ -135,7 +153,6 @@ def verify_stage(stage: Stage) -> StageCheck:
         problems.append(f"packed files: {err}")
         found.pack_index = True
         packed = None
-    shapes: dict[str, tuple[int, ...]] = {}
     if packed is not None:
         for path in packed.files:
             expected = (packed.sums or {}).get(path.name)
@@ -146,18 +163,34 @@ def verify_stage(stage: Stage) -> StageCheck:
                                 "`--repair` rewrites it without what is damaged and "
                                 f"{RERUN.replace(' it', ' that')}")
                 found.shards.append(path.name)
-    states = stage.item_states()
-    for item_id, entry in sorted(states.items()):
-        if entry.status != "done":
-            continue
+    table = stage.item_table(fresh=True)
+    batches: dict[str, bool] = {}  # batch file -> exists
+    for name in sorted({b for _, b in table.done_items() if b is not None}):
+        path = stage.path / BATCH_DIR / name
+        batches[name] = path.exists()
+        try:
+            if batches[name]:
+                check(path, file_checksum(path), batch_checksum(name))
+        except (ChecksumError, OSError) as err:
+            problems.append(f"batch file {name}: damaged ({first_line(err)}); `--repair` "
+                            f"removes it and {RERUN.replace(' it', ' its items')}")
+            found.batches.append(name)
+    by_signature: dict[Signature, tuple[array, array]] = {}  # rows of ``ids``, first dims
+    ids = sorted(item_id for item_id, _ in table.done_items())
+    for row, item_id in enumerate(ids):
+        state = table.get(item_id)
         path = stage.item_path(item_id)
-        if not path.exists() and not (packed is not None and item_id in packed.ids()):
-            problems.append(f"item {item_id!r}: the ledger says done but {path} is missing; "
+        loose = path.exists()
+        if not loose and not batches.get(state.batch) and not (
+                packed is not None and item_id in packed.ids()):
+            where = stage.path / BATCH_DIR / state.batch if state.batch else path
+            problems.append(f"item {item_id!r}: the ledger says done but {where} is missing; "
                             f"{RERUN}")
             found.missing += 1
             continue
+        found.present += 1
         try:
-            array = stage.read_item(item_id)
+            data = stage.read_item(item_id)
             extras = list(stage.extras_of(item_id).items())
         except FeatpipeError as err:
             what = "damaged" if isinstance(err, DamagedItem) else "unreadable"
@@ -165,36 +198,40 @@ def verify_stage(stage: Stage) -> StageCheck:
             problems.append(f"item {item_id!r}: {what} ({cause}); {REMOVE}")
             found.items.append(item_id)
             continue
-        if path.exists():
-            found.unchecked += entry.sums is None
-            gone = sorted(set(entry.sums or ()) - {".npy"} - {f"+{k}.npy" for k, _ in extras})
+        if loose or state.batch:
+            found.unchecked += state.sums is None
+            gone = sorted(set(state.sums or ()) - {".npy"} - {f"+{k}.npy" for k, _ in extras})
             if gone:
                 problems.append(f"item {item_id!r}: sidecar file(s) {', '.join(gone)} "
                                 f"missing; {REMOVE}")
                 found.items.append(item_id)
-        for source, values in [("array", array), *extras]:
+        for source, values in [("array", data), *extras]:
             if values.dtype.kind not in "biuf":
                 problems.append(f"item {item_id!r}: {source} has non-numeric dtype "
                                 f"{values.dtype}; {FORCE}")
             elif values.dtype.kind == "f" and not np.all(np.isfinite(values)):
                 problems.append(f"item {item_id!r}: {source} contains NaN or Inf; {FORCE}")
-        shapes[item_id] = array.shape
-    found.checked = len(shapes)
-    if shapes:
-        counts = Counter(signature(s) for s in shapes.values())
-        reference = counts.most_common(1)[0][0]
-        for item_id, shape in shapes.items():
-            if signature(shape) != reference:
-                problems.append(f"item {item_id!r}: shape {shape} but {counts[reference]} other "
-                                f"items are {describe(reference)}; {FORCE}")
+        rows, firsts = by_signature.setdefault(signature(data.shape), (array("q"), array("q")))
+        rows.append(row)
+        firsts.append(data.shape[0] if data.ndim else 0)
+        found.checked += 1
+    if by_signature:
+        reference = max(by_signature, key=lambda sig: len(by_signature[sig][0]))
+        count = len(by_signature[reference][0])
+        for sig, (rows, firsts) in by_signature.items():
+            if sig == reference:
+                continue
+            for row, first in zip(rows, firsts, strict=True):
+                problems.append(f"item {ids[row]!r}: shape {_shape(sig, first)} but {count} "
+                                f"other items are {describe(reference)}; {FORCE}")
 
     if not stage.running_processes():  # a live run commits its files before their lines
-        for path in stray_item_files(stage, states):
+        for path in stray_item_files(stage, table.items()):
             problems.append(f"file {path.relative_to(stage.path)}: no ledger line says its "
                             "item is done (a run killed while committing it, or a damaged "
                             f"ledger); {REMOVE}")
             found.strays.append(path)
-        done = {i for i, e in states.items() if e.status == "done"}
+        done = set(ids)
         for item_id in sorted(packed.ids() - done) if packed is not None else ():
             problems.append(f"packed item {item_id!r}: no ledger line says it is done (a "
                             f"damaged ledger); {REMOVE}")
@@ -216,16 +253,23 @@ def verify_stage(stage: Stage) -> StageCheck:
     return found
 
 
-def stray_item_files(stage: Stage, states: dict) -> list[Path]:
+def _shape(sig: Signature, first: int) -> tuple[int, ...]:
+    """The shape of an item of signature ``sig`` whose first dimension is ``first``."""
+    ndim, feature = sig
+    return feature if ndim <= 1 else (first, *feature)
+
+
+def stray_item_files(stage: Stage, states) -> list[Path]:
     """The files under ``items/`` that belong to no done item of ``stage`` (temporary files
     of live writers aside): an item committed by a killed run before its ledger line, a file
-    left when a ledger was damaged or deleted, a file put there by hand."""
+    left when a ledger was damaged or deleted, a file put there by hand.  ``states``: the
+    ``(id, state)`` of every item the ledgers name (:meth:`featpipe.index.Table.items`)."""
     folder = stage.path / "items"
     if not folder.is_dir():
         return []
     expected, unsummed = set(), set()  # file names; stems whose sidecars no line lists
-    for item_id, entry in states.items():
-        if entry.status == "done":
+    for item_id, entry in states:
+        if entry.status == "done" and entry.batch is None:
             stem = safe_stem(item_id)
             expected.update(stem + suffix for suffix in entry.sums or (".npy",))
             if entry.sums is None:  # written before checksums: any sidecar of it
@@ -242,10 +286,13 @@ def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
     writes it again), the damaged lines of a ledger (the file is rewritten without them,
     while no process computes the stage), item files no ledger line accounts for, a loose
     item's files (the main array first: without it the item is not done), a model's files,
-    from a packed file the damaged items (the file is rewritten with the others; an
-    unreadable one is dropped whole), or the whole pack when its index is damaged.  Returns
-    one line per thing removed."""
-    done = []
+    a batch file that is damaged or holds a damaged item (whole: its other items are small,
+    :mod:`featpipe.batches`), from a packed file the damaged items (the file is rewritten
+    with the others; an unreadable one is dropped whole), the whole pack when its index is
+    damaged, and a damaged index (a cache of the ledgers).  Each item removed gets a
+    ``removed`` ledger line, so ``status`` counts it as pending again.  Returns one line per
+    thing removed."""
+    done, removed = [], []
     for name in found.records:
         path = stage.path / name
         with writing(path, "remove"):
@@ -265,7 +312,11 @@ def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
         with writing(path, "remove"):
             path.unlink(missing_ok=True)
         done.append(f"removed {path.relative_to(stage.path)} (its pack index is lost)")
-    packed_ids = [i for i in found.items if not stage.item_path(i).exists()]
+    batched = {i: stage.batch_of(i) for i in found.items if stage.batch_of(i) is not None
+               and stage.batch_of(i).exists()}
+    packed_ids = [i for i in found.items if not stage.item_path(i).exists() and
+                  i not in batched]
+    batch_files = sorted(set(found.batches) | {path.name for path in batched.values()})
     for item_id in found.items:
         main = stage.item_path(item_id)
         if main.exists():
@@ -273,6 +324,18 @@ def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
                 with writing(path, "remove"):
                     path.unlink(missing_ok=True)
             done.append(f"removed damaged item {item_id!r}")
+            removed.append(item_id)
+    if batch_files:
+        held: dict[str, list[str]] = {}
+        for item_id, batch in stage.item_table().done_items():
+            held.setdefault(batch, []).append(item_id)
+        for name in batch_files:
+            path = stage.path / BATCH_DIR / name
+            with writing(path, "remove"):
+                path.unlink(missing_ok=True)
+            removed.extend(held.get(name, []))
+            done.append(f"removed batch file {name} ({len(held.get(name, []))} item(s), "
+                        "damaged or holding a damaged item)")
     for model in found.models:
         for suffix in (".npz", ".json", MODEL_SUMS):
             path = stage.path / "models" / f"{model}{suffix}"
@@ -282,14 +345,20 @@ def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
     if found.pack_index:
         dropped = remove_pack(stage)
         done.append(f"removed the damaged pack ({len(dropped)} packed item(s) to recompute)")
-    elif packed_ids or found.shards:
+        removed.extend(dropped)
+    elif stage.packed() is not None and (packed_ids or found.shards):
         dropped = repair_pack(stage, set(packed_ids), set(found.shards))
         done.extend(f"dropped damaged item {i!r} from the packed files" for i in dropped)
         done.extend(f"rewrote packed file {name} without what is damaged"
                     for name in found.shards)
+        removed.extend(dropped)
     if found.missing:
         done.append(f"{found.missing} done item(s) whose file is missing: recomputed by a "
                     "re-run")
+    stage.record_removed(removed, "removed by `cache verify --repair` (damaged)")
+    if found.index:
+        stage_index.remove(stage.path)
+        done.append("removed the index (the next run writes it again)")
     return done
 
 
@@ -456,10 +525,15 @@ def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = 
         except FeatpipeError as err:
             found = StageCheck(problems=[f"unreadable ({err})"])
         try:
-            missing = len(set(stage.items.ids) - stage.done_ids())
+            if "items.csv" in found.records:
+                missing = 0  # a damaged item list: its problem says so
+            elif stage.view() is None:
+                missing = max(stage.n_items - found.present, 0)
+            else:  # a view's items are its source's
+                missing = len(set(stage.items.ids) - stage.done_ids())
         except FeatpipeError:
             missing = 0  # a damaged item list or pack index: its problem says so
-        note = f" ({missing} of {len(stage.items)} not computed)" if missing else ""
+        note = f" ({missing} of {stage.n_items} not computed)" if missing else ""
         total += found.checked
         unchecked += found.unchecked if not stage.checksummed else 0
         bad += len(found.problems)
@@ -713,6 +787,29 @@ def _leftovers(store: Store, stages: Sequence[Stage], min_age: float
     for stage in stages:
         found += [(path, "shard file of a killed pack") for path in _unlisted_shards(stage)
                   if time.time() - path.stat().st_mtime > min_age * 60]
+        found += [(path, what) for path, what in _unnamed_files(stage)
+                  if time.time() - path.stat().st_mtime > max(CREATION_GRACE_S, min_age * 60)]
+    return found
+
+
+def _unnamed_files(stage: Stage) -> list[tuple[Path, str]]:
+    """Batch files no ledger line names (a process killed between writing one and its
+    lines, :mod:`featpipe.batches`) and index tables ``index.json`` does not name (an index
+    write killed before its record)."""
+    found = []
+    folder = stage.path / BATCH_DIR
+    batch_files = sorted(folder.glob("*.npz")) if folder.is_dir() else []
+    if batch_files:
+        named = {batch for _, batch in stage.item_table().done_items()}
+        found += [(path, "batch file of a killed run") for path in batch_files
+                  if path.name not in named]
+    try:
+        record = stage_index.read_record(stage.path) or {}
+    except (OSError, ValueError):
+        return found  # a damaged index: verify reports it, nothing is guessed
+    found += [(path, "index table of a killed run")
+              for path in sorted(stage.path.glob(f"{stage_index.TABLE_PREFIX}*.npz"))
+              if path.name != record.get("table")]
     return found
 
 

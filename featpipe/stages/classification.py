@@ -31,7 +31,7 @@ from featpipe.classify.experiment import (
     run_split,
     summarise,
 )
-from featpipe.classify.fusion import FUSIONS, normalised_weights
+from featpipe.classify.fusion import FUSIONS, SCALES, normalised_weights
 from featpipe.classify.kernels import PrecomputedKernel
 from featpipe.classify.metrics import AP_MODES
 from featpipe.classify.svm import OneVsRestSVC
@@ -49,6 +49,7 @@ RESULT = "result"
 #: kernel estimators that take them.
 CONSTRAINTS = {
     "fusion": [StrOptions(set(FUSIONS))],
+    "fusion_scale": [StrOptions(set(SCALES))],
     "cv": [Interval(Integral, 2, None, closed="left"), None],
     "metric": [StrOptions(set(METRICS)), None],
     "ap_mode": [StrOptions(set(AP_MODES))],
@@ -75,12 +76,14 @@ def split_numbers(text: str, n_splits: int) -> list[int]:
 def classify_record(stages: Sequence[Stage], kernels: Sequence[str], fusion: str,
                     weights: Sequence[float] | None, Cs: Sequence[float], folds: Sequence[int],
                     split: str, metric: str, ap_mode: str, solver: str, gamma: float | None,
-                    order: int, normalize: str) -> dict:
+                    order: int, normalize: str, fusion_scale: str = SCALES[0]) -> dict:
     """What a classify run computes, typed as declared, every default filled: one kernel per
-    input, the fusion weights normalised (none given: equal), C and gamma floats, the
-    cross-validation folds used (none with one C), the metric chosen (``map`` for multi-label
-    items, else ``accuracy``)."""
-    return {"kernels": list(kernels), "fusion": fusion,
+    input, the fusion weights normalised (none given: equal), how fused kernels are scaled
+    (only when there are several: one kernel is used as computed, so its record, and key, do
+    not depend on it), C and gamma floats, the cross-validation folds used (none with one C),
+    the metric chosen (``map`` for multi-label items, else ``accuracy``)."""
+    scaled = {"fusion_scale": fusion_scale} if len(stages) > 1 else {}
+    return {"kernels": list(kernels), "fusion": fusion, **scaled,
             "weights": [float(w) for w in normalised_weights(len(stages), weights)],
             "C": [float(c) for c in Cs], "cv": sorted(set(folds)) or None,
             "split": str(split), "metric": metric, "ap_mode": ap_mode, "solver": solver,
@@ -183,14 +186,16 @@ def keep_result(store: Store, record: dict, inputs: Sequence[Stage], result: dic
 
 
 def check_arguments(inputs: Sequence[str], kernels: Sequence[str] = ("linear",), *,
-                    fusion: str = "average", weights: Sequence[float] | None = None,
+                    fusion: str = "average", fusion_scale: str = SCALES[0],
+                    weights: Sequence[float] | None = None,
                     C: Sequence[float] = (1000.0,), cv: int | None = None,
                     metric: str | None = None, ap_mode: str = "standard",
                     solver: str = "libsvm", gamma: float | None = None, order: int = 1,
                     normalize: str = "none", jobs: int = -1, intersect: bool = False) -> None:
     """Check :func:`classify`'s values (a :class:`ParameterError` for the first bad one);
     needs no store, so ``featpipe run`` checks a pipeline's classify steps before any step."""
-    check_params(CONSTRAINTS, {"fusion": fusion, "cv": cv, "metric": metric,
+    check_params(CONSTRAINTS, {"fusion": fusion, "fusion_scale": fusion_scale, "cv": cv,
+                               "metric": metric,
                                "ap_mode": ap_mode, "solver": solver, "normalize": normalize,
                                "jobs": jobs})
     if not isinstance(intersect, bool):
@@ -210,7 +215,8 @@ def check_arguments(inputs: Sequence[str], kernels: Sequence[str] = ("linear",),
 
 
 def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("linear",), *,
-             fusion: str = "average", weights: Sequence[float] | None = None,
+             fusion: str = "average", fusion_scale: str = SCALES[0],
+             weights: Sequence[float] | None = None,
              C: Sequence[float] = (1000.0,), cv: int | None = None, split: str = "1",
              metric: str | None = None, ap_mode: str = "standard", solver: str = "libsvm",
              gamma: float | None = None, order: int = 1, normalize: str = "none",
@@ -218,7 +224,9 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
              command: str | None = None, reporter: Reporter | None = None) -> dict:
     """Train and test on each split; returns ``{"splits": [...], "summary": {...}}``.
 
-    ``kernels`` is one kernel for all inputs or one per input; several ``C`` are chosen among
+    ``kernels`` is one kernel for all inputs or one per input; fused kernels are scaled by
+    ``fusion_scale`` (:mod:`featpipe.classify.fusion`) before their weighted average; several
+    ``C`` are chosen among
     by ``cv``-fold cross-validation on the train split (default 5, fewer when a class has
     fewer train items: :func:`~featpipe.classify.experiment.fold_count`); ``split`` is a
     number or ``'all'``.  Fused inputs must hold the same items (:func:`common_items`), or
@@ -229,7 +237,8 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
     and its key, the hash of that record and the inputs' keys, printed as ``classify KEY``.
     """
     reporter = reporter or Reporter()
-    check_arguments(inputs, kernels, fusion=fusion, weights=weights, C=C, cv=cv,
+    check_arguments(inputs, kernels, fusion=fusion, fusion_scale=fusion_scale,
+                    weights=weights, C=C, cv=cv,
                     metric=metric, ap_mode=ap_mode, solver=solver, gamma=gamma, order=order,
                     normalize=normalize, jobs=jobs, intersect=intersect)
     kernels = tuple(kernels) * len(inputs) if len(kernels) == 1 else tuple(kernels)
@@ -251,7 +260,7 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
             if note:
                 reporter.warn(note)
     record = classify_record(stages, kernels, fusion, weights, Cs, list(folds.values()), split,
-                             metric, ap_mode, solver, gamma, order, normalize)
+                             metric, ap_mode, solver, gamma, order, normalize, fusion_scale)
     stage = store.stage("classify", record, inputs=stages, items=Manifest([]), create=False)
     key = stage.key
     reporter.info(f"classify {key}")
@@ -274,7 +283,8 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
     else:
         settings = Settings(Cs=Cs, metric=metric, ap_mode=ap_mode, solver=solver,
                             weights=tuple(weights) if weights else None, gamma=gamma,
-                            order=order, n_jobs=jobs, normalize=normalize)
+                            order=order, n_jobs=jobs, normalize=normalize,
+                            fusion_scale=fusion_scale)
         results = []
         for k in splits:
             results.append(run_split(stages, kernels, manifest, k,
@@ -297,7 +307,8 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
         config = {"key": key, "params": record, "store": str(store.root),
                   "inputs": list(inputs),
                   "stages": [s.name for s in stages], "kernels": list(kernels),
-                  "fusion": fusion, "weights": list(weights) if weights else None,
+                  "fusion": fusion, "fusion_scale": fusion_scale if len(stages) > 1 else None,
+                  "weights": list(weights) if weights else None,
                   "intersect": intersect, "n_items": len(manifest),
                   "C": list(Cs), "cv": used[0] if len(used) == 1 else used, "split": split,
                   "metric": metric, "ap": ap_mode,

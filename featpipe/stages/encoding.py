@@ -10,17 +10,18 @@ import difflib
 from collections.abc import Mapping, Sequence
 
 from featpipe.encode.registry import EncodeMethod, load_method, load_methods, method_params
-from featpipe.errors import FeatpipeError, ItemError, ParameterError
+from featpipe.errors import FeatpipeError, ItemError, ParameterError, describe_error
 from featpipe.parallel import ItemOutput
 from featpipe.stages.base import (
     Reporter,
     RunOptions,
     StageRun,
+    Written,
     check_name,
     run_stage,
     usable_items,
 )
-from featpipe.store import Stage, Store
+from featpipe.store import VIEW_FILE, Stage, Store, view_bytes
 
 
 class EncodeCompute:
@@ -39,11 +40,20 @@ class EncodeCompute:
     def encoder(self):
         if self._encoder is None:
             method = load_method(self.method)
-            models = {k: Stage(p) for k, p in self.model_paths.items()}
+            models = {k: Stage.at(p) for k, p in self.model_paths.items()}
             self._encoder = method.build(self.params, models)
         return self._encoder
 
     def __call__(self, ids: Sequence[str]) -> list:
+        from featpipe.backend import SPILL_FOLDER
+
+        token = SPILL_FOLDER.set(str(self.input_path))  # spills stay on the store's disk
+        try:
+            return self._encode(ids)
+        finally:
+            SPILL_FOLDER.reset(token)
+
+    def _encode(self, ids: Sequence[str]) -> list:
         source = Stage(self.input_path)
         arrays, extras, results = [], [], []
         for item_id in ids:
@@ -100,6 +110,47 @@ def method_models(store: Store, method: EncodeMethod, given: Mapping
     return params, models
 
 
+def plan_encode(store: Store, source: Stage | str, method: str, params: Mapping | None, *,
+                reporter: Reporter, create: bool = True, retried: bool = False,
+                view: bool = True):
+    """The stage of ``method`` with ``params`` on the items of ``source`` (a stage, or its
+    name: resolved after the parameters are checked), planned only with ``create=False``,
+    and what computes it: ``(stage, items, compute, batch size)``.
+
+    ``featpipe encode`` and the steps run inside another stage's pass
+    (:mod:`featpipe.chain`) both plan here, so a step has one key however it runs.  Items
+    that failed in ``source`` are left out and listed in the key (``input_failed``), unless
+    ``retried``: the pass that makes ``source`` computes them again (a fused chain is planned
+    on its input as it is when every item succeeds).
+    """
+    try:
+        chosen = load_method(method)
+    except KeyError:
+        raise ParameterError("method", f"must be one of {', '.join(sorted(load_methods()))}, "
+                             f"got {method!r}") from None
+    params, models = method_models(store, chosen, params or {})
+    if isinstance(source, str):
+        source = store.resolve(source)
+    if not source.items.ids:
+        raise FeatpipeError(f"input stage {source.name} has no items")
+    items, left_out = (source.items, []) if retried else usable_items(source, reporter)
+    record = {"method": method, **params, **({"input_failed": left_out} if left_out else {})}
+    inputs = [source, *models.values()]
+    records = None
+    if create and view and chosen.view is not None and source.exists and source.view() is None:
+        # a view's record is determined by the key: written with the stage, its checksum in
+        # stage.json (:func:`featpipe.store.view_bytes`; :func:`view_of` then finds it)
+        planned = store.stage("encode", record, inputs=inputs, items=items, create=False)
+        if not planned.exists:
+            columns, extras = chosen.view(params, models)
+            records = {VIEW_FILE: view_bytes(planned.name, source.name, columns, extras)}
+    stage = store.stage("encode", record, inputs=inputs, items=items, create=create,
+                        records=records)
+    compute = EncodeCompute(source.path, method, params, {k: s.path for k, s in models.items()})
+    batch = chosen.batch_size(params) if callable(chosen.batch_size) else chosen.batch_size
+    return stage, items, compute, batch
+
+
 def encode(store: Store, input: str, method: str, params: Mapping | None = None, *,
            name: str | None = None, options: RunOptions | None = None,
            reporter: Reporter | None = None) -> StageRun:
@@ -112,21 +163,91 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
     model parameter (``gmm``, ``model``...) names a fitted stage of ``store``.  Every value is
     checked before the stage exists (:class:`~featpipe.errors.ParameterError`).
     """
-    try:
-        chosen = load_method(method)
-    except KeyError:
-        raise ParameterError("method", f"must be one of {', '.join(sorted(load_methods()))}, "
-                             f"got {method!r}") from None
     check_name(name)
-    params, models = method_models(store, chosen, params or {})
-    source = store.resolve(input)
-    if not source.items.ids:
-        raise FeatpipeError(f"input stage {source.name} has no items")
-    items, left_out = usable_items(source, reporter or Reporter())
-    record = {"method": method, **params, **({"input_failed": left_out} if left_out else {})}
-    stage = store.stage("encode", record, inputs=[source, *models.values()], items=items,
-                        create=not (options and options.dry_run))
-    compute = EncodeCompute(source.path, method, params, {k: s.path for k, s in models.items()})
-    batch = chosen.batch_size(params) if callable(chosen.batch_size) else chosen.batch_size
-    return run_stage(stage, items.ids, compute, store=store, name=name, options=options,
-                     reporter=reporter, batch_size=batch)
+    reporter = reporter or Reporter()
+    dry_run = bool(options and options.dry_run)
+    stage, items, compute, batch = plan_encode(store, input, method, params, reporter=reporter,
+                                               create=not dry_run)
+    if not dry_run and view_of(stage, compute):
+        return _view_run(store, stage, items.ids, name, options or RunOptions(), reporter)
+    run = run_stage(stage, items.ids, compute, store=store, name=name, options=options,
+                    reporter=reporter, batch_size=batch)
+    if dry_run:
+        size = planned_size(stage, store.resolve(input), compute.encoder, items.ids, reporter)
+        run.written = [Written(stage, name, size)]
+    return run
+
+
+def view_of(stage: Stage, compute: EncodeCompute) -> bool:
+    """Make ``stage`` a view of its input when its method keeps a column range of it (the
+    method's ``view``: fisher-group) and the input is stored; True when it is one."""
+    method = load_method(compute.method)
+    if method.view is None:
+        return False
+    source = Stage(compute.input_path)
+    if not source.exists or source.view() is not None:
+        return False
+    models = {k: Stage.at(p) for k, p in compute.model_paths.items()}
+    columns, extras = method.view(compute.params, models)
+    stage.make_view(source, columns, extras)
+    return True
+
+
+def _view_run(store: Store, stage: Stage, ids, name: str | None, options: RunOptions,
+              reporter: Reporter) -> StageRun:
+    """A view stage: nothing to compute; its items are those its source has (a missing one
+    is said, as the encode of a missing input item would fail)."""
+    from featpipe.parallel import RunSummary, parse_shard
+    from featpipe.stages.base import announce, settle_name
+
+    announce(stage, name, reporter)
+    source, columns, _ = stage.view()
+    done = stage.done_ids()
+    summary = RunSummary(skipped=len(done))
+    for item_id in ids:
+        if item_id not in done:
+            summary.failed[item_id] = f"input not available: not computed in {source.name}"
+    reporter.info(f"stage {stage.name} is a view of columns {columns.start}..{columns.stop - 1} "
+                  f"of {source.name}: nothing copied")
+    reporter.info(f"summary: {summary.line()}")
+    for item_id, error in list(summary.failed.items())[:20]:
+        reporter.error(f"failed: {item_id}: {error}")
+    if parse_shard(options.shard) is None:
+        settle_name(store, name, stage, ids, options.on_error, reporter)
+    return StageRun(stage, summary)
+
+
+def planned_size(stage: Stage, source: Stage, encoder, ids, reporter: Reporter) -> int | None:
+    """A dry run's bytes at rest of ``stage`` (the encoder ``encoder()`` builds, on the items
+    ``ids`` of ``source``, planned or computed: :mod:`featpipe.stages.dryrun`), said on
+    ``reporter``; the planned stage records its items for the steps after it.  None when it
+    cannot be sized."""
+    from featpipe.extract.estimate import human_bytes
+    from featpipe.stages.dryrun import (
+        PlannedItems,
+        affine_bytes,
+        computed_example,
+        encoded_example,
+        source_lengths,
+        total_bytes,
+    )
+
+    try:
+        if source.planned_items is not None:
+            planned = source.planned_items
+            example, lengths = planned.example, dict(planned.frames)
+        else:
+            lengths = source_lengths(source, ids)
+            if not lengths:
+                reporter.info("dry run: size unknown (no item of the input is computed yet)")
+                return None
+            example, _ = computed_example(source, next(iter(lengths)))
+        encoded = encoded_example(encoder(), example)
+        fixed, per_frame = affine_bytes(encoded)
+    except Exception as err:  # noqa: BLE001 - the run itself would say it, item by item
+        reporter.info(f"dry run: size unknown ({describe_error(err)})")
+        return None
+    size = total_bytes(fixed, per_frame, lengths, ids)
+    stage.planned_items = PlannedItems(encoded, lengths)
+    reporter.info(f"dry run: about {human_bytes(size)} at rest")
+    return size

@@ -48,6 +48,7 @@ from featpipe.stages.base import (
     name_stage,
     train_item_ids,
 )
+from featpipe.stages.dryrun import input_width, sampled_rows, stand_in_rows
 from featpipe.store import Stage, Store
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,31 @@ def _unmarked_on_failure(fit):
             _marked.pop()
 
     return run
+class _WarningsOnly(Reporter):
+    """Forwards only the warnings of a stand-in fit (its figures describe synthetic rows)."""
+
+    def __init__(self, reporter: Reporter):
+        self.reporter = reporter
+
+    def warn(self, text: str) -> None:
+        self.reporter.warn(text)
+
+
+def _stand_in_stage(stage: Stage, model: str, dry_run: bool, source: Stage,
+                    ids) -> tuple[Stage, bool]:
+    """In a dry run whose model is not fitted, the planned stage that receives a stand-in of
+    it (:mod:`featpipe.stages.dryrun`: nothing is written, even to a stage folder that
+    exists), and True; else ``stage`` and False (also when the input's rows are not known
+    yet: the steps after the fit then wait for it)."""
+    if not dry_run or stage.has_model(model):
+        return stage, False
+    try:
+        input_width(source, ids)
+    except ValueError:
+        return stage, False
+    if stage.exists:
+        stage = Stage(stage.path, meta=stage.meta, items=Manifest([], root=stage.path))
+    return stage, True
 
 
 def _input_failed(source: Stage, split: int) -> dict:
@@ -269,9 +295,12 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, groups: str | 
                                  **({"fraction": fraction} if fraction is not None else {}),
                                  **({"groups": ",".join(g for g, _ in layout)} if layout
                                     else {}))
-    if fitted:
+    stage, stand_in = _stand_in_stage(stage, MODEL_NAME if layout is None else GROUPS_MODEL,
+                                      dry_run, source, train)
+    if fitted and not stand_in:
         return stage
-    rows = sample_descriptors(source, train, sample or None, random_state)
+    rows = stand_in_rows(input_width(source, train), seed=random_state) if stand_in else \
+        sample_descriptors(source, train, sample or None, random_state)
     meta = {"input": source.name, "n_samples": len(rows), "n_items": len(train)}
     parts = layout or [(None, slice(0, rows.shape[1]))]
     for group, cols in parts:
@@ -281,6 +310,8 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, groups: str | 
         stage.save_model(MODEL_NAME if group is None else f"pca-{group}", pca,
                          {**meta, "input_dim": cols.stop - cols.start,
                           **({"group": group} if group else {})})
+        if stand_in:
+            continue
         kept = float(pca.explained_variance_ratio_.sum())
         reporter.info(("" if group is None else f"{group}: columns {cols.start}..{cols.stop - 1}"
                        ", ") + f"PCA {cols.stop - cols.start} -> {dim} on {len(rows)} "
@@ -288,6 +319,8 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, groups: str | 
                       "variance)")
     if layout:
         _save_groups_model(stage, layout, columns, rows.shape[1])
+    if stand_in:
+        return stage
     _fitted(store, name, stage, reporter)
     reporter.info("summary: 1 fitted, 0 skipped (already complete), 0 failed")
     return stage
@@ -388,15 +421,27 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
                                  pca_dim=pca_dim, sample=sample, split=1,
                                  **({"pca_fraction": pca_fraction} if pca_fraction else {}),
                                  **({"groups": groups} if layout else {}))
-    if fitted:
+    stage, stand_in = _stand_in_stage(stage, "gmm" if layout is None else "groups", dry_run,
+                                      source, ids)
+    if fitted and not stand_in:
         return stage
-    x = sample_descriptors(source, ids, sample, gmm.random_state)
+    if stand_in:  # a model of the real shapes for the dry run's later steps; nothing written
+        rows = sampled_rows(source, ids, sample)
+        x = stand_in_rows(input_width(source, ids), gmm.n_components, gmm.random_state)
+        params = {**params, "max_iter": 1}
+        gmm = GaussianMixtureModel(**params)
+    else:
+        x = sample_descriptors(source, ids, sample, gmm.random_state)
+        rows = len(x)
     if layout is not None:
         projections = loaded or {
             g: None if pca_dim is None and pca_fraction is None else
             PCAProjection(_projected_dim(c.stop - c.start, pca_dim, pca_fraction, g,
                                          "pca_dim")).fit(x[:, c]) for g, c in layout}
-        _fit_groups(stage, x, layout, columns, projections, params, reporter)
+        _fit_groups(stage, x, layout, columns, projections, params,
+                    _WarningsOnly(reporter) if stand_in else reporter, rows)
+        if stand_in:
+            return stage
         _fitted(store, name, stage, reporter)
         reporter.info(f"summary: {len(layout)} groups, K={gmm.n_components}, on {len(x)} rows "
                       f"from {len(ids)} items")
@@ -406,6 +451,7 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
     projection = loaded if pca_stages else PCAProjection(dim).fit(x) if dim else None
     if projection is not None:
         x = projection.transform(x)
+    warn_thin_gmm(rows, gmm.n_components, x.shape[1], None, reporter)
     start = time.perf_counter()
     gmm.fit(x)
     seconds = time.perf_counter() - start
@@ -414,6 +460,8 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
     if projection is not None:
         stage.save_model(MODEL_NAME, projection, {"input": source.name})
     stage.save_model("gmm", gmm, meta)
+    if stand_in:
+        return stage
     _fitted(store, name, stage, reporter)
     reporter.info(f"summary: K={gmm.n_components} D={x.shape[1]} on {x.shape[0]} descriptors "
                   f"from {len(ids)} items, {gmm.n_iter_} iterations, mean log-likelihood "
@@ -422,10 +470,11 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
 
 
 def _fit_groups(stage: Stage, x: np.ndarray, layout, columns, projections: dict,
-                params: dict, reporter: Reporter) -> None:
+                params: dict, reporter: Reporter, rows: int | None) -> None:
     """One GMM per group of ``layout`` on its columns of the sampled rows ``x``, in the group's
     projection (``projections``: group -> a fitted PCAProjection or None), saved as
-    ``pca-<group>`` and ``gmm-<group>``; then the ``groups`` model."""
+    ``pca-<group>`` and ``gmm-<group>``; then the ``groups`` model.  ``rows``: the sample's
+    rows (:func:`warn_thin_gmm`)."""
     from featpipe.encode.fisher import GaussianMixtureModel
 
     for group, cols in layout:
@@ -433,6 +482,7 @@ def _fit_groups(stage: Stage, x: np.ndarray, layout, columns, projections: dict,
         if pca is not None:
             part = pca.transform(part)
             stage.save_model(f"pca-{group}", pca, {"group": group})
+        warn_thin_gmm(rows, params["n_components"], part.shape[1], group, reporter)
         gmm = GaussianMixtureModel(**params).fit(part)
         stage.save_model(f"gmm-{group}", gmm, {
             "group": group, "n_descriptors": int(part.shape[0]), "dim": int(part.shape[1]),
@@ -442,6 +492,29 @@ def _fit_groups(stage: Stage, x: np.ndarray, layout, columns, projections: dict,
                       + f", K={gmm.n_components}, {gmm.n_iter_} iterations, mean "
                       f"log-likelihood {gmm.log_likelihoods_[-1]:.4f}")
     _save_groups_model(stage, layout, columns, x.shape[1])
+
+
+def parameters_per_component(dim: int) -> int:
+    """The parameters of one diagonal Gaussian of a GMM in ``dim`` dimensions: a mean and a
+    variance per dimension, and its weight (2·dim + 1)."""
+    return 2 * dim + 1
+
+
+def warn_thin_gmm(rows: int | None, n_components: int, dim: int, group: str | None,
+                  reporter: Reporter) -> None:
+    """Warn when a GMM of ``n_components`` diagonal Gaussians in ``dim`` dimensions is fitted
+    on fewer rows per component than each component has parameters
+    (:func:`parameters_per_component`): such a model is mostly its initialisation.  ``rows``
+    is the sample's size (a dry run: what the sample will give; None: unknown)."""
+    need = parameters_per_component(dim)
+    if rows is None or rows >= need * n_components:
+        return
+    what = "" if group is None else f"group {group}: "
+    reporter.warn(f"warning: {what}{rows:,} rows for K = {n_components} components is "
+                  f"{rows / n_components:.1f} rows a component, fewer than the {need} "
+                  f"parameters of each (2 x {dim} + 1): sample more rows (--sample, "
+                  f"--sample-descriptors, more train items) or fit fewer components (at most "
+                  f"{max(1, rows // need)} for these rows)")
 
 
 def _group_projections(pca_stage: Stage, label: str, layout, columns) -> dict:
@@ -753,6 +826,10 @@ def fit_standardize(store: Store, input: str, *, name: str | None = None, split:
     announce(stage, name, reporter)
     if dry_run:
         _already(stage, MODEL_NAME, False, store, name, reporter, dry_run)
+        stage, stand_in = _stand_in_stage(stage, MODEL_NAME, dry_run, source, train)
+        if stand_in:
+            width = input_width(source, train)
+            stage.save_model(MODEL_NAME, Standardizer().fit([stand_in_rows(width)]))
         return stage
     if not stage.has_model(MODEL_NAME):
         _mark_running(store, name, stage)

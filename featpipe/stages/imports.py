@@ -13,16 +13,13 @@ from featpipe.fileio import check_output_path
 from featpipe.io.importers import (
     ImportCompute,
     NpyDirSource,
-    check_h5_items,
     describe,
     detect_format,
     file_stamp,
-    item_shapes,
     items_digest,
-    mat_shapes,
-    open_sources,
+    open_each,
     orientation_warning,
-    reference_signature,
+    scan_sources,
     source_fingerprint,
     ts_manifest,
     wide_items_warning,
@@ -62,7 +59,7 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
         manifest_file = os.path.abspath(manifest_path)  # a link's own folder, as everywhere
         manifest = Manifest.read(manifest_file)
         stamp = file_stamp(specs, manifest_file)
-        _, opened = open_sources(specs, manifest_file, stamp, mat_variable)
+        opened = open_each(specs, manifest, mat_variable)
     else:
         not_ts = [path for (fmt, _), path in zip(specs, sources, strict=True) if fmt != "ts"]
         if not_ts:
@@ -70,7 +67,7 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
                                  f"({not_ts[0]} is not)")
         manifest_file = None
         stamp = file_stamp(specs, None)
-        _, opened = open_sources(specs, None, stamp)
+        opened = open_each(specs, None)
         manifest = ts_manifest(opened)
     if not manifest.ids:
         raise FeatpipeError(f"the manifest {manifest_path} has no items" if manifest_path
@@ -78,7 +75,7 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     if write_manifest:
         manifest.write(write_manifest)
         reporter.info(f"wrote manifest {write_manifest} ({len(manifest)} items)")
-    check_h5_items(opened, manifest)
+    scan = scan_sources(opened, manifest, transpose)
     dry_run = bool(options and options.dry_run)
     hashes = ContentHashes(store.root / CACHE_NAME)
     read: dict[str, str | None] = {}
@@ -93,15 +90,15 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     params.update({"mat_variable": mat_variable} if mat_variable else {})
     stage = store.stage("import", params, items=manifest, dtype=dtype, create=not dry_run,
                         records={READ_HASHES: read_hashes_record(read)} if read else None)
-    expected = reference_signature(opened, manifest, transpose)
-    from_mat = mat_shapes(opened, manifest)
-    if from_mat:
-        reporter.info(f"orientation: {len(from_mat)} item(s) from .mat files, read "
+    del hashes, read  # a few hundred bytes an item: not kept while the items are computed
+    expected = scan.expected
+    if scan.mat.items:
+        reporter.info(f"orientation: {scan.mat.items} item(s) from .mat files, read "
                       + ("transposed: one frame per column (D x T)" if transpose else
                          "as MATLAB shows them: one frame per row (T x D); --transpose for "
                          "one frame per column"))
-    warning = (orientation_warning(from_mat, transpose) if from_mat else None) or \
-        wide_items_warning(item_shapes(opened, manifest, transpose), transpose)
+    warning = (orientation_warning(scan.mat, transpose) if scan.mat.items else None) or \
+        wide_items_warning(scan.shapes, transpose)
     if warning:
         reporter.warn(warning)
     for source in opened:
@@ -109,6 +106,6 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     log.info("%d items; reference feature shape: %s", len(manifest),
              describe(expected) if expected else "none found")
     compute = ImportCompute(specs, manifest_file, str(stage.path), expected, stamp, transpose,
-                            mat_variable, keyed)
+                            mat_variable, keyed, opened=(manifest, opened))
     return run_stage(stage, manifest.ids, compute, store=store, name=name, options=options,
                      reporter=reporter, batch_size=16)

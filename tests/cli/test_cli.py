@@ -56,11 +56,13 @@ def import_args(tmp_path, n=30):
             "--store", tmp_path / "s", "--name", "feat"]
 
 
-def run_with_tty_stderr(args) -> tuple[int, str, str]:
-    """Run featpipe with stderr on a pseudo-terminal; returns (code, stdout, terminal text)."""
+def run_with_tty_stderr(args, program=(sys.executable, "-m", "featpipe")
+                        ) -> tuple[int, str, str]:
+    """Run featpipe (or another ``program``) with stderr on a pseudo-terminal; returns (code,
+    stdout, terminal text)."""
     controller, terminal = pty.openpty()
     env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="80")
-    proc = subprocess.Popen([sys.executable, "-m", "featpipe", *map(str, args)], env=env,
+    proc = subprocess.Popen([*program, *map(str, args)], env=env,
                             stdout=subprocess.PIPE, stderr=terminal, text=True)
     os.close(terminal)
     chunks = []

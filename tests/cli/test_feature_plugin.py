@@ -31,10 +31,11 @@ def test_a_toy_feature_method_through_the_cli_and_a_pipeline_file(tmp_path):
     cv2.imwrite(str(tmp_path / "a.png"), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
     write_video(tmp_path / "v.mp4", n_frames=6, size=(16, 8))
     (tmp_path / "m.csv").write_text("id,path,label,split1\na,a.png,x,train\nv,v.mp4,y,test\n")
-    helped = run_cli("extract", "--help", env=PLUGIN)
-    assert "grey-grid" in helped.stdout and "--cell INTEGER" in helped.stdout
+    assert "grey-grid" in run_cli("extract", "--help", env=PLUGIN).stdout
+    helped = run_cli("extract", "-f", "grey-grid", "--help", env=PLUGIN)
+    assert "--cell INTEGER" in helped.stdout
     assert "Side of the square cells in pixels" in helped.stdout
-    assert "--cell" not in run_cli("extract", "--help").stdout  # only with the plugin
+    assert "--cell" not in run_cli("extract", "-f", "dsift", "--help", env=PLUGIN).stdout
     bad = run_cli("extract", "-m", tmp_path / "m.csv", "-s", tmp_path / "s", "-f", "grey-grid",
                   "--cell", "0", env=PLUGIN, check=False)
     assert bad.returncode == 2 and "error: --cell must be an int in the range [1, inf)" in \

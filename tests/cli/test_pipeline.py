@@ -92,7 +92,8 @@ def test_a_pipeline_runs_end_to_end_and_a_rerun_computes_nothing(tmp_path, pipel
     lines = plan.stdout.splitlines()
     assert lines.count("dry run: 80 to compute, 0 already complete") == 3
     assert sum(line.startswith("would compute ") for line in lines) == 9  # 3 per item step
-    assert "dry run: would fit" in lines and "dry run: would run classify on avg" in lines
+    assert "dry run: would fit" in lines
+    assert any(line.startswith("dry run: would run classify on avg") for line in lines)
     assert "would run after" not in plan.stdout  # every step planned on the earlier ones
     planned = [line for line in lines if line.startswith("stage ")]
     assert len(planned) == 4  # frames, std, frames-std, avg: each step's stage and key

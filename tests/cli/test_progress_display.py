@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from featpipe.cli.display import StatusBoard, format_clock
-from featpipe.progress import RATE_TAU_S, WARMUP_S, RateEstimate, format_duration
+from featpipe.progress import RATE_WINDOW_S, RateEstimate, format_duration
+from featpipe.progress_line import StatusBoard, format_clock
 from tests.conftest import run_cli
 
 
@@ -103,56 +103,121 @@ def test_log_file_lines_at_v_every_interval_and_a_final_line():
                    "progress: frames 120 frames in 2 s (60 frames/s)\n"]
 
 
-def _burst_then_steady(estimate, start, burst=500, rate=50.0, step=0.2, until=60.0):
-    """A decoding pipeline filling its queues: ``burst`` units at once after 0.5 s, then
-    ``rate`` units/s in updates ``step`` s apart until ``until`` s."""
-    estimate.add(burst, start + 0.5)
-    t = 0.5
-    while t + step <= until + 1e-9:
-        t += step
-        estimate.add(round(rate * step), start + t)
-    return start + t
-
-
-def test_eta_ignores_the_warm_up_burst_where_the_average_is_optimistic():
-    """Issue 23: at the start of a long extract the ETA was far too optimistic (the average
-    since the start counts the queues' burst); after the warm-up the smoothed rate is the
-    steady one exactly."""
-    start, total = 100.0, 50_000
-    estimate = RateEstimate(start)
-    assert estimate.rate(start + 1) is None and estimate.eta(start + 1, total) is None
-    _burst_then_steady(estimate, start, until=WARMUP_S - 0.2)
-    now = start + WARMUP_S - 0.2
-    assert estimate.eta(now, total) is None  # warm-up: no ETA at all
-    estimate = RateEstimate(start)
-    now = _burst_then_steady(estimate, start, until=20.0)  # 97 updates of 10 after the burst
-    assert estimate.done == 500 + 970 and now == pytest.approx(start + 19.9)
-    true_left = (total - estimate.done) / 50.0
-    assert estimate.rate(now) == pytest.approx(50.0, rel=1e-9)
-    assert estimate.eta(now, total) == pytest.approx(true_left, rel=1e-9)
-    average = estimate.average(now)  # what the line used before: 1,470 frames in 19.9 s
-    assert average == pytest.approx(1470 / 19.9)
-    assert (total - estimate.done) / average < 0.7 * true_left  # 32 % too optimistic
-
-
-def test_rate_is_smoothed_with_its_time_constant_and_a_stall_lowers_it():
+def test_the_rate_is_the_work_of_the_last_30_s_and_a_stall_lowers_it():
     start = 0.0
     estimate = RateEstimate(start)
+    assert estimate.rate(1.0) is None and estimate.eta(1.0, 100) is None  # nothing done yet
     t = 0.0
     while t < 60.0 - 1e-9:  # 50 units/s for a minute
         t += 0.5
-        estimate.add(25, start + t)
+        estimate.add(25, t)
     assert estimate.rate(t) == pytest.approx(50.0, rel=1e-12)
-    for _ in range(int(RATE_TAU_S / 0.5)):  # then 25 units/s for one time constant
+    for _ in range(20):  # then 20 units/s for 10 s: 20 s at 50 and 10 s at 20 in the window
         t += 0.5
-        estimate.add(12.5, t)
-    # each update mixes in 1 - e^(-dt/τ): after τ seconds 25 + (50 - 25) e^-1
-    expected = 25.0 + 25.0 * np.exp(-1.0)
-    assert estimate.rate(t) == pytest.approx(expected, rel=1e-12)
-    # nothing for 30 s more: read then, the rate includes the stall (0 units/s)
-    assert estimate.rate(t + RATE_TAU_S) == pytest.approx(expected * np.exp(-1.0), rel=1e-12)
-    assert estimate.eta(t + RATE_TAU_S, estimate.done + 100) == pytest.approx(
-        100 / (expected * np.exp(-1.0)), rel=1e-12)
+        estimate.add(10, t)
+    assert estimate.rate(t) == pytest.approx((20 * 50 + 10 * 20) / RATE_WINDOW_S, rel=1e-12)
+    for _ in range(40):
+        t += 0.5
+        estimate.add(10, t)
+    assert estimate.rate(t) == pytest.approx(20.0, rel=1e-12)  # the old rate left the window
+    # nothing for 30 s more: read then, the rate counts the stall (the last update's work over
+    # the time since the update before it)
+    assert estimate.rate(t + RATE_WINDOW_S) == pytest.approx(10 / (RATE_WINDOW_S + 0.5))
+    assert estimate.eta(t, estimate.done + 100) == pytest.approx(100 / 20.0, rel=1e-12)
+
+
+def test_a_burst_right_after_the_start_is_no_spike_of_the_rate():
+    """Issue 40: a terminal line read 634 frames/s where the rate was about 120: the old
+    smoothed rate took its first value from two updates a moment apart.  Now a burst counts
+    over the time since the start (or the last 30 s), whatever the time between updates."""
+    estimate = RateEstimate(0.0)
+    estimate.add(16, 2.0)
+    estimate.add(16, 2.01)  # a second batch 10 ms later
+    assert estimate.rate(2.01) == pytest.approx(32 / 2.01)  # not 16 / 0.01 = 1,600
+    for k in range(1, 200):  # then 8 frames every 0.1 s: 80 frames/s
+        estimate.add(8, 2.01 + 0.1 * k)
+    assert estimate.rate(2.01 + 19.9) == pytest.approx((32 + 199 * 8) / 21.91)
+    assert estimate.rate(2.01 + 19.9 + 40) == pytest.approx(8 / 40.1)  # a stall of 40 s
+
+
+def test_sparse_items_keep_a_rate_between_their_updates():
+    """Items a minute apart: the rate spans at least the last update's work."""
+    estimate = RateEstimate(0.0)
+    estimate.add(1, 60.0)
+    estimate.add(1, 120.0)
+    assert estimate.rate(120.0) == pytest.approx(1 / 60)
+    assert estimate.rate(150.0) == pytest.approx(1 / 90)  # the last item over 90 s
+    assert estimate.eta(150.0, 4) == pytest.approx(2 * 90)
+
+
+class _SlowModel:
+    """A model that takes ``seconds`` per crop; it records when each batch came out."""
+
+    device = "cpu"
+
+    def __init__(self, seconds: float):
+        import threading
+
+        self.seconds = seconds
+        self.out: list[tuple[float, int]] = []  # (time, frames out so far)
+        self.lock = threading.Lock()
+
+    def forward_crops(self, crops):
+        import time
+
+        time.sleep(self.seconds * len(crops))
+        with self.lock:
+            self.out.append((time.monotonic(), len(crops) + (self.out[-1][1] if self.out
+                                                             else 0)))
+        return crops.float().mean(dim=(1, 2)).numpy()
+
+    def frames_out(self, when: float) -> int:
+        with self.lock:
+            return max((n for t, n in self.out if t <= when), default=0)
+
+
+def test_the_rate_is_the_models_not_the_decoders(tmp_path):
+    """Issue 40: behind a slow model (VGG-16 at 0.41 frames/s) the first progress line said
+    31.3 frames/s, about 9 s left, at 16 %: frames were counted as the decoders read them
+    ahead.  A model at 25 frames/s behind decoders far faster: every line's count is at most
+    the frames out of the model when it was printed, and its rate at most the model's."""
+    import re
+    import time
+
+    pytest.importorskip("torch")
+    from featpipe.extract.streaming import CropProgram, Extraction, FrameSinks, Network
+    from featpipe.extract.vgg import VGGPreprocess
+    from featpipe.io.video import DecodePool, Sampling
+    from featpipe.manifest import Manifest
+    from featpipe.store import Store
+    from tests.cli.test_extract_cli import write_manifest
+    from tests.unit.test_video import write_video
+
+    paths = {f"v{k}": str(write_video(tmp_path / f"v{k}.mp4", n_frames=8, size=(64, 48)))
+             for k in range(6)}
+    manifest = Manifest.read(write_manifest(tmp_path, [(i, p, "a", "train")
+                                                       for i, p in paths.items()]))
+    stage = Store(tmp_path / "s").stage("extract", {"test": "rate"}, items=manifest)
+    model, prep = _SlowModel(0.04), VGGPreprocess(40, 32)
+    lines: list[tuple[float, str]] = []
+    status = StatusBoard(False, 2, interval=0.0,
+                         write=lambda text: lines.append((time.monotonic(), text)))
+    with DecodePool(2, program=CropProgram(prep)) as pool:
+        extraction = Extraction(stage, pool, Sampling(), FrameSinks(str(stage.path),
+                                                                    local=False),
+                                network=Network(model, prep, 4))
+        with status.open(48, "extract", "frames") as display:
+            extraction.on_frames = display.advance
+            assert all(error is None for _, error in extraction.run(list(paths.items())))
+    shown = [(when, re.match(r"progress: extract (\d+)/48 frames \(\d+%\)(?:, ([0-9.,]+) "
+                             r"frames/s)?", text)) for when, text in lines[:-1]]
+    assert len(shown) >= 6 and all(found for _, found in shown)
+    for when, found in shown:
+        assert int(found.group(1)) <= model.frames_out(when), (found.group(0), model.out)
+        if found.group(2):
+            assert float(found.group(2).replace(",", "")) <= 1.5 / model.seconds, \
+                found.group(0)
+    assert lines[-1][1].startswith("progress: extract 48/48 frames in ")
 
 
 @pytest.mark.parametrize("tty", [True, False])

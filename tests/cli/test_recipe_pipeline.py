@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tomllib
 
+from featpipe.cli.example import SMALL_HEADER
 from featpipe.pipeline import load_pipeline
 from tests.conftest import REPO
 
@@ -45,8 +46,46 @@ def test_the_small_recipe_is_the_same_recipe(cli, tmp_path, monkeypatch):
     cli("manifest", "build", "clips", "-o", "clips.csv", "--test-fraction", "0.5", "--seed",
         "0", check=True)
     plan = cli("run", SMALL, "--dry-run", check=True).stdout
-    # the idt sample, then the appearance stream; the rest waits for the fitted GMMs
-    assert plan.count("dry run: 8 to compute, 0 already complete") == 4
-    assert "step 3/19: idt-fv (extract)\ndry run: would run after idt-gmm" in plan
-    assert plan.count("would run after") == 13
+    # every step planned, those after the GMM too (on a stand-in of its shapes): the idt
+    # sample, the pass of idt-fv (its seven steps with it), the pass of sift (grid, hrp-sift)
+    assert plan.count("dry run: 8 to compute, 0 already complete") == 3
+    assert "would run after" not in plan and "size unknown" not in plan
+    assert not (tmp_path / "store").exists()
+
+
+def test_the_small_variant_is_the_shipped_recipe_with_small_settings(cli):
+    shipped = tomllib.loads(TEMPLATE.read_text("utf-8"))["steps"]
+    text = cli("example", "pipeline", "trajectories", "--small", check=True).stdout
+    assert text.startswith(SMALL_HEADER)
+    small = tomllib.loads(text)["steps"]
+    assert list(small) == list(shipped)
+    changed = {(step, key) for step in shipped for key in set(shipped[step]) | set(small[step])
+               if shipped[step].get(key) != small[step].get(key)}
+    assert changed == {("idt-sample", "sample_descriptors"), ("idt-sample", "jobs"),
+                       ("idt-gmm", "n_components"), ("idt-gmm", "sample"),
+                       ("idt-fv", "jobs"), ("cnn", "params"), ("cnn", "sampling")}
+    assert small["cnn"]["params"] == {"weights": "random:0"}
+    assert small["idt-gmm"]["n_components"] == 4
+    assert "--small" in cli("example", "pipeline", "--small").output  # a usage error
+
+
+def test_the_shipped_recipe_is_sized_before_anything_exists(cli, tmp_path, monkeypatch):
+    """Issue 38 §3: the dry run of the Table 6 recipe sizes every stage (those after the GMM
+    and the CNN's too), prices the extractions, lists the missing VGG-16 checkpoint as a
+    problem and exits 0; the GMM of K = 256 on this small sample is warned about."""
+    monkeypatch.chdir(tmp_path)
+    cli("example", "clips", "clips", "--per-class", "2", "--frames", "20", check=True)
+    cli("manifest", "build", "clips", "-o", "ucf.csv", "--test-fraction", "0.5", "--seed",
+        "0", check=True)
+    (tmp_path / "t.toml").write_text(TEMPLATE.read_text("utf-8"))
+    plan = cli("run", "t.toml", "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    table = plan.stdout.split("dry run: the plan")[1].splitlines()[2:-1]
+    assert len(table) == 12  # sample, gmm, four RP stages, HRP(CNN), five classify results
+    assert all(" ? " not in line for line in table), table
+    assert all(line.split()[0] in ("idt-sample", "idt-fv", "cnn") or not line.rstrip().endswith(
+        ("s", "min", " h")) for line in table)
+    assert "1 problem(s)" in plan.stdout
+    assert "problem: step 'cnn': --weights vgg16-397923af.pth: no such file" in plan.stderr
+    assert "rows for K = 256 components" in plan.stderr
     assert not (tmp_path / "store").exists()

@@ -4,6 +4,7 @@ featpipe; the install path runs the real pip in a fresh environment, and a faile
 itself under pip's own error."""
 
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -68,8 +69,8 @@ def test_bin_demo_installs_the_checkout_into_the_active_environment(tmp_path):
     proc = _bin_demo(venv, tmp_path / "shims")
     assert proc.returncode == 0, proc.stderr
     assert log.read_text().splitlines() == [
-        "pip -m pip install -q torch==2.13.0", "pip -m pip install -q --editable .[cnn,demo]",
-        "featpipe demo --quick"]
+        "pip -m pip install torch==2.13.0", "pip -m pip install --editable .[cnn,demo]",
+        "featpipe demo --quick"]  # pip shows what it does: no -q
     assert f"bin/demo: installing what is missing into {venv}: --editable .[cnn,demo]" \
         in proc.stderr
 
@@ -149,8 +150,106 @@ def test_a_failed_install_step_shows_pips_error_and_names_the_step(tmp_path):
     proc = subprocess.run([str(REPO / "bin" / "test"), "-q"], env=env, text=True,
                           capture_output=True, timeout=300)
     assert proc.returncode == 1
-    assert "ERROR: " in proc.stderr and "torch==2.13.0" in proc.stderr  # pip's own words
+    pair = " ".join(missing.TORCH_PAIRS.get(platform.machine(), ["torch", "torchvision"]))
+    assert "ERROR: " in proc.stderr and pair.split()[0] in proc.stderr  # pip's own words
     assert proc.stderr.rstrip().splitlines()[-1] == (
-        "bin/test: the step that failed: installing CPU torch (python -m pip install -q "
-        "torch==2.13.0); pip's error is above")
+        f"bin/test: the step that failed: installing torch (python -m pip install {pair}); "
+        "pip's error is above")
     assert "passed" not in proc.stdout  # pytest never started
+
+
+def test_torch_comes_with_torchvision_when_the_extras_ask_for_it(monkeypatch):
+    """bin/test (every extra) installs the torch and torchvision pair that imports together
+    on the machine; bin/demo (cnn, demo) CPU torch; FEATPIPE_TORCHVISION=0 leaves torchvision
+    and its extra out; nothing when they import already."""
+    monkeypatch.delenv("FEATPIPE_TORCHVISION", raising=False)
+    nothing = lambda module: False  # noqa: E731
+    assert missing.torch_install(["all"], "x86_64", nothing) == [
+        "torch==2.14.1", "torchvision==0.29.1"]
+    assert missing.torch_install(["all"], "aarch64", nothing) == [
+        "torch==2.9.1", "torchvision==0.24.1"]
+    assert missing.torch_install(["cnn", "demo"], "x86_64", nothing) == ["torch==2.13.0"]
+    assert missing.torch_install(["all"], "x86_64", lambda module: True) == []
+    assert missing.torch_install(["cnn"], "x86_64", lambda module: module == "torch") == []
+    assert missing.missing(["all"], lambda name: name != "featpipe") == \
+        ["--editable", ".[all]"]
+    monkeypatch.setenv("FEATPIPE_TORCHVISION", "0")
+    assert missing.torch_install(["all"], "x86_64", nothing) == ["torch==2.13.0"]
+    assert missing.missing(["all"], lambda name: name != "featpipe") == \
+        ["--editable", ".[cnn,cluster,demo,test]"]
+    assert "torchvision>=0.16" not in missing.missing(["all"], lambda name: name == "featpipe")
+
+
+# A distribution's Python (Debian 12's python3.11) gives new environments an old pip (23.0.1),
+# whose resolver spent over 12 minutes of CPU on `--editable .[all]`: the scripts bring the
+# pip of their own .venv to a current release before they install anything.
+
+DISTRIBUTION_PIP = "23.0.1"  # what Debian 12's python3.11 -m venv installs
+
+
+def _checkout_with_own_venv(folder: Path) -> tuple[Path, Path]:
+    """A checkout whose .venv (not activated) has pip 23.0.1 and, through a ``.pth`` file,
+    every package of the test environment (featpipe's metadata included, so nothing else is
+    missing): (the checkout, the .venv)."""
+    checkout = folder / "checkout"
+    (checkout / "bin").mkdir(parents=True)
+    for name in ("bin/environment.sh", "bin/missing.py", "pyproject.toml"):
+        (checkout / name).write_bytes((REPO / name).read_bytes())
+    venv = checkout / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                    "--disable-pip-version-check", f"pip=={DISTRIBUTION_PIP}"], check=True,
+                   timeout=300)
+    links = folder / "packages"
+    links.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith(("pip", "_distutils_hack", "distutils-precedence")):
+            (links / entry.name).symlink_to(entry)
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print("
+                           "sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    (Path(site) / "test-packages.pth").write_text(f"{links}\n")
+    return checkout, venv
+
+
+def _pip_version(venv: Path) -> str:
+    return subprocess.run([str(venv / "bin" / "python"), "-c", "from importlib import metadata;"
+                           " print(metadata.version('pip'))"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_an_old_pip_in_the_scripts_own_venv_is_brought_up_to_date_first(tmp_path):
+    checkout, venv = _checkout_with_own_venv(tmp_path)
+    assert _pip_version(venv) == DISTRIBUTION_PIP
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(REPO)  # featpipe.compiled: this checkout's kernels, cached
+    proc = subprocess.run(["bash", "-c", ". bin/environment.sh && prepare_environment bin/test "
+                           "all"], cwd=checkout, env=env, text=True, capture_output=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    installs = [line for line in proc.stderr.splitlines() if ": installing " in line]
+    assert installs == [f"bin/test: installing a current pip (this .venv has pip "
+                        f"{DISTRIBUTION_PIP}) into {venv}: --upgrade pip>=24.1"], proc.stderr
+    assert "Successfully installed pip-" in proc.stdout + proc.stderr  # pip says what it did
+    version = tuple(int(p) for p in _pip_version(venv).split(".")[:2])
+    assert version >= (24, 1)
+    again = subprocess.run(["bash", "-c", ". bin/environment.sh && prepare_environment bin/test "
+                            "all"], cwd=checkout, env=env, text=True, capture_output=True,
+                           timeout=600)
+    assert again.returncode == 0 and ": installing " not in again.stderr  # prepared: nothing
+
+
+def test_bin_test_help_says_how_to_skip_the_optional_build():
+    had_venv = (REPO / ".venv").exists()
+    proc = subprocess.run([str(REPO / "bin" / "test"), "--help"], text=True,
+                          capture_output=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"})
+    assert proc.returncode == 0 and proc.stdout.startswith("Usage: bin/test [--no-cyvlfeat]")
+    text = " ".join(proc.stdout.split())
+    assert "--no-cyvlfeat" in text and "FEATPIPE_NO_CYVLFEAT=1" in text
+    assert "usually 5-6 minutes of CPU" in text
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "bin/test --no-cyvlfeat" in readme and "FEATPIPE_NO_CYVLFEAT=1" in readme
+    assert (REPO / ".venv").exists() == had_venv  # --help prepares nothing
+    assert "installing" not in proc.stderr
+

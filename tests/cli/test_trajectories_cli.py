@@ -25,9 +25,10 @@ OPTIONS = [f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()]
 def test_options_and_dry_run(tmp_path, cli):
     ids = write_clips(tmp_path)
     manifest = write_manifest(tmp_path, [(i, f"{i}.avi", i, "train") for i in ids])
-    helped = cli("extract", "--help")
+    assert "dense trajectories" in cli("extract", "--help").output
+    helped = cli("extract", "--features", "idt", "--help")
     assert "--descriptors TEXT" in helped.output and "--human-boxes TEXT" in helped.output
-    assert "dense trajectories" in helped.output and "--keypoints" in helped.output
+    assert "--keypoints" in helped.output
     dry = cli("extract", "-m", manifest, "-s", tmp_path / "s", "-f", "idt", *OPTIONS,
               "--descriptors", "hog,hof,mbh", "--dry-run")
     assert dry.exit_code == 0, dry.output

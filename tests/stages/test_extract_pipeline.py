@@ -57,24 +57,29 @@ def test_batches_span_items_and_one_model_serves_all_workers(tmp_path):
     prep = VGGPreprocess(40, 32)
     model = SlowModel()
     per_item = {i: len(list(iter_frames(p, Sampling(every=4)))) for i, p in paths.items()}
-    frames, pids = [], set()
+    frames, pids, decoded = [], set(), []
     with DecodePool(2, program=CropProgram(prep)) as pool:
-        def counted(n):
-            frames.append(n)
-            pids.update(w.pid for w in pool.workers if w.pid)
-            if model.batches and sum(frames) - model.batches[0] >= 8:
-                model.gate.set()  # a whole batch was packed while the model computed
+        poll = pool.poll
 
+        def decoding(*args, **kwargs):  # the frames the workers send, as the parent reads them
+            events = poll(*args, **kwargs)
+            decoded.extend(len(e[3]) for e in events if e[0] == "frames")
+            pids.update(w.pid for w in pool.workers if w.pid)
+            if model.batches and sum(decoded) - model.batches[0] >= 8:
+                model.gate.set()  # a whole batch was packed while the model computed
+            return events
+
+        pool.poll = decoding
         extraction = Extraction(stage, pool, Sampling(every=4),
                                 FrameSinks(str(stage.path), local=False),
                                 network=Network(model, prep, 8))
-        extraction.on_frames = counted
+        extraction.on_frames = frames.append  # frames done: out of the model
         outcome = dict(extraction.run(list(paths.items())))
     assert outcome == {i: None for i in paths}
     assert len(pids) == 2  # two decoding processes ...
     assert len(model.threads) == 1  # ... and one model, on one thread
     assert max(per_item.values()) == 4 and max(model.batches) == 8  # a batch spans items
-    assert sum(frames) == sum(model.batches) == sum(per_item.values())
+    assert sum(frames) == sum(decoded) == sum(model.batches) == sum(per_item.values())
     for item_id, path in paths.items():
         decoded = list(iter_frames(path, Sampling(every=4)))
         expected = np.stack([SlowModel.features(prep(f)) for _, f in decoded])

@@ -126,7 +126,7 @@ def test_verify_skips_the_cut_last_line_of_a_killed_ledger_but_reports_a_cut_mid
 @pytest.mark.parametrize(("line", "reason"), [
     ('["x"]', "not a JSON object"),
     ('{"status": "done"}', "'id' missing"),
-    ('{"id": "x", "status": "ok"}', "'status' must be 'done' or 'failed'"),
+    ('{"id": "x", "status": "ok"}', "'status' must be 'done', 'failed' or 'removed'"),
     ('{"id": "x", "status": "done", "seconds": -1}', "'seconds' must be >= 0"),
     ('{"id": "x", "status": "done", "seconds": true}', "'seconds' must be a number"),
     ('{"id": "x", "status": "done", "time": 1e300}', "in the future"),
@@ -162,19 +162,24 @@ def test_a_well_formed_line_with_defaults_counts(tmp_path):
 
 def test_a_planned_stage_writes_nothing(tmp_path):
     """A dry run plans a stage (its key and items) without creating it: every write refuses
-    in one line and leaves the store without a stage folder."""
+    in one line and leaves the store without a stage folder; a model saved to it is a
+    stand-in kept in memory (later steps of the dry run are sized on it), never written."""
     items = from_rows([("x", "x.npy", ["a"], ["train"])], root=tmp_path)
     planned = Store(tmp_path / "s").stage("import", {"p": 1}, items=items, create=False)
     assert not planned.path.exists() and planned.items.ids == ["x"]
     writes = [lambda: planned.write_item("x", np.ones(3)),
               lambda: planned.record("x", "failed", error="e"),
               planned.mark_running,
-              lambda: planned.save_model("m", {"a": np.ones(2)}),
               lambda: planned.exclusive("run", lambda: None).__enter__()]
     for write in writes:
         with pytest.raises(FeatpipeError, match="is only planned"):
             write()
-    assert not planned.path.exists()
+    with pytest.raises(FeatpipeError, match="has no model 'm'"):
+        planned.load_model("m")
+    planned.save_model("m", {"a": np.ones(2)}, meta={"k": 3})
+    arrays, meta = planned.load_model("m")
+    assert arrays["a"].tolist() == [1.0, 1.0] and meta == {"k": 3}
+    assert not planned.path.exists() and not (tmp_path / "s" / "stages").exists()
 
 
 def test_an_item_records_the_seconds_it_took(tmp_path):
@@ -183,7 +188,7 @@ def test_an_item_records_the_seconds_it_took(tmp_path):
     stage.record("y", "failed", seconds=0.5, error="e")
     states = stage.item_states()
     assert (states["x"].seconds, states["y"].seconds) == (1.25, 0.5)
-    with pytest.raises(ValueError, match="ledger status must be 'done' or 'failed'"):
+    with pytest.raises(ValueError, match="ledger status must be 'done', 'failed' or 'removed'"):
         stage.record("x", "skipped")
 
 

@@ -48,16 +48,6 @@ def test_no_library_module_builds_command_line_options():
         assert "click.Option" not in text, path
 
 
-def test_encode_help_lists_each_default_once(cli):
-    text = " ".join(cli("encode", "--help").output.split())
-    assert "--window INTEGER Window length M of each sliding-window layer" in text
-    assert "(hrp) [20]" in text
-    assert "[rankpool: ssr; hrp, recursive: ser]" in text
-    assert "--gmm NAME GMM model stage. Made by `featpipe fit gmm`, `featpipe fit deep-gmm`" \
-        in text
-    assert "--per-frame / --per-item" in text and "--random-state, --seed INTEGER" in text
-
-
 def test_library_errors_name_parameters_and_the_cli_shows_flags(cli, tmp_path):
     with pytest.raises(ParameterError) as raised:
         HierarchicalRankPooling(window=0).fit([[[1.0]]])

@@ -152,3 +152,20 @@ def test_primal_solver_for_long_windows_reaches_liblinear_optimum(C, epsilon, dt
     ref = rank_svr_objective(V, R, C, epsilon)
     assert abs(ours[0] - ref[0]) <= 1e-6 * abs(ref[0])
     assert u @ R[0] / np.linalg.norm(u) / np.linalg.norm(R[0]) >= 0.99999
+
+
+
+@pytest.mark.parametrize("C", [0.1, 1.0, 100.0])
+def test_a_window_gets_the_same_bits_alone_and_in_any_batch(C):
+    """A window that settles keeps its coefficients while the others of its batch iterate, so
+    batching never changes a result (before, the extra Newton steps of a settled window moved
+    its last bits: 97 of 120 batches of these windows differed)."""
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        V = rng.standard_normal((8, int(rng.integers(5, 60)), 20))
+        V[::2] = np.cumsum(V[::2], axis=1)  # smooth windows settle sooner than random ones
+        V /= np.linalg.norm(V, axis=-1, keepdims=True)
+        G = V @ V.transpose(0, 2, 1)
+        together, _ = rank_svr_dual(G, C=C, epsilon=0.1)
+        for b in range(V.shape[0]):
+            np.testing.assert_array_equal(rank_svr_dual(G[b:b + 1], C=C)[0][0], together[b])

@@ -384,3 +384,56 @@ def test_a_long_final_layer_keeps_its_zero_columns(monkeypatch):
     v = np.asarray(HierarchicalRankPooling(window=5).transform([array_api_strict.asarray(X)])[0])
     assert widths == [12]
     assert_close_vectors(u, v)
+
+
+@pytest.mark.parametrize("psi", ["ser", "ssr", "none"])
+@pytest.mark.parametrize("directions", ["fwd", "both"])
+def test_rank_pooling_of_a_sequence_does_not_depend_on_its_batch(psi, directions):
+    """`featpipe encode` pools items in batches (64 a call for rankpool) while `extract --pool`
+    pools each item alone: both must give the same bits (one key, one result), whatever the
+    lengths and signs of the other items of a batch."""
+    from featpipe.encode.functional.temporal import rank_pool_sequences
+
+    rng = np.random.default_rng(7)
+    seqs = [rng.standard_normal((T, 24)).astype(np.float32) for T in (37, 50, 37, 8, 50, 37, 1)]
+    seqs[2] = np.abs(seqs[2])
+    params = dict(directions=directions, psi=psi, C=1.0, epsilon=0.1, solver="newton",
+                  device="cpu")
+    together = rank_pool_sequences(seqs, batch_size=64, **params)
+    for X, pooled in zip(seqs, together, strict=True):
+        np.testing.assert_array_equal(rank_pool_sequences([X], batch_size=64, **params)[0],
+                                      pooled)
+
+
+def test_a_long_memory_mapped_sequence_is_rank_pooled_within_the_memory_budget(tmp_path,
+                                                                              monkeypatch):
+    """Issue 38 §1: a sequence longer than the dense solver's 2,048 frames, memory-mapped (as an
+    extraction's pass spills a long video), is checked and rank pooled without a full-size
+    copy in memory: the solver's vectors go to a memory-mapped file once bigger than the
+    budget; the result equals the in-memory run's to the bit."""
+    import tracemalloc
+
+    from featpipe.encode.functional.temporal import (
+        DENSE_MAX_LENGTH,
+        LONG_CHUNK_ROWS,
+        rank_pool_sequences,
+    )
+
+    T, D = 3 * DENSE_MAX_LENGTH, 600
+    path = tmp_path / "x.npy"
+    X = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(T, D))
+    X[...] = np.random.default_rng(0).standard_normal((T, D))
+    X.flush()
+    params = dict(directions="both", psi="ssr", C=1.0, epsilon=0.1, solver="newton",
+                  device="cpu", batch_size=64)
+    expected = rank_pool_sequences([np.array(X)], **params)[0]
+    mapped = np.load(path, mmap_mode="r")
+    monkeypatch.setenv("FEATPIPE_MEMORY", "1M")
+    tracemalloc.start()
+    got = rank_pool_sequences([mapped], **params)[0]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    np.testing.assert_array_equal(got, expected)
+    # a fixed number of rows at a time (their float64 sums and maps), whatever the length:
+    # here a quarter of the 14.7 MB sequence
+    assert peak < 6 * 8 * LONG_CHUNK_ROWS * D < 0.3 * T * D * 4, peak

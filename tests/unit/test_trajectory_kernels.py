@@ -5,6 +5,7 @@ and block sums) against the release's arithmetic written out in numpy on a real 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 
 import cv2
@@ -211,3 +212,108 @@ def test_dis_scale_zero_is_opencvs_dis_on_the_whole_frame():
         for flow, scale, (height, width) in zip(flows, scales, sizes, strict=True):
             expected = cv2.resize(field, (width, height), interpolation=cv2.INTER_LINEAR)
             assert np.array_equal(flow, cv2.medianBlur(expected * np.float32(4 / scale), 5))
+
+
+def farneback_system_reference(r0, r1, flow):
+    """OpenCV's ``FarnebackUpdateMatrices`` (the release's copy) one pixel at a time in plain
+    Python floats (IEEE doubles, each operation rounded once), as featpipe defines it: the
+    float32 inputs (coefficients (5, H, W)) promoted, R1 sampled bilinearly at x + d when
+    x + d and the pixel after it are in the frame, the five outermost rows and columns
+    weighted in float32."""
+    height, width = flow.shape[:2]
+    r0, r1 = r0.transpose(1, 2, 0), r1.transpose(1, 2, 0)
+    border = np.array([0.14, 0.14, 0.4472, 0.4472, 0.4472], np.float32)
+    out = np.empty((height, width, 5), np.float32)
+    for y in range(height):
+        for x in range(width):
+            dx, dy = float(flow[y, x, 0]), float(flow[y, x, 1])
+            fx, fy = x + dx, y + dy
+            x1, y1 = math.floor(fx), math.floor(fy)
+            ax, ay = fx - x1, fy - y1
+            q = [float(v) for v in r0[y, x]]
+            if 0 <= x1 < width - 1 and 0 <= y1 < height - 1:
+                weights = ((1 - ax) * (1 - ay), ax * (1 - ay), (1 - ax) * ay, ax * ay)
+                corners = (r1[y1, x1], r1[y1, x1 + 1], r1[y1 + 1, x1], r1[y1 + 1, x1 + 1])
+                s = []
+                for c in range(5):
+                    total = weights[0] * float(corners[0][c])
+                    for k in range(1, 4):
+                        total += weights[k] * float(corners[k][c])
+                    s.append(total)
+                r2, r3 = s[0], s[1]
+                r4, r5, r6 = (q[2] + s[2]) * 0.5, (q[3] + s[3]) * 0.5, (q[4] + s[4]) * 0.25
+            else:
+                r2 = r3 = 0.0
+                r4, r5 = q[2], q[3]
+                r6 = float(np.float32(r0[y, x, 4]) * np.float32(0.5))
+            r2 = (q[0] - r2) * 0.5
+            r3 = (q[1] - r3) * 0.5
+            r2 += r4 * dy + r6 * dx
+            r3 += r6 * dy + r5 * dx
+            scale = np.float32(1.0)
+            for near, index in ((x < 5, x), (x >= width - 5, width - x - 1), (y < 5, y),
+                                (y >= height - 5, height - y - 1)):
+                if near:
+                    scale = np.float32(scale * border[index])
+            r2, r3, r4, r5, r6 = (v * float(scale) for v in (r2, r3, r4, r5, r6))
+            out[y, x] = (r4 * r4 + r6 * r6, (r4 + r5) * r6, r5 * r5 + r6 * r6,
+                         r4 * r2 + r6 * r3, r6 * r2 + r5 * r3)
+    return out
+
+
+@pytest.mark.parametrize("size", [(7, 9), (30, 300), (60, 80)])
+def test_farneback_kernels_equal_the_release_arithmetic_in_plain_python(size):
+    """The Farnebäck iteration's kernels (the system: corners picked from the 3 x 3
+    neighbourhood, or gathered into planes, both vectorised; the solve; the polynomial
+    coefficients) against their arithmetic written out in Python and numpy, to the bit: on
+    carphone's first two frames resized (real coefficients), with no flow, its flow, and that
+    flow with noise of 3 px in places (flows beyond a pixel, out of the frame); sizes below 10
+    (both border weights on a pixel) and wider than a strip."""
+    from featpipe.extract._trajectory_kernels import (
+        STRIP,
+        farneback_matrices,
+        farneback_solve,
+    )
+    from featpipe.extract.optical_flow import FarnebackPyramid
+
+    height, width = size
+    assert width > STRIP or width < 10 or height >= 60
+    previous, current = (cv2.resize(frame, (width, height), interpolation=cv2.INTER_AREA)
+                         for frame in clip("carphone_pristine.mp4", 2))
+    engine = FarnebackPyramid([size], [1.0], np.sqrt(2))
+    r0, r1 = engine.expand(previous)[0], engine.expand(current)[0]
+    # the coefficients: the correlations combined in float32, in the release's order
+    image = cv2.GaussianBlur(current.astype(np.float32), (3, 3), 0)
+    image = cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR)
+    ig11, ig03, ig33, ig55 = engine.inverse
+    g, xg, xxg = engine.g, engine.xg, engine.xxg
+    b1 = engine._correlate(image, g, g)
+    expected = np.stack([engine._correlate(image, g, xg) * ig11,
+                         engine._correlate(image, xg, g) * ig11,
+                         b1 * ig03 + engine._correlate(image, g, xxg) * ig33,
+                         b1 * ig03 + engine._correlate(image, xxg, g) * ig33,
+                         engine._correlate(image, xg, xg) * ig55])
+    np.testing.assert_array_equal(r1, expected)
+    flow = engine.flow([r0], [r1])[0]
+    rng = np.random.default_rng(3)
+    wild = flow + rng.normal(0, 3, flow.shape).astype(np.float32) * (rng.random(flow.shape)
+                                                                      < 0.2)
+    for d in (np.zeros_like(flow), flow, wild):
+        system = np.empty(size + (5,), np.float32)
+        farneback_matrices(r0, r1, d, system)
+        np.testing.assert_array_equal(system, farneback_system_reference(r0, r1, d))
+        solved = np.empty_like(d)
+        farneback_solve(system, solved)
+        g11, g12, g22, h1, h2 = (system[..., c].astype(np.float64) for c in range(5))
+        idet = 1.0 / (g11 * g22 - g12 * g12 + 1e-3)
+        np.testing.assert_array_equal(solved, np.stack([(g11 * h2 - g12 * h1) * idet,
+                                                        (g22 * h1 - g12 * h2) * idet],
+                                                       axis=2).astype(np.float32))
+    # the real flow stays within a pixel at most pixels (the neighbourhood pass), the wild
+    # one goes beyond at some, and out of the frame at some (the reference's other branch)
+    assert (np.abs(flow) < 1).all(axis=2).mean() > 0.5
+    assert (np.abs(wild) > 1).any(axis=2).mean() > 0.05
+    ys, xs = np.mgrid[:height, :width]
+    outside = ((np.floor(xs + wild[..., 0]) < 0) | (np.floor(xs + wild[..., 0]) >= width - 1)
+               | (np.floor(ys + wild[..., 1]) < 0) | (np.floor(ys + wild[..., 1]) >= height - 1))
+    assert 0 < outside.sum() < outside.size

@@ -36,11 +36,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from featpipe.backend import (
+    all_rows,
     device_namespace,
     memory_budget,
     namespace,
     refuse_grad,
     single_threaded_blas,
+    spill_array,
     to_numpy,
     worker_threads,
 )
@@ -64,6 +66,9 @@ from featpipe.errors import InputError, ParameterError
 from featpipe.fileio import human_bytes, memory_bytes
 
 SOLVERS = ("newton", "liblinear")
+#: Rows of a long sequence's vectors built at a time (:func:`rank_pool_long`): fixed, so
+#: that the result does not depend on the memory budget.
+LONG_CHUNK_ROWS = 128
 DIRECTIONS = ("fwd", "rev", "both")
 #: Windows longer than this are solved in the primal (rank_svr_primal) instead of the T×T dual.
 DENSE_MAX_LENGTH = 2048
@@ -97,7 +102,7 @@ def check_sequence(X, index, expected_dim: int | None = None, device="cpu"):
                          f"{expected_dim} like the first sequence")
     if not xp.isdtype(X.dtype, "real floating"):
         X = xp.astype(X, xp.float64)
-    if not bool(xp.all(xp.isfinite(X))):
+    if not all_rows(X, xp.isfinite):
         raise InputError(f"{name}: contains NaN or Inf")
     if device != "cpu" and array_is_numpy(X):
         dxp, dev = device_namespace(device)
@@ -170,7 +175,7 @@ def rank_pool_windows(W, psi="ser", C=1.0, epsilon=0.1, directions="fwd", solver
     W[b, :lengths[b]] (zero-padded beyond).
     """
     parts = []
-    nonnegative = bool(namespace(W).all(W >= 0)) if psi != "none" else None
+    nonnegative = all_rows(W, lambda block: block >= 0) if psi != "none" else None
     for direction in (("fwd", "rev") if directions == "both" else (directions,)):
         Wd = W if direction == "fwd" else _flip_valid(W, lengths)
         parts.append(rank_pool_sums(running_sum(Wd), psi, C, epsilon, solver, lengths,
@@ -239,33 +244,44 @@ def psi_pool(beta, parts, psi, nonnegative):
     return xp.concat([0.5 * (uR + uQ), 0.5 * (uR - uQ)], axis=-1)
 
 
-def rank_pool_long(X, psi="ser", C=1.0, epsilon=0.1, directions="fwd", solver="newton",
-                   chunk_bytes=None):
+def rank_pool_long(X, psi="ser", C=1.0, epsilon=0.1, directions="fwd", solver="newton"):
     """Rank-pool one long sequence X (T, D) without its T×T Gram matrix: the vectors
-    L2(ψ(TVM(X))) are built in row chunks (running sums carried across chunks) and the SVR is
-    solved in the primal by :func:`featpipe.encode.svr.rank_svr_primal`.  Not
-    differentiable: tensors that require grad are refused."""
+    L2(ψ(TVM(X))) are built in chunks of :data:`LONG_CHUNK_ROWS` rows (the running sums go
+    on across chunks in order, as one sequential sum) and the SVR is solved in the primal by
+    :func:`featpipe.encode.svr.rank_svr_primal`; the vectors are held in one array, a memory
+    map of a temporary file once bigger than the memory budget
+    (:func:`featpipe.backend.spill_array`).  The chunks are of a fixed size, so the result
+    does not depend on the budget.  Not differentiable: tensors that require grad are
+    refused."""
     refuse_grad(X, what="rank_pool_long (long sequences, solved in the primal)")
-    chunk_bytes = memory_budget(chunk_bytes)
     xp = namespace(X)
     device = getattr(X, "device", None)
     T, D = X.shape
     work = _work_float(xp, X)
-    rows = max(1, int(chunk_bytes // max(1, 4 * psi_dim(psi, D) * 8)))
+    rows = LONG_CHUNK_ROWS
+    half = psi == "ser" and solver == "newton"  # SerRows: SER's rows at half size
     parts = []
     for direction in (("fwd", "rev") if directions == "both" else (directions,)):
         Xd = X if direction == "fwd" else xp.flip(X, axis=0)
         carry = xp.zeros((1, D), dtype=work, device=device)
         chunks = []
+        # numpy: the rows of V in one array, a memory map once bigger than the memory budget
+        V = spill_array((T, D if half else psi_dim(psi, D)), X.dtype) \
+            if array_is_numpy(X) else None
         for start in range(0, T, rows):
-            sums = carry + xp.cumulative_sum(xp.astype(Xd[start: min(start + rows, T), ...], work),
-                                             axis=0)
+            sums = xp.cumulative_sum(xp.concat(
+                [carry, xp.astype(Xd[start: min(start + rows, T), ...], work)], axis=0),
+                axis=0)[1:, ...]
             carry = sums[-1:, ...]
             counts = xp.astype(xp.arange(start + 1, start + sums.shape[0] + 1, device=device),
                                work)
             smoothed = xp.astype(sums / counts[:, None], X.dtype)
-            chunks.append(SerRows.from_smoothed(smoothed) if psi == "ser" and solver == "newton"
-                          else normalized_map(smoothed, psi))
+            chunk = SerRows.from_smoothed(smoothed) if half else normalized_map(smoothed, psi)
+            if V is not None:
+                block = V[start:start + smoothed.shape[0]]
+                block[...] = chunk.array if half else chunk
+                chunk = SerRows(block) if half else block
+            chunks.append(chunk)
         if solver == "liblinear":
             V = np.asarray(to_numpy(xp.concat(chunks, axis=0)), dtype=np.float64)
             u = xp.asarray(rank_svr_liblinear(V[None], C, epsilon)[0].astype(
@@ -392,7 +408,7 @@ def hrp_layer(X, window=20, stride=1, psi="ser", C=1.0, epsilon=0.1, solver="new
         X = np.ascontiguousarray(X)  # one layout for the compiled passes
     threads = (threads or worker_threads()) if on_cpu else 1
     per_chunk = max(1, int(chunk_bytes // threads // window_bytes(M, D, _itemsize(xp, X))))
-    nonnegative = bool(xp.all(X >= 0))  # then every window sum is, too
+    nonnegative = all_rows(X, lambda block: block >= 0)  # then every window sum is, too
 
     def pool_chunk(c):
         return pool_windows(X, starts[c: c + per_chunk], M, stride, psi, C, epsilon, solver,
@@ -643,36 +659,27 @@ def approximate_rank_pool_sequences(seqs, *, device):
 
 
 def rank_pool_sequences(seqs, *, directions, psi, C, epsilon, solver, device, batch_size):
-    """Rank pooling of each whole sequence.  numpy: ``batch_size`` sequences solved together
-    (sorted by length; shorter ones zero-padded and masked), longer than
+    """Rank pooling of each whole sequence.  numpy: up to ``batch_size`` sequences of the
+    same length solved together (no padding, and each window's Gram matrix and Newton steps
+    are its own: a sequence gets the same bits alone or in any batch), longer than
     :data:`DENSE_MAX_LENGTH` in the primal; a device (Newton): every sequence in one
     :func:`rank_pool_batch`."""
     if not array_is_numpy(seqs[0]) and solver == "newton":
         return _rank_pool_batched(seqs, directions, psi, C, epsilon, solver)
     out = [None] * len(seqs)
+    by_length: dict[int, list[int]] = {}
     for i, X in enumerate(seqs):
         if X.shape[0] > DENSE_MAX_LENGTH:
             out[i] = rank_pool_long(X, psi, C, epsilon, directions, solver)
-    order = sorted((i for i in range(len(seqs)) if out[i] is None),
-                   key=lambda i: seqs[i].shape[0])
-    for c in range(0, len(order), batch_size):
-        group = order[c: c + batch_size]
-        lengths = [seqs[i].shape[0] for i in group]
-        T = max(lengths)
-        xp = namespace(seqs[group[0]])
-        padded = []
-        for i in group:
-            X = seqs[i]
-            if X.shape[0] < T:
-                pad = xp.zeros((T - X.shape[0], X.shape[1]), dtype=X.dtype,
-                               device=getattr(X, "device", None))
-                X = xp.concat([X, pad], axis=0)
-            padded.append(X)
-        W = xp.stack(padded, axis=0)
-        U = rank_pool_windows(W, psi, C, epsilon, directions, solver,
-                              None if min(lengths) == T else lengths)
-        for k, i in enumerate(group):
-            out[i] = U[k, ...]
+        else:
+            by_length.setdefault(X.shape[0], []).append(i)
+    for same in by_length.values():
+        for c in range(0, len(same), batch_size):
+            group = same[c: c + batch_size]
+            W = namespace(seqs[group[0]]).stack([seqs[i] for i in group], axis=0)
+            U = rank_pool_windows(W, psi, C, epsilon, directions, solver)
+            for k, i in enumerate(group):
+                out[i] = U[k, ...]
     return out
 
 
@@ -745,7 +752,7 @@ class _Layers:
         for i in np.flatnonzero(lengths > DENSE_MAX_LENGTH):
             part = X[int(offsets[i]): int(offsets[i] + lengths[i]), ...]
             out[i] = to_numpy(rank_pool_long(part, self.psi, self.C, self.epsilon,
-                                             self.directions, self.solver, self.chunk_bytes))
+                                             self.directions, self.solver))
         return out
 
     def encode_one(self, X):
@@ -785,7 +792,7 @@ class _Layers:
     def final(self, X):
         if X.shape[0] > DENSE_MAX_LENGTH:
             return rank_pool_long(X, self.psi, self.C, self.epsilon, self.directions,
-                                  self.solver, self.chunk_bytes)
+                                  self.solver)
         return rank_pool_windows(X[None, ...], self.psi, self.C, self.epsilon,
                                  self.directions, self.solver)[0, ...]
 
