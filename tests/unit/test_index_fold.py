@@ -12,6 +12,7 @@ import pytest
 from featpipe import index as stage_index
 from featpipe.manifest import from_rows
 from featpipe.store import Store, _ledger_entry
+from tests._stores import sealed_line
 
 
 def reference(lines: list[dict]) -> dict[str, tuple]:
@@ -73,7 +74,7 @@ def test_folding_in_pieces_in_any_order_equals_the_rule(tmp_path, seed, monkeypa
     for start in range(0, len(lines), 50):  # ledgers grow between compactions
         for line in lines[start:start + 50]:
             with open(ledgers[rng.integers(3)], "a") as handle:
-                handle.write(json.dumps(line) + "\n")
+                handle.write(sealed_line(stage, line))
             written.append(line)
         if rng.random() < 0.6:
             assert stage.compact_index()
@@ -108,7 +109,7 @@ def test_a_ledger_that_is_not_a_longer_copy_is_folded_again(tmp_path, edit):
     items = from_rows([(f"i{k}", "", [], []) for k in range(5)], tmp_path)
     stage = Store(tmp_path / "s").stage("import", {}, items=items)
     for k in range(5):
-        stage.record(f"i{k}", "done")
+        stage.record(f"i{k}", "done", sums={".npy": "crc32:00000001"})
     assert stage.compact_index()
     ledger = next((stage.path / "ledger").glob("*.jsonl"))
     lines = ledger.read_text().splitlines(keepends=True)
@@ -132,7 +133,7 @@ def test_a_damaged_index_is_folded_again_and_named(tmp_path):
     items = from_rows([(f"i{k}", "", [], []) for k in range(5)], tmp_path)
     stage = Store(tmp_path / "s").stage("import", {}, items=items)
     for k in range(5):
-        stage.record(f"i{k}", "done")
+        stage.record(f"i{k}", "done", sums={".npy": "crc32:00000001"})
     stage.record("i0", "failed", error="e")
     assert stage.compact_index()
     record = stage.path / stage_index.INDEX_FILE
@@ -154,14 +155,15 @@ def test_a_removed_line_undoes_the_done_lines_before_it_only(tmp_path):
     items = from_rows([("a", "", [], []), ("b", "", [], [])], tmp_path)
     stage = Store(tmp_path / "s").stage("import", {}, items=items)
     entry = _ledger_entry
-    for raw in ({"id": "a", "status": "done", "time": 1.0},
+    sums = {".npy": "crc32:00000001"}  # a done line of a stage with checksums has them
+    for raw in ({"id": "a", "status": "done", "time": 1.0, "sums": sums},
                 {"id": "a", "status": "removed", "time": 2.0, "error": "damaged"},
                 {"id": "b", "status": "removed", "time": 1.0},
-                {"id": "b", "status": "done", "time": 2.0}):
+                {"id": "b", "status": "done", "time": 2.0, "sums": sums}):
         assert not isinstance(entry(raw), str)
         stage.path.joinpath("ledger").mkdir(exist_ok=True)
         with open(stage.path / "ledger" / "h-1.jsonl", "a") as handle:
-            handle.write(json.dumps(raw) + "\n")
+            handle.write(sealed_line(stage, raw))
     for item_id in ("a", "b"):
         stage.item_path(item_id).parent.mkdir(parents=True, exist_ok=True)
         np.save(stage.item_path(item_id), np.ones(2))
