@@ -9,6 +9,11 @@ command holds no file of another kind, holds a file of each kind (but the transi
 ones), and :data:`TABLE` has a row for each kind.  A cell is ``NAMED`` (verify names the
 damage) or the reason why the damage is harmless and no command can see it (verify then
 reports nothing, and the results are still bit-equal after the commands run again).
+
+The store holds batch files (a stage of at least :data:`featpipe.batches.MIN_ITEMS` items,
+lowered here to 10 so that the 12 imported items commit in one), the index of every stage
+that ran, and a view (``encode --method fisher-group`` of stored per-frame grouped Fisher
+vectors, on the toy grouped method of ``tests/_cell_groups.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import pytest
 from featpipe.fileio import HOST
 from featpipe.store import Store
 from featpipe.store_files import FILE_KINDS, kind_of
+from tests._avi import write_avi
 from tests.conftest import invoke_cli
 
 NAMED = "named"
@@ -34,11 +40,16 @@ DAMAGES = ("flip", "truncate", "delete", "swap")
 #: kind -> damage -> NAMED or why the damage changes nothing a command could see
 TABLE = {
     "stage record": dict.fromkeys(DAMAGES, NAMED),
+    "view record": dict.fromkeys(DAMAGES, NAMED),
     "item list": dict.fromkeys(DAMAGES, NAMED),
     "read hashes": dict.fromkeys(DAMAGES, NAMED),
     "item sidecar": dict.fromkeys(DAMAGES, NAMED),
     "item array": dict.fromkeys(DAMAGES, NAMED),
     "ledger": dict.fromkeys(DAMAGES, NAMED),
+    "batch file": dict.fromkeys(DAMAGES, NAMED),
+    "index record": {"flip": NAMED, "truncate": NAMED, "swap": NAMED,
+                     "delete": "a cache of the ledgers: folded again, the next run writes it"},
+    "index table": dict.fromkeys(DAMAGES, NAMED),
     "model arrays": dict.fromkeys(DAMAGES, NAMED),
     "model metadata": dict.fromkeys(DAMAGES, NAMED),
     "model checksums": dict.fromkeys(DAMAGES, NAMED),
@@ -58,7 +69,19 @@ TABLE = {
 }
 #: Kinds a finished store does not hold (written by other commands or while they run).
 TRANSIENT = {"task log": "written by `featpipe submit` and SLURM only",
-             "temporary": "only while a write runs, or left by a killed one"}
+             "temporary": "only while a write runs, or left by a killed one",
+             "spill file": "only while an encode or extraction runs, or left by a killed one"}
+#: Batch files from this many items on (featpipe.batches.MIN_ITEMS, 1000): the import of 12.
+MIN_ITEMS = 10
+#: The toy grouped feature method the view is made from, and its parameters.
+PLUGIN = "tests._cell_groups"
+CELLS = ("-f", "cell-groups", "--cell", "4", "--descriptors", "colour,grey", "--every", "1")
+
+
+@pytest.fixture(autouse=True)
+def _batches_and_groups(monkeypatch):
+    monkeypatch.setattr("featpipe.batches.MIN_ITEMS", MIN_ITEMS)
+    monkeypatch.setenv("FEATPIPE_FEATURES", PLUGIN)
 
 
 def _write_data(folder: Path, seed: int) -> None:
@@ -81,6 +104,12 @@ def _write_data(folder: Path, seed: int) -> None:
                                                                     np.uint8))
         rows.append(f"i{i},img/i{i}.png,c{i % 2},{'train' if i < 2 else 'test'}")
     (folder / "im.csv").write_text("\n".join(rows) + "\n")
+    rows = ["id,path,label,split1"]
+    for k in range(2):  # two 6-frame clips of noise drifting
+        base = rng.integers(0, 256, (40, 56, 3), np.uint8)
+        write_avi(folder / f"c{k}.avi", [base[t:t + 32, 2 * t:2 * t + 48] for t in range(6)], 10)
+        rows.append(f"c{k},c{k}.avi,c{k},train")
+    (folder / "vid.csv").write_text("\n".join(rows) + "\n")
 
 
 def _commands(data: Path, store: Path) -> list[tuple[tuple, int]]:
@@ -93,6 +122,15 @@ def _commands(data: Path, store: Path) -> list[tuple[tuple, int]]:
         (("fit", "standardize", "-s", store, "--input", "feat", "-n", "z"), 0),
         (("encode", "-s", store, "-i", "feat", "-m", "avg", "-n", "avg"), 0),
         (("cache", "pack", "-s", store, "avg", "--shards", "2"), 0),
+        # per-frame grouped Fisher vectors, and a view of one group's columns of them
+        (("extract", "-m", data / "vid.csv", "-s", store, *CELLS, "--sample-descriptors",
+          "400", "-n", "gsample"), 0),
+        (("fit", "gmm", "-s", store, "--input", "gsample", "-n", "g", "--groups",
+          "colour,grey", "--pca-fraction", "0.5", "--n-components", "2"), 0),
+        (("extract", "-m", data / "vid.csv", "-s", store, *CELLS, "--encode", "fisher",
+          "--gmm", "g", "--per-frame", "-n", "fv"), 0),
+        (("encode", "-s", store, "-i", "fv", "-m", "fisher-group", "--gmm", "g", "--group",
+          "grey", "-n", "grey"), 0),
         # an unfinished run: w99 has no file, the run stops there and keeps its marker
         (("import", "--manifest", data / "part.csv", "--from", data / "npy", "-s", store,
           "--name", "part"), 1),
@@ -119,8 +157,11 @@ def _make(folder: Path, seed: int) -> Path:
 def stores(tmp_path_factory):
     """The store made by every command, and another one made from other data (the donor of
     the replacements), each with its data folder beside it (same path lengths)."""
-    return (_make(tmp_path_factory.mktemp("main"), 0),
-            _make(tmp_path_factory.mktemp("twin"), 1))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("featpipe.batches.MIN_ITEMS", MIN_ITEMS)
+        patch.setenv("FEATPIPE_FEATURES", PLUGIN)
+        return (_make(tmp_path_factory.mktemp("main"), 0),
+                _make(tmp_path_factory.mktemp("twin"), 1))
 
 
 def _files(store: Path) -> dict[str, str]:
@@ -141,7 +182,7 @@ def results(store: Path) -> dict:
 
     found = {}
     root = Store(store)
-    for name in ("feat", "sift", "z", "avg", "part"):
+    for name in ("feat", "sift", "z", "avg", "part", "g", "fv", "grey"):
         stage = latest_stage(root, name)
         entry = {"stage": stage.name, "items": stage.items.to_csv(None)}
         for item_id in sorted(stage.done_ids()):
