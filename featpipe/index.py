@@ -662,7 +662,8 @@ def problems(stage_path: Path, parse: Callable) -> list[str]:
     try:
         table = read_table(stage_path, stored)
     except (OSError, ValueError, KeyError, TypeError) as err:
-        return [f"index table {stored.table_file}: damaged or missing ({first_line(err)})"]
+        return [f"index {INDEX_FILE}: its table {stored.table_file}: damaged or missing "
+                f"({first_line(err)})"]
     fresh = Index(table=Table())
     for name, tally in sorted(stored.ledgers.items()):
         ledger = stage_path / "ledger" / name

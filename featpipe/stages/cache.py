@@ -285,8 +285,9 @@ def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
     recomputes exactly that (resume computes what is missing): a record file (the re-run
     writes it again), the damaged lines of a ledger (the file is rewritten without them,
     while no process computes the stage), item files no ledger line accounts for, a loose
-    item's files (the main array first: without it the item is not done), a model's files,
-    a batch file that is damaged or holds a damaged item (whole: its other items are small,
+    item's files (the main array first: without it the item is not done), a damaged
+    model's files and those of the other models of its stage (one fit made them), a batch
+    file that is damaged or holds a damaged item (whole: its other items are small,
     :mod:`featpipe.batches`), from a packed file the damaged items (the file is rewritten
     with the others; an unreadable one is dropped whole), the whole pack when its index is
     damaged, and a damaged index (a cache of the ledgers).  Each item removed gets a
@@ -336,12 +337,16 @@ def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
             removed.extend(held.get(name, []))
             done.append(f"removed batch file {name} ({len(held.get(name, []))} item(s), "
                         "damaged or holding a damaged item)")
-    for model in found.models:
-        for suffix in (".npz", ".json", MODEL_SUMS):
-            path = stage.path / "models" / f"{model}{suffix}"
-            with writing(path, "remove"):
-                path.unlink(missing_ok=True)
-        done.append(f"removed damaged model {model!r}")
+    if found.models:  # one fit wrote them all: its re-run fits them all again
+        for model in [*found.models, *(m for m in stage.model_names()
+                                        if m not in found.models)]:
+            for suffix in (MODEL_SUMS, ".npz", ".json"):  # the commit point first
+                path = stage.path / "models" / f"{model}{suffix}"
+                with writing(path, "remove"):
+                    path.unlink(missing_ok=True)
+            done.append(f"removed damaged model {model!r}" if model in found.models else
+                        f"removed model {model!r} (fitted with the damaged one: the re-run "
+                        "fits the stage's models again)")
     if found.pack_index:
         dropped = remove_pack(stage)
         done.append(f"removed the damaged pack ({len(dropped)} packed item(s) to recompute)")

@@ -4,8 +4,6 @@ stays equal to that reference, here a literal transcription of the rule."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
