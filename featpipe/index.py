@@ -466,8 +466,8 @@ def load(stage_path: Path, parse: Callable, need_table: bool = False,
     """The stage's index, with everything its ledgers hold now folded in (with ``pending``,
     a last line without its newline too, for this reader only).
 
-    ``parse(value, line)`` turns a ledger line's JSON value (and its bytes, whose seal it
-    checks) into an entry or the reason it is not one
+    ``parse(value, line, ledger)`` turns a ledger line's JSON value (and its bytes, whose
+    seal it checks, and its ledger file's name) into an entry or the reason it is not one
     (:meth:`featpipe.store.Stage.parse_line`).  The record and table on disk are used when
     they are sound (``trust``) and the ledgers only grew since; the table is read only when
     a ledger must be folded or ``need_table``.  Nothing is written.
@@ -564,7 +564,7 @@ def _fold_line(index: Index, tally: LedgerTally, line: bytes, parse: Callable, l
     if not line.strip():
         return
     try:
-        entry = parse(json.loads(line), line)
+        entry = parse(json.loads(line), line, tally.name)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         if problems is not None:
             problems.append(f"ledger {tally.name} line {lineno}: not JSON ({err})")

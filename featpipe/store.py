@@ -600,14 +600,16 @@ class Stage:
 
         return sorted(self.index().problems, key=where)
 
-    def parse_line(self, value, line: bytes) -> LedgerEntry | str:
-        """Ledger line ``line`` (its JSON ``value``) as an entry, or the reason it is not one:
-        malformed, or damaged (its seal differs from its bytes, or it has none in a stage
-        written with checksums: :func:`featpipe.checksums.check_seal`)."""
+    def parse_line(self, value, line: bytes, ledger: str | None = None) -> LedgerEntry | str:
+        """Ledger line ``line`` (its JSON ``value``, in ledger file ``ledger``) as an entry,
+        or the reason it is not one: malformed, or damaged (its seal differs from its bytes,
+        or it has none in a stage written with checksums:
+        :func:`featpipe.checksums.check_seal`)."""
         entry = _ledger_entry(value, self.checksummed)
         if isinstance(entry, LedgerEntry):  # well formed: is it what was written?
+            where = self.path / "ledger" / ledger if ledger else None
             try:
-                if not check_seal(line, ledger_owner(self.name)) and self.checksummed:
+                if not check_seal(line, ledger_owner(self.name), where) and self.checksummed:
                     return "damaged: no checksum of its own, in a stage written with checksums"
             except ChecksumError as err:
                 return f"damaged ({first_line(err)})"
@@ -628,7 +630,7 @@ class Stage:
                 if not line.strip():
                     continue
                 try:
-                    entry = self.parse_line(json.loads(line), line)
+                    entry = self.parse_line(json.loads(line), line, path.name)
                 except (json.JSONDecodeError, UnicodeDecodeError) as err:
                     if lineno - 1 == last:
                         continue  # the process was killed while writing this line
