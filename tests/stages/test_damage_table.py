@@ -18,6 +18,7 @@ vectors, on the toy grouped method of ``tests/_cell_groups.py``).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -73,11 +74,33 @@ TRANSIENT = {"task log": "written by `featpipe submit` and SLURM only",
              "spill file": "only while an encode or extraction runs, or left by a killed one"}
 #: Batch files from this many items on (featpipe.batches.MIN_ITEMS, 1000): the import of 12.
 MIN_ITEMS = 10
-#: The toy grouped feature method the view is made from, with its default parameters (cells
-#: of 4 x 4, groups colour and grey): its own options are made when the command line is
-#: first imported, which may be before this module sets $FEATPIPE_FEATURES.
+#: The toy grouped feature method the view is made from (its options and its name are
+#: made when the command line is first imported, which may be before this module sets
+#: $FEATPIPE_FEATURES: these steps run through the library, as the commands would).
 PLUGIN = "tests._cell_groups"
-CELLS = ("-f", "cell-groups", "--every", "1")
+
+
+def _grouped(data: Path, store: Path) -> None:
+    """``extract -f cell-groups --every 1 --sample-descriptors 400 -n gsample``, ``fit gmm
+    --groups colour,grey --pca-fraction 0.5 -k 2 -n g``, ``extract ... --encode fisher --gmm g
+    --per-frame -n fv`` and ``encode -i fv -m fisher-group --gmm g --group grey -n grey``: a
+    view of one group's columns of the stored per-frame grouped Fisher vectors."""
+    from featpipe import stages
+    from featpipe.extract.settings import ExtractSettings
+    from featpipe.io.video import Sampling
+    from featpipe.manifest import Manifest
+
+    root, manifest = Store(store), Manifest.read(data / "vid.csv")
+
+    def extract(name, **settings):
+        stages.extract(root, manifest, "cell-groups", sampling=Sampling(every=1),
+                       settings=ExtractSettings(**settings), name=name)
+
+    extract("gsample", sample_descriptors=400)
+    stages.fit_gmm(root, "gsample", name="g", groups="colour,grey", pca_fraction=0.5,
+                   n_components=2)
+    extract("fv", encode="fisher", encode_params={"gmm": "g", "per_frame": True})
+    stages.encode(root, "fv", "fisher-group", {"gmm": "g", "group": "grey"}, name="grey")
 
 
 @pytest.fixture(autouse=True)
@@ -114,7 +137,7 @@ def _write_data(folder: Path, seed: int) -> None:
     (folder / "vid.csv").write_text("\n".join(rows) + "\n")
 
 
-def _commands(data: Path, store: Path) -> list[tuple[tuple, int]]:
+def _commands(data: Path, store: Path) -> list[tuple]:
     """The commands that make the store, each with its exit status: every kind of file."""
     return [
         (("import", "--manifest", data / "m.csv", "--from", data / "npy", "-s", store,
@@ -125,14 +148,7 @@ def _commands(data: Path, store: Path) -> list[tuple[tuple, int]]:
         (("encode", "-s", store, "-i", "feat", "-m", "avg", "-n", "avg"), 0),
         (("cache", "pack", "-s", store, "avg", "--shards", "2"), 0),
         # per-frame grouped Fisher vectors, and a view of one group's columns of them
-        (("extract", "-m", data / "vid.csv", "-s", store, *CELLS, "--sample-descriptors",
-          "400", "-n", "gsample"), 0),
-        (("fit", "gmm", "-s", store, "--input", "gsample", "-n", "g", "--groups",
-          "colour,grey", "--pca-fraction", "0.5", "--n-components", "2"), 0),
-        (("extract", "-m", data / "vid.csv", "-s", store, *CELLS, "--encode", "fisher",
-          "--gmm", "g", "--per-frame", "-n", "fv"), 0),
-        (("encode", "-s", store, "-i", "fv", "-m", "fisher-group", "--gmm", "g", "--group",
-          "grey", "-n", "grey"), 0),
+        (functools.partial(_grouped, data, store), 0),
         # an unfinished run: w99 has no file, the run stops there and keeps its marker
         (("import", "--manifest", data / "part.csv", "--from", data / "npy", "-s", store,
           "--name", "part"), 1),
@@ -141,6 +157,9 @@ def _commands(data: Path, store: Path) -> list[tuple[tuple, int]]:
 
 def _run(commands) -> None:
     for args, status in commands:
+        if callable(args):  # steps run through the library
+            args()
+            continue
         result = invoke_cli(*args)
         assert result.exit_code == status, (args, result.output)
 
