@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from featpipe.errors import FeatpipeError
-from featpipe.fileio import atomic_write_bytes, write_if_changed
+from featpipe.fileio import atomic_write, write_if_changed
 
 #: The cache file of a store, beside ``stages/`` and ``names/``.
 CACHE_NAME = "content-hashes.json"
@@ -64,7 +65,7 @@ class ContentHashes:
         self._changed = False
         self.read_bytes = 0  # bytes hashed (not served from the cache) by this object
         #: ``[size, mtime_ns, ctime_ns, inode, sha256]`` of every file hashed or looked up by
-        #: this object: what a stage key was computed from
+        #: this object: what a stage key was computed from (a reader may pop what it took)
         self.seen: dict[str, list] = {}
         if self.cache_file is not None:
             try:
@@ -110,7 +111,13 @@ class ContentHashes:
         if self.cache_file is None or not self._changed:
             return
         self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(self.cache_file, json.dumps(self._cache).encode("utf-8"))
+
+        def write(handle) -> None:  # streamed: no copy of the whole text (10^6 files)
+            text = io.TextIOWrapper(handle, encoding="utf-8", write_through=True)
+            json.dump(self._cache, text)
+            text.detach()
+
+        atomic_write(self.cache_file, write)
         self._changed = False
 
 
