@@ -21,12 +21,13 @@ import hashlib
 import json
 import logging
 import os
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from featpipe.checksums import seal_json, unseal_json
+from featpipe.checksums import as_text, owner_crc, seal_json, unseal_json
 from featpipe.errors import FeatpipeError
-from featpipe.fileio import atomic_write_bytes, first_line
+from featpipe.fileio import atomic_write, first_line
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class ContentHashes:
         self._changed = False
         self.read_bytes = 0  # bytes hashed (not served from the cache) by this object
         #: ``[size, mtime_ns, ctime_ns, inode, sha256]`` of every file hashed or looked up by
-        #: this object: what a stage key was computed from
+        #: this object: what a stage key was computed from (a reader may pop what it took)
         self.seen: dict[str, list] = {}
         if self.cache_file is not None:
             self._cache = load_cache(self.cache_file)
@@ -109,7 +110,7 @@ class ContentHashes:
         if self.cache_file is None or not self._changed:
             return
         self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(self.cache_file, cache_bytes(self._cache))
+        atomic_write(self.cache_file, lambda handle: write_cache(handle, self._cache))
         self._changed = False
 
 
@@ -117,6 +118,28 @@ def cache_bytes(entries: dict) -> bytes:
     """The content-hash cache file of ``entries``, sealed (:func:`featpipe.checksums.
     seal_json`): damage at rest is found when it is read and by ``cache verify``."""
     return seal_json(json.dumps(entries).encode(), CACHE_NAME)
+
+
+def write_cache(handle, entries: dict) -> None:
+    """Write :func:`cache_bytes` of ``entries`` to ``handle`` piece by piece, summed as it
+    goes: no copy of the whole text (10^6 files)."""
+    crc, last = owner_crc(CACHE_NAME), ""
+    pending = ""
+    for chunk in json.JSONEncoder().iterencode(entries):
+        if pending:
+            data = pending.encode()
+            crc = zlib.crc32(data, crc)
+            handle.write(data)
+            last = pending[-1]
+        pending = chunk
+    head = pending.rstrip()[:-1].rstrip()  # the object without its closing brace
+    if head:
+        last = head[-1]
+    if last != "{":
+        head += ", "
+    data = head.encode()
+    crc = zlib.crc32(data, crc)
+    handle.write(data + b'"crc32": "' + as_text(crc).encode() + b'"}')
 
 
 def load_cache(path: Path, strict: bool = False) -> dict:

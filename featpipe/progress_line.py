@@ -46,7 +46,6 @@ from collections.abc import Callable
 from typing import Protocol
 
 from featpipe.progress import RateEstimate, format_duration
-from featpipe.reporting import Progress
 from featpipe.settings import progress_interval_setting
 
 #: Seconds between plain progress lines off a terminal, by default.
@@ -167,9 +166,14 @@ class StatusBoard:
         self._last_draw = now
 
 
-class ProgressDisplay(Progress):
+class ProgressDisplay:
     """One progress of a run: ``total`` units (or None), counted by :meth:`advance`;
-    ``declared`` is the total it was opened with when the run ended at another count."""
+    ``declared`` is the total it was opened with when the run ended at another count (the
+    interface of :class:`featpipe.reporting.Progress`, which imports this module when it
+    shows one: no import back)."""
+
+    def __enter__(self) -> ProgressDisplay:
+        return self
 
     def __init__(self, board: StatusBoard, total: int | None, label: str, unit: str):
         self.board = board

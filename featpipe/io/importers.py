@@ -482,9 +482,9 @@ def source_fingerprint(source, manifest: Manifest, hashes: ContentHashes,
             for item in manifest:
                 path = source.locate(item)
                 yield item.id, path  # hashed by ``digest`` before the next line runs
+                seen = None if path is None else hashes.seen.pop(os.path.abspath(path))
                 if read is not None and read.get(item.id) is None:
-                    read[item.id] = None if path is None else \
-                        hashes.seen[os.path.abspath(path)][4]
+                    read[item.id] = None if seen is None else seen[4]
 
         return {"format": source.fmt, "content": hashes.digest(files())}
     return {"format": source.fmt, "content": hashes.digest([("file", source.path)])}

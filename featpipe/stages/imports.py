@@ -86,11 +86,12 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
              if not isinstance(s, NpyDirSource)}
     if not dry_run:
         hashes.save()
+    del hashes  # the cache of every file's hash: not kept while the stage is written
     params.update({"transpose": True} if transpose else {})
     params.update({"mat_variable": mat_variable} if mat_variable else {})
     stage = store.stage("import", params, items=manifest, dtype=dtype, create=not dry_run,
                         records={READ_HASHES: read_hashes_record(read)} if read else None)
-    del hashes, read  # a few hundred bytes an item: not kept while the items are computed
+    del read  # about 100 bytes an item: not kept while the items are computed
     expected = scan.expected
     if scan.mat.items:
         reporter.info(f"orientation: {scan.mat.items} item(s) from .mat files, read "
