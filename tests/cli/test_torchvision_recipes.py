@@ -27,7 +27,7 @@ def page_folder(page: str, heading: str) -> tuple[str, Path]:
     ``docs-test`` stand-ins): the stdout of the blocks under ``heading`` and the run's folder."""
     run = docs.page_run(page)
     assert run.failure is None, run.failure
-    text = (REPO / "docs" / page).read_text(encoding="utf-8")
+    text = (REPO / page).read_text(encoding="utf-8")
     section = text.split(heading, 1)[1].split("\n## ", 1)[0]
     ran = [r for r in run.runs if r.ran and r.block.text in section]
     assert ran, f"no block of {page} under {heading!r} ran"
@@ -35,7 +35,7 @@ def page_folder(page: str, heading: str) -> tuple[str, Path]:
 
 
 def test_extraction_recipes_run_on_rendered_ucf101_shaped_folders():
-    out, folder = page_folder("extraction.md", "### Recipes on UCF101-shaped folders")
+    out, folder = page_folder("docs/extraction.md", "### Recipes on UCF101-shaped folders")
     store = Store(folder / "S")
     r50, r21d = store.resolve("r50"), store.resolve("r21d")
     first = sorted(r50.done_ids())[0]
@@ -48,7 +48,7 @@ def test_extraction_recipes_run_on_rendered_ucf101_shaped_folders():
 
 
 def test_the_plugin_network_of_the_python_api_page_runs_as_written():
-    out, folder = page_folder("python-api.md", "## A network as a feature (plugin)")
+    out, folder = page_folder("docs/python-api.md", "## A network as a feature (plugin)")
     assert "summary: 4 done" in out, out
     stage = Store(folder / "S").resolve("tiny")
     assert stage.params["width"] == 8 and stage.params["weights"] == "random:0"
