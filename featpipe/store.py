@@ -61,7 +61,6 @@ from featpipe.checksums import (
     seal_json,
     unseal_json,
 )
-from featpipe.content import CACHE_NAME
 from featpipe.errors import FeatpipeError, ItemError, ParameterError, WriteError
 from featpipe.fileio import (
     HOST,
@@ -112,6 +111,9 @@ CREATION_GRACE_S = 60.0
 #: The record of a view stage (:meth:`Stage.make_view`): the input stage whose items it
 #: reads and the column range it keeps; such a stage holds no arrays of its own.
 VIEW_FILE = "view.json"
+#: The content-hash cache of a store (:mod:`featpipe.content`), beside ``stages/`` and
+#: ``names/``.
+CACHE_NAME = "content-hashes.json"
 _VERSIONED_PACKAGES = ("numpy", "scipy", "scikit-learn", "torch", "opencv-python-headless")
 
 

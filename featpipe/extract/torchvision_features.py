@@ -135,7 +135,7 @@ class ClassificationTransform:
         cropped = F.center_crop(resized, list(self.crop))
         return np.ascontiguousarray(cropped.permute(1, 2, 0).numpy())
 
-    def normalise(self, crops):
+    def scale_and_normalise(self, crops):
         """(N, H, W, 3) uint8 crops -> (N, 3, H, W) float32, or (N, T, H, W, 3) clips ->
         (N, 3, T, H, W): ``convert_image_dtype`` then ``normalize``, on the crops' device."""
         import torch
@@ -206,7 +206,7 @@ class FrameNetwork:
         import torch
 
         with torch.inference_mode():
-            batch = self.transform.normalise(crops.to(self.device, non_blocking=True))
+            batch = self.transform.scale_and_normalise(crops.to(self.device, non_blocking=True))
             if self.device == "cuda":
                 with torch.autocast("cuda", dtype=torch.float16):
                     out = self.module(batch)
