@@ -129,3 +129,14 @@ def make_old(root, item_sums: bool = True) -> None:
     if not item_sums:
         for sums in root.glob("stages/*/models/*.sums"):
             sums.unlink()
+
+
+def imported_store(tmp_path, cli) -> tuple:
+    """A store with the items of :func:`write_npy_dataset` imported as ``feat``: (the store's
+    path, the import command that made it)."""
+    manifest = write_npy_dataset(tmp_path)
+    store = tmp_path / "s"
+    command = ("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store", store,
+               "--name", "feat")
+    cli(*command, check=True)
+    return store, command

@@ -19,18 +19,13 @@ from featpipe.errors import InputError
 from featpipe.fileio import HOST
 from featpipe.stages.base import RUNNING
 from featpipe.store import Store
-from tests._stores import write_npy_dataset
+from tests._stores import imported_store, write_npy_dataset
 from tests.conftest import REPO, one_line_error
 
 
 @pytest.fixture
 def feat(tmp_path, cli):
-    manifest = write_npy_dataset(tmp_path)
-    store = tmp_path / "s"
-    command = ("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store", store,
-               "--name", "feat")
-    cli(*command, check=True)
-    return store, command
+    return imported_store(tmp_path, cli)
 
 
 def test_a_symlinked_manifest_is_read_from_the_links_folder_by_check_and_import(tmp_path,

@@ -16,7 +16,7 @@ import pytest
 from featpipe.fileio import safe_stem
 from featpipe.packed import open_h5
 from featpipe.store import Store
-from tests._stores import write_npy_dataset
+from tests._stores import imported_store
 from tests.conftest import one_line_error, run_cli
 
 
@@ -27,12 +27,7 @@ def problems(result) -> list[str]:
 @pytest.fixture
 def feat(tmp_path, cli):
     """A store with 12 imported (T, 8) items named ``feat`` and the command that made it."""
-    manifest = write_npy_dataset(tmp_path)
-    store = tmp_path / "s"
-    command = ("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store", store,
-               "--name", "feat")
-    cli(*command, check=True)
-    return store, command
+    return imported_store(tmp_path, cli)
 
 
 def exported(cli, store, tmp_path, name="feat"):
