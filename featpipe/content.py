@@ -259,7 +259,9 @@ class ReadHashes(Mapping):
             digests += self._NONE if digest is None else bytes.fromhex(digest)
         key_rows = np.frombuffer(keys, np.uint64).reshape(-1, 2)
         order = np.lexsort((key_rows[:, 1], key_rows[:, 0]))
-        self._keys = key_rows[order]
+        # contiguous columns: a search in a strided view would copy the column every time
+        self._high = np.ascontiguousarray(key_rows[order, 0])
+        self._low = np.ascontiguousarray(key_rows[order, 1])
         self._digests = np.frombuffer(bytes(digests), np.uint8).reshape(-1, 32)[order]
 
     def _row(self, item_id) -> int | None:
@@ -268,10 +270,10 @@ class ReadHashes(Mapping):
         if not isinstance(item_id, str):
             return None
         high, low = _id_key(item_id)
-        column = self._keys[:, 0]
-        for row in range(int(np.searchsorted(column, high, "left")),
-                         int(np.searchsorted(column, high, "right"))):
-            if int(self._keys[row, 1]) == low:
+        high = np.uint64(high)
+        for row in range(int(np.searchsorted(self._high, high, "left")),
+                         int(np.searchsorted(self._high, high, "right"))):
+            if int(self._low[row]) == low:
                 return row
         return None
 
@@ -286,15 +288,15 @@ class ReadHashes(Mapping):
         return self._row(item_id) is not None
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self._high)
 
     def __eq__(self, other) -> bool:
         if other is self:
             return True
         if isinstance(other, ReadHashes):
-            return bool((self._keys == other._keys).all() and
-                        (self._digests == other._digests).all()) \
-                if len(self) == len(other) else False
+            return len(self) == len(other) and bool(
+                (self._high == other._high).all() and (self._low == other._low).all()
+                and (self._digests == other._digests).all())
         return super().__eq__(other)
 
     __hash__ = None
