@@ -169,10 +169,11 @@ def check_stage_command(argv: list[str]) -> str:
     proc = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True,
                           env=dict(os.environ, **{NODE_CHECKS_ENV: "1"}))
     if proc.returncode == 0:
-        summary = proc.stdout.strip().splitlines()[-1:] or [""]
+        lines = proc.stdout.strip().splitlines() or [""]
+        summary = next((line for line in reversed(lines) if " to compute, " in line), lines[-1])
         if verbosity() >= 0:
             click.echo(f"checked: {shlex.join(['featpipe', *argv[3:]])} --dry-run: "
-                       f"{summary[0]}" + (f"; {deferred}" if deferred else ""), err=True)
+                       f"{summary}" + (f"; {deferred}" if deferred else ""), err=True)
         return deferred
     if re.search(r"No such option:? '?--dry-run", proc.stderr):
         raise click.UsageError(f"`featpipe {' '.join(argv[3:4])}` is not an item-parallel "

@@ -39,10 +39,19 @@ class EncodeCompute:
 
     def encoder(self):
         if self._encoder is None:
-            method = load_method(self.method)
-            models = {k: Stage.at(p) for k, p in self.model_paths.items()}
-            self._encoder = method.build(self.params, models)
+            self._encoder = self._build(self.params)
         return self._encoder
+
+    def sizing_encoder(self):
+        """The encoder on the CPU, for a dry run's sizes: an item's size does not depend on
+        the device, and ``--device cuda`` may be checked on another node (``submit``)."""
+        if self.params.get("device", "cpu") == "cpu":
+            return self.encoder()
+        return self._build({**self.params, "device": "cpu"})
+
+    def _build(self, params: Mapping):
+        models = {k: Stage.at(p) for k, p in self.model_paths.items()}
+        return load_method(self.method).build(params, models)
 
     def __call__(self, ids: Sequence[str]) -> list:
         from featpipe.backend import SPILL_FOLDER
@@ -173,7 +182,8 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
     run = run_stage(stage, items.ids, compute, store=store, name=name, options=options,
                     reporter=reporter, batch_size=batch)
     if dry_run:
-        size = planned_size(stage, store.resolve(input), compute.encoder, items.ids, reporter)
+        size = planned_size(stage, store.resolve(input), compute.sizing_encoder, items.ids,
+                            reporter)
         run.written = [Written(stage, name, size)]
     return run
 
