@@ -242,8 +242,8 @@ def _record_pairs(raw: bytes) -> Iterator[tuple[str, str | None]]:
 class ReadHashes(Mapping):
     """Item id -> SHA-256 (hex; None: no file) of a stage's read-hash record, held as sorted
     128-bit keys of the ids (BLAKE2b) and 32-byte digests: 48 bytes an item, where a dict of
-    strings held about 200 (a folder import of 10^6 items).  Two ids are taken as one when
-    their 128-bit keys are equal (as git takes equal hashes).  ``pairs`` is a callable giving
+    strings held 211 (tracemalloc, 10^6 ids like ``class042/v_0000042``).  Two ids are taken
+    as one when their 128-bit keys are equal (as git takes equal hashes).  ``pairs()`` gives
     the ``(id, SHA-256 or None)`` pairs; iterating calls it again (tools and tests iterate,
     the reader looks items up)."""
 

@@ -663,8 +663,6 @@ def _print_plan(plan: list[PlanLine], problems: list[str], reporter: Reporter) -
 
 
 def _cpu_text(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:,.1f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds:.0f} s"
+    from featpipe.stages.extraction import cpu_duration
+
+    return cpu_duration(seconds, "h", "min")

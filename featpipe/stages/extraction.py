@@ -667,7 +667,7 @@ def _calibrate(item: tuple[str, str], estimates, sampling: Sampling, chosen: Cho
                       f"{CALIBRATION_WARMUP + 1} sampled frames)")
         return None
     total = seconds / timed * frames
-    reporter.info(f"dry run: about {_hours(total)} of CPU ({1000 * seconds / timed:.1f} ms a "
+    reporter.info(f"dry run: about {cpu_duration(total)} of CPU ({1000 * seconds / timed:.1f} ms a "
                   f"frame, the CPU time of this process {how}, times {frames:,} frames)")
     return total
 
@@ -713,12 +713,13 @@ def _crops(path, sampling, preprocess, count):
     return torch.from_numpy(np.stack(crops))
 
 
-def _hours(seconds: float) -> str:
-    """'3.2 CPU hours' / '41 s' for a dry run's estimate."""
+def cpu_duration(seconds: float, hours: str = "hours", minutes: str = "minutes") -> str:
+    """'3.2 hours' / '14.7 minutes' / '41 s' for a dry run's CPU estimate (the plan table
+    passes "h" and "min")."""
     if seconds >= 3600:
-        return f"{seconds / 3600:,.1f} hours"
+        return f"{seconds / 3600:,.1f} {hours}"
     if seconds >= 60:
-        return f"{seconds / 60:.1f} minutes"
+        return f"{seconds / 60:.1f} {minutes}"
     return f"{seconds:.0f} s"
 
 
