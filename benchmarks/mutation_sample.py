@@ -232,14 +232,14 @@ def _env(root: Path) -> dict[str, str]:
     return env
 
 
-def line_tests(root: Path, module: str, tests: list[str]) -> tuple[dict, dict]:
-    """Run the unmutated tests under coverage: ``{line: set of test ids}`` (the id ``""``:
-    executed outside any test, at import) and ``{test id: seconds}``."""
+def line_tests(root: Path, modules: list[str], tests: list[str]) -> tuple[dict, dict]:
+    """Run the unmutated tests under coverage: ``{module: {line: set of test ids}}`` (the id
+    ``""``: executed outside any test, at import) and ``{test id: seconds}``."""
     config = root / ".mutation-coverage"
     parser = configparser.ConfigParser(interpolation=None)
     parser["run"] = {"data_file": str(root / ".mutation-data"), "parallel": "True",
-                     "include": str(root / module), "context": "${MUTATION_TEST_ID}",
-                     "branch": "False"}
+                     "include": ",".join(str(root / m) for m in modules),
+                     "context": "${MUTATION_TEST_ID}", "branch": "False"}
     with open(config, "w") as handle:
         parser.write(handle)
     (root / "_mutation_plugin.py").write_text(_PLUGIN)
@@ -257,14 +257,32 @@ def line_tests(root: Path, module: str, tests: list[str]) -> tuple[dict, dict]:
     combined.combine(keep=False)
     combined.load()
     data = combined.get_data()
-    by_line: dict[int, set[str]] = defaultdict(set)
+    by_line: dict[str, dict[int, set[str]]] = {m: defaultdict(set) for m in modules}
     for filename in data.measured_files():
-        if Path(filename).resolve() != (root / module).resolve():
-            continue
+        module = Path(filename).resolve().relative_to(root.resolve()).as_posix()
+        lines = by_line.setdefault(module, defaultdict(set))
         for line, contexts in data.contexts_by_lineno(filename).items():
             for context in contexts:
-                by_line[line].add(next((p for p in context.split("|") if p), ""))
+                lines[line].add(next((p for p in context.split("|") if p), ""))
     return by_line, json.loads(durations.read_text())
+
+
+def cached_line_tests(root: Path, modules: list[str], tests: list[str], cache: str
+                      ) -> tuple[dict, dict]:
+    """:func:`line_tests`, read from ``cache`` (JSON) when it was written for the same
+    modules and tests, else run and written there: one coverage run serves several modules
+    and the parts of a module run side by side."""
+    wanted = {"modules": sorted(modules), "tests": list(tests)}
+    if cache and Path(cache).exists():
+        saved = json.loads(Path(cache).read_text())
+        if {k: saved[k] for k in wanted} == wanted:
+            return ({m: {int(k): set(v) for k, v in lines.items()}
+                     for m, lines in saved["by_line"].items()}, saved["durations"])
+    by_line, durations = line_tests(root, modules, tests)
+    if cache:
+        Path(cache).write_text(json.dumps(dict(wanted, durations=durations, by_line={
+            m: {k: sorted(v) for k, v in lines.items()} for m, lines in by_line.items()})))
+    return by_line, durations
 
 
 def _preload() -> None:
@@ -334,6 +352,10 @@ def main() -> None:
                         help="run every N-th mutant from the K-th (N runs side by side)")
     parser.add_argument("--list", action="store_true", help="list the mutants only")
     parser.add_argument("--log", default="", help="append one JSON line per mutant here")
+    parser.add_argument("--cover", default="",
+                        help="comma-separated modules whose lines the coverage run also maps")
+    parser.add_argument("--coverage-cache", default="",
+                        help="JSON file of the coverage run, reused when it matches")
     parser.add_argument("--confirm", action="store_true",
                         help="rerun a survivor against every test of the files")
     args = parser.parse_args()
@@ -359,7 +381,9 @@ def main() -> None:
         root = Path(tmp)
         _copy_repo(root)
         start = time.perf_counter()
-        by_line, durations = line_tests(root, args.module, args.tests)
+        modules = sorted({args.module, *filter(None, args.cover.split(","))})
+        by_module, durations = cached_line_tests(root, modules, args.tests, args.coverage_cache)
+        by_line = by_module[args.module]
         every = sorted(durations, key=durations.get)
         print(f"unmutated tests pass under coverage in {time.perf_counter() - start:.0f} s "
               f"({len(every)} tests, {sum(durations.values()):.0f} s in tests)", flush=True)
