@@ -668,14 +668,24 @@ class Stage:
     def make_view(self, source: Stage, columns: slice, extras: Iterable[str]) -> None:
         """Make this stage a view of ``source`` (one of its inputs): its items are the columns
         ``columns`` of ``source``'s (the last axis), with the sidecars ``extras`` of each;
-        nothing is copied (:data:`VIEW_FILE`, written once)."""
+        nothing is copied (:data:`VIEW_FILE`).  A stage that existed before (its source was
+        not stored yet) gets the view's checksum added to ``stage.json`` after the view is
+        written, so that a view record deleted later is damage, as for a view made with its
+        stage; the record is determined by the key, so concurrent writers agree."""
         self._check_on_disk()
         if source.name not in self.input_names:
             raise FeatpipeError(f"stage {self.name} cannot be a view of {source.name}, which "
                                 "is not its input")
-        path = self.path / VIEW_FILE
-        if not path.exists():
-            atomic_write_bytes(path, view_bytes(self.name, source.name, columns, extras))
+        data = view_bytes(self.name, source.name, columns, extras)
+        files = self.meta.get("files") or {}
+        if files.get(VIEW_FILE) == as_text(zlib.crc32(data)):
+            return
+        atomic_write_bytes(self.path / VIEW_FILE, data)
+        meta = dict(self.meta, files=dict(files, **{VIEW_FILE: as_text(zlib.crc32(data))}))
+        text = json.dumps(meta, indent=2, sort_keys=True).encode() + b"\n"
+        atomic_write_bytes(self.path / "stage.json",
+                           seal_json(text, record_owner(self.name, "stage.json")))
+        self.meta = meta
 
     def _view_record(self) -> dict | None:
         """The record in :data:`VIEW_FILE` (None: not a view), checked against the checksum

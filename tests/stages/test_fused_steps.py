@@ -340,6 +340,41 @@ def test_a_view_is_not_packed_and_its_source_is_kept_by_gc(tmp_path):
     assert store.resolve("part").read_item("v2").shape == (5, 4)
 
 
+def test_a_view_made_after_its_stage_is_checksummed_like_one_made_with_it(tmp_path):
+    """Issue 39: a stage created before its source was stored becomes a view later; its
+    view record's checksum then goes into stage.json too, so deleting the record is damage
+    (`verify` names it, `--repair` removes the stage) instead of silently turning the view
+    into an empty stage; the rerun's view equals the first to the bit."""
+    from featpipe.manifest import from_rows
+    from featpipe.reporting import Reporter
+    from featpipe.stages.cache import verify
+    from featpipe.store import VIEW_FILE, DamagedStage, Stage
+
+    store = Store(tmp_path / "store")
+    items = from_rows([(f"v{i}", "", ["c"], ["train"]) for i in range(2)], tmp_path)
+    source = store.stage("extract", {"n": 2}, items=items)
+    for i in range(2):
+        source.write_item(f"v{i}", np.full((3, 8), i, np.float32), {})
+    view = store.stage("encode", {"part": 1}, inputs=[source], items=items)
+    assert VIEW_FILE not in (view.meta.get("files") or {})
+    view.make_view(source, slice(2, 6), [])
+    record = (view.path / VIEW_FILE).read_bytes()
+    assert VIEW_FILE in Stage(view.path).meta["files"]
+    assert verify(store, reporter=Reporter(progress=False)) == 0
+    view.make_view(source, slice(2, 6), [])  # a second writer: nothing changes
+    assert (view.path / VIEW_FILE).read_bytes() == record
+    (view.path / VIEW_FILE).unlink()
+    with pytest.raises(DamagedStage, match="view record"):
+        Stage(view.path)
+    assert verify(store, reporter=Reporter(progress=False)) == 1
+    assert verify(store, reporter=Reporter(progress=False), repair=True) == 0
+    assert not view.path.exists()
+    again = store.stage("encode", {"part": 1}, inputs=[source], items=items)
+    again.make_view(source, slice(2, 6), [])
+    assert (again.path / VIEW_FILE).read_bytes() == record
+    np.testing.assert_array_equal(again.read_item("v1"), np.ones((3, 4), np.float32))
+
+
 def test_a_pipeline_fuses_its_chains_and_keeps_what_is_read_or_asked_for(tmp_path,
                                                                           monkeypatch):
     """Issue 38 §2: `featpipe run` runs an extraction and the encode steps after it as one
