@@ -165,6 +165,52 @@ def test_a_signal_stops_import_in_one_line_before_any_stage(tmp_path, signum):
     assert not (tmp_path / "s" / "stages").exists()
 
 
+def _every_command():
+    from tests.cli.test_cli import leaf_commands
+
+    return [words for words, _ in leaf_commands()]
+
+
+@pytest.mark.parametrize("words", _every_command(), ids=" ".join)
+def test_sigterm_stops_every_command_like_sigint(words, monkeypatch, cli):
+    """Issue 39 §4: SIGTERM (a batch system's preemption) and SIGINT arriving while any
+    command runs (each command of the tree, its body replaced by a wait the signal breaks)
+    end it the same way: one `interrupted (SIGNAL)` line, 128 + the signal number, no
+    traceback. Import and encode are also stopped for real, in a process, above and below."""
+    import click
+
+    from featpipe.cli import cli as root
+
+    ctx = click.Context(root)
+    command = root
+    for word in words:
+        command = command.get_command(ctx, word)
+
+    def body(ctx):
+        os.kill(os.getpid(), signum)
+        time.sleep(30)
+        raise AssertionError("the signal did not stop the command")
+
+    monkeypatch.setattr(command, "make_context",
+                        lambda name, args, parent=None, **kw: click.Context(
+                            command, parent=parent, info_name=name))
+    monkeypatch.setattr(command, "invoke", body)
+
+    def unhandled(signum, frame):  # featpipe did not take the signal: fail, not die
+        raise AssertionError(f"{signal.Signals(signum).name} not handled by the command")
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        before = signal.signal(signum, unhandled)
+        try:
+            result = cli(*words)
+        finally:
+            signal.signal(signum, before)
+        assert result.exit_code == 128 + signum, result.output
+        assert result.stderr.strip() == (
+            f"interrupted ({signal.Signals(signum).name}): nothing half-written is kept; "
+            "re-run the same command")
+
+
 def test_sigterm_stops_encode_like_sigint_keeping_its_items(tmp_path):
     store = Store(tmp_path / "store")
     stages.import_features(store, [str(tmp_path / "npy")], str(write_npy_dataset(tmp_path)),
