@@ -22,12 +22,13 @@ import json
 import logging
 import os
 import re
+import struct
 import zlib
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
-from featpipe.checksums import as_text, owner_crc, seal_json, unseal_json
+from featpipe.checksums import ChecksumError, as_text, check_seal, owner_crc, seal_json, unseal_json
 from featpipe.errors import FeatpipeError
 from featpipe.fileio import atomic_write, first_line
 from featpipe.store import CACHE_NAME, Stage
@@ -56,23 +57,44 @@ def sha256_of(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+#: A cache entry in memory: size, mtime_ns, ctime_ns, inode, SHA-256 (32 bytes)
+_ENTRY_LAYOUT = struct.Struct("<QqqQ32s")
+
+
+def _packed(entry) -> bytes | None:
+    """A cache file's entry ``[size, mtime_ns, ctime_ns, inode, sha256 hex]`` as 64 bytes
+    (97 in memory where the list and its hex string took 254: 10^6 files); None when it is
+    not of that form (the file is then hashed again)."""
+    try:
+        *record, digest = entry
+        return _ENTRY_LAYOUT.pack(*record, bytes.fromhex(digest))
+    except (TypeError, ValueError, struct.error):
+        return None
+
+
+def _unpacked(packed: bytes) -> list:
+    *record, digest = _ENTRY_LAYOUT.unpack(packed)
+    return [*record, digest.hex()]
+
+
 class ContentHashes:
     """SHA-256 of files, cached by stat record in ``cache_file`` (``None``: no cache).
 
     :meth:`save` writes the cache (atomically; two processes saving at once lose entries,
-    never correctness: a missing entry is hashed again).
+    never correctness: a missing entry is hashed again).  In memory each entry is packed
+    (:func:`_packed`): at 10^6 files the cache was the largest thing an import held.
     """
 
     def __init__(self, cache_file: str | os.PathLike | None):
         self.cache_file = Path(cache_file) if cache_file is not None else None
-        self._cache: dict[str, list] = {}
+        self._cache: dict[str, bytes | None] = {}
         self._changed = False
         self.read_bytes = 0  # bytes hashed (not served from the cache) by this object
         #: ``[size, mtime_ns, ctime_ns, inode, sha256]`` of every file hashed or looked up by
         #: this object: what a stage key was computed from (a reader may pop what it took)
         self.seen: dict[str, list] = {}
         if self.cache_file is not None:
-            self._cache = load_cache(self.cache_file)
+            self._cache = load_packed_cache(self.cache_file)
 
     def file_hash(self, path: str | os.PathLike) -> tuple[int, str]:
         """``(size, sha256)`` of the file at ``path`` (symbolic links followed)."""
@@ -80,7 +102,7 @@ class ContentHashes:
         info = os.stat(path)
         record = stat_record(info)
         cached = self._cache.get(path)
-        if isinstance(cached, list) and len(cached) == 5 and cached[:4] == record:
+        if cached is not None and (cached := _unpacked(cached))[:4] == record:
             self.seen[path] = cached
             return info.st_size, cached[4]
         for _ in range(3):  # a file written to while it is hashed is hashed again
@@ -93,7 +115,8 @@ class ContentHashes:
         else:
             raise FeatpipeError(f"{path} keeps changing while it is hashed; run again once it "
                                 "is complete")
-        self._cache[path] = self.seen[path] = [*record, digest]
+        self.seen[path] = [*record, digest]
+        self._cache[path] = _packed(self.seen[path])
         self._changed = True
         return info.st_size, digest
 
@@ -111,7 +134,9 @@ class ContentHashes:
         if self.cache_file is None or not self._changed:
             return
         self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.cache_file, lambda handle: write_cache(handle, self._cache))
+        atomic_write(self.cache_file, lambda handle: write_cache(handle, (
+            (path, _unpacked(entry)) for path, entry in self._cache.items()
+            if entry is not None)))
         self._changed = False
 
 
@@ -121,24 +146,16 @@ def cache_bytes(entries: dict) -> bytes:
     return seal_json(json.dumps(entries).encode(), CACHE_NAME)
 
 
-def write_cache(handle, entries: dict) -> None:
-    """Write :func:`cache_bytes` of ``entries`` to ``handle`` piece by piece, summed as it
-    goes: no copy of the whole text (10^6 files)."""
-    crc, last = owner_crc(CACHE_NAME), ""
-    pending = ""
-    for chunk in json.JSONEncoder().iterencode(entries):
-        if pending:
-            data = pending.encode()
-            crc = zlib.crc32(data, crc)
-            handle.write(data)
-            last = pending[-1]
-        pending = chunk
-    head = pending.rstrip()[:-1].rstrip()  # the object without its closing brace
-    if head:
-        last = head[-1]
-    if last != "{":
-        head += ", "
-    data = head.encode()
+def write_cache(handle, entries: Iterable[tuple[str, list]]) -> None:
+    """Write :func:`cache_bytes` of the ``(path, entry)`` pairs ``entries`` to ``handle``
+    entry by entry, summed as it goes: no copy of the whole text or dict (10^6 files)."""
+    crc, separator = owner_crc(CACHE_NAME), "{"
+    for path, entry in entries:
+        data = f"{separator}{json.dumps(path)}: {json.dumps(entry)}".encode()
+        crc = zlib.crc32(data, crc)
+        handle.write(data)
+        separator = ", "
+    data = ("{" if separator == "{" else ", ").encode()
     crc = zlib.crc32(data, crc)
     handle.write(data + b'"crc32": "' + as_text(crc).encode() + b'"}')
 
@@ -161,6 +178,46 @@ def load_cache(path: Path, strict: bool = False) -> dict:
         log.warning("%s is damaged (%s): every file is hashed again", path, first_line(err))
         return {}
     return loaded
+
+
+_CACHE_ENTRY = re.compile(rb'"((?:[^"\\]|\\.)*)": \[(\d+), (-?\d+), (-?\d+), (\d+), '
+                          rb'"([0-9a-f]{64})"\](, |})')
+_CACHE_SEAL = re.compile(rb'"crc32": "crc32:[0-9a-f]{8}"}\n?\Z')
+
+
+def load_packed_cache(path: Path) -> dict[str, bytes | None]:
+    """:func:`load_cache` with each entry packed (:func:`_packed`), scanned entry by entry
+    from the layout :func:`write_cache` writes: the dict of lists :func:`load_cache` builds
+    would weigh 450 bytes a file (10^6 files: more than the rest of an import); a file of
+    another layout is loaded whole, then packed."""
+    try:
+        raw = path.read_bytes()
+        check_seal(raw, CACHE_NAME, path)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ChecksumError):
+        return load_cache(path)  # says it is damaged, once
+    entries: dict[str, bytes | None] = {}
+    position, end = 1, b", " if raw[:1] == b"{" else b""
+    while end == b", ":
+        match = _CACHE_ENTRY.match(raw, position)
+        if match is None:
+            break
+        name, *numbers, digest, end = match.groups()
+        try:
+            key = name.decode("ascii")
+            key = json.loads(f'"{key}"') if "\\" in key else key
+            entries[key] = _ENTRY_LAYOUT.pack(*map(int, numbers), bytes.fromhex(digest.decode()))
+        except (ValueError, struct.error):
+            break
+        position = match.end()
+    else:
+        if end == b"}" and raw[position:].strip() == b"":
+            return entries
+    if end == b", " and _CACHE_SEAL.match(raw, position):
+        return entries
+    del raw, entries
+    return {path: _packed(entry) for path, entry in load_cache(path).items()}
 
 
 def read_hashes_record(hashes: dict[str, str | None]) -> bytes:
