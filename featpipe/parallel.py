@@ -265,6 +265,15 @@ class Executor:
         """Refuse a shard setting this executor cannot honour (default: any is fine)."""
 
 
+def _process_batch_in(folder: str, *args) -> list[tuple[str, str | None]]:
+    """:func:`process_batch` in a local worker, from ``folder``, the working folder of the
+    process that sent the work: loky reuses its workers, and one started by an earlier run
+    in another folder (a library user's ``os.chdir``) would read a relative store path
+    from there."""
+    os.chdir(folder)
+    return process_batch(*args)
+
+
 class LocalExecutor(Executor):
     """joblib/loky worker processes on this machine; one job runs in-process."""
 
@@ -282,8 +291,9 @@ class LocalExecutor(Executor):
         from joblib.externals.loky.process_executor import TerminatedWorkerError
 
         parallel = worker_pool(self.jobs, return_as="generator_unordered")
-        results = parallel(delayed(process_batch)(stage, compute, chunk, compute_size)
-                           for chunk in chunks)
+        folder = os.getcwd()
+        results = parallel(delayed(_process_batch_in)(folder, stage, compute, chunk,
+                                                      compute_size) for chunk in chunks)
         try:
             yield from results
         except TerminatedWorkerError:

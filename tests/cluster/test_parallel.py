@@ -96,6 +96,22 @@ def test_local_processes_and_shards_equal_one_process(tmp_path):
     assert (again.done, again.skipped) == (0, 20)
 
 
+def test_local_workers_reused_after_a_change_of_folder_read_the_new_one(tmp_path,
+                                                                         monkeypatch):
+    """A relative store in one folder, then the same relative store in another (a library
+    user's os.chdir between runs): loky's reused workers work from the caller's folder, so
+    the second store gets its items (they failed with "no stage at ..." read from the
+    first folder, or wrote into it)."""
+    for folder in ("first", "second"):
+        (tmp_path / folder).mkdir()
+        monkeypatch.chdir(tmp_path / folder)
+        stage = sleepy_stage(Store("store"), 6)
+        summary = run_items(stage, stage.items.ids, SleepyCompute(), jobs=2, batch_size=1)
+        assert (summary.done, len(summary.failed)) == (6, 0), summary.failed
+        assert stage.done_ids() == set(item_ids(6))
+    assert Store(tmp_path / "first" / "store").all_stages()[0].done_ids() == set(item_ids(6))
+
+
 def test_sigkill_of_a_local_worker_then_rerun_completes(cli, tmp_path):
     n = 14
     reference = sleepy_stage(Store(tmp_path / "ref"), n)
