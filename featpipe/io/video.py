@@ -84,6 +84,9 @@ DECODERS = {"opencv": "featpipe.io.video:OpenCVDecoder"}
 
 #: frames per message from the worker process
 CHUNK_FRAMES = 4
+#: seconds between a worker's progress reports (a program that keeps its frames: one report
+#: a frame woke the parent 30 times a second, on the worker's core with ``--jobs 1``)
+PROGRESS_PERIOD = 0.2
 #: frame period assumed when the container states no frame rate (25 fps)
 DEFAULT_PERIOD = 0.04
 #: a declared frame count above this is garbage (seen in front-cut MPEG program streams)
@@ -363,9 +366,10 @@ def iter_frames(path: str | os.PathLike, sampling: Sampling = Sampling(),
 
 class ItemJob(Protocol):
     """One item inside a worker: ``add`` each decoded frame (the return value, unless None,
-    is sent to the parent), ``restart`` forgets the frames so far (a second decoding pass
-    follows), ``finish`` returns what is sent with the item's end, ``abort`` cleans up;
-    ``warning`` (optional) is said of the item when it is stored."""
+    is sent to the parent; frames that return None are counted in a progress report every
+    :data:`PROGRESS_PERIOD` seconds), ``restart`` forgets the frames so far (a second
+    decoding pass follows), ``finish`` returns what is sent with the item's end, ``abort``
+    cleans up; ``warning`` (optional) is said of the item when it is stored."""
 
     def add(self, frame: np.ndarray, seconds: float): ...
 
@@ -505,6 +509,7 @@ def _decode_item(conn, request, decoder: str, program: WorkerProgram, log: _Stde
         dec = get_decoder(decoder)
         job = program.start(item_id)
         payloads, stamps = [], []
+        reported = time.monotonic()
         for got in read_ahead(iter_frames(path, sampling, dec, early=True)):
             if got is RESTART:
                 payloads, stamps = [], []
@@ -516,9 +521,11 @@ def _decode_item(conn, request, decoder: str, program: WorkerProgram, log: _Stde
             stamps.append(seconds)
             if payload is not None:
                 payloads.append(payload)
-            if payload is None or len(stamps) == CHUNK_FRAMES:  # None: a progress report
+            if (len(stamps) == CHUNK_FRAMES if payload is not None  # None: progress only
+                    else time.monotonic() - reported >= PROGRESS_PERIOD):
                 conn.send(("frames", item_id, payloads, stamps))
                 payloads, stamps = [], []
+                reported = time.monotonic()
         if stamps:
             conn.send(("frames", item_id, payloads, stamps))
         problem = lost_frames(getattr(dec, "counts", None), log.ffmpeg_messages())

@@ -243,6 +243,22 @@ def test_a_worker_that_cannot_load_its_program_fails_the_item_with_the_cause(tmp
                                     "literal for int()")
 
 
+class KeepFrames(video.SendFrames):
+    """A program that keeps its frames (sends none): the parent hears of them as progress."""
+
+    def add(self, frame, seconds):
+        return None
+
+
+def test_frames_a_program_keeps_are_reported_as_progress_not_one_message_each(tmp_path):
+    path = write_video(tmp_path / "v.mp4", n_frames=20)
+    with DecodePool(1, timeout=60, program=KeepFrames()) as pool:
+        events = decode_all(pool, [("v", path)], Sampling())
+    reports = [e for e in events if e[0] == "frames"]
+    assert sum(len(e[3]) for e in reports) == 20 and all(e[2] == [] for e in reports)
+    assert len(reports) < 20 and events[-1][0] == "end"
+
+
 def _exit_marker(path: str) -> video.SendFrames:
     """(In the worker, unpickling its program.) An exit handler that writes ``path``; the
     default program."""
