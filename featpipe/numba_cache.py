@@ -1,6 +1,6 @@
-"""numba's cache for featpipe's compiled kernels: a usable cache folder, and the one line a job
-prints before it compiles a kernel (:mod:`featpipe.compiled` says where the cache lives and
-compiles every kernel ahead).
+"""numba's cache for featpipe's compiled kernels: a usable cache folder, SciPy's BLAS bindings
+loaded alone before the first kernel, and the one line a job prints before it compiles a
+kernel (:mod:`featpipe.compiled` says where the cache lives and compiles every kernel ahead).
 
 Kept apart from :mod:`featpipe.compiled` (which imports the kernels) so that the kernel
 modules and the functions that call them can use it; it imports numba only inside its
@@ -9,8 +9,11 @@ functions.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import logging
 import os
+import sys
 import tempfile
 import threading
 
@@ -21,6 +24,29 @@ WARM_COMMAND = "python -m featpipe.compiled"
 
 _checked: set = set()
 _lock = threading.Lock()
+
+
+def load_blas_alone() -> None:
+    """Before numba loads or compiles its first kernel: SciPy's BLAS bindings
+    (``scipy.linalg.cython_blas``, which numba imports to see that it has a BLAS) loaded by
+    themselves, without the ``scipy.linalg`` package that their import runs first (0.13 s of
+    CPU; the bindings need nothing from it).  Nothing is done when that package is already
+    imported or the bindings are not found; a later ``import scipy.linalg`` runs as usual."""
+    name = "scipy.linalg.cython_blas"
+    if "scipy.linalg" in sys.modules or name in sys.modules:
+        return
+    try:
+        import scipy
+
+        spec = importlib.machinery.PathFinder.find_spec(
+            name, [os.path.join(folder, "linalg") for folder in scipy.__path__])
+        if spec is None:
+            return
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    except Exception:  # noqa: BLE001 (numba imports the package itself, as without this)
+        sys.modules.pop(name, None)
 
 
 def _writable(folder: str) -> bool:

@@ -37,6 +37,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from featpipe.numba_cache import load_blas_alone
+
+load_blas_alone()
+
 #: output pixel pairs per strip (a 320-pixel row in one; the work planes, 72 rows of PITCH
 #: values, take 48 KB)
 STRIP = 160

@@ -31,6 +31,10 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
+from featpipe.numba_cache import load_blas_alone
+
+load_blas_alone()
+
 #: weights of the five outermost rows/columns in the Farnebäck system (OpenCV's values)
 _BORDER = np.array([0.14, 0.14, 0.4472, 0.4472, 0.4472], dtype=np.float32)
 #: pixels the general pass of the Farnebäck system takes at a time, through planes of PITCH

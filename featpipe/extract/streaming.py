@@ -372,6 +372,7 @@ class _LocalFeatureJob:
         self.frames = 0
         self.rows = 0
         self.tracker = None
+        self.checked_shape = None  # a frame size that holds a descriptor
 
     def _compute(self, frame: np.ndarray):
         """The frame's features: alone, or through the item's tracker."""
@@ -386,12 +387,13 @@ class _LocalFeatureJob:
 
     def add(self, frame: np.ndarray, seconds: float):
         estimator, label = self.program._estimator, self.program.method.label
-        if estimator.count(*frame.shape[:2]) == 0:
+        if frame.shape[:2] != self.checked_shape and estimator.count(*frame.shape[:2]) == 0:
             minimum = getattr(estimator, "minimum_size", None)
             raise RuntimeError(
                 f"frame {self.frames} is {frame.shape[1]}x{frame.shape[0]} pixels, smaller than "
                 f"one {label} descriptor" + (f" ({minimum()})" if minimum else "")
                 + ": no descriptors")
+        self.checked_shape = frame.shape[:2]
         try:
             result = self._compute(frame)
         except Exception as err:

@@ -46,6 +46,7 @@ they exit by themselves when the parent goes away.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import math
 import os
@@ -83,6 +84,9 @@ DECODERS = {"opencv": "featpipe.io.video:OpenCVDecoder"}
 
 #: frames per message from the worker process
 CHUNK_FRAMES = 4
+#: seconds between a worker's progress reports (a program that keeps its frames: one report
+#: a frame woke the parent 30 times a second, on the worker's core with ``--jobs 1``)
+PROGRESS_PERIOD = 0.2
 #: frame period assumed when the container states no frame rate (25 fps)
 DEFAULT_PERIOD = 0.04
 #: a declared frame count above this is garbage (seen in front-cut MPEG program streams)
@@ -362,9 +366,10 @@ def iter_frames(path: str | os.PathLike, sampling: Sampling = Sampling(),
 
 class ItemJob(Protocol):
     """One item inside a worker: ``add`` each decoded frame (the return value, unless None,
-    is sent to the parent), ``restart`` forgets the frames so far (a second decoding pass
-    follows), ``finish`` returns what is sent with the item's end, ``abort`` cleans up;
-    ``warning`` (optional) is said of the item when it is stored."""
+    is sent to the parent; frames that return None are counted in a progress report every
+    :data:`PROGRESS_PERIOD` seconds), ``restart`` forgets the frames so far (a second
+    decoding pass follows), ``finish`` returns what is sent with the item's end, ``abort``
+    cleans up; ``warning`` (optional) is said of the item when it is stored."""
 
     def add(self, frame: np.ndarray, seconds: float): ...
 
@@ -504,6 +509,7 @@ def _decode_item(conn, request, decoder: str, program: WorkerProgram, log: _Stde
         dec = get_decoder(decoder)
         job = program.start(item_id)
         payloads, stamps = [], []
+        reported = time.monotonic()
         for got in read_ahead(iter_frames(path, sampling, dec, early=True)):
             if got is RESTART:
                 payloads, stamps = [], []
@@ -515,9 +521,11 @@ def _decode_item(conn, request, decoder: str, program: WorkerProgram, log: _Stde
             stamps.append(seconds)
             if payload is not None:
                 payloads.append(payload)
-            if payload is None or len(stamps) == CHUNK_FRAMES:  # None: a progress report
+            if (len(stamps) == CHUNK_FRAMES if payload is not None  # None: progress only
+                    else time.monotonic() - reported >= PROGRESS_PERIOD):
                 conn.send(("frames", item_id, payloads, stamps))
                 payloads, stamps = [], []
+                reported = time.monotonic()
         if stamps:
             conn.send(("frames", item_id, payloads, stamps))
         problem = lost_frames(getattr(dec, "counts", None), log.ffmpeg_messages())
@@ -591,6 +599,27 @@ def _worker_main(conn, decoder: str) -> None:  # pragma: no cover - runs in the 
         raise
 
 
+def _exit_now() -> None:  # pragma: no cover - runs in the child process
+    """End a worker whose loop returned: exit handlers run (coverage's among them) and the
+    streams are flushed, but not the interpreter's teardown, which frees every module and
+    numba's objects one by one (0.15-0.25 s of CPU); the normal exit while a thread runs."""
+    if threading.active_count() > 1:
+        return
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
+
+
+#: a worker's first young-generation collection after this many allocations, not 700:
+#: its start-up makes about a million long-lived objects (numpy, OpenCV, numba's types and
+#: its kernels' loading), which 270 collections at 700 went through (0.1 s of CPU)
+WORKER_GC_THRESHOLD = 10_000
+
+
 class DecodeWorker:
     """One decoding process (a fresh interpreter running :func:`_worker_main`), restarted
     when it dies or is killed; ``item`` is the item it decodes (None when idle)."""
@@ -626,9 +655,10 @@ class DecodeWorker:
         # multiprocessing's spawn: it re-imports the caller's __main__ script) on one end of a
         # socket pair, with the caller's sys.path so plugin decoders import as they do here.
         parent, child = socket.socketpair()
-        code = ("import sys; from multiprocessing.connection import Connection; "
-                "from featpipe.io.video import _worker_main; "
-                f"_worker_main(Connection({child.fileno()}), sys.argv[1])")
+        code = (f"import gc, sys; gc.set_threshold({WORKER_GC_THRESHOLD}); "
+                "from multiprocessing.connection import Connection; "
+                "from featpipe.io.video import _exit_now, _worker_main; "
+                f"_worker_main(Connection({child.fileno()}), sys.argv[1]); _exit_now()")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         # one decoding thread: the workers run beside the model, which wants the cores
         env.setdefault("OPENCV_FFMPEG_CAPTURE_OPTIONS", "threads;1")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -14,6 +17,7 @@ from featpipe.io import video
 from featpipe.io.images import read_image
 from featpipe.io.video import DecodePool, Sampling, evenly_spaced, iter_frames
 from tests._avi import write_avi
+from tests.conftest import REPO
 
 
 def write_video(path, n_frames=12, size=(64, 48), fps=10.0):
@@ -237,6 +241,75 @@ def test_a_worker_that_cannot_load_its_program_fails_the_item_with_the_cause(tmp
     assert event[0] == "error"
     assert str(event[2]).startswith(f"v: {path}: decoding worker failed: ValueError: invalid "
                                     "literal for int()")
+
+
+class KeepFrames(video.SendFrames):
+    """A program that keeps its frames (sends none): the parent hears of them as progress."""
+
+    def add(self, frame, seconds):
+        return None
+
+
+def test_frames_a_program_keeps_are_reported_as_progress_not_one_message_each(tmp_path):
+    path = write_video(tmp_path / "v.mp4", n_frames=20)
+    with DecodePool(1, timeout=60, program=KeepFrames()) as pool:
+        events = decode_all(pool, [("v", path)], Sampling())
+    reports = [e for e in events if e[0] == "frames"]
+    assert sum(len(e[3]) for e in reports) == 20 and all(e[2] == [] for e in reports)
+    assert len(reports) < 20 and events[-1][0] == "end"
+
+
+def _exit_marker(path: str) -> video.SendFrames:
+    """(In the worker, unpickling its program.) An exit handler that writes ``path``; the
+    default program."""
+    import atexit
+
+    atexit.register(Path(path).write_text, "exit handlers ran")
+    return video.SendFrames()
+
+
+class ExitMarker:
+    """The default program, which leaves an exit handler in the worker."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (_exit_marker, (self.path,))
+
+
+def test_a_closed_worker_runs_its_exit_handlers_and_exits_0(tmp_path):
+    """(Coverage saves a worker's data in an exit handler.)"""
+    path = write_video(tmp_path / "v.mp4", n_frames=4)
+    with DecodePool(1, timeout=60, program=ExitMarker(tmp_path / "exit.txt")) as pool:
+        events = decode_all(pool, [("v", path)], Sampling())
+        process = pool.workers[0].process
+    assert events[-1][0] == "end" and process.returncode == 0
+    assert (tmp_path / "exit.txt").read_text() == "exit handlers ran"
+
+
+EXIT_PROBE = """
+import atexit, sys, threading, time
+from featpipe.io.video import _exit_now
+class Teardown:
+    def __del__(self):
+        print("teardown")
+kept = Teardown()
+atexit.register(print, "handler")
+if sys.argv[1] == "thread":
+    threading.Thread(target=time.sleep, args=(0.2,)).start()
+_exit_now()
+print("returned")
+"""
+
+
+@pytest.mark.parametrize("case", ["alone", "thread"])
+def test_exit_now_skips_the_teardown_unless_a_thread_runs(case):
+    done = subprocess.run([sys.executable, "-c", EXIT_PROBE, case], capture_output=True,
+                          text=True, timeout=120, check=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    expected = "handler\n" if case == "alone" else "returned\nhandler\nteardown\n"
+    assert done.stdout == expected
 
 
 # -- AVI drop chunks and truncated files -------------------------------------------------------
