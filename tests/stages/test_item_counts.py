@@ -218,8 +218,9 @@ def test_a_packed_batched_stage_reads_the_same_and_gc_collects_unnamed_files(tmp
     assert f"removed batch file of a killed run {orphan}" in gc.output
     assert f"removed index table of a killed run {table}" in gc.output
     assert len(list((stage.path / BATCH_DIR).glob("*.npz"))) == 4
-    cli("cache", "pack", "--store", store.root, "feat", check=True)
+    pack = cli("cache", "pack", "--store", store.root, "feat", check=True)
     assert not list((stage.path / BATCH_DIR).glob("*.npz"))
+    assert "removed 4 loose file(s)" in pack.output  # the batch files count as removed
     packed = Store(store.root).resolve("feat")
     assert all(packed.read_item(i).tobytes() == a.tobytes() for i, a in arrays.items())
     assert "0 problem(s)" in cli("cache", "verify", "--store", store.root).output

@@ -125,3 +125,26 @@ def test_the_summary_line_gives_mebibytes(tmp_path):
     assert 1.5 * 2**20 < summary.bytes < 1.6 * 2**20
     assert summary.line() == ("packed 1 items into 1 HDF5 file(s), 1.5 MiB; removed 1 loose "
                               "file(s)")
+
+
+def test_a_shard_is_flushed_before_it_is_synced(tmp_path, monkeypatch):
+    """fsync makes durable what the operating system holds: every byte h5py wrote through
+    Python's buffered file must be handed over first, or a crash could leave a shard cut
+    short under its final name. (h5py's file-object driver flushes when the file closes, so
+    pack's own flush before the fsync is a second guard: dropping it alone is equivalent.)"""
+    import os
+
+    import featpipe.pack as pack
+
+    synced, real_fsync = [], os.fsync
+
+    def fsync(fd):
+        info = os.fstat(fd)
+        synced.append((info.st_ino, info.st_size))
+        real_fsync(fd)
+
+    monkeypatch.setattr(pack.os, "fsync", fsync)
+    stage = finished(tmp_path)
+    summary = pack_stage(stage, shards=1)
+    shard = summary.files[0].stat()  # renamed after the fsync: the same inode
+    assert [size for inode, size in synced if inode == shard.st_ino] == [shard.st_size]
