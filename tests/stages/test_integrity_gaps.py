@@ -30,7 +30,7 @@ from featpipe.checksums import (
     unseal_json,
 )
 from featpipe.errors import FeatpipeError, WriteError
-from featpipe.fileio import atomic_save_npy, load_npy
+from featpipe.fileio import atomic_save_npy, load_npy, safe_stem
 from featpipe.manifest import from_rows
 from featpipe.parallel import run_items
 from featpipe.stages.cache import gc, verify
@@ -397,6 +397,32 @@ def test_a_damaged_ids_list_of_a_shard_is_one_error_naming_it(tmp_path):
         handle["ids"].attrs["crc32"] = "crc32:00000000"
     with pytest.raises(FeatpipeError, match=f"damaged packed file {shard}"):
         Store(stage.path.parent.parent).stage_by_folder(stage.name).done_ids()
+
+
+def test_a_shard_whose_ids_list_is_damaged_is_repaired_and_recomputed_equal(tmp_path):
+    """`verify` of a shard whose ids list fails its checksum (one item's data damaged too)
+    cannot trust any item of it: it names each; `--repair` removes them, and the rerun
+    gives every item equal to an undamaged run's."""
+    from featpipe.packed import open_h5
+    from featpipe.reporting import Reporter
+
+    stage = _finished(tmp_path)
+    expected = {i: stage.read_item(i) for i in stage.items.ids}
+    pack.pack_stage(stage, shards=1)
+    (shard,) = stage.packed().files
+    with open_h5(shard, "r+") as handle:
+        handle["ids"].attrs["crc32"] = "crc32:00000000"
+        handle["items"][safe_stem(stage.items.ids[2])].attrs["crc32"] = "crc32:00000000"
+    store = Store(stage.path.parent.parent)
+    quiet = Reporter(progress=False)
+    assert verify(store, reporter=quiet) == len(expected) + 1
+    assert verify(store, reporter=quiet, repair=True) == 0
+    repaired = store.stage_by_folder(stage.name)
+    assert repaired.done_ids() == set()
+    run_items(repaired, repaired.items.ids, SleepyCompute())
+    for item_id, array in expected.items():
+        assert repaired.read_item(item_id).tobytes() == array.tobytes()
+    assert verify(store, reporter=quiet) == 0
 
 
 def test_a_name_file_holds_its_stage_and_the_crc_of_the_name_with_it(tmp_path):
