@@ -551,6 +551,18 @@ def test_a_file_gone_at_its_read_is_said_to_have_changed(tmp_path):
     assert content.file_changed_since_key(stage.path, "v01", missing) == reason
 
 
+def test_a_changed_file_is_said_to_have_changed_when_the_hash_cache_is_gone(tmp_path):
+    """The "file changed" message asks the store's content-hash cache first; a store whose
+    cache file was deleted (gc of a user, a fresh copy) gives the same message, not a
+    crash."""
+    store, stage = _imported(tmp_path)
+    path = tmp_path / "npy" / "v02.npy"
+    np.save(path, np.zeros((3, 8), np.float32))
+    (store.root / content.CACHE_NAME).unlink()
+    reason = content.changed_since_key(stage.path, "v02", content.sha256_of(path), path)
+    assert reason.startswith("its file changed after the stage key was computed")
+
+
 def test_an_old_stage_reads_nothing_to_check_a_file_it_kept_no_hash_of(tmp_path,
                                                                       monkeypatch):
     _, stage = _imported(tmp_path)

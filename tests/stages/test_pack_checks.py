@@ -148,3 +148,25 @@ def test_a_shard_is_flushed_before_it_is_synced(tmp_path, monkeypatch):
     summary = pack_stage(stage, shards=1)
     shard = summary.files[0].stat()  # renamed after the fsync: the same inode
     assert [size for inode, size in synced if inode == shard.st_ino] == [shard.st_size]
+
+
+def test_a_loose_file_that_cannot_be_removed_is_named_as_such(tmp_path, monkeypatch):
+    """After the packed files are checked, a loose file the store cannot delete is one
+    `cannot remove` error naming it (the packed copy is whole: a rerun finishes)."""
+    from pathlib import Path
+
+    from featpipe.errors import WriteError
+
+    stage = finished(tmp_path)
+    real_unlink = Path.unlink
+
+    def unlink(self, missing_ok=False):
+        if self.suffix == ".npy" and "items" in self.parts:
+            raise PermissionError(13, "Permission denied")
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with pytest.raises(WriteError, match=r"cannot remove .*\.npy: Permission denied"):
+        pack_stage(stage, shards=1)
+    monkeypatch.setattr(Path, "unlink", real_unlink)
+    assert pack_stage(stage, shards=1).removed == 10 and loose(stage) == []

@@ -36,6 +36,17 @@ def test_the_cache_is_written_as_its_sealed_json_and_read_back_packed(tmp_path, 
     assert {k: content._unpacked(v) for k, v in packed.items()} == entries
 
 
+def test_a_cache_it_wrote_is_scanned_not_loaded_as_json(tmp_path, monkeypatch):
+    """The file :func:`write_cache` writes is read entry by entry (the dict of lists JSON
+    would build is the memory this avoids at 10^6 files): never through ``load_cache``."""
+    path = tmp_path / "content-hashes.json"
+    path.write_bytes(_written(ENTRIES))
+    monkeypatch.setattr(content, "load_cache", lambda *a, **k: pytest.fail("loaded as JSON"))
+    assert len(content.load_packed_cache(path)) == len(ENTRIES)
+    path.write_bytes(json.dumps(ENTRIES).encode())  # unsealed, the same layout: scanned too
+    assert len(content.load_packed_cache(path)) == len(ENTRIES)
+
+
 @pytest.mark.parametrize("layout", ["unsealed", "indented", "sealed-indented", "odd-entry"])
 def test_a_cache_of_another_layout_is_read_as_json(tmp_path, layout):
     """A cache the scanner does not recognise (an older, unsealed one; one a tool rewrote
