@@ -425,6 +425,31 @@ def test_a_shard_whose_ids_list_is_damaged_is_repaired_and_recomputed_equal(tmp_
     assert verify(store, reporter=quiet) == 0
 
 
+def test_a_pack_whose_every_item_is_damaged_is_repaired_to_none_then_recomputed(tmp_path):
+    """Every packed item fails its checksum (the ids list is whole): `--repair` drops them
+    all, the pack index then counts 0 items (not a negative or stale count), and the rerun
+    recomputes each equal to an undamaged run's."""
+    from featpipe.packed import open_h5
+    from featpipe.reporting import Reporter
+
+    stage = _finished(tmp_path, n=3)
+    expected = {i: stage.read_item(i) for i in stage.items.ids}
+    pack.pack_stage(stage, shards=1)
+    (shard,) = stage.packed().files
+    with open_h5(shard, "r+") as handle:
+        for item_id in expected:
+            handle["items"][safe_stem(item_id)].attrs["crc32"] = "crc32:00000000"
+    store = Store(stage.path.parent.parent)
+    quiet = Reporter(progress=False)
+    assert verify(store, reporter=quiet) >= 3  # each item (and its file)
+    assert verify(store, reporter=quiet, repair=True) == 0
+    repaired = store.stage_by_folder(stage.name)
+    assert repaired.done_ids() == set() and repaired.packed().n_items == 0
+    run_items(repaired, repaired.items.ids, SleepyCompute())
+    assert all(repaired.read_item(i).tobytes() == a.tobytes() for i, a in expected.items())
+    assert verify(store, reporter=quiet) == 0
+
+
 def test_a_name_file_holds_its_stage_and_the_crc_of_the_name_with_it(tmp_path):
     """The second line binds the name: a name file copied onto another name of the same
     stage (same bytes, valid there) is damage here."""
