@@ -588,6 +588,18 @@ def test_a_changed_file_is_said_to_have_changed_when_the_hash_cache_is_gone(tmp_
     assert reason.startswith("its file changed after the stage key was computed")
 
 
+def test_a_file_gone_after_it_was_read_is_said_to_have_changed(tmp_path):
+    """Read (its bytes hashed), then deleted before the cache is asked: the cache's entry
+    for it cannot be checked against a stat record, so the file is blamed, as changed."""
+    _, stage = _imported(tmp_path)
+    path = tmp_path / "npy" / "v02.npy"
+    assert isinstance(content.read_hashes(stage.path), content.ReadHashes)  # scanned
+    path.unlink()
+    reason = content.changed_since_key(stage.path, "v02", "0" * 64, path)
+    assert reason.startswith("its file changed after the stage key was computed (SHA-256 "
+                             "000000000000... read")
+
+
 def test_an_old_stage_reads_nothing_to_check_a_file_it_kept_no_hash_of(tmp_path,
                                                                       monkeypatch):
     _, stage = _imported(tmp_path)

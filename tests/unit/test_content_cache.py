@@ -47,7 +47,8 @@ def test_a_cache_it_wrote_is_scanned_not_loaded_as_json(tmp_path, monkeypatch):
     assert len(content.load_packed_cache(path)) == len(ENTRIES)
 
 
-@pytest.mark.parametrize("layout", ["unsealed", "indented", "sealed-indented", "odd-entry"])
+@pytest.mark.parametrize("layout", ["unsealed", "indented", "sealed-indented", "odd-entry",
+                                    "huge-entry"])
 def test_a_cache_of_another_layout_is_read_as_json(tmp_path, layout):
     """A cache the scanner does not recognise (an older, unsealed one; one a tool rewrote
     with indentation; an entry of another form) is read whole as JSON, as before; an entry
@@ -55,15 +56,17 @@ def test_a_cache_of_another_layout_is_read_as_json(tmp_path, layout):
     entries = dict(ENTRIES)
     if layout == "odd-entry":
         entries["/data/odd.npy"] = [1, 2, 3, "not an inode", "b" * 64]
-    text = json.dumps(entries, indent=None if layout in ("unsealed", "odd-entry") else 1)
-    raw = text.encode() if layout in ("unsealed", "indented") else \
+    elif layout == "huge-entry":  # of the scanned form, but no 64-bit inode
+        entries["/data/odd.npy"] = [1, 2, 3, 2**64, "b" * 64]
+    text = json.dumps(entries, indent=1 if "indented" in layout else None)
+    raw = text.encode() if layout in ("unsealed", "indented", "odd-entry") else \
         seal_json(text.encode(), content.CACHE_NAME)
     path = tmp_path / "content-hashes.json"
     path.write_bytes(raw)
     packed = content.load_packed_cache(path)
     expected = {k: v for k, v in entries.items() if k != "/data/odd.npy"}
     assert {k: content._unpacked(v) for k, v in packed.items() if v is not None} == expected
-    assert ("/data/odd.npy" in packed) == (layout == "odd-entry")
+    assert ("/data/odd.npy" in packed) == (layout in ("odd-entry", "huge-entry"))
 
 
 @pytest.mark.parametrize("damage", ["byte", "truncated", "empty"])

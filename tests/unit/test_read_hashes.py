@@ -29,10 +29,16 @@ def test_the_scanned_record_is_the_json_mapping_for_any_ids():
     with pytest.raises(KeyError):
         held["absent"]
     assert ReadHashes(lambda: _record_pairs(b"{}")) == {}
+    again = ReadHashes(lambda: _record_pairs(raw))  # two tables: compared as tables
+    assert again == held and held == held
+    other = dict(hashes, a="0" * 64)
+    assert ReadHashes(lambda: _record_pairs(read_hashes_record(other))) != held
+    assert ReadHashes(lambda: _record_pairs(read_hashes_record({"a": None}))) != held
 
 
 @pytest.mark.parametrize("raw", [b'{"a": 1}', b'["a"]', b'{"a": "abc"}',
-                                 b'{"a": null,"b": null}', b'{"a": null'])
+                                 b'{"a": null,"b": null}', b'{"a": null;;"b": null}',
+                                 b'{"a": null'])
 def test_another_layout_is_refused_by_the_scanner(raw):
     with pytest.raises(ValueError):
         list(_record_pairs(raw))
