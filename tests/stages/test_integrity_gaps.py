@@ -559,6 +559,9 @@ def test_a_stage_without_read_hashes_keeps_none_and_an_old_damaged_one_none(tmp_
     assert content.read_hashes(stage.path) == {}
     (stage.path / content.READ_HASHES).write_text('["a"]')
     assert content.read_hashes(stage.path) == {}
+    record = {"a": "0" * 64, "b": None}  # another layout (indented): read as JSON
+    (stage.path / content.READ_HASHES).write_text(json.dumps(record, indent=1))
+    assert content.read_hashes(stage.path) == record
 
 
 def test_the_read_hashes_record_is_the_same_bytes_whatever_the_order():
