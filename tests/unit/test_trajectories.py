@@ -370,3 +370,11 @@ def test_pruning_rules():
     assert valid.tolist() == [True, False, False]
     np.testing.assert_allclose(shape[0].reshape(15, 2), [[1 / 15, 0]] * 15, rtol=1e-6)
     np.testing.assert_allclose(mean[0], [3.75, 0])
+
+
+def test_a_tracker_checks_the_parameters_set_after_construction():
+    """scikit-learn's rule: parameters are checked when used, so a value set after the
+    estimator was made (``set_params``) is refused when a video starts, not run."""
+    estimator = DenseTrajectories().set_params(track_length=0)
+    with pytest.raises(ParameterError, match="track_length"):
+        estimator.start(64, 64)
