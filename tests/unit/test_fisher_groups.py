@@ -79,6 +79,14 @@ def test_per_frame_grouped_fvs_follow_the_frame_index_with_empty_frames_zero(gro
     assert not array[1].any() and not array[3].any()
     with pytest.raises(InputError, match="--per-frame needs a 'frame_index' sidecar"):
         encoder(stage, per_frame=True).encode_batch([x], [{}])
+    # no descriptor in any frame: one zero row a frame, of the full width (no frame: none)
+    for stamps, rows in ((np.array([0.0, 0.1]), 2), (None, 0)):
+        extra = {"frame_index": np.zeros(0, np.int32)}
+        extra.update({} if stamps is None else {"timestamps": stamps})
+        (out,) = encoder(stage, per_frame=True).encode_batch([np.zeros((0, 7), np.float32)],
+                                                             [extra])
+        array = out.array if isinstance(out, ItemOutput) else out
+        assert array.shape == (rows, 36) and not array.any()
 
 
 @pytest.mark.parametrize(("per_frame", "shape"), [(False, (10, 6)), (False, (10, 8)),
