@@ -137,3 +137,25 @@ def test_fisher_group_requires_a_group():
     with pytest.raises(ParameterError, match="group is required"):
         FisherGroup.check_param_values({"group": None})
     FisherGroup.check_param_values({"group": "hog"})
+
+
+def test_a_grouped_fv_with_a_pyramid_places_the_descriptors_in_the_image(grouped):
+    """The groups share the fisher method's parameters, a spatial pyramid among them: each
+    group's cells come from the descriptors' positions in the item's image (its
+    ``image_size`` sidecar), not from their bounding box."""
+    stage, gmms = grouped
+    x = RNG.standard_normal((40, 7)).astype(np.float32)
+    positions = np.column_stack([np.linspace(0, 30, 40), np.linspace(0, 20, 40)])
+    extra = {"positions": positions, "image_size": np.array([100, 100])}
+    grouped_encoder = GroupedFisherEncoder(
+        stage, lambda arrays: FisherItemEncoder(arrays, pyramid="1x1+2x2+3x1"), False)
+    (out,) = grouped_encoder.encode_batch([x], [extra])
+    parts = []
+    for group, gmm in gmms.items():
+        arrays, _ = gmm.to_arrays()
+        parts.append(FisherItemEncoder(arrays, pyramid="1x1+2x2+3x1").encode_batch(
+            [x[:, COLUMNS[group]]], [extra])[0])
+    np.testing.assert_allclose(out, np.concatenate(parts), rtol=1e-5, atol=1e-7)
+    boxed = FisherItemEncoder(gmms["a"].to_arrays()[0], pyramid="1x1+2x2+3x1").encode_batch(
+        [x[:, COLUMNS["a"]]], [{"positions": positions}])[0]
+    assert not np.allclose(parts[0], boxed)  # the image size changes the cells
