@@ -378,3 +378,12 @@ def test_a_tracker_checks_the_parameters_set_after_construction():
     estimator = DenseTrajectories().set_params(track_length=0)
     with pytest.raises(ParameterError, match="track_length"):
         estimator.start(64, 64)
+
+
+def test_a_scale_whose_shorter_side_equals_the_patch_size_is_kept():
+    """The release's ``InitPry``: a scale is kept while its shorter side is >= patch_size,
+    the boundary included (scale factor 0.5: 32 -> 16 -> 8 with patch_size 16 is two
+    scales, the second exactly 16 pixels)."""
+    estimator = DenseTrajectories(scale_factor=0.5, patch_size=16, n_scales=8)
+    assert [s for s, _, _ in estimator.scales(32, 48)] == [1.0, 2.0]
+    assert [s for s, _, _ in estimator.scales(31, 48)] == [1.0]
