@@ -4,6 +4,7 @@ Usage (issue 31 §4, issue 39 §6; ``benchmarks/RESULTS.md``)::
 
     nice -n 19 python benchmarks/mutation_sample.py featpipe/store.py tests/stages/test_store.py \
         ... [--log store.jsonl] [--timeout 120] [--only 3,17] [--part 1/2] [--list] [--confirm]
+        [--cover featpipe/pack.py,...] [--coverage-cache coverage.json]
 
 The mutants are enumerated, not drawn: every point of the module where one of these changes
 applies is a mutant (a plausible bug each):
