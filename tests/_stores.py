@@ -140,3 +140,20 @@ def imported_store(tmp_path, cli) -> tuple:
                "--name", "feat")
     cli(*command, check=True)
     return store, command
+
+
+def first_encoded(store: Store, proc, seconds: float = 120):
+    """The encode stage of ``store`` once the process ``proc`` running it has finished an
+    item (the test fails when ``proc`` ends first or nothing is done in time)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    stage = None
+    while time.monotonic() < deadline:
+        stage = next((s for s in store.all_stages() if s.kind == "encode"), None)
+        if stage is not None and stage.done_ids():
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    assert stage is not None and stage.done_ids(), "no item finished in time"
+    return stage

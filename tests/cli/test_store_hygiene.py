@@ -19,7 +19,7 @@ from featpipe.errors import InputError
 from featpipe.fileio import HOST
 from featpipe.stages.base import RUNNING
 from featpipe.store import Store
-from tests._stores import imported_store, write_npy_dataset
+from tests._stores import first_encoded, imported_store, write_npy_dataset
 from tests.conftest import REPO, one_line_error
 
 
@@ -219,15 +219,7 @@ def test_sigterm_stops_encode_like_sigint_keeping_its_items(tmp_path):
                "frames", "-m", "slow-mean", "-n", "mean"]
     proc = subprocess.Popen(command, env=_environment(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    stage = None
-    while time.monotonic() < deadline:
-        stage = next((s for s in store.all_stages() if s.kind == "encode"), None)
-        if stage is not None and stage.done_ids():
-            break
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.02)
-    assert stage is not None and stage.done_ids(), "no item finished in time"
+    stage = first_encoded(store, proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, (out, err)

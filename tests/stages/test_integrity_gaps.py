@@ -164,20 +164,6 @@ def test_a_file_written_while_it_is_hashed_is_hashed_again(tmp_path, monkeypatch
     assert len(calls) == 2
 
 
-def test_a_file_that_keeps_changing_while_hashed_is_one_error(tmp_path, monkeypatch):
-    path = tmp_path / "a.bin"
-    path.write_bytes(b"x")
-
-    def always_grows(p):
-        with open(p, "ab") as handle:
-            handle.write(b"x")
-        return "0" * 64
-
-    monkeypatch.setattr(content, "sha256_of", always_grows)
-    with pytest.raises(FeatpipeError, match="keeps changing while it is hashed"):
-        content.ContentHashes(None).file_hash(path)
-
-
 def _imported(tmp_path):
     manifest = write_npy_dataset(tmp_path, n=3)
     store = Store(tmp_path / "s")

@@ -21,7 +21,7 @@ from featpipe.manifest import Manifest, from_rows
 from featpipe.stages.base import RUNNING
 from featpipe.stages.cache import gc
 from featpipe.store import Store
-from tests._stores import write_npy_dataset
+from tests._stores import first_encoded, write_npy_dataset
 from tests.cli.test_extract_cli import write_manifest
 from tests.cli.test_extract_interrupt import ITEMS, command, environment, start_slow_extract
 
@@ -71,15 +71,7 @@ def test_a_killed_encode_is_followed_kept_and_finished(tmp_path, cli):
     env = dict(environment(), FEATPIPE_ENCODERS="tests._slow_mean")
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
-    deadline = time.monotonic() + 120
-    stage = None
-    while time.monotonic() < deadline:  # one item done, the next begun
-        stage = next((s for s in store.all_stages() if s.kind == "encode"), None)
-        if stage is not None and stage.done_ids():
-            break
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.02)
-    assert stage is not None and stage.done_ids(), "no item finished in time"
+    stage = first_encoded(store, proc)  # one item done, the next begun
     assert stage.running_processes() == [f"{HOST}-{proc.pid}"]
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
