@@ -693,19 +693,13 @@ class Stage:
         is damaged, missing (``stage.json`` has its checksum) or not one of this stage is a
         :class:`DamagedStage`: part of the stage's own record."""
         path = self.path / VIEW_FILE
-        expected = (self.meta.get("files") or {}).get(VIEW_FILE)
         try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            if expected is None:
-                return None
-            raise DamagedStage(f"{path}: damaged view record (missing, and stage.json keeps "
-                               "its checksum)") from None
-        except OSError as err:
-            raise FeatpipeError(f"{path}: unreadable view record ({os_reason(err)})") from None
+            raw = self.read_record(VIEW_FILE)
+        except DamagedRecord as err:  # missing, or not the bytes stage.json keeps the sum of
+            raise DamagedStage(f"{path}: damaged view record ({first_line(err)})") from None
+        if raw is None:
+            return None
         try:
-            if expected is not None:
-                check(path, as_text(zlib.crc32(raw)), expected)
             record, sealed = unseal_json(raw, record_owner(self.name, VIEW_FILE), path)
         except ChecksumError as err:
             raise DamagedStage(f"{path}: damaged view record ({first_line(err)})") from None
