@@ -169,8 +169,37 @@ def mutation_points(tree: ast.Module) -> list[dict]:
             first = getattr(where, "lineno", 0)
             points.append({"line": first, "what": what, "path": path,
                            "lines": (first, getattr(where, "end_lineno", first) or first),
-                           "annotation": id(node) in annotations})
+                           "annotation": id(node) in annotations,
+                           "kind": mutation_kind(node, path)})
     return points
+
+
+#: Calls whose deletion is a "dropped call" of issue 39 §6 (data written, synced, renamed,
+#: removed, checked): a called name containing one of these.
+_DATA_CALLS = ("fsync", "flush", "join", "replace", "rename", "unlink", "rmtree", "rmdir",
+               "check", "verify", "seal", "crc", "sum", "hash")
+
+
+def mutation_kind(node: ast.AST, path: tuple) -> str:
+    """The class of a mutation, for ``--kinds``: ``branch`` (an ``if`` never taken, an
+    ``except`` that re-raises, a ``raise`` deleted), ``boundary`` (``<``/``<=``,
+    ``>``/``>=``), ``equality`` (``==``/``!=``), ``constant``, ``call`` (a statement calling
+    fsync, flush, join, replace, unlink, a checksum... deleted): the classes issue 39 §6 names;
+    ``other`` for the rest (operators, arguments, returned values, ``not``, ``and``/``or``)."""
+    code = path[1]
+    if code in ("if", "except") or isinstance(node, ast.Raise):
+        return "branch"
+    if code == "cmp":
+        op = type(node.ops[path[2]])
+        return ("boundary" if op in (ast.Lt, ast.LtE, ast.Gt, ast.GtE) else
+                "equality" if op in (ast.Eq, ast.NotEq) else "other")
+    if code == "const":
+        return "constant"
+    if code == "stmt" and isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+        func = node.value.func
+        name = getattr(func, "attr", getattr(func, "id", "")).lower()
+        return "call" if any(word in name for word in _DATA_CALLS) else "other"
+    return "other"
 
 
 def mutate(tree: ast.Module, path: tuple) -> ast.Module:
@@ -286,6 +315,20 @@ def cached_line_tests(root: Path, modules: list[str], tests: list[str], cache: s
     return by_line, durations
 
 
+def within_budget(chosen: list[str], durations: dict, budget: float
+                  ) -> tuple[list[str], bool]:
+    """The tests of ``chosen`` (fastest first) a mutant runs within ``budget`` seconds of
+    their unmutated time: the fastest of each test file first (every file that reaches the
+    line is tried), then the fastest others while they fit; and whether any was left out."""
+    picked = list({t.split("::")[0]: t for t in reversed(chosen)}.values())
+    total = sum(durations[t] for t in picked)
+    for test in chosen:
+        if test not in picked and total + durations[test] <= budget:
+            picked.append(test)
+            total += durations[test]
+    return sorted(picked, key=durations.get), len(picked) < len(chosen)
+
+
 def _preload() -> None:
     for name in _PRELOAD:
         __import__(name)
@@ -359,6 +402,15 @@ def main() -> None:
                         help="JSON file of the coverage run, reused when it matches")
     parser.add_argument("--confirm", action="store_true",
                         help="rerun a survivor against every test of the files")
+    parser.add_argument("--kinds", default="",
+                        help="comma-separated classes to run (branch, boundary, equality, "
+                             "constant, call, other; default: all)")
+    parser.add_argument("--budget", type=float, default=0.0,
+                        help="seconds of unmutated test time a mutant may run: the fastest "
+                             "test of each file that reaches it, then the fastest others; a "
+                             "survivor of a capped run is logged 'survived (budget)'")
+    parser.add_argument("--resume", action="store_true",
+                        help="skip the mutants already in --log")
     args = parser.parse_args()
 
     source = (REPO / args.module).read_text(encoding="utf-8")
@@ -366,16 +418,23 @@ def main() -> None:
     points = mutation_points(tree)
     lines = source.splitlines()
     numbered = [(n, p) for n, p in enumerate(points) if not p["annotation"]]
+    if args.kinds:
+        kinds = set(args.kinds.split(","))
+        numbered = [(n, p) for n, p in numbered if p["kind"] in kinds]
     if args.only:
         wanted = {int(n) for n in args.only.split(",")}
         numbered = [(n, p) for n, p in numbered if n in wanted]
     part, parts = (int(k) for k in args.part.split("/"))
     numbered = numbered[part - 1::parts]
+    if args.resume and args.log and Path(args.log).exists():
+        done = {json.loads(line)["n"] for line in Path(args.log).read_text().splitlines()}
+        numbered = [(n, p) for n, p in numbered if n not in done]
     print(f"{args.module}: {len(points)} mutants ({len(points) - len(numbered)} in annotations "
           f"or not asked for), running {len(numbered)}", flush=True)
     if args.list:
         for n, p in numbered:
-            print(f"#{n} line {p['line']}: {p['what']}: {lines[p['line'] - 1].strip()[:90]}")
+            print(f"#{n} line {p['line']} [{p['kind']}]: {p['what']}: "
+                  f"{lines[p['line'] - 1].strip()[:90]}")
         return
     log = open(args.log, "a", encoding="utf-8") if args.log else None  # noqa: SIM115
     with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
@@ -397,6 +456,9 @@ def main() -> None:
             chosen = every if "" in reached else sorted(reached & set(durations),
                                                         key=durations.get)
             target.write_text(ast.unparse(mutate(tree, p["path"])) + "\n", encoding="utf-8")
+            capped = False
+            if args.budget and chosen:
+                chosen, capped = within_budget(chosen, durations, args.budget)
             status, seconds, ran = "not reached", 0.0, len(chosen)
             if chosen:
                 files = {t.split("::")[0] for t in chosen}
@@ -413,13 +475,17 @@ def main() -> None:
                 ran = len(every)
                 status = {"survived": "survived", "killed": "killed (all tests)",
                           "timeout": "timeout (all tests)"}[status]
+            if capped and status == "survived":
+                status = "survived (budget)"
             counts[status.split()[0]] += 1
             text = lines[p["line"] - 1].strip()[:90]
-            print(f"#{n} {status:8s} {seconds:6.1f}s {ran:3d} tests line {p['line']}: "
+            print(f"#{n} {status:8s} {seconds:6.1f}s {ran:3d} tests line {p['line']} "
+                  f"[{p['kind']}]: "
                   f"{p['what']}: {text}", flush=True)
             if log is not None:
                 log.write(json.dumps({"module": args.module, "n": n, "line": p["line"],
-                                      "what": p["what"], "code": text, "status": status,
+                                      "what": p["what"], "kind": p["kind"], "code": text,
+                                      "status": status,
                                       "seconds": round(seconds, 1), "tests": ran}) + "\n")
                 log.flush()
         target.write_text(source, encoding="utf-8")

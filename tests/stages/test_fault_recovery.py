@@ -352,3 +352,20 @@ def test_a_plain_rerun_recomputes_the_truncated_item_verify_finds(tmp_path, cli)
                                  check=True).output
     np.testing.assert_array_equal(stage.read_item("v03"),
                                   np.load(tmp_path / "data" / "npy" / "v03.npy"))
+
+
+def test_a_stage_folder_without_its_record_is_left_alone_for_its_first_minute(tmp_path):
+    """A stage folder without ``stage.json`` may be one being made: ``scan`` and gc leave it
+    for ``CREATION_GRACE_S`` (60 s) after its last change, then name and collect it, even
+    with ``min_age`` 0 (the boundary pinned either side)."""
+    store = Store(tmp_path / "s")
+    filled_stage(store, 1)
+    now = time.time()
+    ages = {"import-" + "a" * 16: 59.5, "import-" + "b" * 16: 60.5}
+    for folder, age in ages.items():
+        (store.stages_dir / folder).mkdir()
+        os.utime(store.stages_dir / folder, (now - age, now - age))
+    assert [f for f, _ in store.scan()[1]] == ["import-" + "b" * 16]
+    gc(store, min_age=0)
+    assert not (store.stages_dir / ("import-" + "b" * 16)).exists()
+    assert (store.stages_dir / ("import-" + "a" * 16)).is_dir()

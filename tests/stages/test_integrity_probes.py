@@ -13,9 +13,10 @@ import h5py
 import numpy as np
 import pytest
 
+from featpipe.checksums import seal_json
 from featpipe.fileio import safe_stem
 from featpipe.packed import open_h5
-from featpipe.store import Store
+from featpipe.store import Store, ledger_owner
 from tests._stores import imported_store
 from tests.conftest import one_line_error, run_cli
 
@@ -84,13 +85,19 @@ def _strip(line: str, *keys: str) -> str:
     return json.dumps({k: v for k, v in entry.items() if k not in keys})
 
 
-def test_a_ledger_line_that_lost_its_sums_is_damage_and_its_item_is_never_used(feat, cli):
+@pytest.mark.parametrize("resealed", [False, True], ids=["seal-lost", "resealed"])
+def test_a_ledger_line_that_lost_its_sums_is_damage_and_its_item_is_never_used(
+        feat, cli, resealed):
+    """The sums lost with the line's seal, or lost and the line sealed again (a writer that
+    dropped them): either way the done line of a checksummed stage is damage."""
     store, command = feat
     stage = Store(store).resolve("feat")
     ledger = next((stage.path / "ledger").glob("*.jsonl"))
     lines = ledger.read_text().splitlines()
     at = next(k for k, line in enumerate(lines) if '"id": "v03"' in line)
     lines[at] = _strip(lines[at], "sums", "crc32")  # the record lost, the line still JSON
+    if resealed:
+        lines[at] = seal_json(lines[at].encode(), ledger_owner(stage.path.name)).decode()
     ledger.write_text("\n".join(lines) + "\n")
     path = stage.item_path("v03")
     data = bytearray(path.read_bytes())
@@ -100,6 +107,8 @@ def test_a_ledger_line_that_lost_its_sums_is_damage_and_its_item_is_never_used(f
     assert verify.exit_code == 1, verify.output
     assert "written before featpipe kept checksums" not in verify.output
     assert any("line" in p and "damaged" in p for p in problems(verify))
+    if resealed:
+        assert any("without the checksum of its file" in p for p in problems(verify))
     encode = cli("encode", "-s", store, "-i", "feat", "-m", "avg", "-n", "e")
     assert encode.exit_code == 1 and not Store(store).names().get("e")  # v03 is not used
     assert cli("cache", "verify", "--store", store, "--repair").exit_code == 0

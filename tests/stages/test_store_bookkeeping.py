@@ -15,7 +15,7 @@ from featpipe import FORMAT_VERSION
 from featpipe.checksums import file_checksum, npy_file_checksum
 from featpipe.errors import FeatpipeError
 from featpipe.manifest import from_rows
-from featpipe.store import Store
+from featpipe.store import Store, _ledger_entry
 from tests._stores import sealed_line
 
 
@@ -132,6 +132,11 @@ def test_verify_skips_the_cut_last_line_of_a_killed_ledger_but_reports_a_cut_mid
     ('{"id": "x", "status": "done", "time": 1e300}', "in the future"),
     ('{"id": "x", "status": "done", "seconds": 1e300}', "more than the time since 1970"),
     ('{"id": "x", "status": "done", "error": 3}', "'error' must be a string or null"),
+    ('{"id": "x", "status": "done", "sums": {".npy": "md5:0"}}', "'sums' must map file"),
+    ('{"id": "x", "status": "done", "sums": {"npy": "crc32:00000000"}}', "'sums' must map"),
+    ('{"id": "x", "status": "done", "sums": [".npy"]}', "'sums' must map file suffixes"),
+    ('{"id": "x", "status": "done", "sums": {".npy": "crc32:00000000"}, "batch": "x.npz"}',
+     "'batch' must name a batch file"),
 ])
 def test_a_malformed_ledger_line_is_named_and_does_not_count(tmp_path, line, reason):
     stage = _stage(tmp_path)
@@ -273,3 +278,12 @@ def test_models_are_listed_and_an_object_array_is_refused_naming_it(tmp_path):
     with pytest.raises(FeatpipeError, match=r"array 'w' in .*bad.npz is an object array "
                        r"\(featpipe never unpickles\)"):
         stage.load_model("bad")
+
+
+def test_a_ledger_time_up_to_a_day_ahead_is_clock_skew_beyond_it_damage(monkeypatch):
+    """A line's ``time`` may run ahead of this clock by a day (another host's clock); past
+    that it is a writer gone wrong (the boundary pinned either side, the clock stopped)."""
+    monkeypatch.setattr(featpipe.store.time, "time", lambda: 1.5e9)
+    line = {"id": "x", "status": "done", "sums": {".npy": "crc32:00000001"}}
+    assert not isinstance(_ledger_entry(dict(line, time=1.5e9 + 86399.5), True), str)
+    assert "is in the future" in _ledger_entry(dict(line, time=1.5e9 + 86400.5), True)
