@@ -315,66 +315,6 @@ def test_a_group_of_stored_per_frame_vectors_is_a_view_not_a_copy(clips, tmp_pat
     assert encode(store, "fv-mbh", "rankpool").summary.skipped == len(manifest.ids)
 
 
-def test_a_view_is_not_packed_and_its_source_is_kept_by_gc(tmp_path):
-    """A view holds no arrays: `cache pack` refuses it (packing would copy it), and gc keeps
-    the stage it reads while the view is named."""
-    from featpipe.errors import FeatpipeError
-    from featpipe.manifest import from_rows
-    from featpipe.pack import pack_stage
-    from featpipe.stages.cache import gc
-
-    store = Store(tmp_path / "store")
-    items = from_rows([(f"v{i}", "", ["c"], ["train"]) for i in range(3)], tmp_path)
-    source = store.stage("extract", {"n": 3}, items=items)
-    rows = np.random.default_rng(0).standard_normal((3, 5, 8))
-    for i in range(3):
-        source.write_item(f"v{i}", rows[i], {"frame_index": np.arange(5)})
-    view = store.stage("encode", {"part": 1}, inputs=[source], items=items)
-    view.make_view(source, slice(2, 6), ["frame_index"])
-    store.set_name("part", view)
-    np.testing.assert_array_equal(view.read_item("v1"), rows[1][:, 2:6].astype(np.float32))
-    assert set(view.extras_of("v1")) == {"frame_index"}
-    with pytest.raises(FeatpipeError, match="is a view of"):
-        pack_stage(view)
-    gc(store, min_age=0.0)
-    assert store.resolve("part").read_item("v2").shape == (5, 4)
-
-
-def test_a_view_made_after_its_stage_is_checksummed_like_one_made_with_it(tmp_path):
-    """Issue 39: a stage created before its source was stored becomes a view later; its
-    view record's checksum then goes into stage.json too, so deleting the record is damage
-    (`verify` names it, `--repair` removes the stage) instead of silently turning the view
-    into an empty stage; the rerun's view equals the first to the bit."""
-    from featpipe.manifest import from_rows
-    from featpipe.reporting import Reporter
-    from featpipe.stages.cache import verify
-    from featpipe.store import VIEW_FILE, DamagedStage, Stage
-
-    store = Store(tmp_path / "store")
-    items = from_rows([(f"v{i}", "", ["c"], ["train"]) for i in range(2)], tmp_path)
-    source = store.stage("extract", {"n": 2}, items=items)
-    for i in range(2):
-        source.write_item(f"v{i}", np.full((3, 8), i, np.float32), {})
-    view = store.stage("encode", {"part": 1}, inputs=[source], items=items)
-    assert VIEW_FILE not in (view.meta.get("files") or {})
-    view.make_view(source, slice(2, 6), [])
-    record = (view.path / VIEW_FILE).read_bytes()
-    assert VIEW_FILE in Stage(view.path).meta["files"]
-    assert verify(store, reporter=Reporter(progress=False)) == 0
-    view.make_view(source, slice(2, 6), [])  # a second writer: nothing changes
-    assert (view.path / VIEW_FILE).read_bytes() == record
-    (view.path / VIEW_FILE).unlink()
-    with pytest.raises(DamagedStage, match="view record"):
-        Stage(view.path)
-    assert verify(store, reporter=Reporter(progress=False)) == 1
-    assert verify(store, reporter=Reporter(progress=False), repair=True) == 0
-    assert not view.path.exists()
-    again = store.stage("encode", {"part": 1}, inputs=[source], items=items)
-    again.make_view(source, slice(2, 6), [])
-    assert (again.path / VIEW_FILE).read_bytes() == record
-    np.testing.assert_array_equal(again.read_item("v1"), np.ones((3, 4), np.float32))
-
-
 def test_a_pipeline_fuses_its_chains_and_keeps_what_is_read_or_asked_for(tmp_path,
                                                                           monkeypatch):
     """Issue 38 §2: `featpipe run` runs an extraction and the encode steps after it as one

@@ -117,6 +117,36 @@ def test_a_ledger_line_that_lost_its_sums_is_damage_and_its_item_is_never_used(
     assert cli("cache", "verify", "--store", store).exit_code == 0
 
 
+def test_a_repaired_item_is_recorded_removed_and_counted_pending(feat, cli):
+    """``verify --repair`` writes a ``removed`` ledger line for each item it removes, so the
+    stage no longer counts it done (status says pending; the rerun computes it alone)."""
+    store, command = feat
+    path = Store(store).resolve("feat").item_path("v03")
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x10
+    path.write_bytes(bytes(data))
+    assert cli("cache", "verify", "--store", store, "--repair").exit_code == 0
+    stage = Store(store).resolve("feat")
+    assert stage.item_states()["v03"].status == "removed"
+    assert "v03" not in stage.done_ids() and len(stage.done_ids()) == 11
+    assert "1 done, 11 skipped" in cli(*command, check=True).output
+
+
+def test_a_ledger_line_damaged_after_the_index_folded_it_is_found_by_verify(feat, cli):
+    """The index keeps the problems of the lines it folded; ``verify`` reads every line
+    again, so a line damaged later (a flipped digit of its seconds) is named."""
+    store, command = feat
+    stage = Store(store).resolve("feat")
+    assert stage.index().done == 12 and (stage.path / "index.json").exists()
+    ledger = next((stage.path / "ledger").glob("*.jsonl"))
+    text = ledger.read_bytes()
+    at = text.index(b'"seconds": ') + len(b'"seconds": ')
+    ledger.write_bytes(text[:at] + (b"7" if text[at:at + 1] != b"7" else b"8") + text[at + 1:])
+    verify = cli("cache", "verify", "--store", store)
+    assert verify.exit_code == 1
+    assert any(ledger.name in p and "line 1" in p for p in problems(verify)), verify.output
+
+
 def test_a_packed_stage_that_lost_its_sums_and_crc_attributes_is_damage(feat, cli):
     store, command = feat
     cli("cache", "pack", "--store", store, "feat", "--shards", "2", check=True)

@@ -1,6 +1,7 @@
 """The store: keys, atomic items, ledgers, resume, names, models, safe file names."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,3 +133,18 @@ def test_load_npy_equals_np_load_and_refuses_object_arrays(tmp_path, array):
     path.write_bytes(object_npy_bytes())
     with pytest.raises(ValueError, match="Object arrays"):
         load_npy(path)
+
+
+def test_numpy_values_and_paths_in_params_are_recorded_as_plain_json(tmp_path):
+    """A stage's params (and so its key) take numpy scalars and arrays as the numbers they
+    hold and a ``Path`` as its text; anything else is refused, never written half."""
+    store = Store(tmp_path / "s")
+    items = small_manifest(tmp_path, ["a"])
+    plain = store.stage("import", {"n": 3, "w": [0.5, 1.0], "f": "x/y"}, items=items)
+    numpy = store.stage("import", {"n": np.int64(3), "w": np.array([0.5, 1.0]),
+                                   "f": Path("x/y")}, items=items)
+    assert numpy.path == plain.path
+    assert json.loads((numpy.path / "stage.json").read_text())["params"] == \
+        {"n": 3, "w": [0.5, 1.0], "f": "x/y"}
+    with pytest.raises(TypeError, match="not JSON serialisable: object"):
+        store.stage("import", {"n": object()}, items=items)

@@ -174,6 +174,9 @@ def test_a_planned_stage_writes_nothing(tmp_path):
     assert not planned.path.exists() and planned.items.ids == ["x"]
     writes = [lambda: planned.write_item("x", np.ones(3)),
               lambda: planned.record("x", "failed", error="e"),
+              lambda: planned.record_removed(["x"], "damaged"),
+              planned.batch_writer,
+              lambda: planned.make_view(planned, slice(None), []),
               planned.mark_running,
               lambda: planned.exclusive("run", lambda: None).__enter__()]
     for write in writes:
@@ -286,4 +289,7 @@ def test_a_ledger_time_up_to_a_day_ahead_is_clock_skew_beyond_it_damage(monkeypa
     monkeypatch.setattr(featpipe.store.time, "time", lambda: 1.5e9)
     line = {"id": "x", "status": "done", "sums": {".npy": "crc32:00000001"}}
     assert not isinstance(_ledger_entry(dict(line, time=1.5e9 + 86399.5), True), str)
+    assert not isinstance(_ledger_entry(dict(line, time=1.5e9 + 86400), True), str)
+    assert not isinstance(_ledger_entry(dict(line, seconds=1.5e9), True), str)  # since 1970
+    assert "since 1970" in _ledger_entry(dict(line, seconds=1.5e9 + 1), True)
     assert "is in the future" in _ledger_entry(dict(line, time=1.5e9 + 86400.5), True)

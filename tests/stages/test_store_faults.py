@@ -7,6 +7,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -67,6 +68,25 @@ def test_16_4_stage_metadata_naming_inputs_outside_the_store_is_corrupt(tmp_path
     (stage.path / "stage.json").write_text(json.dumps(meta))
     proc = cli("cache", "show", "--store", store.root, "enc")
     assert "'inputs' must list stage folders" in one_line_error(proc)
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    (lambda meta: [meta], "not a JSON object but list"),
+    (lambda meta: dict(meta, key="0" * 16), "not the folder"),
+    (lambda meta: dict(meta, dtype="int32"), "'dtype' must be a floating dtype"),
+    (lambda meta: dict(meta, params=[]), "'params' missing or not a dict"),
+])
+def test_stage_metadata_that_describes_no_stage_of_its_folder_is_corrupt(tmp_path, change,
+                                                                           reason):
+    """``stage.json`` written unsealed (a store before checksums, or a hand's edit): what it
+    says is checked against its folder before it is believed."""
+    store = Store(tmp_path / "s")
+    stage = make_stage(store, "encode", name="enc")
+    meta = json.loads((stage.path / "stage.json").read_text())
+    meta.pop("crc32", None)
+    (stage.path / "stage.json").write_text(json.dumps(change(meta)))
+    with pytest.raises(FeatpipeError, match=re.escape(reason)):
+        store.resolve("enc")
 
 
 # -- 8: corruption is reported, one stage at a time --------------------------------------------

@@ -1,0 +1,54 @@
+"""Small items committed in batch files (featpipe/batches.py) read back through the stage
+as loose items are: arrays, sidecars, done items; the mechanism at three items (the batch
+threshold lowered), where tests/stages/test_item_counts.py runs it at 10^3 and 10^4."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from featpipe import batches
+from featpipe.batches import BATCH_DIR
+from featpipe.manifest import from_rows
+from featpipe.store import Store
+
+
+@pytest.fixture
+def batched(tmp_path, monkeypatch):
+    """A stage of three items, v0 and v1 committed in one batch file with two sidecars each,
+    v2 failed in it."""
+    monkeypatch.setattr(batches, "MIN_ITEMS", 3)
+    items = from_rows([(f"v{i}", "", ["c"], ["train"]) for i in range(3)], tmp_path)
+    stage = Store(tmp_path / "s").stage("extract", {"n": 3}, items=items)
+    rng = np.random.default_rng(0)
+    arrays = {f"v{i}": rng.standard_normal((4, 6)).astype(np.float32) for i in range(2)}
+    extras = {i: {"frame_index": np.arange(4) + k, "timestamps": np.linspace(0, 1, 4) * k}
+              for k, i in enumerate(arrays)}
+    writer = stage.batch_writer()
+    for item_id, array in arrays.items():
+        writer.add(item_id, array, extras[item_id], seconds=0.5)
+    writer.fail("v2", 0.25, "decoder gave up")
+    writer.commit()
+    return stage, arrays, extras
+
+
+def test_batched_items_read_back_with_their_sidecars_and_count_done(batched):
+    stage, arrays, extras = batched
+    (batch,) = (stage.path / BATCH_DIR).glob("*.npz")
+    assert not (stage.path / "items").exists()
+    assert {e.batch for e in stage.ledger() if e.status == "done"} == {batch.name}
+    assert stage.done_ids() == {"v0", "v1"} and stage.failed() == {"v2": "decoder gave up"}
+    for item_id, array in arrays.items():
+        np.testing.assert_array_equal(stage.read_item(item_id), array)
+        found = stage.extras_of(item_id)
+        assert set(found) == {"frame_index", "timestamps"}
+        for name, values in extras[item_id].items():
+            np.testing.assert_array_equal(found[name], values)
+            np.testing.assert_array_equal(stage.read_extra(item_id, name), values)
+
+
+def test_items_of_a_batch_file_that_is_gone_are_not_done(batched):
+    stage, arrays, _ = batched
+    for path in (stage.path / BATCH_DIR).glob("*.npz"):
+        path.unlink()
+    assert stage.done_ids() == set() and not stage.is_complete()
