@@ -5,6 +5,7 @@ Usage (issue 31 §4, issue 39 §6; ``benchmarks/RESULTS.md``)::
     nice -n 19 python benchmarks/mutation_sample.py featpipe/store.py tests/stages/test_store.py \
         ... [--log store.jsonl] [--timeout 120] [--only 3,17] [--part 1/2] [--list] [--confirm]
         [--cover featpipe/pack.py,...] [--coverage-cache coverage.json]
+        [--kinds branch,boundary,equality,constant,call] [--budget 12] [--resume]
 
 The mutants are enumerated, not drawn: every point of the module where one of these changes
 applies is a mutant (a plausible bug each):
@@ -36,8 +37,13 @@ mutant no test reaches survives without a run.  With ``--confirm`` a survivor is
 against every test of the given files, so a test the coverage missed (a worker process
 reused across tests keeps its first test's id) still counts; without it a survivor may be
 killed by a test the coverage did not attribute to its line, which can only lower the
-score.  One JSON line per mutant goes to ``--log``; the score
-is printed last.  A survivor is then judged by reading it: equivalent, or a gap in the tests.
+score.  ``--kinds`` runs the classes of :func:`mutation_kind` only (issue 39 §6 names
+failure branches, boundaries, constants and dropped fsync/flush/join/rename/checksum calls);
+``--budget`` caps a mutant's tests (the fastest of each file that reaches it first), so a
+survivor of a capped run may still be killed by a slower test (``survived (budget)``: judge
+or confirm it); ``--resume`` skips what ``--log`` already holds.  One JSON line per mutant
+goes to ``--log``; the score is printed last.  A survivor is then judged by reading it:
+equivalent, or a gap in the tests.
 """
 
 from __future__ import annotations
