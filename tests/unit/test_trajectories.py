@@ -387,3 +387,18 @@ def test_a_scale_whose_shorter_side_equals_the_patch_size_is_kept():
     estimator = DenseTrajectories(scale_factor=0.5, patch_size=16, n_scales=8)
     assert [s for s, _, _ in estimator.scales(32, 48)] == [1.0, 2.0]
     assert [s for s, _, _ in estimator.scales(31, 48)] == [1.0]
+
+
+@pytest.mark.parametrize("keypoints", ["orb", "sift"])
+def test_the_first_frame_pair_is_matched_with_keypoints_too(texture, keypoints):
+    """idt's camera motion matches keypoints of the previous frame with the current one's:
+    the first frame's keypoints are kept, so the homography of frames 0 -> 1 uses them as
+    every later pair's does (the release detects them on every frame)."""
+    estimator = ImprovedDenseTrajectories(step=4, n_scales=1, keypoints=keypoints)
+    big = (120, 160)
+    tracker = estimator.start(*big)
+    tracker.add(shifted(texture, 0, 0, big), None)
+    grey = cv2.cvtColor(shifted(texture, 1, 0, big), cv2.COLOR_RGB2GRAY)
+    previous, current = tracker.camera.keypoint_matches(grey, None)
+    assert len(previous) > 10
+    np.testing.assert_allclose(np.median(current - previous, axis=0), [1, 0], atol=0.25)

@@ -170,6 +170,21 @@ def test_a_trajectory_is_erratic_above_max_std_along_either_axis():
     assert valid.tolist() == [True, False, False]
 
 
+def test_a_std_exactly_at_a_limit_is_neither_static_nor_erratic():
+    """The release compares strictly (``< MIN_STD`` on both axes, ``> MAX_STD`` on either):
+    positions alternating +-a have a std of exactly ``a`` in float64."""
+    def alternating(a: float, axis: int) -> np.ndarray:
+        points = np.zeros((16, 2))
+        points[::2, axis], points[1::2, axis] = a, -a
+        return points
+
+    points = np.stack([alternating(MIN_STD, 0), alternating(MIN_STD, 1),
+                       alternating(MAX_STD, 0), alternating(MAX_STD, 1)])
+    assert (points.std(axis=1).max(axis=1) == [MIN_STD, MIN_STD, MAX_STD, MAX_STD]).all()
+    valid, _, _ = trajectory_shapes(points)
+    assert valid.tolist() == [True, True, True, True]
+
+
 def test_a_jump_is_a_step_over_max_step_and_over_seven_tenths_of_the_length():
     def one_jump(size):
         points = straight(0.1, 0.2)
