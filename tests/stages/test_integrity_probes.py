@@ -15,8 +15,9 @@ import pytest
 
 from featpipe.checksums import seal_json
 from featpipe.fileio import safe_stem
+from featpipe.manifest import from_rows
 from featpipe.packed import open_h5
-from featpipe.store import Store, ledger_owner
+from featpipe.store import Stage, Store, ledger_owner
 from tests._stores import imported_store
 from tests.conftest import one_line_error, run_cli
 
@@ -132,19 +133,33 @@ def test_a_repaired_item_is_recorded_removed_and_counted_pending(feat, cli):
     assert "1 done, 11 skipped" in cli(*command, check=True).output
 
 
-def test_a_ledger_line_damaged_after_the_index_folded_it_is_found_by_verify(feat, cli):
-    """The index keeps the problems of the lines it folded; ``verify`` reads every line
-    again, so a line damaged later (a flipped digit of its seconds) is named."""
-    store, command = feat
-    stage = Store(store).resolve("feat")
-    assert stage.index().done == 12 and (stage.path / "index.json").exists()
-    ledger = next((stage.path / "ledger").glob("*.jsonl"))
-    text = ledger.read_bytes()
-    at = text.index(b'"seconds": ') + len(b'"seconds": ')
-    ledger.write_bytes(text[:at] + (b"7" if text[at:at + 1] != b"7" else b"8") + text[at + 1:])
-    verify = cli("cache", "verify", "--store", store)
+def test_a_ledger_line_damaged_after_the_index_folded_it_is_found_by_verify(tmp_path, cli):
+    """The index keeps the problems of the lines it folded and notices a changed ledger by
+    its size, inode and the CRCs of its first and last 4 KiB; ``verify`` reads every line
+    again, so bit rot in the middle of a long ledger (a flipped digit, size and times as
+    they were) is named there, and the item of that line is not trusted."""
+    items = from_rows([(f"v{i:03d}", "", ["c"], ["train"]) for i in range(120)], tmp_path)
+    store = Store(tmp_path / "s")
+    stage = store.stage("import", {"n": 120}, items=items)
+    for item_id in items.ids:
+        stage.write_item(item_id, np.ones(2), seconds=0.125)
+    assert stage.compact_index() and stage.index().done == 120
+    assert stage.ledger_problems() == []
+    (ledger,) = (stage.path / "ledger").glob("*.jsonl")
+    text, before = ledger.read_bytes(), ledger.stat()
+    assert len(text) > 3 * 4096
+    at = text.index(b'"seconds": 0.125', len(text) // 2) + len(b'"seconds": 0.1')
+    line = text[:at].count(b"\n") + 1
+    ledger.write_bytes(text[:at] + b"3" + text[at + 1:])
+    os.utime(ledger, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert Stage(stage.path).ledger_problems() == []  # the index did not notice
+    verify = cli("cache", "verify", "--store", store.root)
     assert verify.exit_code == 1
-    assert any(ledger.name in p and "line 1" in p for p in problems(verify)), verify.output
+    found = problems(verify)
+    assert len(found) == 3, found
+    assert f"{ledger.name} line {line}: damaged" in found[0]
+    assert "index index.json: its counts differ from its ledgers'" in found[1]
+    assert "v060" in found[2] and "no ledger line says its item is done" in found[2]
 
 
 def test_a_packed_stage_that_lost_its_sums_and_crc_attributes_is_damage(feat, cli):

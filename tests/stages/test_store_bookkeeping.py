@@ -191,11 +191,14 @@ def test_a_planned_stage_writes_nothing(tmp_path):
 
 
 def test_an_item_records_the_seconds_it_took(tmp_path):
+    """... and 0 when it was not timed (never a made-up time)."""
     stage = _stage(tmp_path)
     stage.write_item("x", np.ones(3), seconds=1.25)
     stage.record("y", "failed", seconds=0.5, error="e")
+    stage.write_item("z", np.ones(3))
+    stage.record("w", "failed", error="e")
     states = stage.item_states()
-    assert (states["x"].seconds, states["y"].seconds) == (1.25, 0.5)
+    assert [states[i].seconds for i in "xyzw"] == [1.25, 0.5, 0.0, 0.0]
     with pytest.raises(ValueError, match="ledger status must be 'done', 'failed' or 'removed'"):
         stage.record("x", "skipped")
 

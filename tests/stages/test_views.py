@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from featpipe.errors import FeatpipeError
+from featpipe.errors import FeatpipeError, ItemError
 from featpipe.manifest import from_rows
 from featpipe.pack import pack_stage
 from featpipe.reporting import Reporter
@@ -67,8 +67,10 @@ def test_a_view_made_after_its_stage_is_checksummed_like_one_made_with_it(tmp_pa
     record = (view.path / VIEW_FILE).read_bytes()
     assert VIEW_FILE in Stage(view.path).meta["files"]
     assert verify(store, reporter=Reporter(progress=False)) == 0
-    view.make_view(source, slice(2, 6), [])  # a second writer: nothing changes
+    written = [(view.path / name).stat().st_ino for name in (VIEW_FILE, "stage.json")]
+    view.make_view(source, slice(2, 6), [])  # a second writer: nothing is written again
     assert (view.path / VIEW_FILE).read_bytes() == record
+    assert [(view.path / name).stat().st_ino for name in (VIEW_FILE, "stage.json")] == written
     (view.path / VIEW_FILE).unlink()
     with pytest.raises(DamagedStage, match="view record"):
         Stage(view.path)
@@ -129,5 +131,25 @@ def test_a_view_record_of_an_old_store_is_checked_before_it_is_believed(tmp_path
     if isinstance(record, dict) and record.get("source") == "SOURCE":
         record = dict(record, source=source.name)
     (view.path / VIEW_FILE).write_text(json.dumps(record))
+    with pytest.raises(DamagedStage, match="corrupt view record"):
+        Stage(view.path)
+
+
+def test_a_view_wider_than_its_sources_item_names_the_item(tmp_path):
+    """A view taking columns its source's item lacks (a source recomputed narrower) is an
+    error naming the item and the columns, never a silently narrower array."""
+    store, source, view, rows = _source_and_view(tmp_path)
+    wide = store.stage("encode", {"part": 9}, inputs=[source], items=view.items)
+    wide.make_view(source, slice(4, 12), [])
+    with pytest.raises(ItemError, match=r"8 columns in extract-.*takes 4\.\.\.11"):
+        wide.read_item("v1")
+
+
+def test_a_view_record_that_is_not_json_is_corrupt(tmp_path):
+    store, source, view, rows = _source_and_view(tmp_path)
+    meta = json.loads((view.path / "stage.json").read_text())
+    old = {k: v for k, v in meta.items() if k not in ("checksums", "files", "crc32")}
+    (view.path / "stage.json").write_text(json.dumps(old))
+    (view.path / VIEW_FILE).write_bytes(b'{"source": ')
     with pytest.raises(DamagedStage, match="corrupt view record"):
         Stage(view.path)
