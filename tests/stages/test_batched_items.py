@@ -9,6 +9,7 @@ import pytest
 
 from featpipe import batches
 from featpipe.batches import BATCH_DIR
+from featpipe.errors import ItemError
 from featpipe.manifest import from_rows
 from featpipe.store import Store
 
@@ -52,3 +53,12 @@ def test_items_of_a_batch_file_that_is_gone_are_not_done(batched):
     for path in (stage.path / BATCH_DIR).glob("*.npz"):
         path.unlink()
     assert stage.done_ids() == set() and not stage.is_complete()
+
+
+def test_a_sidecar_a_batched_item_lacks_is_none_and_an_unreadable_batch_names_it(batched):
+    stage, arrays, _ = batched
+    assert stage.read_extra("v0", "positions") is None
+    (batch,) = (stage.path / BATCH_DIR).glob("*.npz")
+    batch.write_bytes(b"not a zip file: a batch overwritten")
+    with pytest.raises(ItemError, match=f"v0.*unreadable batch file .*{batch.name}"):
+        stage.read_item("v0")
