@@ -11,7 +11,7 @@ from featpipe import batches
 from featpipe.batches import BATCH_DIR
 from featpipe.errors import ItemError
 from featpipe.manifest import from_rows
-from featpipe.store import Store
+from featpipe.store import DamagedItem, Store
 
 
 @pytest.fixture
@@ -53,6 +53,21 @@ def test_items_of_a_batch_file_that_is_gone_are_not_done(batched):
     for path in (stage.path / BATCH_DIR).glob("*.npz"):
         path.unlink()
     assert stage.done_ids() == set() and not stage.is_complete()
+    with pytest.raises(ItemError, match="v0: not computed in stage"):
+        stage.read_item("v0")
+
+
+def test_a_damaged_member_of_a_batch_is_a_damaged_item(batched):
+    stage, arrays, _ = batched
+    (batch,) = (stage.path / BATCH_DIR).glob("*.npz")
+    data = bytearray(batch.read_bytes())
+    data[data.index(arrays["v1"].tobytes()) + 5] ^= 0x20
+    batch.write_bytes(bytes(data))
+    np.testing.assert_array_equal(stage.read_item("v0"), arrays["v0"])
+    with pytest.raises(DamagedItem, match="v1"):
+        stage.read_item("v1")
+    with pytest.raises(ItemError, match="v2: not computed in stage"):
+        stage.read_item("v2")
 
 
 def test_a_sidecar_a_batched_item_lacks_is_none_and_an_unreadable_batch_names_it(batched):

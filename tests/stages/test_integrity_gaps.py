@@ -247,24 +247,27 @@ def test_a_failing_fsync_of_the_ledger_cuts_the_line_back(tmp_path, monkeypatch)
     assert ledger.stat().st_size == size and stage.ledger_problems() == []
 
 
-@pytest.mark.parametrize("cut", ["newline", "middle", "only-line"])
+@pytest.mark.parametrize("cut", ["newline", "middle", "only-line", "long-only-line"])
 def test_a_ledger_cut_short_is_continued_by_a_process_of_the_same_pid(tmp_path, cut):
     """A dead process's ledger (``<host>-<pid>``) whose pid this process reuses: a last line
     cut just before its newline is kept whole, one cut in its middle is dropped (also when it
     is the ledger's only line, with no newline before it); none is glued to the next line."""
     stage = sleepy_stage(Store(tmp_path / "s"), 3)
     first, second, third = stage.items.ids
-    run_items(stage, [first] if cut == "only-line" else [first, second], SleepyCompute())
+    run_items(stage, [first] if cut.endswith("only-line") else [first, second],
+              SleepyCompute())
     ledger = next((stage.path / "ledger").glob("*.jsonl"))
     raw = ledger.read_bytes()
-    ledger.write_bytes(raw[:-1] if cut == "newline" else raw[:-20])
+    ledger.write_bytes({"newline": raw[:-1], "middle": raw[:-20], "only-line": raw[:-20],
+                        # a line longer than the 64 KiB read from the end (a long error)
+                        "long-only-line": b'{"id": "x", "error": "' + b"e" * 70_000}[cut])
     from featpipe.store import _LedgerWriter
 
     _LedgerWriter._open.clear()  # as a new process would
     run_items(stage, [third], SleepyCompute())
     assert stage.ledger_problems() == []
     assert stage.done_ids() == {"newline": {first, second, third}, "middle": {first, third},
-                                "only-line": {third}}[cut]
+                                "only-line": {third}, "long-only-line": {third}}[cut]
 
 
 def test_a_done_line_without_checksums_is_refused_in_a_checksummed_stage(tmp_path):

@@ -287,3 +287,55 @@ def test_probe_half_created_and_hostile_stage_folders(tmp_path):
     (hostile.path / "stage.json").write_text(json.dumps(dict(meta, dtype="object")))
     (folder, reason), = store.scan()[1]
     assert folder == hostile.name and "'dtype' must be a floating dtype" in reason
+
+
+def test_stage_metadata_that_is_not_json_or_not_a_file_is_named(tmp_path):
+    store = Store(tmp_path / "s")
+    stage = make_stage(store, "encode", name="enc")
+    meta = stage.path / "stage.json"
+    meta.write_bytes(meta.read_bytes()[:40])
+    with pytest.raises(FeatpipeError, match=r"stage.json: corrupt stage metadata \(.* \(char"):
+        store.resolve("enc")
+    meta.unlink()
+    meta.mkdir()  # what a bad copy or a hand can leave: a folder where the file was
+    with pytest.raises(FeatpipeError, match="stage.json: unreadable"):
+        store.resolve("enc")
+
+
+def _old_store_stage(tmp_path):
+    """A stage whose ``stage.json`` is as stores before checksums wrote it."""
+    store = Store(tmp_path / "s")
+    stage = make_stage(store, "encode", name="enc")
+    meta = json.loads((stage.path / "stage.json").read_text())
+    old = {k: v for k, v in meta.items() if k not in ("checksums", "files", "crc32")}
+    (stage.path / "stage.json").write_text(json.dumps(old))
+    return store, stage
+
+
+def test_an_old_stores_item_list_is_checked_as_a_manifest(tmp_path):
+    store, stage = _old_store_stage(tmp_path)
+    (stage.path / "items.csv").write_text("id,path,label,split1\na,,c,train\na,,c,test\n")
+    with pytest.raises(FeatpipeError, match=r"manifest .*items\.csv, .*a"):
+        assert store.resolve("enc").items is None  # never reached: it raises
+
+
+def test_an_unreadable_ledger_is_named_and_its_lines_do_not_count(tmp_path):
+    store, stage = _old_store_stage(tmp_path)
+    ledger = next((stage.path / "ledger").glob("*.jsonl"))
+    ledger.unlink()
+    ledger.mkdir()  # a folder where the ledger was: reading it fails
+    again = store.resolve("enc")
+    assert again.ledger_problems(fresh=True) == [f"ledger {ledger.name} line 0: unreadable "
+                                                 "(Is a directory)"]
+    assert again.done_ids() == set()
+
+
+def test_an_item_file_that_cannot_be_opened_counts_as_cut_short(tmp_path):
+    """``truncated_ids`` (what a rerun recomputes) takes an item whose file cannot be opened
+    as one cut short; a missing file is not (it is packed, or not computed)."""
+    store = Store(tmp_path / "s")
+    stage = make_stage(store, "encode")
+    stage.item_path("encode0").unlink()
+    stage.item_path("encode0").mkdir()
+    stage.item_path("encode1").unlink()
+    assert stage.truncated_ids(["encode0", "encode1", "encode2"]) == {"encode0"}

@@ -44,6 +44,8 @@ def test_a_view_is_not_packed_and_its_source_is_kept_by_gc(tmp_path):
     store.set_name("part", view)
     np.testing.assert_array_equal(view.read_item("v1"), rows[1][:, 2:6].astype(np.float32))
     assert set(view.extras_of("v1")) == {"frame_index"}
+    np.testing.assert_array_equal(view.read_extra("v1", "frame_index"), np.arange(5))
+    assert view.read_extra("v1", "timestamps") is None
     with pytest.raises(FeatpipeError, match="is a view of"):
         pack_stage(view)
     gc(store, min_age=0.0)
@@ -143,6 +145,9 @@ def test_a_view_wider_than_its_sources_item_names_the_item(tmp_path):
     wide.make_view(source, slice(4, 12), [])
     with pytest.raises(ItemError, match=r"8 columns in extract-.*takes 4\.\.\.11"):
         wide.read_item("v1")
+    last = store.stage("encode", {"part": 10}, inputs=[source], items=view.items)
+    last.make_view(source, slice(4, 8), [])  # up to the last column: fine
+    np.testing.assert_array_equal(last.read_item("v1"), rows[1][:, 4:8].astype(np.float32))
 
 
 def test_a_view_record_that_is_not_json_is_corrupt(tmp_path):
