@@ -148,3 +148,30 @@ def test_numpy_values_and_paths_in_params_are_recorded_as_plain_json(tmp_path):
         {"n": 3, "w": [0.5, 1.0], "f": "x/y"}
     with pytest.raises(TypeError, match="not JSON serialisable: object"):
         store.stage("import", {"n": object()}, items=items)
+
+
+@pytest.mark.parametrize("name", ["../escape", "a+b", "Upper", "x.npy", ""])
+def test_a_sidecar_name_that_is_not_one_is_refused_before_anything_is_written(tmp_path,
+                                                                                name):
+    """A sidecar's name becomes part of a file name (``<stem>+<name>.npy``): one that could
+    leave the item's folder or be read as another item's file is refused, nothing written."""
+    store = Store(tmp_path / "s")
+    stage = store.stage("import", {}, items=small_manifest(tmp_path, ["a"]))
+    with pytest.raises(ValueError, match="sidecar name .* must match"):
+        stage.write_item("a", np.ones(3), {name: np.ones(2)})
+    assert not [p for p in (stage.path / "items").rglob("*") if p.is_file()]
+    assert stage.done_ids() == set()
+
+
+def test_items_are_stored_where_docs_store_md_says(tmp_path):
+    """``items/<2 hex>/<safe id>.npy`` and ``...+<sidecar>.npy`` (docs/store.md): the layout
+    is part of the store format, so stores written before are read by later versions."""
+    from featpipe.fileio import id_digest
+
+    store = Store(tmp_path / "s")
+    stage = store.stage("import", {}, items=small_manifest(tmp_path, ["clip/a b"]))
+    stage.write_item("clip/a b", np.ones(3), {"timestamps": np.arange(3.0)})
+    folder = stage.path / "items" / id_digest("clip/a b")[:2]
+    stem = safe_stem("clip/a b")
+    assert sorted(p.name for p in folder.iterdir()) == [f"{stem}+timestamps.npy",
+                                                       f"{stem}.npy"]

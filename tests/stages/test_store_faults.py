@@ -75,6 +75,7 @@ def test_16_4_stage_metadata_naming_inputs_outside_the_store_is_corrupt(tmp_path
     (lambda meta: dict(meta, key="0" * 16), "not the folder"),
     (lambda meta: dict(meta, dtype="int32"), "'dtype' must be a floating dtype"),
     (lambda meta: dict(meta, params=[]), "'params' missing or not a dict"),
+    (lambda meta: meta, "its checksum is missing, and it was written with checksums"),
 ])
 def test_stage_metadata_that_describes_no_stage_of_its_folder_is_corrupt(tmp_path, change,
                                                                            reason):
