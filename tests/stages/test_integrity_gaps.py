@@ -247,7 +247,8 @@ def test_a_failing_fsync_of_the_ledger_cuts_the_line_back(tmp_path, monkeypatch)
     assert ledger.stat().st_size == size and stage.ledger_problems() == []
 
 
-@pytest.mark.parametrize("cut", ["newline", "middle", "only-line", "long-only-line"])
+@pytest.mark.parametrize("cut", ["newline", "middle", "only-line", "long-only-line",
+                                 "64KiB-plus-one"])
 def test_a_ledger_cut_short_is_continued_by_a_process_of_the_same_pid(tmp_path, cut):
     """A dead process's ledger (``<host>-<pid>``) whose pid this process reuses: a last line
     cut just before its newline is kept whole, one cut in its middle is dropped (also when it
@@ -260,14 +261,18 @@ def test_a_ledger_cut_short_is_continued_by_a_process_of_the_same_pid(tmp_path, 
     raw = ledger.read_bytes()
     ledger.write_bytes({"newline": raw[:-1], "middle": raw[:-20], "only-line": raw[:-20],
                         # a line longer than the 64 KiB read from the end (a long error)
-                        "long-only-line": b'{"id": "x", "error": "' + b"e" * 70_000}[cut])
+                        "long-only-line": b'{"id": "x", "error": "' + b"e" * 70_000,
+                        # one byte more than that read: the loop reads from 0 once more
+                        "64KiB-plus-one": b'{"id": "x", "error": "' + b"e" * (65_537 - 22)
+                        }[cut])
     from featpipe.store import _LedgerWriter
 
     _LedgerWriter._open.clear()  # as a new process would
     run_items(stage, [third], SleepyCompute())
     assert stage.ledger_problems() == []
     assert stage.done_ids() == {"newline": {first, second, third}, "middle": {first, third},
-                                "only-line": {third}, "long-only-line": {third}}[cut]
+                                "only-line": {third}, "long-only-line": {third},
+                                "64KiB-plus-one": {third}}[cut]
 
 
 def test_a_done_line_without_checksums_is_refused_in_a_checksummed_stage(tmp_path):

@@ -175,3 +175,18 @@ def test_items_are_stored_where_docs_store_md_says(tmp_path):
     stem = safe_stem("clip/a b")
     assert sorted(p.name for p in folder.iterdir()) == [f"{stem}+timestamps.npy",
                                                        f"{stem}.npy"]
+
+
+def test_a_stage_key_is_the_hash_of_its_canonical_ascii_json():
+    """The key (docs/store.md): SHA-256 of the sorted, compact JSON of kind, params, input
+    keys and format, non-ASCII text escaped, first 16 hex digits; written out by hand here,
+    so a key that changes (and orphans every store made before) fails."""
+    import hashlib
+
+    from featpipe import FORMAT_VERSION
+    from featpipe.store import stage_key
+
+    text = ('{"format":' + str(FORMAT_VERSION) + ',"inputs":["00ff00ff00ff00ff"],'
+            '"kind":"import","params":{"label":"caf\\u00e9","n":3}}')
+    assert stage_key("import", {"n": 3, "label": "café"}, ["00ff00ff00ff00ff"]) == \
+        hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -340,3 +340,12 @@ def test_an_item_file_that_cannot_be_opened_counts_as_cut_short(tmp_path):
     stage.item_path("encode0").mkdir()
     stage.item_path("encode1").unlink()
     assert stage.truncated_ids(["encode0", "encode1", "encode2"]) == {"encode0"}
+
+
+def test_an_item_list_that_cannot_be_read_is_one_error_naming_it(tmp_path):
+    store = Store(tmp_path / "s")
+    stage = make_stage(store, "encode", name="enc")
+    (stage.path / "items.csv").unlink()
+    (stage.path / "items.csv").mkdir()
+    with pytest.raises(FeatpipeError, match=r"items\.csv is unreadable"):
+        assert store.resolve("enc").items is None  # never reached: it raises

@@ -158,3 +158,16 @@ def test_a_view_record_that_is_not_json_is_corrupt(tmp_path):
     (view.path / VIEW_FILE).write_bytes(b'{"source": ')
     with pytest.raises(DamagedStage, match="corrupt view record"):
         Stage(view.path)
+
+
+def test_a_sealed_view_record_of_an_old_store_whose_seal_differs_is_damaged(tmp_path):
+    """A stage.json without checksums (a store before them) still has a sealed view record
+    (written since): one byte of it changed is damage, named as such."""
+    store, source, view, rows = _source_and_view(tmp_path)
+    meta = json.loads((view.path / "stage.json").read_text())
+    old = {k: v for k, v in meta.items() if k not in ("checksums", "files", "crc32")}
+    (view.path / "stage.json").write_text(json.dumps(old))
+    record = (view.path / VIEW_FILE).read_bytes()
+    (view.path / VIEW_FILE).write_bytes(record.replace(b"frame_index", b"frame_indey"))
+    with pytest.raises(DamagedStage, match="damaged view record"):
+        Stage(view.path)
