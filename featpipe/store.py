@@ -1469,9 +1469,13 @@ class Store:
                               "stages/")
         if text == pointer_bytes(name, folder).decode():
             return folder
-        if len(lines) > 2 and lines[1].strip() and CHECKSUM.match(lines[1].strip()):
+        recorded = lines[1].strip() if len(lines) > 1 else ""
+        if recorded == name_checksum(name, folder):  # the sum holds: bytes cut or added
+            raise DamagedName(f"{label} is damaged (its checksum holds, but its bytes are not "
+                              "those featpipe writes: cut short, or bytes added)")
+        if recorded and CHECKSUM.match(recorded):
             raise DamagedName(f"{label} is damaged (checksum {name_checksum(name, folder)} of "
-                              f"its name and stage differs from {lines[1].strip()} recorded "
+                              f"its name and stage differs from {recorded} recorded "
                               "when it was written)")
         if any(line.strip() for line in lines[1:]) or self._checksummed(folder):
             raise DamagedName(f"{label} is damaged (its checksum is missing, and the stage "
