@@ -11,7 +11,7 @@ from featpipe import batches
 from featpipe.batches import BATCH_DIR
 from featpipe.errors import ItemError
 from featpipe.manifest import from_rows
-from featpipe.store import DamagedItem, Store
+from featpipe.store import DamagedItem, Stage, Store
 
 
 @pytest.fixture
@@ -77,3 +77,41 @@ def test_a_sidecar_a_batched_item_lacks_is_none_and_an_unreadable_batch_names_it
     batch.write_bytes(b"not a zip file: a batch overwritten")
     with pytest.raises(ItemError, match=f"v0.*unreadable batch file .*{batch.name}"):
         stage.read_item("v0")
+
+
+def test_a_batch_file_that_lacks_an_item_names_it_and_its_sidecars_unreadable(batched):
+    """A batch file replaced by a valid one without the item (a hand's copy): the item's
+    read names the batch file and what it lacks; an unreadable batch file is named when the
+    item's sidecars are listed too."""
+    import zipfile
+
+    stage, arrays, _ = batched
+    (batch,) = (stage.path / BATCH_DIR).glob("*.npz")
+    with zipfile.ZipFile(batch) as archive:
+        kept = {n: archive.read(n) for n in archive.namelist() if not n.startswith("v0")}
+    with zipfile.ZipFile(batch, "w") as archive:
+        for member, data in kept.items():
+            archive.writestr(member, data)
+    with pytest.raises(ItemError, match=f"v0: batch file .*{batch.name} lacks v0"):
+        stage.read_item("v0")
+
+
+def test_the_sidecars_of_an_item_in_an_unreadable_batch_file_are_one_error(batched):
+    stage, arrays, _ = batched
+    (batch,) = (stage.path / BATCH_DIR).glob("*.npz")
+    batch.write_bytes(b"not a zip file: a batch overwritten")
+    with pytest.raises(ItemError, match=f"v1: unreadable batch file .*{batch.name}"):
+        stage.extras_of("v1")
+
+
+def test_an_item_recomputed_into_another_batch_meanwhile_is_read_from_there(batched):
+    """Another process recomputed v0 into a new batch file and the old one is gone: a stage
+    object that read the ledgers before finds the new batch by reading them again."""
+    stage, arrays, extras = batched
+    stage.done_ids()  # this object's view of the ledgers, before the other process's run
+    (old,) = (stage.path / BATCH_DIR).glob("*.npz")
+    writer = Stage(stage.path).batch_writer()
+    writer.add("v0", arrays["v0"], extras["v0"], seconds=0.5)
+    writer.commit()
+    old.unlink()
+    np.testing.assert_array_equal(stage.read_item("v0"), arrays["v0"])

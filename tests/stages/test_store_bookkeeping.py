@@ -296,3 +296,14 @@ def test_a_ledger_time_up_to_a_day_ahead_is_clock_skew_beyond_it_damage(monkeypa
     assert not isinstance(_ledger_entry(dict(line, seconds=1.5e9), True), str)  # since 1970
     assert "since 1970" in _ledger_entry(dict(line, seconds=1.5e9 + 1), True)
     assert "is in the future" in _ledger_entry(dict(line, time=1.5e9 + 86400.5), True)
+
+
+def test_a_blank_line_in_a_ledger_is_no_line(tmp_path):
+    """An empty line (an editor's, or a hand's) holds nothing to lose: skipped, not damage."""
+    stage = _stage(tmp_path)
+    stage.write_item("x", np.ones(3))
+    stage.write_item("y", np.ones(3))
+    (ledger,) = (stage.path / "ledger").glob("*.jsonl")
+    first, second = ledger.read_text().splitlines()
+    ledger.write_text(f"{first}\n\n  \n{second}\n")
+    assert stage.ledger_problems(fresh=True) == [] and stage.done_ids() == {"x", "y"}

@@ -349,3 +349,22 @@ def test_an_item_list_that_cannot_be_read_is_one_error_naming_it(tmp_path):
     (stage.path / "items.csv").mkdir()
     with pytest.raises(FeatpipeError, match=r"items\.csv is unreadable"):
         assert store.resolve("enc").items is None  # never reached: it raises
+
+
+def test_a_folder_without_stage_json_is_no_stage(tmp_path):
+    from featpipe.store import Stage
+
+    with pytest.raises(FeatpipeError, match=r"no stage at .* \(stage.json missing\)"):
+        Stage(tmp_path / "stages" / ("import-" + "0" * 16))
+
+
+def test_ledgers_are_readable_by_the_group_and_others(tmp_path):
+    """A store on a cluster's shared disk is read by other users' jobs (status, export):
+    ledger files are created 0644 (under the usual umask 022)."""
+    old = os.umask(0o022)
+    try:
+        stage = make_stage(Store(tmp_path / "s"), "encode")
+    finally:
+        os.umask(old)
+    (ledger,) = (stage.path / "ledger").glob("*.jsonl")
+    assert ledger.stat().st_mode & 0o777 == 0o644
