@@ -402,3 +402,25 @@ def test_the_first_frame_pair_is_matched_with_keypoints_too(texture, keypoints):
     previous, current = tracker.camera.keypoint_matches(grey, None)
     assert len(previous) > 10
     np.testing.assert_allclose(np.median(current - previous, axis=0), [1, 0], atol=0.25)
+
+
+def test_an_rgba_frame_is_read_as_its_rgb(texture):
+    """Frames with an alpha channel (PNG sequences) are accepted; alpha is ignored."""
+    estimator = DenseTrajectories(step=4, n_scales=1)
+    frames = [shifted(texture, t, 0) for t in range(17)]
+    rgba = [np.dstack([f, np.full(f.shape[:2], 7, np.uint8)]) for f in frames]
+    expected, got = run(estimator, frames), run(estimator, rgba)
+    assert len(expected[0]) > 0
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_idt_keeps_the_500_strongest_orb_keypoints_of_a_frame(texture):
+    estimator = ImprovedDenseTrajectories(step=4, n_scales=1, keypoints="orb")
+    big = (480, 640)
+    rng = np.random.default_rng(3)
+    noise = cv2.resize((rng.random((240, 320)) * 255).astype(np.uint8), big[::-1],
+                       interpolation=cv2.INTER_NEAREST)  # 2 px blocks: corners everywhere
+    tracker = estimator.start(*big)
+    tracker.camera.keypoints(noise, None)
+    assert len(tracker.camera.previous[0]) == 500
