@@ -115,7 +115,7 @@ class PackedItems:
         index_path = folder / PACK_INDEX
         try:
             info = index_path.stat()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no pack (a file named like it)
             return None
         stamp = (info.st_ino, info.st_mtime_ns, info.st_size)  # a repack replaces the inode
         cached = cls._cache.get(str(index_path))

@@ -714,6 +714,9 @@ class Stage:
                 and isinstance(record.get("extras"), list)):
             raise DamagedStage(f"{path}: corrupt view record (not one of this stage: an "
                                "input stage, two column bounds, the sidecars kept)")
+        if not (self.path.parent / record["source"] / "stage.json").is_file():
+            raise DamagedStage(f"{path}: a view of stage {record['source']}, which is gone "
+                               "(its items were read from there)")
         return record
 
     def view(self) -> tuple[Stage, slice, tuple[str, ...]] | None:

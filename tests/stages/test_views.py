@@ -186,3 +186,31 @@ def test_a_view_from_the_first_column_and_its_record_bytes(tmp_path):
     data = view_bytes(first.name, source.name, slice(0, 4), ["b", "a"])
     assert data.startswith(b'{"columns": [0, 4], "extras": ["a", "b"], "source": "'
                            + source.name.encode() + b'", "crc32": "crc32:')
+
+
+def test_a_view_whose_source_is_gone_is_damage_repair_removes_and_a_rerun_makes_again(
+        tmp_path):
+    """Its items were its source's: with the source's folder gone (`rm -rf`, a copy that
+    missed it) the view is a damaged stage, never an empty one that verifies; repair
+    removes it with its name, and making both again gives the same arrays."""
+    import shutil
+
+    store, source, view, rows = _source_and_view(tmp_path)
+    store.set_name("part", view)
+    expected = view.read_item("v1")
+    shutil.rmtree(source.path)
+    with pytest.raises(DamagedStage, match=f"a view of stage {source.name}, which is gone"):
+        store.resolve("part")
+    assert verify(store, reporter=Reporter(progress=False)) == 1
+    assert verify(store, reporter=Reporter(progress=False), repair=True) == 0
+    assert not view.path.exists() and "part" not in store.names()
+    store2, source2, view2, _ = _source_and_view(tmp_path)
+    assert view2.path == view.path
+    np.testing.assert_array_equal(view2.read_item("v1"), expected)
+
+
+def test_a_file_named_like_the_pack_folder_is_no_pack(tmp_path):
+    store, source, view, rows = _source_and_view(tmp_path)
+    (source.path / "packed").write_text("not a folder")
+    assert Stage(source.path).packed() is None
+    assert verify(store, reporter=Reporter(progress=False)) == 0
