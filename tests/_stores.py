@@ -157,3 +157,21 @@ def first_encoded(store: Store, proc, seconds: float = 120):
         time.sleep(0.02)
     assert stage is not None and stage.done_ids(), "no item finished in time"
     return stage
+
+
+def deny_unlink(monkeypatch, denied) -> None:
+    """``Path.unlink`` fails with EACCES for the paths ``denied(path)`` is true of (a file
+    the store cannot delete: the tests run as root, who may delete anything); undo it with
+    the ``monkeypatch`` (``pytest.MonkeyPatch.context()`` for a part of a test)."""
+    import errno
+    import os
+    from pathlib import Path
+
+    real_unlink = Path.unlink
+
+    def unlink(self, missing_ok=False):
+        if denied(self):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)

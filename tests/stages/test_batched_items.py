@@ -117,31 +117,23 @@ def test_an_item_recomputed_into_another_batch_meanwhile_is_read_from_there(batc
     np.testing.assert_array_equal(stage.read_item("v0"), arrays["v0"])
 
 
-def test_a_batch_file_pack_cannot_remove_is_named_as_such(batched, monkeypatch):
+def test_a_batch_file_pack_cannot_remove_is_named_as_such(batched):
     """`cache pack` removes the batch files once their items are packed; one the store
     cannot delete is one `cannot remove` error naming it (the packed copy is whole: a rerun
     of the pack finishes)."""
-    from pathlib import Path
-
     from featpipe.errors import WriteError
     from featpipe.pack import pack_stage
+    from tests._stores import deny_unlink
 
     stage, arrays, _ = batched
     arrays = dict(arrays, v2=np.full((4, 6), 2.0, np.float32))
     writer = stage.batch_writer()  # v2 computed again, into a second batch file
     writer.add("v2", arrays["v2"], {}, seconds=0.5)
     writer.commit()
-    real_unlink = Path.unlink
-
-    def unlink(self, missing_ok=False):
-        if self.suffix == ".npz" and BATCH_DIR in self.parts:
-            raise PermissionError(13, "Permission denied")
-        real_unlink(self, missing_ok=missing_ok)
-
-    monkeypatch.setattr(Path, "unlink", unlink)
-    with pytest.raises(WriteError, match=r"cannot remove .*\.npz: Permission denied"):
-        pack_stage(stage, shards=1)
-    monkeypatch.setattr(Path, "unlink", real_unlink)
+    with pytest.MonkeyPatch.context() as denied:  # the store cannot delete them
+        deny_unlink(denied, lambda path: path.suffix == ".npz" and BATCH_DIR in path.parts)
+        with pytest.raises(WriteError, match=r"cannot remove .*\.npz: Permission denied"):
+            pack_stage(stage, shards=1)
     assert pack_stage(stage, shards=1).removed == 2
     assert not list((stage.path / BATCH_DIR).glob("*.npz"))
     for item_id, array in arrays.items():

@@ -150,23 +150,15 @@ def test_a_shard_is_flushed_before_it_is_synced(tmp_path, monkeypatch):
     assert [size for inode, size in synced if inode == shard.st_ino] == [shard.st_size]
 
 
-def test_a_loose_file_that_cannot_be_removed_is_named_as_such(tmp_path, monkeypatch):
+def test_a_loose_file_that_cannot_be_removed_is_named_as_such(tmp_path):
     """After the packed files are checked, a loose file the store cannot delete is one
     `cannot remove` error naming it (the packed copy is whole: a rerun finishes)."""
-    from pathlib import Path
-
     from featpipe.errors import WriteError
+    from tests._stores import deny_unlink
 
     stage = finished(tmp_path)
-    real_unlink = Path.unlink
-
-    def unlink(self, missing_ok=False):
-        if self.suffix == ".npy" and "items" in self.parts:
-            raise PermissionError(13, "Permission denied")
-        real_unlink(self, missing_ok=missing_ok)
-
-    monkeypatch.setattr(Path, "unlink", unlink)
-    with pytest.raises(WriteError, match=r"cannot remove .*\.npy: Permission denied"):
-        pack_stage(stage, shards=1)
-    monkeypatch.setattr(Path, "unlink", real_unlink)
+    with pytest.MonkeyPatch.context() as denied:  # the store cannot delete them
+        deny_unlink(denied, lambda path: path.suffix == ".npy" and "items" in path.parts)
+        with pytest.raises(WriteError, match=r"cannot remove .*\.npy: Permission denied"):
+            pack_stage(stage, shards=1)
     assert pack_stage(stage, shards=1).removed == 10 and loose(stage) == []
