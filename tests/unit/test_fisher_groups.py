@@ -79,6 +79,13 @@ def test_per_frame_grouped_fvs_follow_the_frame_index_with_empty_frames_zero(gro
     assert not array[1].any() and not array[3].any()
     with pytest.raises(InputError, match="--per-frame needs a 'frame_index' sidecar"):
         encoder(stage, per_frame=True).encode_batch([x], [{}])
+    # frames stacked (F, n, D): frame f's rows are x3[f], no sidecar needed
+    x3 = RNG.standard_normal((3, 4, 7)).astype(np.float32)
+    (out,) = encoder(stage, per_frame=True).encode_batch([x3], [{}])
+    array = out.array if isinstance(out, ItemOutput) else out
+    assert array.shape == (3, 36)
+    for f in range(3):
+        np.testing.assert_allclose(array[f], reference(gmms, x3[f]), rtol=1e-5, atol=1e-7)
     # no descriptor in any frame: one zero row a frame, of the full width (no frame: none)
     for stamps, rows in ((np.array([0.0, 0.1]), 2), (None, 0)):
         extra = {"frame_index": np.zeros(0, np.int32)}
