@@ -326,11 +326,11 @@ def within_budget(chosen: list[str], durations: dict, budget: float
     """The tests of ``chosen`` (fastest first) a mutant runs within ``budget`` seconds of
     their unmutated time: the fastest of each test file first (every file that reaches the
     line is tried), then the fastest others while they fit; and whether any was left out."""
-    picked = list({t.split("::")[0]: t for t in reversed(chosen)}.values())
+    picked = set({t.split("::")[0]: t for t in reversed(chosen)}.values())
     total = sum(durations[t] for t in picked)
     for test in chosen:
         if test not in picked and total + durations[test] <= budget:
-            picked.append(test)
+            picked.add(test)
             total += durations[test]
     return sorted(picked, key=durations.get), len(picked) < len(chosen)
 
@@ -478,7 +478,7 @@ def main() -> None:
                 limit = args.timeout or 3 * sum(durations.values()) + 20
                 status, more = run_forked(root, args.tests, limit)
                 seconds += more
-                ran = len(every)
+                ran, capped = len(every), False
                 status = {"survived": "survived", "killed": "killed (all tests)",
                           "timeout": "timeout (all tests)"}[status]
             if capped and status == "survived":

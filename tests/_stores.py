@@ -159,19 +159,20 @@ def first_encoded(store: Store, proc, seconds: float = 120):
     return stage
 
 
-def deny_unlink(monkeypatch, denied) -> None:
-    """``Path.unlink`` fails with EACCES for the paths ``denied(path)`` is true of (a file
-    the store cannot delete: the tests run as root, who may delete anything); undo it with
-    the ``monkeypatch`` (``pytest.MonkeyPatch.context()`` for a part of a test)."""
+
+def deny(monkeypatch, method: str, denied) -> None:
+    """``path.<method>()`` fails with EACCES for the paths ``denied(path)`` is true of, as
+    for another user's file (the tests run as root, who may read or delete anything); undone
+    with the ``monkeypatch`` (``pytest.MonkeyPatch.context()`` for a part of a test)."""
     import errno
     import os
     from pathlib import Path
 
-    real_unlink = Path.unlink
+    real = getattr(Path, method)
 
-    def unlink(self, missing_ok=False):
+    def no_permission(self, *args, **kwargs):
         if denied(self):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
-        real_unlink(self, missing_ok=missing_ok)
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "unlink", unlink)
+    monkeypatch.setattr(Path, method, no_permission)

@@ -123,7 +123,7 @@ def test_a_batch_file_pack_cannot_remove_is_named_as_such(batched):
     of the pack finishes)."""
     from featpipe.errors import WriteError
     from featpipe.pack import pack_stage
-    from tests._stores import deny_unlink
+    from tests._stores import deny
 
     stage, arrays, _ = batched
     arrays = dict(arrays, v2=np.full((4, 6), 2.0, np.float32))
@@ -131,7 +131,7 @@ def test_a_batch_file_pack_cannot_remove_is_named_as_such(batched):
     writer.add("v2", arrays["v2"], {}, seconds=0.5)
     writer.commit()
     with pytest.MonkeyPatch.context() as denied:  # the store cannot delete them
-        deny_unlink(denied, lambda path: path.suffix == ".npz" and BATCH_DIR in path.parts)
+        deny(denied, "unlink", lambda path: path.suffix == ".npz" and BATCH_DIR in path.parts)
         with pytest.raises(WriteError, match=r"cannot remove .*\.npz: Permission denied"):
             pack_stage(stage, shards=1)
     assert pack_stage(stage, shards=1).removed == 2

@@ -154,11 +154,11 @@ def test_a_loose_file_that_cannot_be_removed_is_named_as_such(tmp_path):
     """After the packed files are checked, a loose file the store cannot delete is one
     `cannot remove` error naming it (the packed copy is whole: a rerun finishes)."""
     from featpipe.errors import WriteError
-    from tests._stores import deny_unlink
+    from tests._stores import deny
 
     stage = finished(tmp_path)
     with pytest.MonkeyPatch.context() as denied:  # the store cannot delete them
-        deny_unlink(denied, lambda path: path.suffix == ".npy" and "items" in path.parts)
+        deny(denied, "unlink", lambda path: path.suffix == ".npy" and "items" in path.parts)
         with pytest.raises(WriteError, match=r"cannot remove .*\.npy: Permission denied"):
             pack_stage(stage, shards=1)
     assert pack_stage(stage, shards=1).removed == 10 and loose(stage) == []

@@ -20,22 +20,9 @@ from featpipe.fileio import HOST
 from featpipe.manifest import from_rows
 from featpipe.stages.cache import verify_stage
 from featpipe.store import CACHE_NAME, DamagedName, Store, stage_key
-from tests._stores import imported_store, make_old
+from tests._stores import deny, imported_store, make_old
 from tests.conftest import one_line_error
 from tests.stages.test_fault_recovery import filled_stage
-
-
-def deny(monkeypatch, method: str, path) -> None:
-    """``path.<method>()`` fails with EACCES, as for another user's file (the tests run as
-    root, who may read anything)."""
-    real = getattr(type(path), method)
-
-    def no_permission(self, *args, **kwargs):
-        if self == path:
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(type(path), method, no_permission)
 
 
 # -- files no ledger line accounts for, and damaged sidecars, are never read as data ---------
@@ -285,7 +272,7 @@ def test_a_parent_folder_that_cannot_be_listed_does_not_stop_a_store(tmp_path, m
     ``stages/`` this user may not list (another user's) is taken for no store."""
     (tmp_path / "stages").mkdir()
     closed = tmp_path / "stages"
-    deny(monkeypatch, "iterdir", closed)
+    deny(monkeypatch, "iterdir", lambda path: path == closed)
     stage = filled_stage(Store(tmp_path / "mine"), 1, name="feats")
     assert Store(tmp_path / "mine").resolve("feats") == stage
 
@@ -456,7 +443,7 @@ def test_a_name_file_that_cannot_be_read_is_one_error_naming_it(tmp_path, monkey
     stage = filled_stage(store, 1, name="feats")
     store.set_name("locked", stage)
     locked = store.names_dir / "locked"
-    deny(monkeypatch, "read_bytes", locked)
+    deny(monkeypatch, "read_bytes", lambda path: path == locked)
     with pytest.raises(FeatpipeError, match=rf"name 'locked': {re.escape(str(locked))} is "
                                             r"unreadable \(.*Permission denied"):
         store.resolve("locked")
