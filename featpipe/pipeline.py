@@ -65,7 +65,9 @@ from pathlib import Path
 from featpipe import stages
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.extract.estimate import human_bytes
-from featpipe.stages.base import Reporter, RunOptions, StageRun
+from featpipe.interrupts import Interrupted
+from featpipe.plan import MODEL, Node, Plan, print_plan
+from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name
 from featpipe.store import NAME_PATTERN, STAGE_FOLDER, Stage, Store
 
 #: Stage functions a step may name (``featpipe.stages.<name>``).
@@ -268,9 +270,14 @@ def plan_fusion(steps: list[Step]) -> Fusion:
 
 def check_values(step: Step) -> None:
     """Check a step's values as the command line checks them, before any step runs (a
-    :class:`ParameterError`); what needs the store (a name, an input's items) is checked
-    when the step runs."""
+    :class:`ParameterError`): its store ``name`` and ``keep`` too; what needs the store (an
+    input's items) is checked by the plan (:func:`plan_pipeline`)."""
     arguments = step.arguments
+    if "name" in _signature(step.function).parameters:
+        check_name(arguments.get("name", step.name))
+    if "keep" in arguments and not isinstance(arguments["keep"], bool):
+        raise ParameterError("keep", f"must be true or false (a TOML boolean, no quotes), got "
+                             f"{arguments['keep']!r}")
     if "options" in _signature(step.function).parameters:
         RunOptions(**{k: arguments[k] for k in RUN_OPTIONS if k in arguments})
     if step.function == "encode":
@@ -410,11 +417,12 @@ def renamed(step: Step, rename: Mapping[str, str]) -> Step:
     return Step(step.name, step.function, arguments)
 
 
-def resolve_references(pipeline: Pipeline, store: Store,
-                       reporter: Reporter) -> dict[str, str]:
+def resolve_references(pipeline: Pipeline, store: Store, reporter: Reporter,
+                       plan: Plan) -> dict[str, str]:
     """What each reference of the file means in ``store``: a step's key -> the store name its
     step writes (where its ``name`` differs); ``@NAME`` -> the folder of the stage ``NAME``
-    points to now (said, ``@NAME = kind-key``; a name the store lacks is a usage error)."""
+    points to now (said, ``@NAME = kind-key``; a name the store lacks is a problem of the
+    step in ``plan``)."""
     rename = {}
     for step in pipeline.steps:
         name = step.arguments.get("name")
@@ -427,8 +435,8 @@ def resolve_references(pipeline: Pipeline, store: Store,
             try:
                 rename[name] = store.resolve(name[len(STORE_NAME):]).name
             except FeatpipeError as err:
-                raise PipelineError(f"{step.describe()}: {argument} {name}: {err}",
-                                    usage=True) from None
+                plan.problem(step.name, f"{argument} {name}: {err}")
+                continue
             reporter.info(f"{name} = {rename[name]}")
     return rename
 
@@ -509,122 +517,240 @@ def _converted(step: Step, dry_run: bool) -> dict:
 
 
 def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
-                 only: Callable[[Step], bool] | None = None,
+                 only: Callable[[Step], bool] | None = None, skip_blocked: bool = False,
                  reporter: Reporter | None = None) -> list:
-    """Run (or, with ``dry_run``, plan) the steps in order; returns each step's result.
+    """Plan the steps (:func:`plan_pipeline`), then run them in order; returns each step's
+    result (a dry run: none, after printing the plan).
 
-    A step that fails raises a :class:`PipelineError` naming it; items already written stay,
-    so running the pipeline again resumes.  A step whose items failed with ``on_error =
-    "skip"`` stops the pipeline after it.
+    A plan with a problem runs nothing and raises a :class:`PipelineError` listing every
+    problem (a dry run too, after printing the plan), unless ``skip_blocked``: then the steps
+    no problem blocks run (:meth:`featpipe.plan.Plan.blocked_steps`) and the others are
+    listed.  A step that fails raises a :class:`PipelineError` naming it; items already
+    written stay, so running the pipeline again resumes.  A step whose items failed with
+    ``on_error = "skip"`` stops the pipeline after it.
     """
     reporter = reporter or Reporter()
-    pending: set[str] = set()  # steps of this dry run that could not be planned
-    plan: list[PlanLine] = []  # a dry run's summary
-    problems: list[str] = []
-    if dry_run:  # plans on a copy: the caller's store keeps resolving names to what is there
-        store = Store(store.root)
-    rename = resolve_references(pipeline, store, reporter)
+    plan = plan_pipeline(pipeline, store, only=only, reporter=reporter if dry_run else None)
+    if dry_run:
+        print_plan(plan, reporter)
+    blocked = plan.blocked_steps()
+    if plan.problems and not (skip_blocked and not dry_run and
+                              len(blocked) < len(plan.steps) and
+                              all(p.step for p in plan.problems)):
+        raise PipelineError(_refusal(pipeline, plan, blocked, dry_run))
+    if dry_run:
+        return []
+    if blocked:
+        reporter.warn(f"not run (--skip-blocked): {', '.join(blocked)}; each is blocked by a "
+                      "problem of the plan:")
+        for problem in plan.problems:
+            reporter.warn(f"problem: {problem}")
+        kept = [s for s in pipeline.steps if s.name not in blocked]
+        pipeline = dataclasses.replace(pipeline, steps=kept)
+        plan = plan_pipeline(pipeline, store, only=only)
+        if plan.problems:  # the steps left need nothing of those taken out
+            raise PipelineError(_refusal(pipeline, plan, plan.blocked_steps(), False))
+    reporter.info(f"plan: {plan.summary()}")
+    return _run_steps(pipeline, store, only, reporter)
+
+
+def _refusal(pipeline: Pipeline, plan: Plan, blocked: Mapping[str, str], dry_run: bool) -> str:
+    """The error of a plan with problems: each problem, and what can run anyway."""
+    runnable = [s for s in plan.steps if s not in blocked]
+    if dry_run:  # its problems are listed with the plan, above
+        text = f"the plan has {len(plan.problems)} problem(s) (above): a run would stop " \
+            "before computing anything"
+    else:
+        listing = "".join(f"\n  problem: {p}" for p in plan.problems)
+        text = (f"the plan has {len(plan.problems)} problem(s); nothing was computed or "
+                f"written:{listing}")
+    if runnable and all(p.step for p in plan.problems):
+        text += (f"\nthe steps no problem blocks ({', '.join(runnable)}) run with: featpipe run "
+                 f"{pipeline.path} --skip-blocked")
+    return text
+
+
+def plan_pipeline(pipeline: Pipeline, store: Store, *,
+                  only: Callable[[Step], bool] | None = None,
+                  reporter: Reporter | None = None) -> Plan:
+    """The plan of the steps (:mod:`featpipe.plan`), computing and writing nothing: each step
+    planned as its command's dry run plans it, on a copy of ``store`` where the stages
+    planned for the earlier steps stand under their names (:attr:`featpipe.store.Store.
+    planned`).  With a ``reporter`` each step's dry run is said on it (at most
+    :data:`DRY_RUN_ITEMS` items each) and the extractions are calibrated; without one the plan
+    is the quick check a real run makes first (:func:`featpipe.stages.dryrun.quick_plan`).
+    Every problem is collected, none raised: a step that fails to plan is a problem of the
+    plan, and the steps that read it are blocked by it."""
+    from featpipe.stages.dryrun import quick_plan
+
+    quick = reporter is None
+    reporter = reporter or Reporter()
+    plan = Plan(steps=[step.name for step in pipeline.steps])
+    for step in pipeline.steps:
+        plan.reads[step.name] = {name for _, name in references(step)}
+    store = Store(store.root)  # the caller's store keeps resolving names to what is there
+    rename = resolve_references(pipeline, store, reporter, plan)
     fusion = plan_fusion(pipeline.steps)
-    if only is not None:  # a step of a pass asked for runs its whole pass
-        asked = {s.name for s in pipeline.steps if only(s)}
-        asked |= {fusion.pass_of[name] for name in asked if name in fusion.pass_of}
-        only = lambda s: s.name in asked  # noqa: E731
+    asked = _asked(pipeline, only, fusion)
+    with quick_plan(quick):
+        for number, written in enumerate(pipeline.steps, start=1):
+            if asked is None or written.name in asked:
+                _plan_step(pipeline, written, number, store, rename, fusion, plan, reporter)
+    plan.check_writable(store)
+    plan.check_disk(store)
+    return plan
+
+
+def _asked(pipeline: Pipeline, only: Callable[[Step], bool] | None,
+           fusion: Fusion) -> set[str] | None:
+    """The steps ``only`` asks for, with the pass of each (None: every step)."""
+    if only is None:
+        return None
+    names = {step.name for step in pipeline.steps if only(step)}
+    return names | {fusion.pass_of[name] for name in names if name in fusion.pass_of}
+
+
+def _plan_step(pipeline: Pipeline, written: Step, number: int, store: Store,
+               rename: Mapping[str, str], fusion: Fusion, plan: Plan,
+               reporter: Reporter) -> None:
+    """Plan one step into ``plan`` (its nodes, or its problem)."""
+    step = renamed(written, rename)
+    count = len(pipeline.steps)
+    if written.name in fusion.pass_of:
+        host = fusion.pass_of[written.name]
+        reporter.info(f"step {number}/{count}: {step.name} ({step.function}): runs in the pass "
+                      f"of step {host!r}"
+                      + ("" if fusion.kept[written.name] else " (its stage is not written)"))
+        return
+    reporter.info(f"step {number}/{count}: {step.name} ({step.function})"
+                  + (f", with {', '.join(fusion.members[written.name])} in one pass"
+                     if written.name in fusion.members else ""))
+    members = fusion.members.get(written.name, [])
+    waits = sorted({name for _, name in references(written)} & set(plan.unplanned))
+    if waits:
+        plan.unplanned[step.name] = f"after {', '.join(waits)}"
+        reporter.info(f"dry run: would run after {', '.join(waits)} (its input is not "
+                      "computed yet)")
+        return
+    blocked = plan.blocked_steps()
+    if any(name in blocked for name in plan.reads[written.name]):
+        return  # blocked by an earlier step's problem: listed with it
+    parameters = _signature(step.function).parameters
+    if not {"options", "dry_run"} & set(parameters):  # classify
+        _plan_classify(store, step, plan, reporter)
+        return
+    arguments = _converted(step, dry_run=True)
+    if written.name in fusion.members:
+        arguments.update(_pass_arguments(pipeline, written, fusion, rename,
+                                         arguments["settings"]))
+    try:
+        result = getattr(stages, step.function)(store, reporter=_ShortListReporter(reporter),
+                                                **arguments)
+    except ParameterError as err:
+        plan.problem(getattr(err, "step", step.name), _problem_text(err))
+        return
+    except FeatpipeError as err:
+        planned = [name for _, name in references(step)
+                   if name in store.planned and not store.planned[name].exists]
+        if not planned:
+            plan.problem(step.name, str(err))
+            return
+        plan.unplanned[step.name] = f"it needs what {', '.join(planned)} compute: {err}"
+        reporter.info(f"dry run: would run after {', '.join(planned)} (it needs what they "
+                      f"compute: {err})")
+        return
+    for problem in getattr(result, "problems", []):
+        plan.problem(step.name, problem)
+    if "name" in parameters:  # later steps plan on this step's stage
+        planned_stage = result if isinstance(result, Stage) else result.stage
+        store.planned[arguments.get("name") or step.name] = planned_stage
+        for output in getattr(result, "written", []):
+            if output.name:
+                store.planned[output.name] = output.stage
+    if isinstance(result, Stage):  # a fit: its models (stand-ins of the real shapes)
+        from featpipe.stages.base import node_of
+        from featpipe.stages.dryrun import model_bytes
+
+        plan.add(node_of(result, arguments.get("name"), size=model_bytes(result),
+                         step=step.name, items=MODEL))
+        return
+    for node in result.nodes:
+        node.step = node.step or step.name
+        node.pass_step = step.name if members else None
+        plan.add(node)
+
+
+def _problem_text(err: ParameterError) -> str:
+    """A parameter problem as a step's line: the parameter and its cause (a fused step's
+    error names the step already: its cause)."""
+    return err.cause if hasattr(err, "step") else str(err)
+
+
+def _plan_classify(store: Store, step: Step, plan: Plan, reporter: Reporter) -> None:
+    """A classify step's plan: its inputs planned or stored, of one vector per item
+    (:mod:`featpipe.item_kinds`), and the size of its result."""
+    from featpipe.item_kinds import CLASSIFY, check_input, item_kind
+
+    inputs = step.arguments.get("inputs", [])
+    for name in inputs:
+        try:
+            check_input("classify", CLASSIFY, {}, item_kind(store.resolve(name)), repr(name))
+        except ParameterError as err:
+            plan.problem(step.name, str(err))
+            return
+        except FeatpipeError as err:
+            plan.problem(step.name, f"inputs: {err}")
+            return
+    size = _classify_size(store, step)
+    reporter.info(f"dry run: would run classify on {', '.join(inputs)}"
+                  + (f"; about {human_bytes(size)} at rest" if size else ""))
+    plan.add(Node(step.name, "classify", "classify", step.arguments.get("name"), None, "-",
+                  size, None, tuple(inputs)))
+
+
+def _run_steps(pipeline: Pipeline, store: Store, only: Callable[[Step], bool] | None,
+               reporter: Reporter) -> list:
+    """Run the steps of a checked plan in order (a step of a pass with its pass)."""
+    rename = resolve_references(pipeline, store, Reporter(), Plan())
+    fusion = plan_fusion(pipeline.steps)
+    asked = _asked(pipeline, only, fusion)
     results = []
+    count = len(pipeline.steps)
     for number, written in enumerate(pipeline.steps, start=1):
-        if only is not None and not only(written):
+        if asked is not None and written.name not in asked:
             continue
         step = renamed(written, rename)
         if written.name in fusion.pass_of:
             host = fusion.pass_of[written.name]
-            reporter.info(f"step {number}/{len(pipeline.steps)}: {step.name} "
-                          f"({step.function}): runs in the pass of step {host!r}"
-                          + ("" if fusion.kept[written.name] else " (its stage is not written)"))
+            reporter.info(f"step {number}/{count}: {step.name} ({step.function}): runs in "
+                          f"the pass of step {host!r}"
+                          + ("" if fusion.kept[written.name] else
+                             " (its stage is not written)"))
             results.append(None)
             continue
-        reporter.info(f"step {number}/{len(pipeline.steps)}: {step.name} ({step.function})"
+        reporter.info(f"step {number}/{count}: {step.name} ({step.function})"
                       + (f", with {', '.join(fusion.members[written.name])} in one pass"
                          if written.name in fusion.members else ""))
-        waits_for = sorted({name for _, name in references(written)} & pending)
-        if dry_run and waits_for:
-            reporter.info(f"dry run: would run after {', '.join(waits_for)} (its input is "
-                          "not computed yet)")
-            pending.add(step.name)
-            results.append(None)
-            continue
-        parameters = _signature(step.function).parameters
-        if dry_run and not {"options", "dry_run"} & set(parameters):  # classify
-            size = _classify_size(store, step)
-            reporter.info(f"dry run: would run {step.function}"
-                          + (" on " + ", ".join(step.arguments.get("inputs", []))
-                             if step.function == "classify" else "")
-                          + (f"; about {human_bytes(size)} at rest" if size else ""))
-            plan.append((step.name, "classify", "-", size, None))
-            pending.add(step.name)
-            results.append(None)
-            continue
-        arguments = _converted(step, dry_run)
+        arguments = _converted(step, dry_run=False)
         if written.name in fusion.members:
             arguments.update(_pass_arguments(pipeline, written, fusion, rename,
                                              arguments["settings"]))
         if step.function == "classify":
             arguments.setdefault("command", f"featpipe run {pipeline.path} (step {step.name})")
-        step_reporter = _ShortListReporter(reporter) if dry_run else reporter
         try:
-            result = getattr(stages, step.function)(store, reporter=step_reporter, **arguments)
+            result = getattr(stages, step.function)(store, reporter=reporter, **arguments)
+        except Interrupted:
+            raise  # SIGINT, SIGTERM: its line, exit 128 + the signal (cli/run.py)
         except ParameterError as err:
-            raise PipelineError(f"{step.describe()}: {err}",
-                                usage=True) from None
+            raise PipelineError(f"{step.describe()}: {err}", usage=True) from None
         except FeatpipeError as err:
-            planned = [name for _, name in references(step)
-                       if name in store.planned and not store.planned[name].exists]
-            if not (dry_run and planned):
-                raise PipelineError(f"{step.describe()}: {err}") from None
-            reporter.info(f"dry run: would run after {', '.join(planned)} (it needs what "
-                          f"they compute: {err})")
-            plan.append((step.name, "?", "?", None, None))
-            pending.add(step.name)
-            results.append(None)
-            continue
-        if dry_run and "name" in parameters:  # later steps plan on this step's stage
-            planned_stage = result if isinstance(result, Stage) else result.stage
-            store.planned[arguments.get("name") or step.name] = planned_stage
-            for output in getattr(result, "written", []):
-                if output.name:
-                    store.planned[output.name] = output.stage
-        if dry_run:
-            plan += _planned_lines(step, arguments, result)
-            problems += [f"step {step.name!r}: {p}" for p in getattr(result, "problems", [])]
+            raise PipelineError(f"{step.describe()}: {err}") from None
         if isinstance(result, StageRun) and not result.ok:
             raise PipelineError(f"{step.describe()}: {len(result.summary.failed)} item(s) "
                                 "failed; later steps not run (fix them and run the pipeline "
                                 "again)")
         results.append(result)
-    if dry_run:
-        _print_plan(plan, problems, reporter)
     return results
-
-
-#: one line of a dry run's plan: step, stage folder, items, bytes at rest, CPU seconds
-PlanLine = tuple[str, str, object, "int | None", "float | None"]
-
-
-def _planned_lines(step: Step, arguments: Mapping, result) -> list[PlanLine]:
-    """The plan's lines of one planned step: each stage it writes, its items, bytes and (an
-    extraction) CPU time."""
-    if isinstance(result, Stage):  # a fit: its models (stand-ins of the real shapes)
-        from featpipe.stages.dryrun import model_bytes
-
-        return [(step.name, result.name, "model", model_bytes(result), None)]
-    written = list(result.written) or [None]
-    lines = []
-    for number, output in enumerate(written):
-        stage = result.stage if output is None else output.stage
-        label = step.name if output is None or output.name in (None, step.name) else \
-            f"{step.name} -> {output.name}"
-        lines.append((label, stage.name, len(stage.items.ids),
-                      None if output is None else output.bytes,
-                      result.cpu_seconds if number == 0 else None))
-    return lines
 
 
 def _classify_size(store: Store, step: Step) -> int | None:
@@ -640,29 +766,3 @@ def _classify_size(store: Store, step: Step) -> int | None:
     return 2048 + splits * (160 * test + 20 * classes * classes + 60 * classes)
 
 
-def _print_plan(plan: list[PlanLine], problems: list[str], reporter: Reporter) -> None:
-    """The dry run's summary: each stage's items, bytes at rest and CPU estimate, the totals
-    and the problems a run would meet."""
-    reporter.info("dry run: the plan (bytes at rest; CPU of the extractions, calibrated on "
-                  "their first item)")
-    width = max((len(line[0]) for line in plan), default=4)
-    reporter.info(f"  {'step':<{width}}  {'stage':<26}  {'items':>7}  {'at rest':>9}  CPU")
-    for label, stage, items, size, cpu in plan:
-        reporter.info(f"  {label:<{width}}  {stage:<26}  {items!s:>7}  "
-                      f"{'?' if size is None else human_bytes(size):>9}  "
-                      f"{'' if cpu is None else _cpu_text(cpu)}")
-    sizes = [line[3] for line in plan]
-    cpu = sum(line[4] or 0.0 for line in plan)
-    unknown = sum(size is None for size in sizes)
-    reporter.info(f"dry run: total {len(plan)} stages, {human_bytes(sum(s or 0 for s in sizes))}"
-                  f" at rest" + (f" ({unknown} not sized)" if unknown else "")
-                  + f", about {_cpu_text(cpu)} of CPU for the extractions; "
-                  f"{len(problems)} problem(s)")
-    for problem in problems:
-        reporter.warn(f"problem: {problem}")
-
-
-def _cpu_text(seconds: float) -> str:
-    from featpipe.stages.extraction import cpu_duration
-
-    return cpu_duration(seconds, "h", "min")

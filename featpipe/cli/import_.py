@@ -38,9 +38,13 @@ from featpipe.cli.suggest import Choice
 @click.option("--mat-variable", default=None, metavar="NAME",
               help="Variable to read from per-item .mat files (default: their only numeric "
                    "variable).")
+@click.option("--item-kind", type=Choice(["sequence", "descriptors", "vector"]), default=None,
+              help="What an item is: a sequence in time order (T x D), a set of local "
+                   "descriptors (with a frame_index sidecar), or one vector; the steps that "
+                   "read the stage check it. Default: guessed from the shapes, not checked.")
 @item_parallel_options
 def import_command(manifest_path, sources, store_path, name, dtype, write_manifest, transpose,
-                   mat_variable, **kwargs):
+                   mat_variable, item_kind, **kwargs):
     """Import per-item feature arrays into a stage; every array is checked (numeric,
     non-empty, finite, same feature shape as the others) before it is written.
 
@@ -52,5 +56,6 @@ def import_command(manifest_path, sources, store_path, name, dtype, write_manife
 
     finish(import_features(open_store(store_path), sources, manifest_path, name=name, dtype=dtype,
                            write_manifest=write_manifest, transpose=transpose,
-                           mat_variable=mat_variable, options=run_options(kwargs),
+                           mat_variable=mat_variable, item_kind=item_kind,
+                           options=run_options(kwargs),
                            reporter=ClickReporter()))

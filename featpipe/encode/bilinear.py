@@ -49,6 +49,7 @@ from featpipe.backend import device_namespace, namespace, to_numpy
 from featpipe.encode.maps import l2_normalize, signed_square_root
 from featpipe.encode.registry import EncodeMethod
 from featpipe.errors import InputError, ParameterError
+from featpipe.item_kinds import SECOND_ORDER
 from featpipe.items import Frame, ItemSink, PerFrameStream, encode_per_frame
 from featpipe.parameters import ValidatedEstimator, estimator_parameters
 
@@ -505,7 +506,7 @@ def _method(name: str, summary: str) -> EncodeMethod:
     parameters = estimator_parameters(SecondOrderPooling, exclude=exclude) + \
         estimator_parameters(LocalFeatureEncoder, include=("device",))
     return EncodeMethod(name, summary, build, parameters, batch_size=32,
-                        fixed={"method": name})
+                        fixed={"method": name}, kinds=SECOND_ORDER)
 
 
 ENCODE_METHODS = [

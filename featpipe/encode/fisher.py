@@ -61,6 +61,7 @@ from featpipe.encode.posterior import (
 )
 from featpipe.errors import InputError, ParameterError
 from featpipe.extract.pca import MODEL_NAME, PCAProjection, project
+from featpipe.item_kinds import FISHER
 from featpipe.items import Frame, LocalFeatures, MemorySink, PerFrameStream, stream_item
 from featpipe.models import ArrayModel
 from featpipe.parallel import ItemOutput
@@ -1004,7 +1005,8 @@ def _encode_methods():
     gmm = model_parameter("gmm", "GMM model stage.", ("fit gmm", "fit deep-gmm"))
     return [EncodeMethod(
         "fisher", "Fisher vectors on a GMM (VLFeat layout, improved FV)", _build,
-        (gmm, *estimator_parameters(FisherItemEncoder, exclude=("arrays",))), batch_size=8)]
+        (gmm, *estimator_parameters(FisherItemEncoder, exclude=("arrays",))), batch_size=8,
+        kinds=FISHER)]
 
 
 ENCODE_METHODS = _encode_methods()

@@ -26,6 +26,7 @@ from sklearn.base import BaseEstimator
 from featpipe.errors import InputError, ParameterError
 from featpipe.extract.groups import MODEL_NAME
 from featpipe.extract.pca import PCAProjection
+from featpipe.item_kinds import FISHER_GROUP
 from featpipe.items import Frame, LocalFeatures, MemorySink, PerFrameStream, stream_item
 from featpipe.parallel import ItemOutput
 from featpipe.parameters import ValidatedEstimator, estimator_parameters, model_parameter
@@ -204,7 +205,8 @@ def _encode_methods():
     gmm = model_parameter("gmm", "GMM model stage.", ("fit gmm",))
     return [EncodeMethod("fisher-group", "one descriptor group's part of grouped Fisher "
                          "vectors (fit gmm --groups)", _build_slice,
-                         (gmm, *estimator_parameters(FisherGroup)), view=_view)]
+                         (gmm, *estimator_parameters(FisherGroup)), view=_view,
+                         kinds=FISHER_GROUP)]
 
 
 ENCODE_METHODS = _encode_methods()

@@ -107,6 +107,9 @@ class EncodeMethod:
     #: ``(columns, sidecars kept)``, and its stage on a stored input is a view of it
     #: (:meth:`featpipe.store.Stage.make_view`), not a copy
     view: Callable[[Mapping, Mapping], tuple[slice, tuple[str, ...]]] | None = None
+    #: the item kinds it takes and the kind it makes (a :class:`featpipe.item_kinds.Kinds`;
+    #: None: undeclared, a plugin's, not checked)
+    kinds: object = None
 
     @property
     def defaults(self) -> dict[str, object]:
@@ -174,13 +177,14 @@ class EncodeFunction:
     """A method's functional core.  ``function(items, **params)`` encodes a list of items that
     ``validate(arrays, device, expected_dim)`` returned (raising an error that names the bad
     one; ``expected_dim``: the dimension of the batches before) and returns one array per
-    item; ``params`` is the method's record with its ``fixed`` values.  ``batch_size`` and
-    ``rules`` as in :class:`EncodeMethod`."""
+    item; ``params`` is the method's record with its ``fixed`` values.  ``batch_size``,
+    ``rules`` and ``kinds`` as in :class:`EncodeMethod`."""
 
     function: Callable[..., list]
     validate: Callable[..., list]
     batch_size: int | Callable[[Mapping], int] = 16
     rules: Callable[[Mapping], None] | None = None
+    kinds: object = None
 
 
 def function_builder(core: EncodeFunction, **fixed) -> Callable[[Mapping, Mapping], ItemEncoder]:
@@ -228,7 +232,7 @@ def table_method(name: str, core: EncodeFunction) -> EncodeMethod:
         check_device(params.get("device"))
 
     return EncodeMethod(name, entry["summary"], function_builder(core, **entry["fixed"]),
-                        parameters, core.batch_size, entry["fixed"], rules)
+                        parameters, core.batch_size, entry["fixed"], rules, kinds=core.kinds)
 
 
 _TABLE: dict | None = None

@@ -21,6 +21,7 @@ from sklearn.utils._param_validation import StrOptions
 
 from featpipe.encode.registry import EncodeMethod
 from featpipe.errors import InputError, ParameterError
+from featpipe.item_kinds import SPATIAL_GRID
 from featpipe.items import LocalFeatures, PerFrameStream, frame_sidecars
 from featpipe.parallel import ItemOutput
 from featpipe.parameters import ValidatedEstimator, estimator_parameters
@@ -133,5 +134,5 @@ def _build(params: Mapping, models: Mapping):
 ENCODE_METHODS = [
     EncodeMethod("spatial-grid", "local descriptors -> per-frame grid-pooled sequence "
                  "(--grid --pool)", _build, estimator_parameters(SpatialGridPooling),
-                 batch_size=8),
+                 batch_size=8, kinds=SPATIAL_GRID),
 ]

@@ -14,6 +14,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 
 from featpipe.encode.registry import EncodeMethod
 from featpipe.errors import InputError
+from featpipe.item_kinds import ANY_ROWS
 from featpipe.models import ArrayModel
 from featpipe.parameters import ValidatedEstimator, model_parameter
 
@@ -78,5 +79,5 @@ ENCODE_METHODS = [
     EncodeMethod("standardize", "per-channel z-score with train statistics (fit standardize "
                  "first; --model NAME)", _build,
                  (model_parameter("model", "Name of a fitted model stage.",
-                                  ("fit standardize",)),), batch_size=64),
+                                  ("fit standardize",)),), batch_size=64, kinds=ANY_ROWS),
 ]

@@ -251,7 +251,7 @@ def _method(name: str, summary: str, cls) -> EncodeMethod:
     hidden = ("chunk_bytes", "batch_size")
     return EncodeMethod(name, summary, function_builder(core),
                         estimator_parameters(cls, exclude=hidden), core.batch_size,
-                        hidden_defaults(cls, hidden))
+                        hidden_defaults(cls, hidden), kinds=core.kinds)
 
 
 ENCODE_METHODS = [

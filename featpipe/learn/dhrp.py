@@ -57,6 +57,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from featpipe.classify.svm import DEFAULT_C
 from featpipe.encode.registry import EncodeMethod
 from featpipe.errors import FeatpipeError, InputError, ParameterError
+from featpipe.item_kinds import POOLS_TIME
 from featpipe.learn.splits import stratified_split
 from featpipe.models import ArrayModel
 from featpipe.nn.choices import HESSIAN_CHOICES, PSI_CHOICES
@@ -461,4 +462,4 @@ ENCODE_METHODS = [EncodeMethod(
     "dhrp", "discriminative HRP: u*(W) of a model from `fit dhrp` (--model NAME)", _build,
     (model_parameter("model", "Name of a fitted model stage.", ("fit dhrp",)),
      *estimator_parameters(DHRPEncoder, include=("dhrp_output",))),
-    batch_size=32)]
+    batch_size=32, kinds=POOLS_TIME)]

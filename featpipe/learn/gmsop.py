@@ -38,6 +38,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from featpipe.backend import to_numpy
 from featpipe.encode.registry import EncodeMethod
 from featpipe.errors import FeatpipeError, InputError, ParameterError
+from featpipe.item_kinds import SECOND_ORDER
 from featpipe.items import PerFrameStream, encode_per_frame
 from featpipe.models import check_model_kind, json_params
 from featpipe.nn.choices import GATES
@@ -321,5 +322,5 @@ ENCODE_METHODS = [
         "gmsop", "gated mixture of second-order pooling (fit gmsop first; --model NAME)",
         _build, (model_parameter("model", "Name of a fitted model stage.", ("fit gmsop",)),
                  *estimator_parameters(GatedMixtureSOP, include=("device",))),
-        batch_size=32),
+        batch_size=32, kinds=SECOND_ORDER),
 ]

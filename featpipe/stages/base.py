@@ -41,6 +41,8 @@ from featpipe.store import NAME_PATTERN, Stage, Store, pointer_bytes
 
 #: Sub-folder of ``STORE/names`` recording, per name, the stage a run is computing for it.
 RUNNING = ".running"
+#: the step label of a dry run's own node (a pipeline puts its step's name there)
+THIS_STEP = ""
 
 log = logging.getLogger("featpipe")
 
@@ -128,10 +130,26 @@ class StageRun:
     #: a dry run's CPU-time estimate (seconds), and what it found that would stop the run
     cpu_seconds: float | None = None
     problems: list[str] = field(default_factory=list)
+    #: a dry run's plan of the stages it computes (:class:`featpipe.plan.Node`: the stage
+    #: itself, and the steps of its pass), its own step labelled :data:`THIS_STEP`
+    nodes: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.summary.failed
+
+
+def node_of(stage: Stage, name: str | None, *, size: int | None = None, written: bool = True,
+            step: str = THIS_STEP, pass_step: str | None = None, todo: int | None = None,
+            items: int | str | None = None):
+    """The plan's node of ``stage`` (:class:`featpipe.plan.Node`), its item kind derived."""
+    from featpipe.item_kinds import item_kind
+    from featpipe.plan import Node
+
+    kind = item_kind(stage)
+    return Node(step, stage.name, stage.kind, name, None if kind is None else kind.label,
+                len(stage.items.ids) if items is None else items, size, None,
+                tuple(stage.input_names), written, pass_step, todo)
 
 
 def announce(stage: Stage, name: str | None, reporter: Reporter) -> None:
@@ -195,7 +213,7 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
         for item_id in todo:
             reporter.info(f"would compute {item_id}")
         reporter.info(f"dry run: {len(todo)} to compute, {summary.skipped} already complete")
-        return StageRun(stage, summary, todo)
+        return StageRun(stage, summary, todo, nodes=[node_of(stage, name, todo=len(todo))])
     todo, _ = plan(stage, ids, force=options.force, shard=shard)
     lock = one_run_at_a_time(stage, ids, shard, options.force, reporter) if todo else \
         contextlib.nullcontext(lambda summary: None)  # nothing to compute: no lock taken

@@ -37,6 +37,7 @@ from featpipe.classify.metrics import AP_MODES
 from featpipe.classify.svm import OneVsRestSVC
 from featpipe.errors import FeatpipeError, ParameterError, WriteError
 from featpipe.fileio import check_output_path
+from featpipe.item_kinds import CLASSIFY, check_input, item_kind
 from featpipe.manifest import Manifest
 from featpipe.parameters import check_params, typed_value
 from featpipe.stages.base import Reporter
@@ -246,6 +247,8 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
     if report:
         check_output_path(report, "report", store.root)
     stages = [store.resolve(name) for name in inputs]
+    for name, stage in zip(inputs, stages, strict=True):
+        check_input("classify", CLASSIFY, {}, item_kind(stage), repr(name))
     manifest = common_items(inputs, stages, intersect, reporter)
     if len(manifest) == 0:
         raise FeatpipeError(f"input {inputs[0]!r} ({stages[0].name}) has no items (labels "

@@ -22,7 +22,9 @@ key, which the fit's parameters and inputs fix); only the values differ.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +33,25 @@ from featpipe.items import NPY_HEADER_BYTES
 
 #: rows of synthetic input a stand-in model is fitted on (at least 2 per component)
 STAND_IN_ROWS = 512
+
+#: whether the dry runs of this context are the check a real run makes first (a quick plan:
+#: a sample of each extraction's items probed, nothing calibrated, nothing listed)
+_QUICK: ContextVar[bool] = ContextVar("featpipe_quick_plan", default=False)
+
+
+@contextlib.contextmanager
+def quick_plan(active: bool = True):
+    """Plan quickly inside the block (:data:`_QUICK`): the check before a real run."""
+    token = _QUICK.set(active)
+    try:
+        yield
+    finally:
+        _QUICK.reset(token)
+
+
+def planning_quickly() -> bool:
+    """Whether a dry run is the quick check of a real run (:func:`quick_plan`)."""
+    return _QUICK.get()
 
 
 @dataclass
@@ -54,9 +75,16 @@ def item_bytes(array: np.ndarray, sidecars: Mapping[str, np.ndarray]) -> int:
 
 
 def affine_bytes(example: Callable[[int], tuple[np.ndarray, dict]]) -> tuple[int, int]:
-    """``(fixed, per frame)`` bytes of an item from examples of 2 and 3 frames."""
-    two, three = (item_bytes(*example(frames)) for frames in (2, 3))
-    return 2 * two - three, three - two
+    """``(fixed, per frame)`` bytes of an item from examples of 2 and 3 frames
+    (:func:`affine`)."""
+    return affine(*(item_bytes(*example(frames)) for frames in (2, 3)))
+
+
+def affine(two: int, three: int) -> tuple[int, int]:
+    """``(fixed, per frame)`` of a size that is affine in the frames, ``fixed + per_frame ×
+    T``, from its values at T = 2 and T = 3: the size at no frame and the step."""
+    per_frame = three - two
+    return two - 2 * per_frame, per_frame
 
 
 def encoded_example(encoder, example, item_id: str = "dry-run"):

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from featpipe.encode.registry import EncodeMethod, load_method, load_methods, method_params
 from featpipe.errors import FeatpipeError, ItemError, ParameterError, describe_error
+from featpipe.item_kinds import check_input, encoded_kind, item_kind, remember
 from featpipe.parallel import ItemOutput
 from featpipe.stages.base import (
     Reporter,
@@ -121,7 +122,7 @@ def method_models(store: Store, method: EncodeMethod, given: Mapping
 
 def plan_encode(store: Store, source: Stage | str, method: str, params: Mapping | None, *,
                 reporter: Reporter, create: bool = True, retried: bool = False,
-                view: bool = True):
+                view: bool = True, source_label: str | None = None, param: str = "input"):
     """The stage of ``method`` with ``params`` on the items of ``source`` (a stage, or its
     name: resolved after the parameters are checked), planned only with ``create=False``,
     and what computes it: ``(stage, items, compute, batch size)``.
@@ -130,7 +131,9 @@ def plan_encode(store: Store, source: Stage | str, method: str, params: Mapping 
     (:mod:`featpipe.chain`) both plan here, so a step has one key however it runs.  Items
     that failed in ``source`` are left out and listed in the key (``input_failed``), unless
     ``retried``: the pass that makes ``source`` computes them again (a fused chain is planned
-    on its input as it is when every item succeeds).
+    on its input as it is when every item succeeds).  An input of an item kind the method
+    does not take (:mod:`featpipe.item_kinds`) is a ParameterError for ``param`` naming
+    ``source_label`` (default: the name given, or its folder).
     """
     try:
         chosen = load_method(method)
@@ -138,8 +141,11 @@ def plan_encode(store: Store, source: Stage | str, method: str, params: Mapping 
         raise ParameterError("method", f"must be one of {', '.join(sorted(load_methods()))}, "
                              f"got {method!r}") from None
     params, models = method_models(store, chosen, params or {})
+    label = source_label or repr(source if isinstance(source, str) else source.name)
     if isinstance(source, str):
         source = store.resolve(source)
+    source_kind = item_kind(source)
+    check_input(method, chosen.kinds, params, source_kind, label, param)
     if not source.items.ids:
         raise FeatpipeError(f"input stage {source.name} has no items")
     items, left_out = (source.items, []) if retried else usable_items(source, reporter)
@@ -155,6 +161,7 @@ def plan_encode(store: Store, source: Stage | str, method: str, params: Mapping 
             records = {VIEW_FILE: view_bytes(planned.name, source.name, columns, extras)}
     stage = store.stage("encode", record, inputs=inputs, items=items, create=create,
                         records=records)
+    remember(stage, encoded_kind(method, chosen.kinds, params, source_kind))
     compute = EncodeCompute(source.path, method, params, {k: s.path for k, s in models.items()})
     batch = chosen.batch_size(params) if callable(chosen.batch_size) else chosen.batch_size
     return stage, items, compute, batch
@@ -185,6 +192,7 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
         size = planned_size(stage, store.resolve(input), compute.sizing_encoder, items.ids,
                             reporter)
         run.written = [Written(stage, name, size)]
+        run.nodes[0].bytes = size
     return run
 
 

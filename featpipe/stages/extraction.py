@@ -66,6 +66,7 @@ from featpipe.extract.streaming import (
 from featpipe.interrupts import Interrupt, Interrupted, interruptible
 from featpipe.io.images import is_image
 from featpipe.io.video import DecodePool, Sampling
+from featpipe.item_kinds import ItemKind, check_input, extraction_kind
 from featpipe.manifest import Manifest
 from featpipe.parallel import (
     RunSummary,
@@ -76,7 +77,9 @@ from featpipe.parallel import (
     store_stopped,
 )
 from featpipe.parameters import parameter_record, typed_value
+from featpipe.plan import cpu_text
 from featpipe.stages.base import (
+    THIS_STEP,
     Reporter,
     RunOptions,
     StageRun,
@@ -89,7 +92,7 @@ from featpipe.stages.base import (
     run_stage,
     settle_name,
 )
-from featpipe.stages.dryrun import PlannedItems, item_bytes
+from featpipe.stages.dryrun import PlannedItems, affine, item_bytes, planning_quickly
 from featpipe.store import Stage, Store
 
 #: items probed to estimate a real run's size (a dry run probes every item)
@@ -181,7 +184,8 @@ def _plan(store: Store, manifest: Manifest, chosen: Chosen, sampling: Sampling,
     inputs = [pca_stage] if pca_stage is not None else []
     sinks = FrameSinks("", local=chosen.method.local, positions=settings.positions,
                        pca_path=None if pca_stage is None else str(pca_stage.path))
-    layout, sinks, made, models = _items(store, chosen, settings, estimator, dim, sinks)
+    layout, sinks, made, models = _items(store, chosen, settings, estimator, dim, sinks,
+                                         extraction_kind(params))
     params.update(made)
     return _Plan(params, inputs + list(models.values()), sinks, layout, read)
 
@@ -236,14 +240,14 @@ def _projection(store: Store, pca: str | None, features: str, dim: int):
 
 
 def _items(store, chosen: Chosen, settings: ExtractSettings, estimator, dim: int,
-           sinks: FrameSinks):
+           sinks: FrameSinks, features: ItemKind | None):
     """What an item holds: (its size layout, the sinks, the key's record of it, the model
-    stages an encoder reads)."""
+    stages an encoder reads); ``features``: the item kind of the features."""
     rows_per_frame, local = estimator.count, chosen.method.local
     itemsize = np.dtype(settings.dtype).itemsize
     if settings.encode is not None:
         sinks, layout, models, encoded = _encoder_plan(
-            store, settings, sinks, (rows_per_frame, dim, itemsize),
+            store, settings, sinks, (rows_per_frame, dim, itemsize), features,
             chain=(chosen.method.name, int(estimator.n_features), settings.pca,
                    tuple(g for g, _ in estimator.groups()) if hasattr(estimator, "groups")
                    else None))
@@ -258,11 +262,12 @@ def _items(store, chosen: Chosen, settings: ExtractSettings, estimator, dim: int
     return layout, sinks, ({"positions": settings.positions} if local else {}), {}
 
 
-def _encoder_plan(store, settings: ExtractSettings, outputs, shape, chain):
+def _encoder_plan(store, settings: ExtractSettings, outputs, shape, features, chain):
     """The encoder of ``extract --encode``: ``featpipe encode``'s method, parameters (an
     encoder with a device runs on ``settings.device`` unless told otherwise) and model
-    stages (so its stage key says the same), checked on a synthetic frame; ``shape`` is
-    (rows per frame, dimension, item size) of the features."""
+    stages (so its stage key says the same), checked on a synthetic frame and against the
+    features' item kind ``features``; ``shape`` is (rows per frame, dimension, item size) of
+    the features."""
     from featpipe.encode.registry import load_methods
     from featpipe.stages.encoding import method_models
 
@@ -273,6 +278,7 @@ def _encoder_plan(store, settings: ExtractSettings, outputs, shape, chain):
     if "device" in chosen.defaults:
         given.setdefault("device", settings.device)
     params, models = method_models(store, chosen, given)
+    check_input(method, chosen.kinds, params, features, "the features", "encode")
     encoder = chosen.build(dict(params), models)
     _check_projections(method, given, models, encoder, dim, chain)
     try:
@@ -395,19 +401,18 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
         try:
             # frames sampled and the size estimated from what the containers say (all items
             # for a dry run, a sample otherwise), the disk checked, then the items scheduled
-            probed = todo if options.dry_run else sample_ids(todo, ESTIMATE_SAMPLE)
+            quick = options.dry_run and planning_quickly()
+            probed = todo if options.dry_run and not quick else \
+                sample_ids(todo, ESTIMATE_SAMPLE)
             estimates = _estimates(pool, paths, probed, sampling, plan_.layout)
             if options.dry_run:
-                for problem in problems:
-                    reporter.warn(f"problem: {problem} (the keys of this stage and those "
-                                  "computed from it are provisional)")
-                run = _dry_run(store, stage, name, chain, plan_.layout, estimates, summary,
-                               reporter)
+                run = _dry_run(store, stage, name, chain, plan_.layout, estimates, todo,
+                               summary, reporter)
                 run.problems = problems
-                if todo:
-                    run.cpu_seconds = _calibrate((todo[0], paths[todo[0]]), estimates,
-                                                 sampling, chosen, plan_.outputs, chain,
-                                                 settings, reporter)
+                if todo and not quick:
+                    run.cpu_seconds = run.nodes[0].cpu = _calibrate(
+                        (todo[0], paths[todo[0]]), estimates, sampling, chosen, plan_.outputs,
+                        chain, settings, reporter)
                 return run
             total = _check_disk(store, _pass_estimates(estimates, chain), len(todo),
                                 settings.disk_check)
@@ -523,12 +528,14 @@ def _plan_chain(store: Store, source: Stage, then: Sequence[Then], keep: bool,
         except KeyError:
             view = False  # an unknown method: plan_encode says so
         try:
-            stage, _, compute, _ = plan_encode(store, parent, step.method, step.params,
-                                               reporter=reporter, create=create, retried=True,
-                                               view=view)
+            stage, _, compute, _ = plan_encode(
+                store, parent, step.method, step.params, reporter=reporter, create=create,
+                retried=True, view=view, param="temporal",
+                source_label="the extraction" if step.input is None else f"step {step.input!r}")
         except ParameterError as err:
-            raise ParameterError(err.param, f"{err.cause} (step {step.key}, "
-                                 f"{step.method})") from None
+            error = ParameterError(err.param, f"{err.cause} (step {step.key}, {step.method})")
+            error.step = step.key  # the step of the pass whose plan fails (a pipeline's)
+            raise error from None
         index[step.key] = len(chain.steps)
         if view and create:
             view_of(stage, compute)
@@ -560,7 +567,7 @@ def _chain_sizes(chain: _Chain, layout: Layout) -> list[tuple[int, int]]:
             raise FeatpipeError(f"the steps after the extraction cannot take its items: "
                                 f"{err.cause}") from None
         measured.append([item_bytes(pending.array, pending.sidecars) for _, pending in out])
-    return [(2 * two - three, three - two) for two, three in zip(*measured, strict=True)]
+    return [affine(two, three) for two, three in zip(*measured, strict=True)]
 
 
 #: local features per frame of a synthetic item (:func:`synthetic_item`)
@@ -667,8 +674,9 @@ def _calibrate(item: tuple[str, str], estimates, sampling: Sampling, chosen: Cho
                       f"{CALIBRATION_WARMUP + 1} sampled frames)")
         return None
     total = seconds / timed * frames
-    reporter.info(f"dry run: about {cpu_duration(total)} of CPU ({1000 * seconds / timed:.1f} ms a "
-                  f"frame, the CPU time of this process {how}, times {frames:,} frames)")
+    reporter.info(f"dry run: about {cpu_text(total, 'hours', 'minutes')} of CPU "
+                  f"({1000 * seconds / timed:.1f} ms a frame, the CPU time of this process "
+                  f"{how}, times {frames:,} frames)")
     return total
 
 
@@ -711,16 +719,6 @@ def _crops(path, sampling, preprocess, count):
             break
     crops += crops[-1:] * (count - len(crops))  # a short video: its last frame repeated
     return torch.from_numpy(np.stack(crops))
-
-
-def cpu_duration(seconds: float, hours: str = "hours", minutes: str = "minutes") -> str:
-    """'3.2 hours' / '14.7 minutes' / '41 s' for a dry run's CPU estimate (the plan table
-    passes "h" and "min")."""
-    if seconds >= 3600:
-        return f"{seconds / 3600:,.1f} {hours}"
-    if seconds >= 60:
-        return f"{seconds / 60:.1f} {minutes}"
-    return f"{seconds:.0f} s"
 
 
 def _estimates(pool, paths, ids, sampling, layout) -> list:
@@ -766,49 +764,58 @@ def _plan_items(stage: Stage, chain: _Chain, layout: Layout, estimates) -> None:
         step_stage.planned_items = PlannedItems(step_example, frames)
 
 
-def _dry_run(store, stage, name, chain: _Chain, layout: Layout, estimates, summary,
+def _dry_run(store, stage, name, chain: _Chain, layout: Layout, estimates, todo, summary,
              reporter) -> StageRun:
-    """List the work with its estimate; create nothing."""
-    keep = chain.keep
+    """List the work with its estimate (``estimates``: of every item of ``todo``, or of a
+    sample of them: :func:`featpipe.stages.dryrun.quick_plan`); create nothing.  The run's
+    nodes are the extraction and each step of its pass, written or not."""
+    from featpipe.stages.base import node_of
+
+    keep, fused = chain.keep, bool(chain.steps)
+    host = THIS_STEP if fused else None
+    each = {stage.name: [e.bytes for e in estimates] if keep else None}
+    for step, step_stage, (fixed, per_frame), view in zip(
+            chain.steps, chain.stages, chain.sizes, chain.views, strict=True):
+        each[step_stage.name] = [None if e.bytes is None else fixed + per_frame * e.frames
+                                 for e in estimates] if step.keep else \
+            [0 for _ in estimates] if view else None  # a view: a record, no items
+    nodes = [node_of(stage, name if keep else None, written=keep, pass_step=host,
+                     todo=len(todo))]
+    nodes += [node_of(step_stage, step_name, written=each[step_stage.name] is not None,
+                      step=step.label, pass_step=host, todo=len(todo))
+              for step, step_stage, step_name in zip(chain.steps, chain.stages, chain.names,
+                                                     strict=True)]
     written = []
-    if keep:
-        written.append((stage, name, [e.bytes for e in estimates]))
-    for step, step_stage, step_name, (fixed, per_frame), view in zip(
-            chain.steps, chain.stages, chain.names, chain.sizes, chain.views, strict=True):
-        if step.keep:
-            written.append((step_stage, step_name, [None if e.bytes is None else
-                                                    fixed + per_frame * e.frames
-                                                    for e in estimates]))
-        elif view:  # a view of the extraction's stage: a record, no items
-            written.append((step_stage, step_name, [0 for _ in estimates]))
-    for output, output_name, _ in written:
-        label = f" as {output_name!r}" if output_name else ""
+    for node, output in zip(nodes, [stage, *chain.stages], strict=True):
+        sizes = each[output.name]
+        if sizes is None:
+            continue
+        known = [b for b in sizes if b is not None]
+        node.bytes = round(sum(known) * len(todo) / len(known)) if known else 0
+        written.append(Written(output, node.name, node.bytes))
         created = (output.path / "stage.json").exists()
-        reporter.info(f"stage {output.name}{label}" + ("" if created else
-                                                        " (not created: dry run)"))
+        reporter.info(f"stage {output.name}" + (f" as {node.name!r}" if node.name else "")
+                      + ("" if created else " (not created: dry run)"))
     unwritten = ([f"{stage.name} (the extraction)"] if not keep else []) + [
         f"{step_stage.name} ({step.label}: {step.method})"
-        for step, step_stage in zip(chain.steps, chain.stages, strict=True) if not step.keep]
-    if chain.steps and unwritten:
+        for step, step_stage, node in zip(chain.steps, chain.stages, nodes[1:], strict=True)
+        if not node.written]
+    if fused and unwritten:
         reporter.info(f"in this pass, not written: {', '.join(unwritten)}")
     _plan_items(stage, chain, layout, estimates)
     passed = _pass_estimates(estimates, chain)
     for estimate in passed:
         reporter.info(f"would compute {estimate.item_id}: {describe(estimate)}")
-    totals = Totals.of(passed)
-    todo = [e.item_id for e in estimates]
+    totals = Totals.of(passed, len(todo))
     reporter.info(f"dry run: {len(todo)} to compute, {summary.skipped} already complete; "
                   f"about {totals.frames:,} frames, {totals.rows:,} rows, "
                   f"{human_bytes(totals.bytes)} at rest (free on the store's disk: "
                   f"{human_bytes(free_bytes(store.root))})")
-    sizes = []
-    for output, output_name, each in written:
-        known = [b for b in each if b is not None]
-        total = round(sum(known) * len(each) / len(known)) if known else 0
-        sizes.append(Written(output, output_name, total))
-        if len(written) > 1:
-            reporter.info(f"  {output_name or output.name}: {human_bytes(total)} at rest")
-    return StageRun(stage, summary, todo, sizes)
+    if len(written) > 1:
+        for output in written:
+            reporter.info(f"  {output.name or output.stage.name}: {human_bytes(output.bytes)} "
+                          "at rest")
+    return StageRun(stage, summary, list(todo), written, nodes=nodes)
 
 
 def _check_disk(store, estimates, n_todo: int, disk_check: bool) -> Totals:

@@ -31,6 +31,7 @@ from sklearn.utils._param_validation import Interval
 
 from featpipe.errors import FeatpipeError, ItemError, ParameterError
 from featpipe.extract.groups import MODEL_NAME as GROUPS_MODEL
+from featpipe.item_kinds import FITS, check_input, item_kind
 from featpipe.manifest import Manifest
 from featpipe.models import json_params
 from featpipe.parameters import (
@@ -200,6 +201,14 @@ ESTIMATORS = {
 }
 
 
+def fit_input(store: Store, input: str, fit: str) -> Stage:
+    """The input stage of ``fit FIT``, refused (a ParameterError) when its items are of a kind
+    the fit does not take (:data:`featpipe.item_kinds.FITS`)."""
+    source = store.resolve(input)
+    check_input(f"fit {fit}", FITS[fit], {}, item_kind(source), repr(input))
+    return source
+
+
 def estimator_of(function: str) -> type:
     """The estimator class whose parameters fit function ``function`` takes."""
     module, _, name = ESTIMATORS[function].partition(":")
@@ -279,7 +288,7 @@ def fit_pca(store: Store, input: str, *, name: str | None = None, groups: str | 
     if fraction is not None and "n_components" in params:
         raise ParameterError("fraction", "cannot be combined with n_components (--dim)")
     params = estimator_record(PCAProjection, params)
-    source = store.resolve(input)
+    source = fit_input(store, input, "pca")
     layout, columns = _group_layout(source, groups)
     # each group's dimension, checked before any stage exists (a group too narrow is refused)
     dims = {group: _projected_dim(cols.stop - cols.start, params["n_components"], fraction,
@@ -401,7 +410,7 @@ def fit_gmm(store: Store, input: str, *, name: str, pca: str | None = None,
         raise ParameterError("sample", f"must be >= 1, got {sample}")
     params = estimator_record(GaussianMixtureModel, params)
     gmm = GaussianMixtureModel(**params)
-    source = store.resolve(input)
+    source = fit_input(store, input, "gmm")
     layout, columns = _group_layout(source, groups)
     groups = None if layout is None else ",".join(g for g, _ in layout)
     if layout and pca_dim is not None:  # a group narrower than pca_dim: before any stage
@@ -572,7 +581,7 @@ def fit_deep_gmm(store: Store, input: str, gmm: str, *, name: str, val_fraction:
     model = DeepFisherKernel(**params)
     if val_fraction == 0 and model.selection == "validation":
         raise ParameterError("val_fraction", "must be > 0 with selection validation")
-    source = store.resolve(input)
+    source = fit_input(store, input, "deep-gmm")
     gmm_stage = store.resolve(gmm)
     init = gmm_stage_arrays(gmm_stage)
     if init["means"].ndim != 2:
@@ -720,7 +729,7 @@ def fit_dhrp(store: Store, input: str, *, name: str, split: int = 1,
         import torch
 
         torch.set_num_threads(threads)
-    source = store.resolve(input)
+    source = fit_input(store, input, "dhrp")
     stage, fitted = _model_stage(store, "dhrp", params, [source], MODEL_NAME, name=name,
                                  force=force, dry_run=dry_run, reporter=reporter, split=split)
     if fitted:
@@ -776,7 +785,7 @@ def fit_gmsop(store: Store, input: str, *, name: str | None = None, split: int =
     (split,) = _typed(split=split)
     params = estimator_record(GatedMixtureSOP, params)
     model = GatedMixtureSOP(**params)
-    source = store.resolve(input)
+    source = fit_input(store, input, "gmsop")
     train = train_item_ids(source, split)
     if source.items.is_multilabel:
         raise FeatpipeError("fit gmsop trains a single-label classifier; the manifest of "
@@ -818,7 +827,7 @@ def fit_standardize(store: Store, input: str, *, name: str | None = None, split:
     reporter = reporter or Reporter()
     check_name(name)
     (split,) = _typed(split=split)
-    source = store.resolve(input)
+    source = fit_input(store, input, "standardize")
     train = train_item_ids(source, split)
     stage = store.stage("standardize", {"split": split, **_input_failed(source, split)},
                         inputs=[source], items=Manifest([], root=source.path),

@@ -24,6 +24,7 @@ from featpipe.io.importers import (
     ts_manifest,
     wide_items_warning,
 )
+from featpipe.item_kinds import ITEM_KINDS, remember, shape_kind
 from featpipe.manifest import Manifest
 from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name, run_stage
 from featpipe.store import Store
@@ -34,7 +35,8 @@ log = logging.getLogger(__name__)
 def import_features(store: Store, sources: Sequence[str], manifest_path: str | None = None, *,
                     name: str | None = None, dtype: str = "float32",
                     write_manifest: str | None = None, transpose: bool = False,
-                    mat_variable: str | None = None, options: RunOptions | None = None,
+                    mat_variable: str | None = None, item_kind: str | None = None,
+                    options: RunOptions | None = None,
                     reporter: Reporter | None = None) -> StageRun:
     """Import every manifest item from ``sources`` into an ``import`` stage named ``name``.
 
@@ -43,11 +45,17 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     as the stage's ``items.csv`` (and at ``write_manifest`` when given).  ``transpose`` swaps
     the axes of every 2-D array (one frame per column, e.g. VLFeat's D x N descriptors);
     ``mat_variable`` names the variable of per-item ``.mat`` files that hold several.
+    ``item_kind`` says what an item is (:mod:`featpipe.item_kinds`: ``sequence``,
+    ``descriptors``, ``vector``; it is part of the key); without it the kind is guessed from
+    the items' shape and not checked by the steps that read them.
     The stage key holds the sources by content
     (:func:`featpipe.io.importers.source_fingerprint`): a rewritten file gives a new stage.
     """
     reporter = reporter or Reporter()
     check_name(name)
+    if item_kind is not None and item_kind not in ITEM_KINDS:
+        raise ParameterError("item_kind", f"must be one of {', '.join(ITEM_KINDS)}, got "
+                             f"{item_kind!r}")
     if write_manifest:
         check_output_path(write_manifest, "write_manifest", store.root)
     specs = tuple((detect_format(path), str(Path(path).resolve())) for path in sources)
@@ -89,10 +97,13 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
     del hashes  # the cache of every file's hash: not kept while the stage is written
     params.update({"transpose": True} if transpose else {})
     params.update({"mat_variable": mat_variable} if mat_variable else {})
+    params.update({"item_kind": item_kind} if item_kind else {})
     stage = store.stage("import", params, items=manifest, dtype=dtype, create=not dry_run,
                         records={READ_HASHES: read_hashes_record(read)} if read else None)
     del read  # about 100 bytes an item: not kept while the items are computed
     expected = scan.expected
+    if not item_kind and expected is not None and not stage.exists:  # planned: not yet read
+        remember(stage, shape_kind(expected[0]))
     if scan.mat.items:
         reporter.info(f"orientation: {scan.mat.items} item(s) from .mat files, read "
                       + ("transposed: one frame per column (D x T)" if transpose else

@@ -274,7 +274,7 @@ def test_a_step_is_referenced_by_its_key_whatever_its_name(tmp_path, cli):
 def test_at_name_takes_a_stage_made_outside_the_file_resolved_when_checked(tmp_path, cli):
     """Issue 30: ``input = "@feat"`` names the store's stage ``feat`` (made by an earlier
     command), resolved to its key before any step runs and printed by the dry run; a bare
-    ``feat`` is still refused, and an ``@name`` the store lacks is a usage error."""
+    ``feat`` is still refused, and an ``@name`` the store lacks is a problem of the plan."""
     store_path = tmp_path / "s"
     made = tmp_path / "made.toml"
     made.write_text(f"[steps.feat]\n{small_import(tmp_path)}")
@@ -290,8 +290,8 @@ def test_at_name_takes_a_stage_made_outside_the_file_resolved_when_checked(tmp_p
     assert store.resolve("avg").inputs() == [store.resolve("feat")]
     path.write_text(path.read_text().replace("'@feat'", "'@nope'"))
     proc = cli("run", path, "--store", store_path)
-    assert proc.exit_code == 2 and "Traceback" not in proc.stderr
-    assert "step 'avg' (encode): input @nope: no stage named 'nope' in store" in proc.stderr
+    assert proc.exit_code == 1 and "Traceback" not in proc.stderr  # a problem of the plan
+    assert "problem: step 'avg': input @nope: no stage named 'nope' in store" in proc.stderr
     assert "stage " not in proc.stdout  # checked before any step ran
     path.write_text(path.read_text().replace("'@nope'", "'feat'"))
     with pytest.raises(PipelineError, match="input names 'feat', which is no earlier step"):

@@ -70,22 +70,31 @@ def test_the_small_variant_is_the_shipped_recipe_with_small_settings(cli):
 
 
 def test_the_shipped_recipe_is_sized_before_anything_exists(cli, tmp_path, monkeypatch):
-    """Issue 38 §3: the dry run of the Table 6 recipe sizes every stage (those after the GMM
-    and the CNN's too), prices the extractions, lists the missing VGG-16 checkpoint as a
-    problem and exits 0; the GMM of K = 256 on this small sample is warned about."""
+    """Issue 38 §3, issue 47 §1: the dry run of the Table 6 recipe sizes every stage (those
+    after the GMM and the CNN's too, the ones its passes do not write listed as such), prices
+    the extractions, lists the missing VGG-16 checkpoint as a problem once and exits 1 (a run
+    would stop before anything); the GMM of K = 256 on this small sample is warned about."""
     monkeypatch.chdir(tmp_path)
     cli("example", "clips", "clips", "--per-class", "2", "--frames", "20", check=True)
     cli("manifest", "build", "clips", "-o", "ucf.csv", "--test-fraction", "0.5", "--seed",
         "0", check=True)
     (tmp_path / "t.toml").write_text(TEMPLATE.read_text("utf-8"))
     plan = cli("run", "t.toml", "--dry-run")
-    assert plan.exit_code == 0, plan.output
-    table = plan.stdout.split("dry run: the plan")[1].splitlines()[2:-1]
-    assert len(table) == 12  # sample, gmm, four RP stages, HRP(CNN), five classify results
-    assert all(" ? " not in line for line in table), table
+    assert plan.exit_code == 1, plan.output
+    table = plan.stdout.split("dry run: the plan")[1].split("dry run: total")[0].splitlines()
+    nodes = [line for line in table[2:] if "pass of step" not in line and
+             "blocked by" not in line]
+    # sample, gmm; the idt-fv pass (its extraction and three group views unwritten, four RP
+    # stages); the cnn pass (its extraction unwritten, HRP(CNN)); four classify results (the
+    # fused one reads HRP(CNN), whose pass has the problem: blocked)
+    assert len(nodes) == 16, nodes
+    assert sum("not written" in line for line in nodes) == 5
+    assert "result-all-cnn: not planned, blocked by the problem of step 'cnn'" in plan.stdout
+    assert all(" ? " not in line for line in nodes), nodes
     assert all(line.split()[0] in ("idt-sample", "idt-fv", "cnn") or not line.rstrip().endswith(
-        ("s", "min", " h")) for line in table)
+        ("s", "min", " h")) for line in nodes)
     assert "1 problem(s)" in plan.stdout
+    assert plan.stderr.count("--weights vgg16-397923af.pth: no such file") == 1
     assert "problem: step 'cnn': --weights vgg16-397923af.pth: no such file" in plan.stderr
     assert "rows for K = 256 components" in plan.stderr
     assert not (tmp_path / "store").exists()

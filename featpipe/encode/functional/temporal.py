@@ -64,6 +64,7 @@ from featpipe.encode.svr import (
 )
 from featpipe.errors import InputError, ParameterError
 from featpipe.fileio import human_bytes, memory_bytes
+from featpipe.item_kinds import POOLS_TIME
 
 SOLVERS = ("newton", "liblinear")
 #: Rows of a long sequence's vectors built at a time (:func:`rank_pool_long`): fixed, so
@@ -859,7 +860,7 @@ def _items_per_call(cpu: int, cuda: int):
 
 
 def _core(function, batch_size=16, rules=None) -> EncodeFunction:
-    return EncodeFunction(function, validated_sequences, batch_size, rules)
+    return EncodeFunction(function, validated_sequences, batch_size, rules, POOLS_TIME)
 
 
 #: each method's function, items per call and rules (its parameters: the estimators')
