@@ -67,7 +67,7 @@ from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.extract.estimate import human_bytes
 from featpipe.interrupts import Interrupted
 from featpipe.plan import MODEL, Node, Plan, print_plan
-from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name
+from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name, shared_hashes
 from featpipe.store import NAME_PATTERN, STAGE_FOLDER, Stage, Store
 
 #: Stage functions a step may name (``featpipe.stages.<name>``).
@@ -352,16 +352,28 @@ def references(step: Step) -> list[tuple[str, str]]:
         for name in value if isinstance(value, list) else [value]:
             if isinstance(name, str):
                 found.append((key, name))
-    method = step.arguments.get("method" if step.function == "encode" else "encode")
-    table = step.arguments.get("params" if step.function == "encode" else "encode_params")
-    if method and isinstance(table, Mapping):
-        from featpipe.encode.registry import load_methods
-
-        chosen = load_methods().get(method)
-        for option in chosen.model_options if chosen else ():
-            if isinstance(table.get(option), str):
-                found.append((f"{option}", table[option]))
+    table = step.arguments.get(_table_key(step))
+    for option in _model_options(step):
+        if isinstance(table.get(option), str):
+            found.append((option, table[option]))
     return found
+
+
+def _table_key(step: Step) -> str:
+    """The key of a step's table of encoder parameters."""
+    return "params" if step.function == "encode" else "encode_params"
+
+
+def _model_options(step: Step) -> tuple[str, ...]:
+    """The model parameters (``gmm``, ``model``...) of the step's encoder, which its table of
+    encoder parameters may give (none when it has no such table)."""
+    method = step.arguments.get("method" if step.function == "encode" else "encode")
+    if not method or not isinstance(step.arguments.get(_table_key(step)), Mapping):
+        return ()
+    from featpipe.encode.registry import load_methods
+
+    chosen = load_methods().get(method)
+    return chosen.model_options if chosen else ()
 
 
 #: The prefix of a reference to a store name (``"@fc6"``): a stage made outside the file.
@@ -408,12 +420,11 @@ def renamed(step: Step, rename: Mapping[str, str]) -> Step:
             arguments[key] = [rename.get(v, v) if isinstance(v, str) else v for v in value]
         elif isinstance(value, str):
             arguments[key] = rename.get(value, value)
-    table_key = "params" if step.function == "encode" else "encode_params"
-    table = arguments.get(table_key)
-    model_options = {argument for argument, _ in references(step)} - set(REFERENCES)
-    if isinstance(table, Mapping) and model_options:
-        arguments[table_key] = {k: rename.get(v, v) if k in model_options and
-                                isinstance(v, str) else v for k, v in table.items()}
+    model_options = _model_options(step)
+    if model_options:
+        arguments[_table_key(step)] = {
+            k: rename.get(v, v) if k in model_options and isinstance(v, str) else v
+            for k, v in arguments[_table_key(step)].items()}
     return Step(step.name, step.function, arguments)
 
 
@@ -529,7 +540,14 @@ def run_pipeline(pipeline: Pipeline, store: Store, *, dry_run: bool = False,
     written stay, so running the pipeline again resumes.  A step whose items failed with
     ``on_error = "skip"`` stops the pipeline after it.
     """
-    reporter = reporter or Reporter()
+    with shared_hashes():  # the plan hashes each input file once, the run reuses it
+        return _checked_run(pipeline, store, dry_run, only, skip_blocked,
+                            reporter or Reporter())
+
+
+def _checked_run(pipeline: Pipeline, store: Store, dry_run: bool,
+                 only: Callable[[Step], bool] | None, skip_blocked: bool,
+                 reporter: Reporter) -> list:
     plan = plan_pipeline(pipeline, store, only=only, reporter=reporter if dry_run else None)
     if dry_run:
         print_plan(plan, reporter)
@@ -647,7 +665,7 @@ def _plan_step(pipeline: Pipeline, written: Step, number: int, store: Store,
         result = getattr(stages, step.function)(store, reporter=_ShortListReporter(reporter),
                                                 **arguments)
     except ParameterError as err:
-        plan.problem(getattr(err, "step", step.name), _problem_text(err))
+        plan.problem(getattr(err, "step", step.name), _problem_text(err, rename))
         return
     except FeatpipeError as err:
         planned = [name for _, name in references(step)
@@ -680,10 +698,13 @@ def _plan_step(pipeline: Pipeline, written: Step, number: int, store: Store,
         plan.add(node)
 
 
-def _problem_text(err: ParameterError) -> str:
+def _problem_text(err: ParameterError, rename: Mapping[str, str]) -> str:
     """A parameter problem as a step's line: the parameter and its cause (a fused step's
-    error names the step already: its cause)."""
-    return err.cause if hasattr(err, "step") else str(err)
+    error names the step already: its cause), each stage named as the file names it."""
+    text = err.cause if hasattr(err, "step") else str(err)
+    for written, meant in rename.items():
+        text = text.replace(repr(meant), repr(written))
+    return text
 
 
 def _plan_classify(store: Store, step: Step, plan: Plan, reporter: Reporter) -> None:

@@ -187,5 +187,5 @@ def print_plan(plan: Plan, reporter, heading: str = "dry run: the plan") -> None
 
 
 def _label(node: Node) -> str:
-    return node.step if not node.name or node.name == node.step else \
-        f"{node.step} -> {node.name}"
+    step = node.step or node.kind  # a single command's own stage
+    return step if not node.name or node.name == step else f"{step} -> {node.name}"

@@ -123,15 +123,18 @@ def ls(store_path, as_json, wide):
 
     store = open_store(store_path)
     rows, problems = upkeep.list_stages(store)
+    passes = upkeep.fused_passes(rows)
     if as_json:
-        click.echo(json.dumps({"store": str(store.root), "stages": rows, "problems": problems},
-                              indent=1, default=str))
+        click.echo(json.dumps({"store": str(store.root), "stages": rows, "passes": passes,
+                               "problems": problems}, indent=1, default=str))
     elif not rows:
         click.echo(f"store {store.root}: no stages")
     else:
         table = [("NAMES", "STAGE", "KIND", "DONE", "FAILED", "TOTAL", "SIZE", "CREATED",
                   "INPUTS", "PARAMS")]
         for row in rows:
+            if "in_pass" in row:  # listed with its pass, below
+                continue
             names = row["names"] + [f"{n}(unfinished)" for n in row["unfinished_runs"]]
             table.append((",".join(names) or "-", row["stage"], row["kind"],
                           *_counts(row), _compact_bytes(row["size_bytes"]),
@@ -143,10 +146,27 @@ def ls(store_path, as_json, wide):
         if dropped:
             click.echo(f"note: {', '.join(dropped)} left out to fit {_output_width()} "
                        "columns; --wide shows every column", err=True)
+        _echo_passes(passes, {row["stage"]: row for row in rows})
     for problem in problems:
         click.echo(f"problem: {problem}", err=True)
     if problems:
         raise click.exceptions.Exit(1)
+
+
+def _echo_passes(passes: list[dict], rows: dict[str, dict]) -> None:
+    """One entry per fused pass: the stages it wrote, and the steps that ran inside it
+    without being written (their stage records only)."""
+    def label(folder: str) -> str:
+        row = rows[folder]
+        what = row["params"].get("method") if isinstance(row["params"], dict) else None
+        names = ",".join(row["names"])
+        return f"{folder} ({names or what or row['kind']})"
+
+    for entry in passes:
+        click.echo(f"pass {entry['stage']}: wrote "
+                   + (", ".join(label(f) for f in entry["written"]) or "nothing yet")
+                   + "; ran inside it without being written: "
+                   + ", ".join(label(f) for f in entry["inside"]))
 
 
 def _echo_chain(nodes: list[dict], depth: int = 1) -> None:

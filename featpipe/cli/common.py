@@ -144,6 +144,21 @@ class ClickReporter(Reporter):
 
 
 def finish(run: StageRun) -> None:
-    """Exit with status 1 when items failed (also with ``--on-error skip``)."""
+    """A dry run: print its plan (:func:`featpipe.plan.print_plan`) and exit with status 1
+    when it found a problem.  Exit with status 1 when items failed (also with ``--on-error
+    skip``)."""
+    if run.nodes:
+        from featpipe.plan import Plan, print_plan
+
+        plan = Plan()
+        for node in run.nodes:
+            plan.add(node)
+        for problem in run.problems:
+            plan.problem("", problem)
+        print_plan(plan, ClickReporter())
+        if plan.problems:
+            click.echo(f"error: the plan has {len(plan.problems)} problem(s) (above): a run "
+                       "would stop before computing anything", err=True)
+            raise click.exceptions.Exit(1)
     if not run.ok:
         raise click.exceptions.Exit(1)

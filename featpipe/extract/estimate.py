@@ -6,7 +6,7 @@ the frame size gives the rows per frame (dense SIFT's grid after ``--max-pixels`
 ``(crop/16)²`` cells, one fc6 row); the output's layout gives the bytes:
 
 * stored features: rows × (D × dtype size + 4 (``frame_index``) + 12 (``positions``)) plus
-  8 per frame (``timestamps``); fc6 rows carry only the timestamps;
+  8 per frame (``timestamps``) and 16 (``image_size``); fc6 rows carry only the timestamps;
 * an encoding: one vector per item, or per frame one row plus its ``frame_index`` and
   ``timestamps`` (the encoder's output size is measured on a synthetic frame);
 * a sample: at most N rows of D values per item;
@@ -54,11 +54,11 @@ class Layout:
         if self.kind == "sample":
             return min(rows, self.sample) * self.dim * self.itemsize + NPY_HEADER_BYTES
         per_row = self.dim * self.itemsize
-        files = 2
-        if self.local:
+        files, fixed = 2, 0
+        if self.local:  # frame_index, image_size (two int64), positions
             per_row += 4 + (12 if self.positions else 0)
-            files += 2 + int(self.positions)
-        return rows * per_row + frames * 8 + files * NPY_HEADER_BYTES
+            files, fixed = files + 2 + int(self.positions), 16
+        return rows * per_row + frames * 8 + fixed + files * NPY_HEADER_BYTES
 
 
 def encoded_size(encoder, dim: int) -> tuple[int, bool]:

@@ -29,8 +29,10 @@ import contextlib
 import logging
 import os
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+from featpipe.content import CACHE_NAME, ContentHashes
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import atomic_write_bytes, make_dirs
 from featpipe.interrupts import Interrupt, Interrupted
@@ -75,6 +77,35 @@ class RunOptions:
         if self.on_error not in ON_ERROR:
             raise ParameterError("on_error", f"must be one of {', '.join(ON_ERROR)}, got "
                                  f"{self.on_error!r}")
+
+
+#: the content-hash caches shared by the stage functions of one run (:func:`shared_hashes`)
+_HASHES: ContextVar[dict | None] = ContextVar("featpipe_shared_hashes", default=None)
+
+
+@contextlib.contextmanager
+def shared_hashes():
+    """Inside the block, the stage functions share one content-hash cache per store
+    (:func:`content_hashes`): a run's plan hashes each input file once, and the run reuses
+    the hashes (the cache still checks each file's size, times and inode)."""
+    token = _HASHES.set({})
+    try:
+        yield
+    finally:
+        _HASHES.reset(token)
+
+
+def content_hashes(store: Store) -> ContentHashes:
+    """The content-hash cache of ``store`` (:class:`featpipe.content.ContentHashes`, read
+    from its cache file), the one of the current :func:`shared_hashes` block if any."""
+    path = store.root / CACHE_NAME
+    shared = _HASHES.get()
+    if shared is None:
+        return ContentHashes(path)
+    key = os.path.abspath(path)
+    if key not in shared:
+        shared[key] = ContentHashes(path)
+    return shared[key]
 
 
 def check_name(name: str | None) -> None:

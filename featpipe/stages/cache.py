@@ -634,7 +634,8 @@ def describe_stage(stage: Stage, names: Sequence[str] = (), sizes: bool = True,
     else:
         progress = stage_progress(stage)
         info["items"] = {"total": progress.total, "done": progress.done,
-                         "failed": len(progress.failed), "pending": progress.pending}
+                         "failed": len(progress.failed), "pending": progress.pending,
+                         "ledgers": len(progress.ledgers)}
         info["packed"] = stage.packed() is not None
     return info
 
@@ -652,6 +653,53 @@ def list_stages(store: Store) -> tuple[list[dict], list[str]]:
         except FeatpipeError as err:
             problems.append(f"stage {stage.name}: {err}")
     return rows, problems
+
+
+def fused_passes(rows: Sequence[dict]) -> list[dict]:
+    """The fused passes seen in ``rows`` (:func:`list_stages`): a stage a pass computed
+    without writing it is an item stage with no name, no ledger line and no run of its own,
+    read by a stage that holds items (directly or through others like it); each pass is
+    ``{stage: its extraction, inside: those stages, written: the stages it wrote}``, and each
+    row of a stage inside a pass gets ``in_pass`` (its extraction's folder)."""
+    by_folder = {row["stage"]: row for row in rows}
+    readers: dict[str, list[str]] = {}
+    for row in rows:
+        for folder in row["inputs"]:
+            readers.setdefault(folder, []).append(row["stage"])
+
+    def unwritten(row: dict) -> bool:
+        items = row.get("items")
+        return bool(items) and not (items["done"] or items["failed"] or items["ledgers"]
+                                    or row["names"] or row["unfinished_runs"])
+
+    def holds_items(folder: str) -> bool:
+        return bool((by_folder[folder].get("items") or {}).get("done"))
+
+    inside: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for folder, row in by_folder.items():
+            if folder not in inside and unwritten(row) and any(
+                    reader in inside or holds_items(reader)
+                    for reader in readers.get(folder, ())):
+                inside.add(folder)
+                changed = True
+    passes: dict[str, dict] = {}
+    for folder in sorted(inside):
+        top = folder
+        while by_folder[top]["inputs"] and by_folder[top]["inputs"][0] in inside:
+            top = by_folder[top]["inputs"][0]
+        first = by_folder[top]["inputs"][:1]
+        root = top if by_folder[top]["kind"] == "extract" or not first or \
+            first[0] not in by_folder else first[0]
+        entry = passes.setdefault(root, {"stage": root, "inside": [], "written": []})
+        entry["inside"].append(folder)
+        by_folder[folder]["in_pass"] = root
+        for reader in readers.get(folder, ()):
+            if reader not in inside and reader not in entry["written"] and holds_items(reader):
+                entry["written"].append(reader)
+    return sorted(passes.values(), key=lambda p: p["stage"])
 
 
 def input_chain(stage: Stage, names: dict[str, list[str]]) -> list[dict]:

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.chain import ChainRunner, ChainStep, Then, order_steps
-from featpipe.content import CACHE_NAME, READ_HASHES, ContentHashes, read_hashes_record
+from featpipe.content import READ_HASHES, ContentHashes, read_hashes_record
 from featpipe.errors import FeatpipeError, ItemError, ParameterError, WriteError
 from featpipe.extract.estimate import (
     ItemEstimate,
@@ -86,6 +86,7 @@ from featpipe.stages.base import (
     Written,
     announce,
     check_name,
+    content_hashes,
     mark_running,
     name_left,
     one_run_at_a_time,
@@ -379,12 +380,10 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
                                  "or every N-th (--every N), not --fps or --frames")
         settings = dataclasses.replace(settings,
                                        human_boxes=str(Path(settings.human_boxes).resolve()))
-    hashes = ContentHashes(store.root / CACHE_NAME)
+    hashes = content_hashes(store)
     problems: list[str] = []
     plan_ = _plan(store, manifest, chosen, sampling, settings, hashes,
                   problems if options.dry_run else None)
-    if not options.dry_run:
-        hashes.save()
     shard = parse_shard(options.shard)
     if options.executor != "dask":
         make_executor(options.executor).check_shard(shard)
@@ -416,6 +415,7 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
                 return run
             total = _check_disk(store, _pass_estimates(estimates, chain), len(todo),
                                 settings.disk_check)
+            hashes.save()  # after every check: a refused run leaves nothing behind
             stage = store.stage("extract", plan_.params, inputs=plan_.inputs, items=manifest,
                                 dtype=settings.dtype,
                                 records={READ_HASHES: read_hashes_record(plan_.read)})

@@ -7,7 +7,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from featpipe.content import CACHE_NAME, READ_HASHES, ContentHashes, read_hashes_record
+from featpipe.content import READ_HASHES, read_hashes_record
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import check_output_path
 from featpipe.io.importers import (
@@ -26,7 +26,14 @@ from featpipe.io.importers import (
 )
 from featpipe.item_kinds import ITEM_KINDS, remember, shape_kind
 from featpipe.manifest import Manifest
-from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name, run_stage
+from featpipe.stages.base import (
+    Reporter,
+    RunOptions,
+    StageRun,
+    check_name,
+    content_hashes,
+    run_stage,
+)
 from featpipe.store import Store
 
 log = logging.getLogger(__name__)
@@ -85,7 +92,7 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
         reporter.info(f"wrote manifest {write_manifest} ({len(manifest)} items)")
     scan = scan_sources(opened, manifest, transpose)
     dry_run = bool(options and options.dry_run)
-    hashes = ContentHashes(store.root / CACHE_NAME)
+    hashes = content_hashes(store)
     read: dict[str, str | None] = {}
     params = {"sources": [source_fingerprint(source, manifest, hashes, read)
                           for source in opened],

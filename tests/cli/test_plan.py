@@ -1,0 +1,291 @@
+"""A run is one plan, checked whole before any work starts (issue 47 §1, §2, §6; issue 51 §6):
+a run whose plan has a problem computes nothing and writes nothing (the store byte for byte
+as it was), every problem said once, the dry run exiting 1 too; item kinds refused where a
+step cannot take them, from the command line, a pipeline file and Python; the plan's sizes
+are the bytes the run stores; a fused pass is one entry of `cache ls`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from featpipe import stages
+from featpipe.errors import ParameterError
+from featpipe.io.video import Sampling
+from featpipe.manifest import Manifest
+from featpipe.pipeline import PipelineError, load_pipeline, plan_pipeline
+from featpipe.stages.dryrun import item_bytes
+from featpipe.store import Store
+from tests._stores import first_encoded, write_npy_dataset
+from tests.conftest import REPO
+
+TEMPORAL = ("avg", "max", "tpyramid", "arp", "rankpool", "hrp", "recursive")
+
+SIFT = """[steps.sift]
+stage = "extract"
+manifest = "clips.csv"
+features = "dsift"
+params = { sizes = [8], step = 8 }
+sampling = { every = 2 }
+"""
+PASS = SIFT + """
+[steps.grid]
+stage = "encode"
+input = "sift"
+method = "spatial-grid"
+params = { grid = "2x2" }
+
+[steps.hrp]
+stage = "encode"
+input = "grid"
+method = "hrp"
+params = { window = 4 }
+"""
+
+
+def tree(folder) -> dict:
+    """Every file under ``folder`` with its bytes (None: no such folder)."""
+    if not os.path.exists(folder):
+        return None
+    found = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as handle:
+                found[os.path.relpath(path, folder)] = handle.read()
+    return found
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    """Eight rendered clips of 12 frames in a manifest (half test), and a store with their
+    dense SIFT as ``raw`` (descriptor sets)."""
+    from tests.conftest import invoke_cli as cli
+
+    root = tmp_path_factory.mktemp("plan")
+    cli("example", "clips", root / "clips", "--per-class", "2", "--frames", "12", check=True)
+    cli("manifest", "build", root / "clips", "-o", root / "clips.csv", "--test-fraction", "0.5",
+        "--seed", "0", check=True)
+    cli("extract", "-m", root / "clips.csv", "-s", root / "s", "-f", "dsift", "--sizes", "8",
+        "--step", "8", "--every", "2", "-n", "raw", check=True)
+    return root
+
+
+def test_the_small_recipe_without_its_weights_changes_nothing(cli, tmp_path, monkeypatch):
+    """The Table 6 recipe's small variant with the VGG-16 checkpoint missing: the run exits 1
+    before its first step, naming the problem once and the way to run the rest; the store is
+    byte for byte what it was (a store with a stage in it, and a store not made yet)."""
+    monkeypatch.chdir(tmp_path)
+    cli("example", "clips", "clips", "--per-class", "1", "--frames", "20", check=True)
+    cli("manifest", "build", "clips", "-o", "ucf.csv", "--test-fraction", "0.5", "--seed", "0",
+        check=True)
+    recipe = cli("example", "pipeline", "trajectories", "--small", check=True).stdout
+    (tmp_path / "r.toml").write_text(recipe.replace('"random:0"', '"vgg16-397923af.pth"'))
+    stages.import_features(Store(tmp_path / "store"), [str(tmp_path / "npy")],
+                           str(write_npy_dataset(tmp_path)), name="earlier")
+    before = tree(tmp_path / "store")
+    run = cli("run", "r.toml")
+    assert run.exit_code == 1, run.output
+    assert tree(tmp_path / "store") == before
+    assert "step 1/" not in run.stdout and "stage " not in run.stdout
+    assert run.stderr.count("vgg16-397923af.pth: no such file") == 1, run.stderr
+    assert "problem: step 'cnn': --weights vgg16-397923af.pth: no such file" in run.stderr
+    assert "nothing was computed or written" in run.stderr
+    assert "run with: featpipe run r.toml --skip-blocked" in run.stderr
+    fresh = cli("run", "r.toml", "--store", "new")
+    assert fresh.exit_code == 1 and not (tmp_path / "new").exists()
+    dry = cli("run", "r.toml", "--dry-run", "--store", "new")
+    assert dry.exit_code == 1 and not (tmp_path / "new").exists()
+    assert dry.stderr.count("vgg16-397923af.pth: no such file") == 1, dry.stderr
+
+
+def test_a_wrong_item_kind_at_the_last_step_stops_the_run_before_it_starts(cli, clips, tmp_path,
+                                                                          monkeypatch):
+    """hrp on the dense SIFT descriptor sets, the last step of a pipeline whose first pass
+    would take minutes on a dataset: refused before anything runs, with the way out; then
+    `--skip-blocked` runs the rest, and `cache ls` shows the pass as one entry."""
+    monkeypatch.chdir(clips)
+    path = tmp_path / "p.toml"
+    path.write_text(PASS + '\n[steps.bad]\nstage = "encode"\ninput = "sift"\nmethod = "hrp"\n')
+    store = tmp_path / "s"
+    run = cli("run", path, "--store", store)
+    assert run.exit_code == 1 and not store.exists(), run.output
+    assert ("problem: step 'bad': the extraction holds dsift sets of local descriptors (rows "
+            "with their frame index); hrp pools a sequence in time order: encode each frame "
+            "first") in run.stderr
+    assert "the steps no problem blocks (sift, grid, hrp) run with" in run.stderr
+    ran = cli("run", path, "--store", store, "--skip-blocked")
+    assert ran.exit_code == 0, ran.output
+    assert "not run (--skip-blocked): bad" in ran.stderr
+    found = Store(store)
+    assert found.resolve("hrp").is_complete() and "bad" not in found.names()
+    listing = cli("cache", "ls", "-s", store, check=True).stdout
+    rows = [line.split()[1] for line in listing.splitlines()[1:] if not line.startswith("pass")]
+    sift, grid = (s for s in found.all_stages() if s.name != found.resolve("hrp").name)
+    assert rows == [found.resolve("hrp").name]  # the pass's unwritten stages: not rows
+    passes = [line for line in listing.splitlines() if line.startswith("pass ")]
+    assert len(passes) == 1
+    assert passes[0].startswith(f"pass {sift.name if sift.kind == 'extract' else grid.name}: "
+                                f"wrote {found.resolve('hrp').name} (hrp); ran inside it "
+                                "without being written: ")
+    assert sift.name in passes[0] and grid.name in passes[0]
+
+
+@pytest.mark.parametrize("method", TEMPORAL)
+def test_every_temporal_encoder_is_refused_on_descriptor_sets(cli, clips, tmp_path, method):
+    """From the command line (encode, extract --temporal), a pipeline file and Python: a
+    usage error before any stage exists, naming both sides and the way out."""
+    store = Store(clips / "s")
+    before = sorted(p.name for p in store.stages_dir.iterdir())
+    encode = cli("encode", "-s", store.root, "-i", "raw", "-m", method, "-n", "x")
+    assert encode.exit_code == 2, encode.output
+    assert (f"error: --input 'raw' holds dsift sets of local descriptors (rows with their frame "
+            f"index); {method} pools a sequence in time order: encode each frame first "
+            "(extract --encode fisher --per-frame, or spatial-grid), or use a local-descriptor "
+            "encoder") in encode.stderr
+    fused = cli("extract", "-m", clips / "clips.csv", "-s", store.root, "-f", "dsift", "--sizes",
+                "8", "--step", "8", "--every", "2", "--temporal", method, "-n", "y")
+    assert fused.exit_code == 2 and "--temporal the extraction holds dsift sets" in \
+        fused.stderr, fused.output
+    with pytest.raises(ParameterError, match=f"{method} pools a sequence in time order"):
+        stages.encode(store, "raw", method)
+    path = tmp_path / "p.toml"
+    path.write_text(f'[steps.x]\nstage = "encode"\ninput = "@raw"\nmethod = "{method}"\n')
+    run = cli("run", path, "--store", store.root)
+    assert run.exit_code == 1 and "problem: step 'x': input '@raw' holds dsift" in run.stderr
+    assert sorted(p.name for p in store.stages_dir.iterdir()) == before
+    assert "x" not in store.names() and "y" not in store.names()
+
+
+def test_the_meaningful_combinations_run(cli, clips):
+    """A Fisher vector of each frame's descriptors then rank pooling; a spatial grid then hrp;
+    second-order pooling of each frame then avg; fisher over a whole item (a vector)."""
+    store = clips / "s"
+    cli("fit", "gmm", "-s", store, "-i", "raw", "-n", "g", "--n-components", "2", "--max-iter",
+        "3", check=True)
+    cli("encode", "-s", store, "-i", "raw", "-m", "fisher", "--gmm", "g", "--per-frame", "-n",
+        "fv", check=True)
+    cli("encode", "-s", store, "-i", "fv", "-m", "rankpool", "-n", "rp", check=True)
+    cli("encode", "-s", store, "-i", "raw", "-m", "spatial-grid", "--grid", "2x2", "-n", "grid",
+        check=True)
+    cli("encode", "-s", store, "-i", "grid", "-m", "hrp", "--window", "3", "-n", "hrp",
+        check=True)
+    cli("encode", "-s", store, "-i", "raw", "-m", "cbp-ts", "--dim", "64", "-n", "sop",
+        check=True)
+    cli("encode", "-s", store, "-i", "sop", "-m", "avg", "-n", "sop-avg", check=True)
+    cli("encode", "-s", store, "-i", "raw", "-m", "fisher", "--gmm", "g", "-n", "fv1",
+        check=True)
+    found = Store(store)
+    first = found.resolve("raw").items.ids[0]
+    assert found.resolve("fv").read_item(first).ndim == 2  # a sequence of per-frame FVs
+    for name in ("rp", "hrp", "sop-avg", "fv1"):
+        assert found.resolve(name).read_item(first).ndim == 1, name
+    refused = cli("encode", "-s", store, "-i", "fv1", "-m", "rankpool")
+    assert refused.exit_code == 2 and "there is no time axis left to pool" in refused.stderr
+    result = cli("classify", "-s", store, "-i", "raw")
+    assert result.exit_code == 2, result.output
+    assert ("'raw' holds dsift sets of local descriptors (rows with their frame index); "
+            "classify trains on one vector per item: encode the descriptors first") in \
+        result.stderr
+
+
+def kinds_table() -> dict[str, dict[str, str]]:
+    """docs/encoders.md's item-kind table: method -> {input kind: what it makes, or '-'}."""
+    text = (REPO / "docs" / "encoders.md").read_text(encoding="utf-8")
+    section = text.split("## Item kinds")[1]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    table = {}
+    for line in lines[2:]:
+        cells = [cell.strip().strip("`") for cell in line.strip("|").split("|")]
+        table[cells[0]] = dict(zip(header[1:], cells[1:], strict=True))
+    return table
+
+
+def test_the_docs_table_says_what_every_encoder_takes_and_makes():
+    """Every cell of docs/encoders.md's table is what the encoder declares (issue 47 §2)."""
+    from featpipe.encode.registry import load_methods
+    from featpipe.item_kinds import ITEM_KINDS, ItemKind, encoded_kind
+
+    table = kinds_table()
+    methods = load_methods()
+    assert set(table) == {name for name in methods} | {"fisher --per-frame"}
+    for row, cells in table.items():
+        name, _, flag = row.partition(" ")
+        kinds = methods[name].kinds
+        params = {"per_frame": True} if flag else {}
+        for kind in ITEM_KINDS:
+            taken = kind in kinds.taken(params)
+            made = encoded_kind(name, kinds, params, ItemKind(kind)) if taken else None
+            assert cells[kind] == (made.kind if made else "-"), (row, kind, cells[kind])
+
+
+def test_the_dry_run_sizes_each_stage_as_the_run_stores_it(cli, clips, tmp_path, monkeypatch):
+    """Issue 51 §8 (the dry run's sizing): every written stage of a pass (the extraction kept,
+    a per-frame encoding kept, the pooled vectors, a Fisher vector) is planned at the bytes
+    its items take once computed (arrays and sidecars with their headers), to the byte."""
+    monkeypatch.chdir(clips)
+    path = tmp_path / "p.toml"
+    path.write_text(PASS.replace("[steps.grid]", "[steps.grid]\nkeep = true")
+                    .replace("[steps.sift]", "[steps.sift]\nkeep = true") +
+                    '\n[steps.fv]\nstage = "encode"\ninput = "sift"\nmethod = "fisher"\n'
+                    'params = { gmm = "@g" }\n')
+    store = Store(tmp_path / "s")
+    stages.extract(store, Manifest.read(clips / "clips.csv"), "dsift",
+                   params={"sizes": [8], "step": 8}, sampling=Sampling(every=3), name="other")
+    stages.fit_gmm(store, "other", name="g", n_components=2, max_iter=3)
+    plan = plan_pipeline(load_pipeline(path), store)
+    assert not plan.problems, plan.problems
+    planned = {node.stage: node.bytes for node in plan.nodes if node.written}
+    cli("run", path, "--store", store.root, check=True)
+    assert len(planned) == 4, planned  # sift, grid, hrp, fv
+    for folder, size in planned.items():
+        stage = store.stage_by_folder(folder)
+        stored = sum(item_bytes(stage.read_item(i), stage.extras_of(i)) for i in stage.items.ids)
+        assert size == stored, (folder, size, stored)
+
+
+def test_one_key_planned_by_two_steps_is_one_node(cli, clips, tmp_path, monkeypatch):
+    monkeypatch.chdir(clips)
+    path = tmp_path / "p.toml"
+    path.write_text(SIFT + SIFT.replace("[steps.sift]", "[steps.again]"))
+    dry = cli("run", path, "--store", tmp_path / "s", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "dry run: total 1 stages (1 written)" in dry.stdout
+
+
+def test_names_and_keep_are_checked_when_the_file_is_read(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(SIFT + '\n[steps.avg]\nstage = "encode"\ninput = "sift"\nmethod = "avg"\n'
+                    'name = "no/slash"\n')
+    with pytest.raises(PipelineError, match="step 'avg' .encode.: name must be letters"):
+        load_pipeline(path)
+    path.write_text(SIFT + '\n[steps.avg]\nstage = "encode"\ninput = "sift"\nmethod = "avg"\n'
+                    'keep = "false"\n')
+    with pytest.raises(PipelineError, match="keep must be true or false .a TOML boolean"):
+        load_pipeline(path)
+
+
+def test_sigterm_stops_a_pipeline_like_every_command(tmp_path):
+    """SIGTERM while a step computes: one `interrupted` line and exit 143 (not 1), the items
+    done kept."""
+    manifest = write_npy_dataset(tmp_path)
+    path = tmp_path / "p.toml"
+    path.write_text(f'[steps.frames]\nstage = "import_features"\nsources = ["{tmp_path / "npy"}"]'
+                    f'\nmanifest_path = "{manifest}"\n\n[steps.mean]\nstage = "encode"\n'
+                    'input = "frames"\nmethod = "slow-mean"\n')
+    env = dict(os.environ, PYTHONPATH=str(REPO), FEATPIPE_ENCODERS="tests._slow_mean")
+    proc = subprocess.Popen([sys.executable, "-m", "featpipe", "run", str(path), "--store",
+                             str(tmp_path / "s")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    stage = first_encoded(Store(tmp_path / "s"), proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, (out, err)
+    assert [line for line in err.splitlines() if line.startswith("interrupted")], err
+    assert "error:" not in err
+    assert stage.done_ids()
