@@ -405,8 +405,8 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
                 sample_ids(todo, ESTIMATE_SAMPLE)
             estimates = _estimates(pool, paths, probed, sampling, plan_.layout)
             if options.dry_run:
-                run = _dry_run(store, stage, name, chain, plan_.layout, estimates, todo,
-                               summary, reporter)
+                run = _dry_run(store, stage, name, chain, plan_.layout,
+                               _Work(todo, estimates, summary), reporter)
                 run.problems = problems
                 if todo and not quick:
                     run.cpu_seconds = run.nodes[0].cpu = _calibrate(
@@ -764,13 +764,23 @@ def _plan_items(stage: Stage, chain: _Chain, layout: Layout, estimates) -> None:
         step_stage.planned_items = PlannedItems(step_example, frames)
 
 
-def _dry_run(store, stage, name, chain: _Chain, layout: Layout, estimates, todo, summary,
+@dataclasses.dataclass
+class _Work:
+    """What a pass computes: the items ``todo``, the estimates of all of them or of a sample
+    (:func:`featpipe.stages.dryrun.quick_plan`), and the summary of the others."""
+
+    todo: list[str]
+    estimates: list[ItemEstimate]
+    summary: RunSummary
+
+
+def _dry_run(store, stage, name, chain: _Chain, layout: Layout, work: _Work,
              reporter) -> StageRun:
-    """List the work with its estimate (``estimates``: of every item of ``todo``, or of a
-    sample of them: :func:`featpipe.stages.dryrun.quick_plan`); create nothing.  The run's
-    nodes are the extraction and each step of its pass, written or not."""
+    """List the work with its estimate; create nothing.  The run's nodes are the extraction
+    and each step of its pass, written or not."""
     from featpipe.stages.base import node_of
 
+    todo, estimates, summary = work.todo, work.estimates, work.summary
     keep, fused = chain.keep, bool(chain.steps)
     host = THIS_STEP if fused else None
     each = {stage.name: [e.bytes for e in estimates] if keep else None}
