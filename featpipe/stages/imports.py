@@ -7,7 +7,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from featpipe.content import CACHE_NAME, READ_HASHES, ContentHashes, read_hashes_record
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import check_output_path
 from featpipe.io.importers import (
@@ -27,6 +26,7 @@ from featpipe.io.importers import (
 from featpipe.manifest import Manifest
 from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name, run_stage
 from featpipe.store import Store
+from featpipe.store.content import CACHE_NAME, READ_HASHES, ContentHashes, read_hashes_record
 
 log = logging.getLogger(__name__)
 
