@@ -3,9 +3,9 @@ and on the read path, measured in the same run with and without them.
 
 Write path: an item written as the store writes it (:func:`featpipe.fileio.atomic_save_npy`:
 temporary file, write, fsync, rename) and an item appended row block by row block
-(:class:`featpipe.items.RowFile`, the streaming path), each timed with the CRC and with the
-CRC replaced by a no-op (the same code otherwise); ``np.save`` through the same atomic write
-(the path before checksums) is printed too.  Read path: :func:`featpipe.fileio.load_npy` of
+(:class:`featpipe.store.item_files.RowFile`, the streaming path), each timed with the CRC and
+with the CRC replaced by a no-op (the same code otherwise); ``np.save`` through the same atomic
+write (the path before checksums) is printed too.  Read path: :func:`featpipe.fileio.load_npy` of
 an item with and without its checksum checked (warm page cache: the case where the check
 weighs most), and the read of a folder item by ``import``, which hashes the bytes it parses
 (SHA-256, the key's hash), against ``load_npy``.  Timings interleave the variants, best of
@@ -31,7 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from featpipe import checksums, fileio, items  # noqa: E402
+from featpipe import checksums, fileio  # noqa: E402
+from featpipe.store import item_files  # noqa: E402
 
 #: (label, shape): a short sequence, a dense SIFT item, a VGG-16 fc6 item
 SHAPES = [("(20, 64)", (20, 64)), ("(2000, 128)", (2000, 128)), ("(300, 4096)", (300, 4096))]
@@ -81,7 +82,7 @@ def write_items(folder: Path, arrays, how: str) -> None:
         if how == "np.save":
             fileio.atomic_write(path, lambda h, a=array: np.save(h, a, allow_pickle=False))
         elif how == "rows":
-            rows = items.RowFile(fileio.tmp_path(path), array.dtype)
+            rows = item_files.RowFile(fileio.tmp_path(path), array.dtype)
             for start in range(0, len(array), 8):  # 8 frames' rows per append
                 rows.append(array[start:start + 8])
             rows.close()

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from featpipe.content import ContentHashes
 from featpipe.io.importers import NpyDirSource, source_fingerprint
 from featpipe.manifest import Manifest
+from featpipe.store.content import ContentHashes
 
 
 def write_folder(root: Path, n: int) -> Path:

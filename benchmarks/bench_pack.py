@@ -21,8 +21,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from featpipe.manifest import from_rows  # noqa: E402
-from featpipe.pack import pack_stage  # noqa: E402
 from featpipe.store import Store  # noqa: E402
+from featpipe.store.pack import pack_stage  # noqa: E402
 
 
 def read_all(stage, ids) -> float:

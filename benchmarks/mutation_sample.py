@@ -2,9 +2,10 @@
 
 Usage (issue 31 §4, issue 39 §6; ``benchmarks/RESULTS.md``)::
 
-    nice -n 19 python benchmarks/mutation_sample.py featpipe/store.py tests/stages/test_store.py \
-        ... [--log store.jsonl] [--timeout 120] [--only 3,17] [--part 1/2] [--list] [--confirm]
-        [--cover featpipe/pack.py,...] [--coverage-cache coverage.json]
+    nice -n 19 python benchmarks/mutation_sample.py featpipe/store/ledger.py \
+        tests/stages/test_store.py ... [--log store.jsonl] [--timeout 120] [--only 3,17]
+        [--part 1/2] [--list] [--confirm]
+        [--cover featpipe/store/pack.py,...] [--coverage-cache coverage.json]
         [--kinds branch,boundary,equality,constant,call] [--budget 12] [--resume]
 
 The mutants are enumerated, not drawn: every point of the module where one of these changes
@@ -393,7 +394,7 @@ class _suppress:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("module", help="the module to mutate, e.g. featpipe/store.py")
+    parser.add_argument("module", help="the module to mutate, e.g. featpipe/store/ledger.py")
     parser.add_argument("tests", nargs="+", help="its test files")
     parser.add_argument("--timeout", type=float, default=0.0,
                         help="seconds per mutant (default: 3x its tests' unmutated time + 20)")

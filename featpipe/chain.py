@@ -30,7 +30,7 @@ import numpy as np
 
 from featpipe.errors import FeatpipeError, ItemError, ParameterError, describe_error
 from featpipe.fileio import checked_result
-from featpipe.items import ItemFiles, PendingItem
+from featpipe.store.item_files import ItemFiles, PendingItem
 
 
 def spill_bytes() -> int:
@@ -205,9 +205,9 @@ class ChainedPending:
 class BufferedRows:
     """An :class:`~featpipe.items.ItemSink` for an item whose extraction output feeds a chain:
     rows checked and cast as ``stage`` stores them, held in memory up to ``budget`` bytes,
-    then appended to the item's temporary files (:class:`~featpipe.items.ItemFiles`, beside
-    the item's place in ``stage``); ``budget=0`` writes them from the first row (the stage
-    is kept).  :meth:`close` gives the whole output as the store would give it back (rows
+    then appended to the item's temporary files (:class:`~featpipe.store.item_files.ItemFiles`,
+    beside the item's place in ``stage``); ``budget=0`` writes them from the first row (the
+    stage is kept).  :meth:`close` gives the whole output as the store would give it back (rows
     memory-mapped from their file once spilled)."""
 
     def __init__(self, stage, item_id: str, budget: int):

@@ -9,7 +9,7 @@ A checksum is the text ``crc32:<8 hex digits>``.
 
 - An ``.npy`` file (an item or its sidecar): the CRC of its data bytes followed by its header
   bytes (:func:`npy_checksum`), so a file whose header is patched after its rows were
-  appended (:class:`featpipe.items.RowFile`) is summed in one pass as it is written.
+  appended (:class:`featpipe.store.item_files.RowFile`) is summed in one pass as it is written.
 - Any other file (a model's ``.npz`` and ``.json``, a packed HDF5 shard, a stage's
   ``items.csv`` and ``read-hashes.json``): the CRC of its bytes in order
   (:func:`file_checksum`), kept in another file (the ledger, ``models/<name>.sums``,

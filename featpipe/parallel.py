@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from featpipe.backend import available_cores
-from featpipe.batches import COMMIT_ITEMS, commits_in_batches, is_small
 from featpipe.errors import (
     FeatpipeError,
     ParameterError,
@@ -52,9 +51,10 @@ from featpipe.errors import (
 )
 from featpipe.fileio import first_line, shard_of
 from featpipe.flags import flag_of
-from featpipe.index import COMPACT_EVERY_S
 from featpipe.settings import node_checks_deferred
 from featpipe.store import Stage
+from featpipe.store.batches import COMMIT_ITEMS, commits_in_batches, is_small
+from featpipe.store.index import COMPACT_EVERY_S
 
 log = logging.getLogger("featpipe")
 
@@ -202,7 +202,7 @@ def process_batch(stage: Stage, compute: Compute, ids: Sequence[str],
     """Compute a chunk of items ``compute_size`` at a time (all at once by default), write
     each result, record each outcome; returns (id, error or None).
 
-    In a stage that commits small items in batches (:mod:`featpipe.batches`) the chunk's
+    In a stage that commits small items in batches (:mod:`featpipe.store.batches`) the chunk's
     small items and failures are committed together at its end (one file, one ledger
     write); other results are written as they come.  A :class:`WriteError` (the store cannot
     be written) propagates: it is no item's fault.

@@ -10,7 +10,7 @@ from featpipe.cli.options import table_entry
 
 def table_source() -> dict[str, int]:
     """The default number of items per HDF5 file, for the help (``options.json``)."""
-    from featpipe.pack import ITEMS_PER_FILE
+    from featpipe.store.pack import ITEMS_PER_FILE
 
     return {"items_per_file": ITEMS_PER_FILE}
 
@@ -31,7 +31,7 @@ def pack(store_path, name, shards, keep_files, jobs):
 
     Every packed item is read back and compared bit for bit before any loose file is removed.
     """
-    from featpipe.pack import pack_stage
+    from featpipe.store.pack import pack_stage
 
     stage = open_store(store_path).resolve(name)
     click.echo(f"stage {stage.name}")

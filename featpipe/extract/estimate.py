@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.io.video import Sampling, VideoInfo, evenly_spaced
-from featpipe.items import NPY_HEADER_BYTES, Frame, MemorySink
+from featpipe.items import Frame, MemorySink
+from featpipe.store.item_files import NPY_HEADER_BYTES
 
 
 @dataclass(frozen=True)

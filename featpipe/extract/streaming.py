@@ -18,7 +18,7 @@ Where the work runs:
   N decoding workers sharing one model.
 
 Where an item's frames go (:class:`FrameSinks`, one :class:`FrameSink` per item) is one of:
-the features themselves, stored row by row (:class:`~featpipe.items.ItemFiles`); their
+the features themselves, stored row by row (:class:`~featpipe.store.item_files.ItemFiles`); their
 encoding by a local-feature encoder of ``featpipe encode`` fed frame by frame
 (``encoder.stream``), so raw descriptors never reach the disk; or a seeded sample of at most
 N rows for fitting PCA and GMMs.  Memory per item is a few frames, whatever the video's
@@ -39,13 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
-from featpipe.content import file_changed_since_key
 from featpipe.errors import FeatpipeError, ItemError, WriteError, describe_error
 from featpipe.fileio import HOST, id_digest, safe_stem
 from featpipe.interrupts import critical
 from featpipe.io.video import SendFrames
-from featpipe.items import Frame, ItemFiles, PendingItem
+from featpipe.items import Frame
 from featpipe.store import Stage
+from featpipe.store.content import file_changed_since_key
+from featpipe.store.item_files import ItemFiles, PendingItem
 
 #: frames queued between dense SIFT and the item's output inside a worker
 OUTPUT_DEPTH = 2

@@ -44,12 +44,12 @@ from pathlib import Path
 
 import numpy as np
 
-from featpipe.content import ContentHashes, changed_since_key, sha256_of, stat_record
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.fileio import check_h5_dataset, check_npy_header, first_line, npy_from_bytes
 from featpipe.io import matlab
 from featpipe.manifest import Manifest, ManifestItem, from_rows, normalisation_note
 from featpipe.parallel import ItemOutput
+from featpipe.store.content import ContentHashes, changed_since_key, sha256_of, stat_record
 
 log = logging.getLogger(__name__)
 FORMATS = ("npy-dir", "npz", "h5", "mat", "ts")
@@ -486,11 +486,11 @@ def ts_manifest(sources: Sequence[TsSource]) -> Manifest:
 def source_fingerprint(source, manifest: Manifest, hashes: ContentHashes,
                        read: dict | None = None) -> dict:
     """What identifies a source in a stage key: its format and the content of what it reads
-    (:mod:`featpipe.content`): for a folder, the file each item reads (by item id; a missing
+    (:mod:`featpipe.store.content`): for a folder, the file each item reads (by item id; a missing
     one as missing), else the file itself.  Never the path: a moved or touched source keeps
     its stages, a rewritten one gives new ones.  ``read`` (when given) receives, by item id,
     the SHA-256 of the folder file each item will read (None: no file), for
-    :func:`featpipe.content.read_hashes_record`."""
+    :func:`featpipe.store.content.read_hashes_record`."""
     if isinstance(source, NpyDirSource):
         def files():  # one item at a time: nothing per item is kept but ``read``
             for item in manifest:
@@ -506,7 +506,7 @@ def source_fingerprint(source, manifest: Manifest, hashes: ContentHashes,
 
 def source_changed(source, keyed: list | None) -> str | None:
     """Why a single-file ``source`` may not hold the bytes the stage key was computed from
-    (``keyed``: the stat record they were hashed under, :func:`featpipe.content.stat_record`):
+    (``keyed``: the stat record they were hashed under, :func:`featpipe.store.content.stat_record`):
     it was opened, or is now, under another record (written to, or replaced); None if not."""
     if keyed is None:
         return None
@@ -754,7 +754,7 @@ class ImportCompute:
                  transpose: bool = False, mat_variable: str | None = None,
                  keyed: dict[str, list] | None = None, opened: tuple | None = None):
         """``keyed``: the stat record each single-file source was hashed under for the key
-        (its folder sources' hashes are in the stage: :func:`featpipe.content.read_hashes`);
+        (its folder sources' hashes are in the stage: :func:`featpipe.store.content.read_hashes`);
         ``opened``: ``(manifest, sources)`` as the calling process opened them, used when
         the items are computed in that process (not pickled: a worker opens its own)."""
         self.keyed = dict(keyed or {})

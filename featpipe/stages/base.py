@@ -32,7 +32,6 @@ from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from featpipe.content import CACHE_NAME, ContentHashes
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import atomic_write_bytes, make_dirs
 from featpipe.interrupts import Interrupt, Interrupted
@@ -40,6 +39,7 @@ from featpipe.manifest import Manifest
 from featpipe.parallel import ON_ERROR, Compute, RunSummary, parse_shard, plan, run_items
 from featpipe.reporting import Progress, Reporter  # noqa: F401 (Progress: re-exported)
 from featpipe.store import NAME_PATTERN, Stage, Store, pointer_bytes
+from featpipe.store.content import CACHE_NAME, ContentHashes
 
 #: Sub-folder of ``STORE/names`` recording, per name, the stage a run is computing for it.
 RUNNING = ".running"
@@ -96,7 +96,7 @@ def shared_hashes():
 
 
 def content_hashes(store: Store) -> ContentHashes:
-    """The content-hash cache of ``store`` (:class:`featpipe.content.ContentHashes`, read
+    """The content-hash cache of ``store`` (:class:`featpipe.store.content.ContentHashes`, read
     from its cache file), the one of the current :func:`shared_hashes` block if any."""
     path = store.root / CACHE_NAME
     shared = _HASHES.get()

@@ -28,10 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from featpipe import index as stage_index
-from featpipe.batches import BATCH_DIR, batch_checksum
 from featpipe.checksums import ChecksumError, DamagedItem, check, file_checksum
-from featpipe.content import CACHE_NAME, ContentHashes, cache_bytes, load_cache, stat_record
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import (
     HOST,
@@ -44,8 +41,6 @@ from featpipe.fileio import (
     writing,
 )
 from featpipe.io.importers import Signature, describe, signature
-from featpipe.pack import remove_pack, repair_pack
-from featpipe.packed import PACK_DIR, PACK_INDEX
 from featpipe.progress import stage_progress
 from featpipe.stages.base import RUNNING, Reporter, latest_stage, running_names
 from featpipe.store import (
@@ -61,6 +56,11 @@ from featpipe.store import (
     Store,
     is_store,
 )
+from featpipe.store import index as stage_index
+from featpipe.store.batches import BATCH_DIR, batch_checksum
+from featpipe.store.content import CACHE_NAME, ContentHashes, cache_bytes, load_cache, stat_record
+from featpipe.store.pack import remove_pack, repair_pack
+from featpipe.store.packed import PACK_DIR, PACK_INDEX
 
 
 def store_problems(store: Store) -> tuple[list[Stage], list[str], list[str]]:
@@ -100,9 +100,9 @@ class StageCheck:
     unchecked: int = 0
     #: done items whose files exist (damaged or not)
     present: int = 0
-    #: batch files (:mod:`featpipe.batches`) whose bytes differ from their checksums
+    #: batch files (:mod:`featpipe.store.batches`) whose bytes differ from their checksums
     batches: list[str] = field(default_factory=list)
-    #: whether the index (:mod:`featpipe.index`) is damaged or disagrees with the ledgers
+    #: whether the index (:mod:`featpipe.store.index`) is damaged or disagrees with the ledgers
     index: bool = False
 
     def repairable(self) -> int:
@@ -263,7 +263,7 @@ def stray_item_files(stage: Stage, states) -> list[Path]:
     """The files under ``items/`` that belong to no done item of ``stage`` (temporary files
     of live writers aside): an item committed by a killed run before its ledger line, a file
     left when a ledger was damaged or deleted, a file put there by hand.  ``states``: the
-    ``(id, state)`` of every item the ledgers name (:meth:`featpipe.index.Table.items`)."""
+    ``(id, state)`` of every item the ledgers name (:meth:`featpipe.store.index.Table.items`)."""
     folder = stage.path / "items"
     if not folder.is_dir():
         return []
@@ -288,7 +288,7 @@ def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
     item's files (the main array first: without it the item is not done), a damaged
     model's files and those of the other models of its stage (one fit made them), a batch
     file that is damaged or holds a damaged item (whole: its other items are small,
-    :mod:`featpipe.batches`), from a packed file the damaged items (the file is rewritten
+    :mod:`featpipe.store.batches`), from a packed file the damaged items (the file is rewritten
     with the others; an unreadable one is dropped whole), the whole pack when its index is
     damaged, and a damaged index (a cache of the ledgers).  Each item removed gets a
     ``removed`` ledger line, so ``status`` counts it as pending again.  Returns one line per
@@ -847,7 +847,7 @@ def _leftovers(store: Store, stages: Sequence[Stage], min_age: float
 
 def _unnamed_files(stage: Stage) -> list[tuple[Path, str]]:
     """Batch files no ledger line names (a process killed between writing one and its
-    lines, :mod:`featpipe.batches`) and index tables ``index.json`` does not name (an index
+    lines, :mod:`featpipe.store.batches`) and index tables ``index.json`` does not name (an index
     write killed before its record)."""
     found = []
     folder = stage.path / BATCH_DIR

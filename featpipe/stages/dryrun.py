@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from featpipe.items import NPY_HEADER_BYTES
+from featpipe.store.item_files import NPY_HEADER_BYTES
 
 #: rows of synthetic input a stand-in model is fitted on (at least 2 per component)
 STAND_IN_ROWS = 512

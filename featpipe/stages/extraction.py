@@ -40,7 +40,6 @@ from pathlib import Path
 import numpy as np
 
 from featpipe.chain import ChainRunner, ChainStep, Then, order_steps
-from featpipe.content import READ_HASHES, ContentHashes, read_hashes_record
 from featpipe.errors import FeatpipeError, ItemError, ParameterError, WriteError
 from featpipe.extract.estimate import (
     ItemEstimate,
@@ -95,6 +94,7 @@ from featpipe.stages.base import (
 )
 from featpipe.stages.dryrun import PlannedItems, affine, item_bytes, planning_quickly
 from featpipe.store import Stage, Store
+from featpipe.store.content import READ_HASHES, ContentHashes, read_hashes_record
 
 #: items probed to estimate a real run's size (a dry run probes every item)
 ESTIMATE_SAMPLE = 64
@@ -112,9 +112,9 @@ CALIBRATION_BATCH = 4
 def manifest_digest(manifest: Manifest, hashes: ContentHashes,
                     read: dict[str, str | None] | None = None) -> str:
     """sha256 of the manifest rows, in order: id, the content of its file (size and SHA-256,
-    :mod:`featpipe.content`; a missing file as missing), labels, splits.  A rewritten video
+    :mod:`featpipe.store.content`; a missing file as missing), labels, splits.  A rewritten video
     gives a new stage; a moved or touched one keeps it.  ``read`` (when given) receives each
-    item's SHA-256 (None: no file), for :func:`featpipe.content.read_hashes_record`."""
+    item's SHA-256 (None: no file), for :func:`featpipe.store.content.read_hashes_record`."""
     rows = []
     for it in manifest:
         path = manifest.resolve_path(it)
@@ -133,7 +133,7 @@ class _Plan:
     inputs: list
     outputs: FrameSinks
     layout: Layout
-    read: dict  # item id -> SHA-256 of its file as keyed (featpipe.content.read_hashes_record)
+    read: dict  # item id -> SHA-256 of its file as keyed (store.content.read_hashes_record)
 
 
 @dataclasses.dataclass(frozen=True)

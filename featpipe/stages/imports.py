@@ -7,7 +7,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from featpipe.content import READ_HASHES, read_hashes_record
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import check_output_path
 from featpipe.io.importers import (
@@ -35,6 +34,7 @@ from featpipe.stages.base import (
     run_stage,
 )
 from featpipe.store import Store
+from featpipe.store.content import READ_HASHES, read_hashes_record
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Small items committed in batch files (featpipe/batches.py) read back through the stage
+"""Small items committed in batch files (featpipe/store/batches.py) read back through the stage
 as loose items are: arrays, sidecars, done items; the mechanism at three items (the batch
 threshold lowered), where tests/stages/test_item_counts.py runs it at 10^3 and 10^4."""
 
@@ -7,11 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from featpipe import batches
-from featpipe.batches import BATCH_DIR
 from featpipe.errors import ItemError
 from featpipe.manifest import from_rows
-from featpipe.store import DamagedItem, Stage, Store
+from featpipe.store import DamagedItem, Stage, Store, batches
+from featpipe.store.batches import BATCH_DIR
 
 
 @pytest.fixture
@@ -122,7 +121,7 @@ def test_a_batch_file_pack_cannot_remove_is_named_as_such(batched):
     cannot delete is one `cannot remove` error naming it (the packed copy is whole: a rerun
     of the pack finishes)."""
     from featpipe.errors import WriteError
-    from featpipe.pack import pack_stage
+    from featpipe.store.pack import pack_stage
     from tests._stores import deny
 
     stage, arrays, _ = batched

@@ -12,14 +12,14 @@ import time
 import numpy as np
 import pytest
 
-from featpipe import index as stage_index
-from featpipe.batches import BATCH_DIR
 from featpipe.checksums import seal_json
 from featpipe.fileio import HOST
 from featpipe.manifest import Manifest, from_rows
-from featpipe.pack import pack_stage
 from featpipe.stages.cache import gc
 from featpipe.store import RUNNING_DIR, Store, pointer_bytes, record_owner
+from featpipe.store import index as stage_index
+from featpipe.store.batches import BATCH_DIR
+from featpipe.store.pack import pack_stage
 from tests._stores import imported_store, make_old
 from tests.conftest import one_line_error
 from tests.stages.test_fault_recovery import filled_stage

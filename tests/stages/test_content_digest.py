@@ -1,5 +1,5 @@
 """Content keys at their edges (issue 31 §4: each test kills a mutation of
-``featpipe/content.py`` that the older tests let live; ``benchmarks/mutation_sample.py``):
+``featpipe/store/content.py`` that the older tests let live; ``benchmarks/mutation_sample.py``):
 what an item id adds to the digest, a missing file, a damaged or foreign cache file."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from featpipe import stages
-from featpipe.content import CACHE_NAME, ContentHashes, load_cache, sha256_of
 from featpipe.store import Store
+from featpipe.store.content import CACHE_NAME, ContentHashes, load_cache, sha256_of
 from tests._stores import write_npy_dataset
 
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from featpipe import stages
-from featpipe.content import CACHE_NAME, ContentHashes, sha256_of
 from featpipe.errors import FeatpipeError
 from featpipe.store import Store
+from featpipe.store.content import CACHE_NAME, ContentHashes, sha256_of
 from tests._stores import write_npy_dataset
 from tests.cli.test_import_export import write_manifest
 

@@ -4,13 +4,13 @@ the same kind from another store (valid there, of the same size).  For each, ``c
 verify`` names it (exit 1), ``cache verify --repair`` exits 0, and running again the
 commands that made the store gives every result back bit for bit.
 
-The kinds are those of :data:`featpipe.store_files.FILE_KINDS`: a store made by every
+The kinds are those of :data:`featpipe.store.file_kinds.FILE_KINDS`: a store made by every
 command holds no file of another kind, holds a file of each kind (but the transient
 ones), and :data:`TABLE` has a row for each kind.  A cell is ``NAMED`` (verify names the
 damage) or the reason why the damage is harmless and no command can see it (verify then
 reports nothing, and the results are still bit-equal after the commands run again).
 
-The store holds batch files (a stage of at least :data:`featpipe.batches.MIN_ITEMS` items,
+The store holds batch files (a stage of at least :data:`featpipe.store.batches.MIN_ITEMS` items,
 lowered here to 10 so that the 12 imported items commit in one), the index of every stage
 that ran, and a view (``encode --method fisher-group`` of stored per-frame grouped Fisher
 vectors, on the toy grouped method of ``tests/_cell_groups.py``).
@@ -31,7 +31,7 @@ import pytest
 
 from featpipe.fileio import HOST
 from featpipe.store import Store
-from featpipe.store_files import FILE_KINDS, kind_of
+from featpipe.store.file_kinds import FILE_KINDS, kind_of
 from tests._avi import write_avi
 from tests.conftest import invoke_cli
 
@@ -72,7 +72,7 @@ TABLE = {
 TRANSIENT = {"task log": "written by `featpipe submit` and SLURM only",
              "temporary": "only while a write runs, or left by a killed one",
              "spill file": "only while an encode or extraction runs, or left by a killed one"}
-#: Batch files from this many items on (featpipe.batches.MIN_ITEMS, 1000): the import of 12.
+#: Batch files from this many items on (featpipe.store.batches.MIN_ITEMS, 1000): the import of 12.
 MIN_ITEMS = 10
 #: The toy grouped feature method the view is made from (its options and its name are
 #: made when the command line is first imported, which may be before this module sets
@@ -105,7 +105,7 @@ def _grouped(data: Path, store: Path) -> None:
 
 @pytest.fixture(autouse=True)
 def _batches_and_groups(monkeypatch):
-    monkeypatch.setattr("featpipe.batches.MIN_ITEMS", MIN_ITEMS)
+    monkeypatch.setattr("featpipe.store.batches.MIN_ITEMS", MIN_ITEMS)
     monkeypatch.setenv("FEATPIPE_FEATURES", PLUGIN)
 
 
@@ -179,7 +179,7 @@ def stores(tmp_path_factory):
     """The store made by every command, and another one made from other data (the donor of
     the replacements), each with its data folder beside it (same path lengths)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("featpipe.batches.MIN_ITEMS", MIN_ITEMS)
+        patch.setattr("featpipe.store.batches.MIN_ITEMS", MIN_ITEMS)
         patch.setenv("FEATPIPE_FEATURES", PLUGIN)
         return (_make(tmp_path_factory.mktemp("main"), 0),
                 _make(tmp_path_factory.mktemp("twin"), 1))
@@ -223,7 +223,7 @@ def test_a_store_made_by_every_command_holds_every_kind_and_no_other(stores):
     store, _ = stores
     files = _files(store)
     unknown = [path for path, kind in files.items() if kind is None]
-    assert not unknown, f"files of no kind in featpipe.store_files.FILE_KINDS: {unknown}"
+    assert not unknown, f"files of no kind in featpipe.store.file_kinds.FILE_KINDS: {unknown}"
     assert {k.name for k in FILE_KINDS} - set(files.values()) == set(TRANSIENT)
     assert set(TABLE) | set(TRANSIENT) == {k.name for k in FILE_KINDS}, \
         "a kind of file without a row in the damage table"

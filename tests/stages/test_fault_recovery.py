@@ -103,7 +103,7 @@ def test_pack_on_a_full_disk_is_one_error_line_and_leaves_nothing(tmp_path):
 def test_a_disk_that_fills_while_packing_is_one_write_error(tmp_path, monkeypatch):
     """The room check passes (another writer fills the disk meanwhile): HDF5 writes through
     Python, so the full disk is an OSError, not a crash; nothing is left behind."""
-    import featpipe.pack as pack
+    import featpipe.store.pack as pack
 
     with mounted("-t", "tmpfs", "-o", "size=1200k", "tmpfs", tmp_path / "disk") as disk:
         stage = filled_stage(Store(disk / "s"), 12, shape=(2000, 8))
@@ -114,9 +114,9 @@ def test_a_disk_that_fills_while_packing_is_one_write_error(tmp_path, monkeypatc
         assert loose_files(stage) == before and stage.packed() is None
         assert not tmp_files(disk) and not list(disk.rglob("*.h5"))
         proc = subprocess.run([sys.executable, "-c", "import sys; from featpipe.store import "
-                               "Store; from featpipe.pack import pack_stage; import featpipe."
-                               "pack as p; p.free_bytes = lambda path: 2**40; pack_stage("
-                               "Store(sys.argv[1]).resolve('feats'))", disk / "s"],
+                               "Store; from featpipe.store.pack import pack_stage; import "
+                               "featpipe.store.pack as p; p.free_bytes = lambda path: 2**40; "
+                               "pack_stage(Store(sys.argv[1]).resolve('feats'))", disk / "s"],
                               env=cli_env(), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 1 and "WriteError" in proc.stderr  # a Python error, no crash
         assert "h5py" not in proc.stderr and not tmp_files(disk)
@@ -270,7 +270,7 @@ def test_a_gc_killed_while_deleting_leaves_what_the_next_gc_removes(tmp_path, cl
 
 
 def test_gc_removes_every_leftover_of_a_killed_command(tmp_path):
-    from featpipe.pack import pack_stage
+    from featpipe.store.pack import pack_stage
 
     store = Store(tmp_path / "s")
     kept = filled_stage(store, 4)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import featpipe.checksums as checksums
-import featpipe.content as content
-import featpipe.pack as pack
+import featpipe.store.content as content
+import featpipe.store.pack as pack
 from featpipe.checksums import (
     PARALLEL_BYTES,
     ChecksumError,
@@ -265,7 +265,7 @@ def test_a_ledger_cut_short_is_continued_by_a_process_of_the_same_pid(tmp_path, 
                         # one byte more than that read: the loop reads from 0 once more
                         "64KiB-plus-one": b'{"id": "x", "error": "' + b"e" * (65_537 - 22)
                         }[cut])
-    from featpipe.store import _LedgerWriter
+    from featpipe.store.ledger import LedgerWriter as _LedgerWriter
 
     _LedgerWriter._open.clear()  # as a new process would
     run_items(stage, [third], SleepyCompute())
@@ -351,7 +351,7 @@ def test_a_failing_fsync_while_packing_writes_nothing_and_keeps_the_items(tmp_pa
     assert not list((stage.path / "packed").glob("*")) and stage.packed() is None
 
 
-#: HDF5's bytes beyond the arrays the room check counts (measured: featpipe/pack.py)
+#: HDF5's bytes beyond the arrays the room check counts (measured: featpipe/store/pack.py)
 FILE_BYTES, DATASET_BYTES = 65536, 4096
 
 
@@ -382,7 +382,7 @@ def test_a_repack_counts_the_old_pack_in_the_room_it_needs(tmp_path, monkeypatch
 
 
 def test_a_damaged_ids_list_of_a_shard_is_one_error_naming_it(tmp_path):
-    from featpipe.packed import open_h5
+    from featpipe.store.packed import open_h5
 
     stage = _finished(tmp_path)
     pack.pack_stage(stage, shards=1)
@@ -397,8 +397,8 @@ def test_a_shard_whose_ids_list_is_damaged_is_repaired_and_recomputed_equal(tmp_
     """`verify` of a shard whose ids list fails its checksum (one item's data damaged too)
     cannot trust any item of it: it names each; `--repair` removes them, and the rerun
     gives every item equal to an undamaged run's."""
-    from featpipe.packed import open_h5
     from featpipe.reporting import Reporter
+    from featpipe.store.packed import open_h5
 
     stage = _finished(tmp_path)
     expected = {i: stage.read_item(i) for i in stage.items.ids}
@@ -423,8 +423,8 @@ def test_a_pack_whose_every_item_is_damaged_is_repaired_to_none_then_recomputed(
     """Every packed item fails its checksum (the ids list is whole): `--repair` drops them
     all, the pack index then counts 0 items (not a negative or stale count), and the rerun
     recomputes each equal to an undamaged run's."""
-    from featpipe.packed import open_h5
     from featpipe.reporting import Reporter
+    from featpipe.store.packed import open_h5
 
     stage = _finished(tmp_path, n=3)
     expected = {i: stage.read_item(i) for i in stage.items.ids}
@@ -681,7 +681,7 @@ def test_the_changed_file_messages_word_for_word(tmp_path):
 
 
 def _sealed_index(stage, index: dict) -> None:
-    from featpipe.packed import index_owner
+    from featpipe.store.packed import index_owner
 
     (stage.path / "packed" / "pack.json").write_bytes(
         seal_json(json.dumps(index).encode(), index_owner(stage.name)))
@@ -737,7 +737,7 @@ def test_a_forked_process_opens_its_own_packed_files(tmp_path):
 def test_packed_reads_of_an_item_not_packed_a_damaged_sidecar_and_a_damaged_index(tmp_path):
     from featpipe.checksums import DamagedItem
     from featpipe.fileio import safe_stem
-    from featpipe.packed import open_h5
+    from featpipe.store.packed import open_h5
 
     stage = _finished(tmp_path)
     pack.pack_stage(stage, shards=1)
@@ -763,7 +763,7 @@ def test_a_pack_makes_one_file_per_ten_thousand_items_by_default():
 
 def test_a_shard_whose_ids_differ_after_packing_removes_nothing(tmp_path, monkeypatch):
     from featpipe.checksums import ids_checksum
-    from featpipe.packed import open_h5
+    from featpipe.store.packed import open_h5
 
     stage = _finished(tmp_path)
     loose = sorted((stage.path / "items").rglob("*.npy"))
@@ -787,7 +787,7 @@ def test_a_shard_whose_ids_differ_after_packing_removes_nothing(tmp_path, monkey
 def test_the_pack_index_says_its_items_and_generation_and_a_repair_keeps_them_true(
         tmp_path):
     from featpipe.fileio import safe_stem
-    from featpipe.packed import open_h5
+    from featpipe.store.packed import open_h5
 
     stage = _finished(tmp_path, n=6)
     pack.pack_stage(stage, shards=2)

@@ -16,8 +16,8 @@ import pytest
 from featpipe.checksums import seal_json
 from featpipe.fileio import safe_stem
 from featpipe.manifest import from_rows
-from featpipe.packed import open_h5
 from featpipe.store import Stage, Store, ledger_owner
+from featpipe.store.packed import open_h5
 from tests._stores import imported_store
 from tests.conftest import one_line_error, run_cli
 

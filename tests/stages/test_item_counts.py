@@ -1,7 +1,8 @@
 """Item counts to 10^6 (issue 38 item 5), the mechanism at 10^4: small items committed in
-batches (featpipe/batches.py), status and cache ls read from the index (featpipe/index.py),
-memory that grows with the item count no faster than the manifest itself, and crash safety,
-damage and repair on the new files.  The 10^6 case itself is benchmarks/bench_scale.py."""
+batches (featpipe/store/batches.py), status and cache ls read from the index
+(featpipe/store/index.py), memory that grows with the item count no faster than the manifest
+itself, and crash safety, damage and repair on the new files.  The 10^6 case itself is
+benchmarks/bench_scale.py."""
 
 from __future__ import annotations
 
@@ -18,14 +19,14 @@ import h5py
 import numpy as np
 import pytest
 
-from featpipe import index as stage_index
 from featpipe import stages
-from featpipe.batches import BATCH_DIR, COMMIT_ITEMS
 from featpipe.io import importers
 from featpipe.manifest import Manifest, from_rows
 from featpipe.progress import stage_progress
 from featpipe.stages.cache import verify_stage
 from featpipe.store import Store
+from featpipe.store import index as stage_index
+from featpipe.store.batches import BATCH_DIR, COMMIT_ITEMS
 from tests.conftest import REPO, one_line_error, run_cli
 
 

@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from featpipe.cli.cache_pack import pack
 from featpipe.errors import FeatpipeError
 from featpipe.fileio import safe_stem, shard_of
-from featpipe.pack import pack_stage, repair_pack
 from featpipe.parallel import run_items
 from featpipe.store import Store
+from featpipe.store.pack import pack_stage, repair_pack
 from tests._computes import SleepyCompute, expected_array, sleepy_stage
 from tests._stores import assert_same_items, load_all, write_npy_dataset
 

@@ -1,4 +1,4 @@
-"""Packing's own checks (issue 31 §4: each test kills a mutation of ``featpipe/pack.py`` that
+"""Packing's own checks (issue 31 §4: each test kills a mutation of ``featpipe/store/pack.py`` that
 the older tests let live; ``benchmarks/mutation_sample.py``): what it refuses before it starts,
 the read-back comparison that must stop it before anything is removed, its summary line."""
 
@@ -9,9 +9,9 @@ import pytest
 
 from featpipe.errors import FeatpipeError
 from featpipe.manifest import from_rows
-from featpipe.pack import pack_stage
 from featpipe.parallel import run_items
 from featpipe.store import Store
+from featpipe.store.pack import pack_stage
 from tests._computes import SleepyCompute, expected_array, sleepy_stage
 
 
@@ -134,7 +134,7 @@ def test_a_shard_is_flushed_before_it_is_synced(tmp_path, monkeypatch):
     pack's own flush before the fsync is a second guard: dropping it alone is equivalent.)"""
     import os
 
-    import featpipe.pack as pack
+    import featpipe.store.pack as pack
 
     synced, real_fsync = [], os.fsync
 

@@ -1,5 +1,5 @@
 """A packed stage that is damaged or locked (issue 31 §4: each test kills a mutation of
-``featpipe/packed.py`` or ``featpipe/pack.py`` that the older tests let live;
+``featpipe/store/packed.py`` or ``featpipe/store/pack.py`` that the older tests let live;
 ``benchmarks/mutation_sample.py``): one error naming the file or the item, never a traceback,
 never fill values read as data; files opened without HDF5's file locks."""
 
@@ -14,9 +14,9 @@ import pytest
 
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.fileio import safe_stem
-from featpipe.pack import pack_stage
 from featpipe.parallel import run_items
 from featpipe.store import Store
+from featpipe.store.pack import pack_stage
 from tests._computes import SleepyCompute, expected_array, sleepy_stage
 
 
@@ -99,17 +99,17 @@ def test_packed_files_are_read_while_another_process_holds_a_lock_on_them(tmp_pa
 def test_a_process_opens_each_packed_file_once(tmp_path, monkeypatch):
     """Handles are kept per process: reading every item of a two-file pack opens two files
     (a forked child opens its own)."""
-    import featpipe.packed
+    import featpipe.store.packed
 
     store, stage = packed_stage(tmp_path, n=8, shards=2)
     opened = []
-    real_open = featpipe.packed.open_h5
+    real_open = featpipe.store.packed.open_h5
 
     def counting_open(path, mode="r"):
         opened.append(path.name)
         return real_open(path, mode)
 
-    monkeypatch.setattr(featpipe.packed, "open_h5", counting_open)
+    monkeypatch.setattr(featpipe.store.packed, "open_h5", counting_open)
     fresh = reopened(store)
     for item_id in stage.items.ids:
         fresh.read_item(item_id)

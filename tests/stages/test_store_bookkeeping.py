@@ -10,12 +10,15 @@ import socket
 import numpy as np
 import pytest
 
-import featpipe.store
+import featpipe.store.keys
+import featpipe.store.ledger
+import featpipe.store.records
 from featpipe import FORMAT_VERSION
 from featpipe.checksums import file_checksum, npy_file_checksum
 from featpipe.errors import FeatpipeError
 from featpipe.manifest import from_rows
-from featpipe.store import Store, _ledger_entry
+from featpipe.store import Store
+from featpipe.store.ledger import ledger_entry as _ledger_entry
 from tests._stores import sealed_line
 
 
@@ -50,7 +53,8 @@ def test_a_new_format_version_gives_every_stage_a_new_key(tmp_path, monkeypatch)
     items = from_rows([("x", "x.npy", ["a"], ["train"])], root=tmp_path)
     store = Store(tmp_path / "s")
     now = store.stage("import", {"p": 1}, items=items)
-    monkeypatch.setattr(featpipe.store, "FORMAT_VERSION", FORMAT_VERSION + 1)
+    monkeypatch.setattr(featpipe.store.keys, "FORMAT_VERSION", FORMAT_VERSION + 1)
+    monkeypatch.setattr(featpipe.store.records, "FORMAT_VERSION", FORMAT_VERSION + 1)
     later = store.stage("import", {"p": 1}, items=items)
     assert later.key != now.key and later.path != now.path
     assert json.loads((later.path / "stage.json").read_text())["format"] == FORMAT_VERSION + 1
@@ -289,7 +293,7 @@ def test_models_are_listed_and_an_object_array_is_refused_naming_it(tmp_path):
 def test_a_ledger_time_up_to_a_day_ahead_is_clock_skew_beyond_it_damage(monkeypatch):
     """A line's ``time`` may run ahead of this clock by a day (another host's clock); past
     that it is a writer gone wrong (the boundary pinned either side, the clock stopped)."""
-    monkeypatch.setattr(featpipe.store.time, "time", lambda: 1.5e9)
+    monkeypatch.setattr(featpipe.store.ledger.time, "time", lambda: 1.5e9)
     line = {"id": "x", "status": "done", "sums": {".npy": "crc32:00000001"}}
     assert not isinstance(_ledger_entry(dict(line, time=1.5e9 + 86399.5), True), str)
     assert not isinstance(_ledger_entry(dict(line, time=1.5e9 + 86400), True), str)

@@ -18,8 +18,8 @@ import pytest
 from featpipe.errors import FeatpipeError, WriteError
 from featpipe.fileio import atomic_write_bytes
 from featpipe.manifest import from_rows
-from featpipe.pack import pack_stage
 from featpipe.store import Store
+from featpipe.store.pack import pack_stage
 from tests.conftest import one_line_error
 
 

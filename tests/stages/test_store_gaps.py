@@ -13,7 +13,10 @@ import sys
 import numpy as np
 import pytest
 
-import featpipe.store
+import featpipe.store.items
+import featpipe.store.layout
+import featpipe.store.records
+import featpipe.store.running
 from featpipe.checksums import DamagedItem, name_checksum
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.fileio import HOST
@@ -77,7 +80,7 @@ def test_an_item_too_big_for_memory_is_one_error_naming_it_and_its_size(tmp_path
     def no_memory(*args, **kwargs):
         raise MemoryError("Unable to allocate 1.00 TiB for an array")
 
-    monkeypatch.setattr(featpipe.store, "load_npy", no_memory)
+    monkeypatch.setattr(featpipe.store.items, "load_npy", no_memory)
     with pytest.raises(ItemError, match=r"^v0000: array .* \(176 bytes\) does not fit in "
                                         r"memory") as err:
         stage.read_item("v0000")
@@ -219,7 +222,7 @@ def test_another_hosts_marker_counts_as_running_for_one_day_after_its_last_touch
     marker.touch()
     os.utime(marker, (1.5e9, 1.5e9))
     for age, running in ((86399.5, True), (86400, False), (86400.5, False)):
-        monkeypatch.setattr(featpipe.store.time, "time", lambda age=age: 1.5e9 + age)
+        monkeypatch.setattr(featpipe.store.running.time, "time", lambda age=age: 1.5e9 + age)
         assert stage.running_processes() == (["elsewhere-12"] if running else []), age
 
 
@@ -301,17 +304,17 @@ def test_a_stage_another_process_creates_meanwhile_is_opened_not_an_error(tmp_pa
                                                                           monkeypatch):
     """Two processes may create the same stage at once: the one whose ``stage.json`` comes
     second opens the first one's (same key, same record), and leaves no temporary file."""
-    real_seal = featpipe.store.seal_json
+    real_seal = featpipe.store.records.seal_json
 
     def another_process_first(text, owner):
-        monkeypatch.setattr(featpipe.store, "seal_json", real_seal)
+        monkeypatch.setattr(featpipe.store.records, "seal_json", real_seal)
         Store(tmp_path / "s").stage("import", {"n": 1})  # the other process wins the race
         return real_seal(text, owner)
 
-    monkeypatch.setattr(featpipe.store, "seal_json", another_process_first)
+    monkeypatch.setattr(featpipe.store.records, "seal_json", another_process_first)
     store = Store(tmp_path / "s")
     stage = store.stage("import", {"n": 1})
-    assert featpipe.store.seal_json is real_seal  # the other process did run meanwhile
+    assert featpipe.store.records.seal_json is real_seal  # the other process did run meanwhile
     assert store.all_stages() == [stage] and stage.params == {"n": 1}
     assert sorted(p.name for p in stage.path.iterdir()) == ["stage.json"]
 
@@ -326,7 +329,7 @@ def test_a_stage_folder_without_its_record_is_named_only_once_a_full_minute_pass
     folder.mkdir()
     os.utime(folder, (1.5e9, 1.5e9))
     for age, named in ((60, False), (60.5, True)):
-        monkeypatch.setattr(featpipe.store.time, "time", lambda age=age: 1.5e9 + age)
+        monkeypatch.setattr(featpipe.store.layout.time, "time", lambda age=age: 1.5e9 + age)
         assert store.scan()[1] == ([(folder.name, "stage.json missing")] if named else []), age
 
 

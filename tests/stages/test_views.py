@@ -11,10 +11,10 @@ import pytest
 
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.manifest import from_rows
-from featpipe.pack import pack_stage
 from featpipe.reporting import Reporter
 from featpipe.stages.cache import gc, verify
 from featpipe.store import VIEW_FILE, DamagedStage, Stage, Store
+from featpipe.store.pack import pack_stage
 
 
 def _source_and_view(tmp_path, n=3, written=None):

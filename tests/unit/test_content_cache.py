@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
-from featpipe import content
 from featpipe.checksums import seal_json
+from featpipe.store import content
 
 ENTRIES = {
     "/data/v0000001.npy": [1234, 1_700_000_000_123_456_789, 1_700_000_000_223_456_789, 42,

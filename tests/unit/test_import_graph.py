@@ -101,11 +101,12 @@ def test_the_walker_sees_function_level_imports():
     modules = _modules()
     body = ast.parse("def f():\n    from featpipe.store import Stage\n"
                      "    from . import packed\n")
-    found = set().union(*(_targets("featpipe.pack", modules["featpipe.pack"], node, modules)
+    found = set().union(*(_targets("featpipe.store.pack", modules["featpipe.store.pack"], node,
+                                   modules)
                           for node in ast.walk(body)
                           if isinstance(node, ast.Import | ast.ImportFrom)))
-    assert found == {"featpipe.store", "featpipe.packed"}
-    assert "featpipe.store" in import_graph()["featpipe.pack"]
+    assert found == {"featpipe.store", "featpipe.store.packed"}
+    assert "featpipe.store.facade" in import_graph()["featpipe.store.pack"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
 
 

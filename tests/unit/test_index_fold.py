@@ -1,4 +1,4 @@
-"""The index (featpipe/index.py) folds ledger lines in pieces, in any order, into what the
+"""The index (featpipe/store/index.py) folds ledger lines in pieces, in any order, into what the
 rule of its docstring gives over all lines at once; written, read back and refolded, it
 stays equal to that reference, here a literal transcription of the rule."""
 
@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from featpipe import index as stage_index
 from featpipe.manifest import from_rows
-from featpipe.store import Store, _ledger_entry
+from featpipe.store import Store
+from featpipe.store import index as stage_index
+from featpipe.store.ledger import ledger_entry as _ledger_entry
 from tests._stores import sealed_line
 
 

@@ -1,4 +1,5 @@
-"""featpipe.items: the local-feature record, and items written row by row with a patched header."""
+"""featpipe.items: the local-feature record; featpipe.store.item_files: items written row by row
+with a patched header."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import numpy as np
 import pytest
 
 from featpipe.errors import InputError, ItemError
-from featpipe.items import ItemFiles, LocalFeatures, RowFile
+from featpipe.items import LocalFeatures
 from featpipe.manifest import Manifest, ManifestItem
 from featpipe.store import Store
+from featpipe.store.item_files import ItemFiles, RowFile
 
 
 def one_item_stage(tmp_path, dtype="float32"):

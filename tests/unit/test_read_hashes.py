@@ -1,4 +1,4 @@
-"""The read-hash record held compactly (:class:`featpipe.content.ReadHashes`): the same
+"""The read-hash record held compactly (:class:`featpipe.store.content.ReadHashes`): the same
 mapping as the JSON it is scanned from, whatever the ids, in a fraction of a dict's memory."""
 
 import hashlib
@@ -7,7 +7,7 @@ import tracemalloc
 
 import pytest
 
-from featpipe.content import ReadHashes, _record_pairs, read_hashes_record
+from featpipe.store.content import ReadHashes, _record_pairs, read_hashes_record
 
 ODD_IDS = ["a", "b/c \"q\" é", "x\\y", "tab\there", "日本/クリップ", "", "  ", "v\u0000z"]
 

@@ -1,8 +1,8 @@
 """Packed items: read access to a stage's items packed into HDF5 files (``featpipe cache
-pack``, :mod:`featpipe.pack`).
+pack``, :mod:`featpipe.store.pack`).
 
 It sits below the store (:meth:`featpipe.store.Stage.read_item` falls back to it); the
-writer, :func:`featpipe.pack.pack_stage`, sits above.  Each file holds::
+writer, :func:`featpipe.store.pack.pack_stage`, sits above.  Each file holds::
 
     ids                         the item ids in this file (UTF-8 strings)
     items/<safe stem>           the item's array, dtype and shape unchanged

@@ -3,7 +3,7 @@ read in O(ledgers) (``status``, ``cache ls``) and item by item without a Python 
 item (resume, reads, ``verify``), also at 10^6 items.
 
 The ledgers stay the record (one line per item and process, append-only,
-:mod:`featpipe.store`); the index is what folding them gives, kept beside them as a cache, as
+:mod:`featpipe.store.ledger`); the index is what folding them gives, kept beside them as a cache, as
 git keeps its index beside its objects::
 
     STAGE/index.json           counts, each ledger's tally and how far it was folded, the

@@ -31,7 +31,8 @@ from pathlib import Path
 from featpipe.checksums import ChecksumError, as_text, check_seal, owner_crc, seal_json, unseal_json
 from featpipe.errors import FeatpipeError
 from featpipe.fileio import atomic_write, first_line
-from featpipe.store import CACHE_NAME, Stage
+from featpipe.store.facade import Stage
+from featpipe.store.layout import CACHE_NAME
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +236,7 @@ def read_hashes(stage_path: str | os.PathLike) -> dict[str, str | None]:
     """The hashes of :func:`read_hashes_record`, checked against the checksum
     ``stage.json`` keeps (read once per process while the file keeps its stat record; empty
     for a stage made before featpipe kept them, whose reads are then not checked).  A
-    damaged record is a :class:`~featpipe.store.DamagedRecord` naming it."""
+    damaged record is a :class:`~featpipe.store.records.DamagedRecord` naming it."""
     path = Path(stage_path) / READ_HASHES
     try:
         info = path.stat()

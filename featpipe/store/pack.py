@@ -13,8 +13,9 @@ Steps, each safe to interrupt: check that the disk has room for the files (their
 estimated from the items' files); write every shard file to a temporary name, fsync, rename;
 read every item back and compare it bit for bit with its source; then write
 ``packed/pack.json`` (the list of files and the checksum of each) atomically: this is the
-commit point.  Each item dataset carries the checksum of its bytes (:mod:`featpipe.packed`).
-Only then are the loose ``.npy`` files, the batch files (:mod:`featpipe.batches`) and the
+commit point.  Each item dataset carries the checksum of its bytes
+(:mod:`featpipe.store.packed`).
+Only then are the loose ``.npy`` files, the batch files (:mod:`featpipe.store.batches`) and the
 files of an older pack removed.  Readers
 (:meth:`featpipe.store.Stage.read_item`) prefer a loose file and fall back to the pack, so
 they see every item at every moment.  HDF5 files are opened read-only without file locking,
@@ -35,7 +36,6 @@ from pathlib import Path
 
 import numpy as np
 
-from featpipe.batches import BATCH_DIR
 from featpipe.checksums import (
     ChecksumError,
     array_checksum,
@@ -54,9 +54,10 @@ from featpipe.fileio import (
     tmp_path,
     writing,
 )
-from featpipe.packed import PACK_DIR, PACK_INDEX, checked_dataset, index_owner, open_h5
 from featpipe.parallel import resolve_jobs, worker_pool
-from featpipe.store import Stage
+from featpipe.store.batches import BATCH_DIR
+from featpipe.store.facade import Stage
+from featpipe.store.packed import PACK_DIR, PACK_INDEX, checked_dataset, index_owner, open_h5
 
 #: Default number of items per HDF5 file when ``shards`` is not given.
 ITEMS_PER_FILE = 10_000

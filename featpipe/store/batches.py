@@ -19,7 +19,7 @@ and renamed, then every line of the batch (done items and failed ones) is append
 else: its items have no done line and are computed again; a batch file no line names is a
 leftover (``cache gc`` removes it).  Large items, and every item of a smaller stage, are
 written one file each, as before; readers (:meth:`featpipe.store.Stage.read_item`) find an
-item wherever it is.
+item wherever it is (:func:`read_batched` for the items of batch files).
 
 ``verify --repair`` removes a damaged batch file whole: its items are computed again by the
 next run (at most :data:`COMMIT_ITEMS` small items).
@@ -37,17 +37,26 @@ from pathlib import Path
 
 import numpy as np
 
-from featpipe.checksums import ChecksumError, npy_checksum, npy_parts, stream_checksum
+from featpipe.checksums import (
+    ChecksumError,
+    DamagedItem,
+    npy_checksum,
+    npy_parts,
+    stream_checksum,
+)
+from featpipe.errors import ItemError
 from featpipe.fileio import (
     HOST,
     check_sidecar_name,
     checked_result,
+    first_line,
     make_dirs,
     npy_from_bytes,
     safe_stem,
     tmp_path,
     writing,
 )
+from featpipe.store import states
 
 #: A stage of at least this many items commits its small items in batches.
 MIN_ITEMS = 1000
@@ -222,3 +231,49 @@ def batch_checksum(name: str) -> str | None:
     """The checksum a batch file's name records, or None for a name that is not one."""
     match = BATCH_NAME.match(name)
     return f"crc32:{match.group(1)}" if match else None
+
+
+# -- an item read from its batch file -----------------------------------------------------------
+
+def batch_of(stage, item_id: str, reload: bool = False) -> Path | None:
+    """The batch file the ledger says holds done item ``item_id`` of ``stage`` (it may be
+    gone), or None for an item of its own file."""
+    state = states.state_of(stage, item_id, reload)
+    batch = state.batch if state is not None and state.status == "done" else None
+    return None if batch is None else stage.path / BATCH_DIR / batch
+
+
+def read_batched(stage, item_id: str, suffix: str) -> np.ndarray | None:
+    """The file ``suffix`` of ``item_id`` from its batch file, checked against its
+    recorded checksum; None when the item is in none (or its batch file is gone).  A
+    batch file that is gone or damaged is looked up once more in a fresh read of the
+    ledgers (the item may have been recomputed since, into another batch)."""
+    path = stage.batch_of(item_id)
+    if path is None:
+        return None
+    try:
+        return _load_batched(stage, item_id, suffix, path)
+    except (FileNotFoundError, DamagedItem):
+        fresh = stage.batch_of(item_id, reload=True)
+        if fresh is not None and fresh != path:
+            return read_batched(stage, item_id, suffix)
+        if fresh is None or not fresh.exists():
+            return None
+        raise
+
+
+def _load_batched(stage, item_id: str, suffix: str, path: Path) -> np.ndarray | None:
+    member = safe_stem(item_id) + suffix
+    try:
+        return BatchFiles.load(path, member, (stage.recorded_sums(item_id) or {}).get(suffix))
+    except KeyError:
+        if suffix != ".npy":
+            return None
+        raise ItemError(item_id, f"batch file {path} lacks {member}") from None
+    except ChecksumError as err:
+        raise DamagedItem(item_id, err) from None
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise ItemError(item_id, f"unreadable batch file {path}: {first_line(err)}") \
+            from None
