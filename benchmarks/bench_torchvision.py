@@ -74,7 +74,7 @@ def run(name: str, path: str, repeats: int, device: str, folder: str) -> None:
     )
     from featpipe.io.video import DecodePool, iter_frames
     from featpipe.manifest import Manifest
-    from featpipe.stages.extraction import choose_features
+    from featpipe.stages.extraction_plan import choose_features
     from featpipe.store import Store
 
     label, params, sampling, batch_size, unit = workload(name)

@@ -315,7 +315,7 @@ def _check_method(method, params) -> None:
 
 def _check_extract(arguments: Mapping) -> None:
     from featpipe.io.video import Sampling
-    from featpipe.stages.extraction import choose_features
+    from featpipe.stages.extraction_plan import choose_features
 
     for table in ("sampling", "params", "encode_params"):
         if not isinstance(arguments.get(table) or {}, Mapping):

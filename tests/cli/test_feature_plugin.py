@@ -83,7 +83,7 @@ def test_feature_methods_are_estimators_with_declared_parameters():
 
     from featpipe.errors import ParameterError
     from featpipe.extract.features import load_features
-    from featpipe.stages.extraction import choose_features
+    from featpipe.stages.extraction_plan import choose_features
 
     methods = load_features()
     assert {"dsift", "vgg16-fc6", "vgg16-conv5_3"} <= set(methods)
