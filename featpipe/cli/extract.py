@@ -39,6 +39,31 @@ EPILOG = (
     "cleanly (exit 130/143): finished items are kept; re-run the same command to finish.")
 
 
+def check_manifest_path(ctx, param, value):
+    """``--manifest``: a folder, or a video or image file, is a usage error that says how to
+    make a manifest of it (labels and splits are the manifest's, which extract cannot guess;
+    ``featpipe manifest build`` makes one in one command)."""
+    from pathlib import Path
+
+    path = Path(value)
+    if path.is_dir():
+        folder, what = path, "is a folder, not a manifest; make one of the videos in it"
+    else:
+        from featpipe.datasets import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
+
+        kind = ("video" if path.suffix.lower() in VIDEO_EXTENSIONS else
+                "image" if path.suffix.lower() in IMAGE_EXTENSIONS else None)
+        if kind is None:
+            return value
+        folder = path.parent
+        what = (f"is {'an' if kind == 'image' else 'a'} {kind} file, not a manifest (a CSV: "
+                f"id,path,label,split1...); make one of the {kind}s in its folder")
+    name = (folder.resolve().name or "items") + ".csv"
+    raise click.BadParameter(f"{value} {what}: featpipe manifest build {folder} -o {name} "
+                             "(labels from the parent folders; docs/data.md, Manifests), "
+                             f"then extract -m {name}")
+
+
 def table_source() -> dict:
     """The feature methods; the options of the sampling, the run settings and the feature
     methods; the local-feature encoders' options (``options.json``)."""
@@ -71,8 +96,10 @@ def _make_command() -> click.Command:
                    help="Decode each manifest item and store its features (or their "
                    "encoding).\n\nFeature methods (featpipe extract -f METHOD --help: its "
                    "options; with --encode METHOD too, that encoder's):\n\n\b\n" + listing)
-    @click.option("--manifest", "-m", "manifest_path", required=True,
-                  type=click.Path(dir_okay=False), help="Manifest CSV (id,path,label,split1...).")
+    @click.option("--manifest", "-m", "manifest_path", required=True, type=click.Path(),
+                  callback=check_manifest_path,
+                  help="Manifest CSV (id,path,label,split1...): `featpipe manifest build "
+                  "DIR -o M.csv` makes one of a folder of videos.")
     @store_option
     @click.option("--features", "-f", required=True, type=Choice(list(features)),
                   metavar="METHOD",
