@@ -138,9 +138,10 @@ def _add(into: dict[str, object], columns: Mapping[str, object]) -> None:
         into[column] = value
 
 
-def read_result(stage: Stage) -> Result:
-    """The result row of classify stage ``stage`` (a FeatpipeError when it holds no readable
-    result, or its chain cannot be read)."""
+def read_result(stage: Stage, names: Mapping[str, list[str]], reporter: Reporter) -> Result:
+    """The result row of classify stage ``stage`` (``names``: the store's names of each stage
+    folder); a FeatpipeError when it holds no readable result.  A chain that cannot be read
+    (an input removed) is a warning: the row has classify's own parameters only."""
     from featpipe.classify.report import stage_chain
     from featpipe.stages.classification import RESULT
 
@@ -152,17 +153,18 @@ def read_result(stage: Stage) -> Result:
             not {"metric", "mean", "std"} <= set(summary):
         raise FeatpipeError(f"the result of classify stage {stage.name} lacks its splits or "
                             "summary")
-    store = stage.store
-    by_folder: dict[str, list[str]] = {}
-    for name, folder in store.names().items():
-        by_folder.setdefault(folder, []).append(name)
-    inputs = stage.inputs()
+    label = (names.get(stage.name) or [stage.name])[0]
     params: dict[str, object] = {}
-    for entry in stage_chain(inputs):
-        _add(params, stage_columns(entry["kind"], entry["params"]))
+    try:
+        for entry in stage_chain(stage.inputs()):
+            _add(params, stage_columns(entry["kind"], entry["params"]))
+    except FeatpipeError as err:
+        params = {}
+        reporter.warn(f"result {label}: its inputs cannot be read ({err}); its row has "
+                      "classify's own parameters only")
     _add(params, classify_columns(stage.params))
-    return Result(stage=stage, label=(by_folder.get(stage.name) or [stage.name])[0],
-                  inputs=[(by_folder.get(s.name) or [s.name])[0] for s in inputs],
+    return Result(stage=stage, label=label,
+                  inputs=[(names.get(f) or [f])[0] for f in stage.input_names],
                   params=params, metric=str(summary["metric"]),
                   scores={int(s["split"]): float(s["score"]) for s in stored["splits"]},
                   mean=float(summary["mean"]), std=float(summary["std"]))
@@ -210,10 +212,13 @@ def pipeline_results(pipeline, store: Store, reporter: Reporter) -> list[Stage]:
 
 def gather(stages: Sequence[Stage], reporter: Reporter) -> list[Result]:
     """The results of ``stages``; one that cannot be read is a warning, never the end."""
+    names: dict[str, list[str]] = {}
+    for name, folder in (stages[0].store.names() if stages else {}).items():
+        names.setdefault(folder, []).append(name)
     results = []
     for stage in stages:
         try:
-            results.append(read_result(stage))
+            results.append(read_result(stage, names, reporter))
         except FeatpipeError as err:
             reporter.warn(f"skipped: {err}")
     return results

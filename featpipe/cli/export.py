@@ -26,9 +26,10 @@ def export(store_path, name, output, per_item, partial):
     A folder of OUTPUT that does not exist is created, and a note says so.  Layout:
     docs/data.md, "Import and export"; no pickle or object arrays.  Read it with
     ``featpipe.io.export.load_export`` (any format), ``np.load(path, allow_pickle=False)``,
-    h5py or MATLAB's ``load``.  --per-item: a file name is the id with upper-case letters
-    as !x and other characters as %xx (``Run/1`` is ``!run%2f1.npy``), so any id works on
-    any disk; DIR must be new, empty or an earlier export.
+    h5py or MATLAB's ``load``.  --per-item: a plain id is its file name (``/`` makes
+    folders: ``Run/1.npy``), other characters are %xx and ids that differ only in case are
+    written with upper-case letters as !x, so any id works on any disk (docs/data.md); DIR
+    must be new, empty or an earlier export.
     """
     from pathlib import Path
 

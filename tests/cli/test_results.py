@@ -147,6 +147,15 @@ C = [1.0]
     rows = _rows(tmp_path / "t.csv")
     assert [(r["inputs"], r["encode"]) for r in rows] == [("avg", "avg"), ("max", "max")]
     assert len(_rows_of_store(cli, tmp_path)) == 3
+    # a result whose input stage is gone keeps its row, with classify's parameters only
+    import shutil
+
+    from featpipe.store import Store
+
+    shutil.rmtree(Store(tmp_path / "P").resolve("rp").path)
+    gone = cli("results", "-s", "P", check=True)
+    assert "result classify-" in gone.stderr and "its inputs cannot be read" in gone.stderr
+    assert len(_rows_of_store(cli, tmp_path)) == 3
 
 
 def _rows_of_store(cli, folder) -> list[dict]:
