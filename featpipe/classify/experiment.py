@@ -43,7 +43,7 @@ class Settings:
     gamma: float | None = None
     order: int = 1
     n_jobs: int | None = None
-    normalize: str = "none"
+    normalize: str = "l2"
     fusion_scale: str = fusion.SCALES[0]
 
 

@@ -46,6 +46,7 @@ COMMANDS = {
     "encode": "featpipe.cli.encode:encode",
     "classify": "featpipe.cli.classify:classify",
     "export": "featpipe.cli.export:export",
+    "results": "featpipe.cli.results:results",
     "cache": "featpipe.cli.cache:cache",
     "status": "featpipe.cli.status:status",
     "submit": "featpipe.cli.submit:submit",

@@ -93,8 +93,9 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
               help="chi2-exp γ [default: 1 / mean train chi-square distance].")
 @click.option("--order", default=1, show_default=True, type=int,
               help="chi2-map: order of the homogeneous kernel map.")
-@click.option("--normalize", default="none", show_default=True, type=Choice(["none", "l2"]),
-              help="L2-normalise each encoding before its kernel (usual for rank pooling).")
+@click.option("--normalize", default="l2", show_default=True, type=Choice(["l2", "none"]),
+              help="L2-normalise each encoding before its kernel (what every recipe uses: "
+                   "rank pooling's u* has no fixed scale), or use it as stored.")
 @click.option("--jobs", "-j", default=-1, show_default=True, type=int, callback=check_jobs,
               help="Threads for the chi-square kernels (capped at the cores; -1: all cores).")
 @click.option("--report", "report_path", default=None, type=click.Path(dir_okay=False),

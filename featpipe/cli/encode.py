@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from featpipe.cli.common import (
+    RUN_OPTION_NAMES,
     ClickReporter,
     finish,
     item_parallel_options,
@@ -34,11 +35,13 @@ def table_source() -> dict:
 def _make_command() -> click.Command:
     entry = table_entry("encode")
     methods = dict(entry["methods"])
-    listing = "\n".join(f"  {name:12s} {summary}" for name, summary in methods.items())
+    headings = (("Input and output", ("store_path", "input_name", "method", "name")),
+                ("Run", RUN_OPTION_NAMES),
+                ("Output and help", ("verbose", "quiet", "log_file", "help")))
 
     @click.command("encode", cls=MethodCommand, selectors=("method",),
-                   help="Encode each item of an input stage.\n\nMethods (featpipe encode -m "
-                   "METHOD --help: its options):\n\n\b\n" + (listing or "  (none registered yet)"))
+                   methods=list(methods.items()), groups=headings,
+                   help="Encode each item of an input stage.")
     @store_option
     @click.option("--input", "-i", "input_name", required=True, help="Input stage name.")
     @click.option("--method", "-m", required=True, type=Choice(sorted(methods)),

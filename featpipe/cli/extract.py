@@ -14,6 +14,7 @@ from __future__ import annotations
 import click
 
 from featpipe.cli.common import (
+    RUN_OPTION_NAMES,
     ClickReporter,
     finish,
     item_parallel_options,
@@ -21,7 +22,7 @@ from featpipe.cli.common import (
     run_options,
     store_option,
 )
-from featpipe.cli.method_help import MethodCommand, MethodOption
+from featpipe.cli.method_help import MethodCommand
 from featpipe.cli.options import (
     make_option,
     method_option_specs,
@@ -32,11 +33,38 @@ from featpipe.cli.suggest import Choice
 
 #: the temporal encoders --temporal offers
 POOLING = ("avg", "max", "tpyramid", "arp", "rankpool", "hrp", "recursive")
+#: the options of --temporal
+TEMPORAL_OPTIONS = ("temporal", "temporal_params", "temporal_groups", "keep_frames")
 
 EPILOG = (
     "--dry-run prints each item's frames, rows and bytes at rest, and the CPU time; a stage "
     "too big for the store's disk is refused before it starts. Ctrl-C or SIGTERM stops "
     "cleanly (exit 130/143): finished items are kept; re-run the same command to finish.")
+
+
+def check_manifest_path(ctx, param, value):
+    """``--manifest``: a folder, or a video or image file, is a usage error that says how to
+    make a manifest of it (labels and splits are the manifest's, which extract cannot guess;
+    ``featpipe manifest build`` makes one in one command)."""
+    from pathlib import Path
+
+    path = Path(value)
+    if path.is_dir():
+        folder, what = path, "is a folder, not a manifest; make one of the videos in it"
+    else:
+        from featpipe.datasets import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
+
+        kind = ("video" if path.suffix.lower() in VIDEO_EXTENSIONS else
+                "image" if path.suffix.lower() in IMAGE_EXTENSIONS else None)
+        if kind is None:
+            return value
+        folder = path.parent
+        what = (f"is {'an' if kind == 'image' else 'a'} {kind} file, not a manifest (a CSV: "
+                f"id,path,label,split1...); make one of the {kind}s in its folder")
+    name = (folder.resolve().name or "items") + ".csv"
+    raise click.BadParameter(f"{value} {what}: featpipe manifest build {folder} -o {name} "
+                             "(labels from the parent folders; docs/data.md, Manifests), "
+                             f"then extract -m {name}")
 
 
 def table_source() -> dict:
@@ -64,15 +92,22 @@ def _make_command() -> click.Command:
     groups = {group: [spec["decls"][-1] for spec in entry[group]]
               for group in ("sampling", "settings", "feature_options")}
 
-    listing = "\n".join(f"  {name:14s} {summary}" for name, summary in features.items())
+    headings = (("Input and output", ("manifest_path", "store_path", "features", "name")),
+                ("Frame sampling", groups["sampling"]),
+                ("Extraction", groups["settings"]),
+                ("Pooling over time", TEMPORAL_OPTIONS),
+                ("Run", RUN_OPTION_NAMES),
+                ("Output and help", ("verbose", "quiet", "log_file", "help")))
 
-    @click.command("extract", cls=MethodCommand, selectors=("features", "encode", "temporal"),
-                   epilog=EPILOG,
+    @click.command("extract", cls=MethodCommand, selectors=("features", "encode"),
+                   methods=list(features.items()), groups=headings, epilog=EPILOG,
+                   methods_note="; with --encode METHOD, the encoder's too",
                    help="Decode each manifest item and store its features (or their "
-                   "encoding).\n\nFeature methods (featpipe extract -f METHOD --help: its "
-                   "options; with --encode METHOD too, that encoder's):\n\n\b\n" + listing)
-    @click.option("--manifest", "-m", "manifest_path", required=True,
-                  type=click.Path(dir_okay=False), help="Manifest CSV (id,path,label,split1...).")
+                   "encoding).")
+    @click.option("--manifest", "-m", "manifest_path", required=True, type=click.Path(),
+                  callback=check_manifest_path, metavar="FILE",
+                  help="Manifest CSV (id,path,label,split1...); `featpipe manifest build` "
+                  "makes one.")
     @store_option
     @click.option("--features", "-f", required=True, type=Choice(list(features)),
                   metavar="METHOD",
@@ -83,16 +118,12 @@ def _make_command() -> click.Command:
                   metavar="METHOD", help="Pool over time in the same pass, as `encode "
                   "--method METHOD`: " + ", ".join(POOLING) + ".")
     @click.option("--temporal-param", "temporal_params", multiple=True, metavar="KEY=VALUE",
-                  cls=MethodOption, selector="temporal", per_method=dict.fromkeys(
-                      POOLING, "A parameter of the --temporal method (window=20); repeatable."))
-    @click.option("--temporal-groups", "temporal_groups", default="all", cls=MethodOption,
-                  selector="temporal", per_method=dict.fromkeys(
-                      POOLING, "What to pool, comma-separated: 'all' (the whole per-frame "
-                      "vector) and descriptor groups of a grouped --encode fisher GMM "
-                      "(hog,hof,mbh).  [default: all]"))
-    @click.option("--keep-frames", is_flag=True, default=False, cls=MethodOption,
-                  selector="temporal", per_method=dict.fromkeys(
-                      POOLING, "Write the per-frame stage too (named NAME-frames)."))
+                  help="A parameter of the --temporal method (window=20); repeatable.")
+    @click.option("--temporal-groups", "temporal_groups", default="all", show_default=True,
+                  help="What to pool, comma-separated: 'all' (the whole per-frame vector) "
+                  "and descriptor groups of a grouped --encode fisher GMM (hog,hof,mbh).")
+    @click.option("--keep-frames", is_flag=True, default=False,
+                  help="Write the per-frame stage too (named NAME-frames).")
     @item_parallel_options
     @click.pass_context
     def extract(ctx, manifest_path, store_path, features, name, **kwargs):

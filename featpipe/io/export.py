@@ -61,14 +61,7 @@ def export_stage(stage: Stage, output: str | Path, partial: bool = False
     items not computed (an incomplete stage is refused unless ``partial``)."""
     fmt = export_format(output)
     check_output_path(output, "output", stage.store.root)
-    done = stage.done_ids()
-    ids = [i for i in stage.items.ids if i in done]
-    missing = len(stage.items) - len(ids)
-    if missing and not partial:
-        first = next(i for i in stage.items.ids if i not in done)
-        raise FeatpipeError(f"stage {stage.name} is incomplete: {missing} of {len(stage.items)} "
-                            f"items not computed (first: {first!r}); re-run it, or pass "
-                            "--partial")
+    ids, missing = computed_ids(stage, partial)
     arrays = export_arrays(stage, ids)
     path = Path(output)
     make_dirs(path.parent)
@@ -82,6 +75,20 @@ def export_stage(stage: Stage, output: str | Path, partial: bool = False
 
         atomic_write(path, lambda handle: matlab.save(handle, _matlab_arrays(arrays)))
     return arrays, missing
+
+
+def computed_ids(stage: Stage, partial: bool = False) -> tuple[list[str], int]:
+    """The ids of ``stage``'s computed items, in manifest order, and how many are not
+    computed; an incomplete stage is an error unless ``partial``."""
+    done = stage.done_ids()
+    ids = [i for i in stage.items.ids if i in done]
+    missing = len(stage.items) - len(ids)
+    if missing and not partial:
+        first = next(i for i in stage.items.ids if i not in done)
+        raise FeatpipeError(f"stage {stage.name} is incomplete: {missing} of {len(stage.items)} "
+                            f"items not computed (first: {first!r}); re-run it, or pass "
+                            "--partial")
+    return ids, missing
 
 
 def _ragged_keys(arrays: dict[str, np.ndarray]):

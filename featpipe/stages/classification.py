@@ -192,7 +192,7 @@ def check_arguments(inputs: Sequence[str], kernels: Sequence[str] = ("linear",),
                     C: Sequence[float] = (1000.0,), cv: int | None = None,
                     metric: str | None = None, ap_mode: str = "standard",
                     solver: str = "libsvm", gamma: float | None = None, order: int = 1,
-                    normalize: str = "none", jobs: int = -1, intersect: bool = False) -> None:
+                    normalize: str = "l2", jobs: int = -1, intersect: bool = False) -> None:
     """Check :func:`classify`'s values (a :class:`ParameterError` for the first bad one);
     needs no store, so ``featpipe run`` checks a pipeline's classify steps before any step."""
     check_params(CONSTRAINTS, {"fusion": fusion, "fusion_scale": fusion_scale, "cv": cv,
@@ -220,7 +220,7 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
              weights: Sequence[float] | None = None,
              C: Sequence[float] = (1000.0,), cv: int | None = None, split: str = "1",
              metric: str | None = None, ap_mode: str = "standard", solver: str = "libsvm",
-             gamma: float | None = None, order: int = 1, normalize: str = "none",
+             gamma: float | None = None, order: int = 1, normalize: str = "l2",
              jobs: int = -1, report: str | None = None, intersect: bool = False,
              command: str | None = None, reporter: Reporter | None = None) -> dict:
     """Train and test on each split; returns ``{"splits": [...], "summary": {...}}``.
@@ -231,7 +231,8 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
     by ``cv``-fold cross-validation on the train split (default 5, fewer when a class has
     fewer train items: :func:`~featpipe.classify.experiment.fold_count`); ``split`` is a
     number or ``'all'``.  Fused inputs must hold the same items (:func:`common_items`), or
-    with ``intersect`` the items they share are classified.
+    with ``intersect`` the items they share are classified.  ``normalize``: ``'l2'`` (the
+    default) divides each encoding by its norm before its kernel, ``'none'`` uses it as stored.
     Every parameter is checked before any input is read (:class:`ParameterError`).
     ``command`` is the command line recorded in the report (None for a library call).
     The result (and the report) holds the run's canonical record (:func:`classify_record`)

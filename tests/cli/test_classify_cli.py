@@ -57,9 +57,11 @@ def test_basic_motions_end_to_end(motions, tmp_path, cli):
     store, manifest, means, (y_train, y_test) = motions
     report = tmp_path / "out" / "report.json"
     proc = cli("classify", "--store", store.root, "--input", "avg", "--kernel", "chi2",
-               "--C", "1000", "--split", "1", "--report", report, check=True)
+               "--C", "1000", "--split", "1", "--normalize", "none", "--report", report,
+               check=True)
     # Expected 40/40.  Why: the per-channel means of the smartwatch signals (accelerometer and
-    # gyroscope) already separate standing, walking, running and badminton, and the signed
+    # gyroscope) already separate standing, walking, running and badminton (by their
+    # magnitudes too: hence --normalize none, not the default l2), and the signed
     # chi-square kernel (VLFeat's rule) separates them fully: an independent one-vs-rest
     # scikit-learn SVC (C = 1000) on a literal numpy transcription of that kernel classifies
     # all 40 test series correctly (the linear kernel on the same vectors gets 34/40), and
@@ -124,6 +126,23 @@ def test_normalize_l2_matches_an_independent_reference(motions, cli, tmp_path):
     assert [p["predicted"] for p in data["splits"][0]["predictions"]] == list(expected)
 
 
+def test_l2_is_the_default_normalisation_everywhere(cli):
+    """The command line, the Python API, its argument check and the experiment's settings
+    (issue 49: every recipe of the docs passed --normalize l2)."""
+    import inspect
+
+    from featpipe import stages
+    from featpipe.classify.experiment import Settings
+    from featpipe.cli.classify import classify
+    from featpipe.stages.classification import check_arguments
+
+    option = next(p for p in classify.params if p.name == "normalize")
+    assert option.default == "l2" == Settings().normalize
+    for function in (stages.classify, check_arguments):
+        assert inspect.signature(function).parameters["normalize"].default == "l2"
+    assert "[default: l2]" in " ".join(cli("classify", "--help").output.split())
+
+
 def test_fusion_cv_and_liblinear(motions, cli):
     from sklearn.metrics import average_precision_score
     from sklearn.svm import LinearSVC
@@ -135,7 +154,7 @@ def test_fusion_cv_and_liblinear(motions, cli):
     X_test = np.array([means[i] for i in manifest.split_ids(1, "test")], np.float64)
     result = cli("classify", "--store", store.root, "--input", "avg", "--input", "avg",
                  "--kernel", "chi2", "--kernel", "linear", "--weights", "1,3",
-                 "--C", "0.1,10,1000", "--cv", "4")
+                 "--C", "0.1,10,1000", "--cv", "4", "--normalize", "none")
     assert result.exit_code == 0, result.output
     found = re.search(r"split 1: accuracy ([0-9.]+) \((\d+)/40\), C=([0-9.]+) by 4-fold cv",
                       result.output)
@@ -158,12 +177,12 @@ def test_fusion_cv_and_liblinear(motions, cli):
     assert float(found.group(1)) == pytest.approx(np.mean(expected == y_test), abs=1e-4)
     as_computed = cli("classify", "--store", store.root, "--input", "avg", "--input", "avg",
                       "--kernel", "chi2", "--kernel", "linear", "--weights", "1,3",
-                      "--fusion-scale", "none", "--C", "1000")
+                      "--fusion-scale", "none", "--C", "1000", "--normalize", "none")
     expected = _sklearn_one_vs_rest(fused(X_train, X_train, False),
                                     fused(X_test, X_train, False), y_train)
     assert f"split 1: accuracy {np.mean(expected == y_test):.4f} " in as_computed.output
     result = cli("classify", "--store", store.root, "--input", "avg", "--kernel", "linear",
-                 "--solver", "liblinear", "--C", "10", "--metric", "map")
+                 "--solver", "liblinear", "--C", "10", "--metric", "map", "--normalize", "none")
     assert result.exit_code == 0, result.output
     mean_ap = float(re.search(r"split 1: map ([0-9.]+), C=10", result.output).group(1))
     # liblinear -s 3 -B 1 at the optimum (scikit-learn's LinearSVC, hinge loss, tol 1e-8);

@@ -1,7 +1,8 @@
-"""Help that fits (issue 40): ``--help`` lists the methods one line each and the shared
-options; ``--features M --help`` / ``--method M --help`` add that method's options with its
-own help and default; no option shows two defaults.  And "did you mean" wherever a name or a
-choice is refused on the command line."""
+"""Help that fits (issues 40, 49): ``--help`` lists the methods and every shared option under
+headings, in 80 columns; ``--features M --help`` / ``--method M --help`` lead with that
+method's options (its own help and default), then the other options' flags under the same
+headings, in at most 60 lines; no option shows two defaults.  And "did you mean" wherever a
+name or a choice is refused on the command line."""
 
 import re
 from pathlib import Path
@@ -14,44 +15,94 @@ from tests.conftest import REPO
 FEATURES = ("vgg16-fc6", "vgg16-conv5_3", "dsift", "dt", "idt")
 
 
+#: the headings of extract's options, in order (encode has the first and the last two)
+HEADINGS = ("Input and output", "Frame sampling", "Extraction", "Pooling over time", "Run",
+            "Output and help")
+
+
 def _options(output: str) -> list[str]:
-    """The flags listed under Options: (each option's first flag)."""
-    section = output.split("\nOptions:\n", 1)[1]
-    return re.findall(r"^  (?:-\w, )?(--[\w-]+)", section, re.M)
+    """The flags listed with their help (each option's first flag), under any heading."""
+    return re.findall(r"^  (?:-\w, )?(--[\w-]+)", output, re.M)
 
 
 def _help_of(output: str, flag: str) -> str:
     """The help text of ``flag`` in ``output``, on one line."""
-    section = output.split("\nOptions:\n", 1)[1]
-    found = re.search(rf"^  (?:-\w, )?{flag}\b(.*?)(?=^  -|\Z)", section, re.M | re.S)
+    found = re.search(rf"^  (?:-\w, )?{flag}\b(.*?)(?=^  -|^\S|\Z)", output, re.M | re.S)
     return " ".join(found.group(1).split())
 
 
-def test_plain_help_lists_the_methods_one_line_each_and_only_shared_options(cli):
+def _compact(output: str) -> dict[str, list[str]]:
+    """A method's help after its options: heading -> the flags listed under it."""
+    found = {}
+    for block in re.findall(r"^([A-Z][\w ,]+): (.*?)(?=^\S|\Z)", output, re.M | re.S):
+        found[block[0]] = block[1].split()
+    return found
+
+
+def test_plain_help_lists_the_methods_and_every_shared_option_under_headings(cli):
     extract = cli("extract", "--help").output
     for name in FEATURES:
-        assert re.search(rf"^    {re.escape(name)} +\S", extract, re.M), name
+        assert re.search(rf"^  {re.escape(name)} +\S", extract, re.M), name
     shown = _options(extract)
-    assert {"--manifest", "--features", "--fps", "--jobs", "--encode"} <= set(shown)
+    assert {"--manifest", "--features", "--fps", "--jobs", "--encode", "--temporal",
+            "--temporal-param", "--temporal-groups", "--keep-frames"} <= set(shown)
     assert not {"--step", "--keypoints", "--weights", "--gmm", "--window"} & set(shown)
-    assert len(extract.splitlines()) < 90  # 202 lines before
+    headings = [line[:-1] for line in extract.splitlines() if line.endswith(":")
+                and not line.startswith(" ")]
+    assert headings == ["Methods", *HEADINGS]
+    assert _help_of(extract, "--keep-frames") == "Write the per-frame stage too (named " \
+        "NAME-frames)."
+    assert len(extract.splitlines()) < 110  # 202 lines before issue 40, 88 before issue 49
+    assert max(len(line) for line in extract.splitlines()) <= 80  # 135 before issue 49
     encode = cli("encode", "--help").output
     for name in ("avg", "hrp", "rankpool", "fisher", "gmsop"):
-        assert re.search(rf"^    {name} +\S", encode, re.M), name
+        assert re.search(rf"^  {name} +\S", encode, re.M), name
     assert not {"--window", "--psi", "--gmm", "--grid"} & set(_options(encode))
     assert len(encode.splitlines()) < 60  # 135 lines before
+    assert max(len(line) for line in encode.splitlines()) <= 80
     assert "featpipe encode -m METHOD --help" in " ".join(encode.split())
+
+
+def _every_method(command: str) -> list[str]:
+    from featpipe.cli.options import table_entry
+
+    entry = table_entry(command)
+    return [name for name, _ in entry["features" if command == "extract" else "methods"]]
+
+
+@pytest.mark.parametrize("command, selector", [("extract", "-f"), ("encode", "-m")])
+def test_every_methods_help_leads_with_its_options_then_the_headings_in_60_lines(
+        cli, command, selector):
+    for method in _every_method(command):
+        output = cli(command, selector, method, "--help").output
+        lines = output.splitlines()
+        assert len(lines) <= 60, (method, len(lines))  # extract -f idt: 124 before
+        assert max(len(line) for line in lines) <= 80, method
+        flag = "--features" if command == "extract" else "--method"
+        first = next(n for n, line in enumerate(lines) if line.endswith(":")
+                     and not line.startswith(" "))
+        assert lines[first] == f"Options of {flag} {method}:", method
+        compact = _compact(output[output.index(lines[first]):])
+        expected = HEADINGS if command == "extract" else (HEADINGS[0], *HEADINGS[-2:])
+        assert tuple(compact) == expected, method
+        assert "--jobs" in compact["Run"] and "--help" in compact["Output and help"]
+        if command == "extract":
+            assert compact["Frame sampling"] == ["--fps", "--every", "--frames"]
+            assert "--temporal-param" in compact["Pooling over time"]
+        assert f"(each described by featpipe {command} --help)" in output
 
 
 def test_a_methods_help_adds_its_options_with_its_own_defaults(cli):
     idt = cli("extract", "--features", "idt", "--help").output
     shown = set(_options(idt))
-    assert {"--step", "--keypoints", "--flow", "--jobs", "--fps"} <= shown
-    assert not {"--magnif", "--weights", "--gmm"} & shown
+    assert {"--step", "--keypoints", "--flow"} <= shown
+    assert not {"--magnif", "--weights", "--gmm", "--jobs", "--fps"} & shown  # flags only
     assert _help_of(idt, "--step").endswith("(the release's -W: 5). [5]")
     dsift = cli("extract", "-f", "dsift", "--encode", "fisher", "--help").output
     assert _help_of(dsift, "--step").endswith("[2]")
     assert {"--magnif", "--gmm", "--per-frame"} <= set(_options(dsift))
+    assert dsift.index("Options of --features dsift:") < \
+        dsift.index("Options of --encode fisher:") < dsift.index("Input and output:")
     assert "--dim" not in _options(dsift)  # cbp-ts's, not fisher's
     assert "--gmm" in _options(cli("extract", "-fdsift", "--encode=fisher", "--help").output)
     hrp = cli("encode", "--method", "hrp", "--help").output
