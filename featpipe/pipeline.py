@@ -429,11 +429,11 @@ def renamed(step: Step, rename: Mapping[str, str]) -> Step:
 
 
 def resolve_references(pipeline: Pipeline, store: Store, reporter: Reporter,
-                       plan: Plan) -> dict[str, str]:
+                       plan: Plan | None = None) -> dict[str, str]:
     """What each reference of the file means in ``store``: a step's key -> the store name its
     step writes (where its ``name`` differs); ``@NAME`` -> the folder of the stage ``NAME``
     points to now (said, ``@NAME = kind-key``; a name the store lacks is a problem of the
-    step in ``plan``)."""
+    step in ``plan``, or without one a :class:`PipelineError`)."""
     rename = {}
     for step in pipeline.steps:
         name = step.arguments.get("name")
@@ -446,6 +446,9 @@ def resolve_references(pipeline: Pipeline, store: Store, reporter: Reporter,
             try:
                 rename[name] = store.resolve(name[len(STORE_NAME):]).name
             except FeatpipeError as err:
+                if plan is None:
+                    raise PipelineError(f"{step.describe()}: {argument} {name}: {err}",
+                                        usage=True) from None
                 plan.problem(step.name, f"{argument} {name}: {err}")
                 continue
             reporter.info(f"{name} = {rename[name]}")
@@ -732,7 +735,7 @@ def _plan_classify(store: Store, step: Step, plan: Plan, reporter: Reporter) -> 
 def _run_steps(pipeline: Pipeline, store: Store, only: Callable[[Step], bool] | None,
                reporter: Reporter) -> list:
     """Run the steps of a checked plan in order (a step of a pass with its pass)."""
-    rename = resolve_references(pipeline, store, Reporter(), Plan())
+    rename = resolve_references(pipeline, store, Reporter())
     fusion = plan_fusion(pipeline.steps)
     asked = _asked(pipeline, only, fusion)
     results = []
