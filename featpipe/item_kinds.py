@@ -1,6 +1,6 @@
 """What a stage's items are (its *item kind*), and which kinds each step takes and makes.
 
-featpipe's types, checked when a run is planned (DESIGN.md §1, "A run is one plan"):
+featpipe's types, checked when a run is planned (:mod:`featpipe.plan`):
 
 * ``sequence``: rows in time order, T x D, one per sampled frame or clip (``timestamps``):
   VGG-16 fc6 and a torchvision network's vectors of a video, per-frame encodings of a video
