@@ -22,6 +22,7 @@ SMALL = {"trajectories": (
     ("sample_descriptors = 100", "sample_descriptors = 200"),
     ("n_components = 256", "n_components = 4"),
     ("sample = 256000", "sample = 8000"),
+    ("sample_total = 256000", "sample_total = 8000"),
     ("jobs = 8", "jobs = 2"),
     ('params = { weights = "vgg16-397923af.pth" }', 'params = { weights = "random:0" }'),
     ("sampling = { fps = 5 }", "sampling = { frames = 2 }"),

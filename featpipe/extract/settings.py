@@ -27,7 +27,9 @@ class ExtractSettings:
     ``positions``; the ``human_boxes`` folder of a method that takes boxes (by content); the
     ``pca`` stage that projects the features first; then the features
     themselves, or their encoding by ``encode`` with ``encode_params`` (``featpipe encode``'s
-    parameters of that method), or ``sample_descriptors`` rows drawn with ``sample_seed``.
+    parameters of that method), or ``sample_descriptors`` rows drawn with ``sample_seed``
+    (of as few train items of ``sample_split`` as give ``sample_total`` rows:
+    :mod:`featpipe.stages.sample_rule`).
     How the stage runs: a network's ``device`` and ``batch_size``, the ``decoder`` (part of
     the key) and its ``decode_timeout``, ``allow_partial`` and ``disk_check``; the steps
     that run in the same pass (``then``) and whether the extraction itself is written
@@ -50,7 +52,13 @@ class ExtractSettings:
     encode_params: Mapping | None = None
     sample_descriptors: int | None = declared(
         None, "Store only N rows per item, drawn uniformly (for fit pca / fit gmm).")
-    sample_seed: int = declared(0, "Seed of --sample-descriptors (with the item id).")
+    sample_seed: int = declared(0, "Seed of --sample-descriptors (with the item id) and of "
+                                "--sample-total's choice of items.")
+    sample_total: int | None = declared(
+        None, "With --sample-descriptors: extract only as few train items of --sample-split "
+        "as give N rows in all (a GMM's --sample), at the rows an item yields (calibrated on "
+        "the first), taken in a seeded order stratified by class.")
+    sample_split: int = declared(1, "The split whose train items --sample-total draws from.")
     human_boxes: str | None = declared(
         None, "Folder of human boxes per item (DIR/<id>.bb, the improved trajectories' -H "
         "format) left out of the camera motion estimate (idt).")
@@ -83,6 +91,12 @@ class ExtractSettings:
         if self.sample_descriptors is not None and self.sample_descriptors < 1:
             raise ParameterError("sample_descriptors",
                                  f"must be >= 1, got {self.sample_descriptors}")
+        if self.sample_total is not None and (self.sample_descriptors is None or
+                                              self.sample_total < 1):
+            raise ParameterError("sample_total", "must be >= 1 and goes with "
+                                 f"--sample-descriptors, got {self.sample_total}")
+        if self.sample_split < 1:
+            raise ParameterError("sample_split", f"must be >= 1, got {self.sample_split}")
         if self.encode is not None and self.encode not in LOCAL_ENCODERS:
             raise ParameterError("encode", f"must be one of {LOCAL_ENCODERS} (encoders of "
                                  f"local features), got {self.encode!r}")

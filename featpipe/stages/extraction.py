@@ -66,6 +66,7 @@ from featpipe.stages.extraction_plan import (
     plan_extraction,
     plan_pass,
 )
+from featpipe.stages.sample_rule import sample_items
 from featpipe.store import Stage, Store
 from featpipe.store.content import READ_HASHES, read_hashes_record
 
@@ -99,12 +100,19 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
     check_name(name)
     options = options or RunOptions()
     reporter = reporter or Reporter()
-    plan_ = plan_extraction(store, manifest, features, params, sampling, settings, options,
-                            reporter)
+    settings = settings or ExtractSettings()
+
+    def plan_of(items: Manifest) -> ExtractionPlan:
+        return plan_extraction(store, items, features, params, sampling, settings, options,
+                               reporter)
+
+    plan_ = plan_of(manifest)  # every parameter checked before a decoder starts
     with interruptible():
         pool = DecodePool(resolve_jobs(options.jobs), plan_.settings.decoder,
                           plan_.settings.decode_timeout)
         try:
+            if settings.sample_total is not None:  # as few train items as give the rows
+                plan_ = plan_of(sample_items(plan_of, manifest, settings, pool, reporter))
             # frames sampled and the size estimated from what the containers say (all items
             # for a dry run, a sample otherwise), the disk checked, then the items scheduled
             plan_.estimate(pool)

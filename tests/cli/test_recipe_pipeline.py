@@ -14,7 +14,8 @@ from tests.conftest import REPO
 TEMPLATE = REPO / "featpipe" / "templates" / "trajectories.toml"
 SMALL = REPO / "benchmarks" / "recipes" / "trajectories_clips.toml"
 #: what the small version may change in a step it shares with the shipped file
-SMALL_SETTINGS = {"manifest", "sample_descriptors", "n_components", "sample", "jobs", "split"}
+SMALL_SETTINGS = {"manifest", "sample_descriptors", "sample_total", "n_components", "sample", "jobs",
+                  "split"}
 
 
 def test_the_shipped_recipe_is_printed_and_valid(cli, tmp_path, monkeypatch):
@@ -47,8 +48,11 @@ def test_the_small_recipe_is_the_same_recipe(cli, tmp_path, monkeypatch):
         "0", check=True)
     plan = cli("run", SMALL, "--dry-run", check=True).stdout
     # every step planned, those after the GMM too (on a stand-in of its shapes): the idt
-    # sample, the pass of idt-fv (its seven steps with it), the pass of sift (grid, hrp-sift)
-    assert plan.count("dry run: 8 to compute, 0 already complete") == 3
+    # sample (the 4 train clips: as few as give its rows), the pass of idt-fv (its seven steps
+    # with it), the pass of sift (grid, hrp-sift)
+    assert plan.count("dry run: 8 to compute, 0 already complete") == 2
+    assert "sample: 4 of the 4 train items of split 1" in plan
+    assert "dry run: 4 to compute, 0 already complete" in plan
     assert "would run after" not in plan and "size unknown" not in plan
     assert not (tmp_path / "store").exists()
 
@@ -62,6 +66,7 @@ def test_the_small_variant_is_the_shipped_recipe_with_small_settings(cli):
     changed = {(step, key) for step in shipped for key in set(shipped[step]) | set(small[step])
                if shipped[step].get(key) != small[step].get(key)}
     assert changed == {("idt-sample", "sample_descriptors"), ("idt-sample", "jobs"),
+                       ("idt-sample", "sample_total"),
                        ("idt-gmm", "n_components"), ("idt-gmm", "sample"),
                        ("idt-fv", "jobs"), ("cnn", "params"), ("cnn", "sampling")}
     assert small["cnn"]["params"] == {"weights": "random:0"}
