@@ -65,6 +65,7 @@ from pathlib import Path
 from featpipe import stages
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.extract.estimate import human_bytes
+from featpipe.grids import GRID_KEY, Expansion, expand
 from featpipe.interrupts import Interrupted
 from featpipe.plan import MODEL, Node, Plan, print_plan
 from featpipe.stages.base import Reporter, RunOptions, StageRun, check_name, shared_hashes
@@ -126,11 +127,19 @@ class Step:
 
 @dataclass
 class Pipeline:
-    """The steps of a pipeline file, in order, and its default store."""
+    """The steps of a pipeline file, in order (its grids expanded: :mod:`featpipe.grids`),
+    its default store, and the points each step with a grid (or reading one) became."""
 
     path: Path
     steps: list[Step]
     store: str | None = None
+    grids: Expansion | None = None
+
+    def step_names(self, name: str) -> list[str]:
+        """The steps a name of the file stands for: the points of a gridded step, or it."""
+        if self.grids is not None and name in self.grids.points:
+            return [point.name for point in self.grids.points[name]]
+        return [name] if any(step.name == name for step in self.steps) else []
 
 
 def load_pipeline(path: str | Path) -> Pipeline:
@@ -163,14 +172,61 @@ def load_pipeline(path: str | Path) -> Pipeline:
                                 f"{', '.join(STAGE_FUNCTIONS)}", usage=True)
         step = Step(name, function, arguments)
         check_arguments(step, path)
+        check_grid(step, path)
+        steps.append(step)
+    check_references(steps, path)
+    expansion = expand(steps, lambda step: [name for _, name in references(step)], _point)
+    for step in expansion.steps:
         try:
             check_values(step)
         except ParameterError as err:
             raise PipelineError(f"{path}: {step.describe()}: {err}", usage=True) from None
-        steps.append(step)
-    check_references(steps, path)
-    check_names(steps, path)
-    return Pipeline(path, steps, settings.get("store"))
+    check_names(expansion.steps, path)
+    return Pipeline(path, expansion.steps, settings.get("store"), expansion)
+
+
+def check_grid(step: Step, path: Path) -> None:
+    """A step's ``grid`` is a table of non-empty lists of values (:mod:`featpipe.grids`)."""
+    grid = step.arguments.get(GRID_KEY)
+    if grid is None:
+        return
+    if not isinstance(grid, Mapping) or not grid:
+        raise PipelineError(f"{path}: {step.describe()}: grid must be a table of the values to "
+                            f"sweep, e.g. grid = {{ window = [5, 10, 20] }}, got {grid!r}",
+                            usage=True)
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise PipelineError(f"{path}: {step.describe()}: grid {key} must be a non-empty "
+                                f"list of values, got {values!r}", usage=True)
+
+
+def _point(step: Step, name: str, values: Mapping, rename: Mapping[str, str]) -> Step:
+    """One point of a grid (:func:`featpipe.grids.expand`): ``step`` named ``name``, with
+    ``values`` set (a key of the step, of an extraction's ``sampling``, else of its ``params``
+    table) and the steps it reads renamed."""
+    arguments = {k: v for k, v in step.arguments.items() if k != GRID_KEY}
+    accepted = accepted_arguments(step.function)
+    for key, value in values.items():
+        if key in accepted or _takes_any(step.function):
+            arguments[key] = value
+        else:
+            table = "sampling" if step.function == "extract" and key in _sampling_keys() \
+                else "params"
+            arguments[table] = {**(arguments.get(table) or {}), key: value}
+    if isinstance(arguments.get("name"), str):
+        arguments["name"] += name[len(step.name):]
+    return renamed(Step(name, step.function, arguments), rename)
+
+
+def _sampling_keys() -> set[str]:
+    from featpipe.io.video import Sampling
+
+    return {f.name for f in fields(Sampling)}
+
+
+def _takes_any(function: str) -> bool:
+    """Whether the stage function takes any keyword (a fit's estimator parameters)."""
+    return any(p.kind is p.VAR_KEYWORD for p in _signature(function).parameters.values())
 
 
 def _signature(function: str) -> inspect.Signature:
@@ -187,19 +243,26 @@ def _flat_record(function: str) -> tuple[str, type] | None:
     return None
 
 
-def check_arguments(step: Step, path: Path) -> None:
-    """Refuse arguments the stage function does not take (with the closest one it takes),
-    and missing required ones."""
-    signature = _signature(step.function)
+def accepted_arguments(function: str) -> set[str]:
+    """The keys a step of ``function`` may have (besides ``stage``)."""
+    signature = _signature(function)
     accepted = set(signature.parameters) - {"store", "reporter", "options", "command"}
-    record = _flat_record(step.function)
+    record = _flat_record(function)
     if record is not None:  # its fields, but the steps of a pass (made from other steps)
         accepted = accepted - {record[0]} | {f.name for f in fields(record[1])} - {"then"}
     if "options" in signature.parameters:
         accepted |= set(RUN_OPTIONS)
-    if step.function in FUSABLE:
+    if function in FUSABLE:
         accepted |= {"keep"}
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    return accepted
+
+
+def check_arguments(step: Step, path: Path) -> None:
+    """Refuse arguments the stage function does not take (with the closest one it takes),
+    and missing required ones."""
+    signature = _signature(step.function)
+    accepted = accepted_arguments(step.function) | {GRID_KEY}
+    takes_any = _takes_any(step.function)
     for key in step.arguments:
         if key not in accepted and not takes_any:
             close = difflib.get_close_matches(key, sorted(accepted), n=1)
@@ -553,6 +616,8 @@ def _checked_run(pipeline: Pipeline, store: Store, dry_run: bool,
                  reporter: Reporter) -> list:
     plan = plan_pipeline(pipeline, store, only=only, reporter=reporter if dry_run else None)
     if dry_run:
+        for line in pipeline.grids.grid_lines() if pipeline.grids else []:
+            reporter.info(line)
         print_plan(plan, reporter)
     blocked = plan.blocked_steps()
     if plan.problems and not (skip_blocked and not dry_run and

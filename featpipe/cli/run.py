@@ -20,7 +20,8 @@ from featpipe.suggest import did_you_mean
               help="Print the plan (every stage, its items, bytes at rest and CPU, and every "
               "problem); compute nothing, move no name; exit 1 on a problem.")
 @click.option("--step", "steps", multiple=True, metavar="NAME",
-              help="Run only these steps (repeatable); their inputs must exist.")
+              help="Run only these steps (repeatable; a step with a grid: all its points, "
+              "or one by its name, e.g. hrp-window5-depth1); their inputs must exist.")
 @click.option("--skip-blocked", is_flag=True,
               help="When the plan has problems, run the steps none of them blocks (a step "
               "with a problem and every step reading it are left out, and listed).")
@@ -44,11 +45,12 @@ def run(pipeline_path, store_path, dry_run, steps, skip_blocked):
 
     try:
         pipeline = load_pipeline(pipeline_path)
-        unknown = sorted(set(steps) - {step.name for step in pipeline.steps})
+        unknown = sorted(name for name in steps if not pipeline.step_names(name))
         if unknown:
             hint = did_you_mean(unknown[0], [step.name for step in pipeline.steps])
             raise click.BadParameter(f"no step {unknown[0]!r} in {pipeline_path}"
                                      + (f": {hint}" if hint else ""), param_hint="--step")
+        steps = {point for name in steps for point in pipeline.step_names(name)}
         store = store_path or pipeline.store or os.environ.get("FEATPIPE_STORE")
         if not store:
             raise click.UsageError(f"no store: give --store, set $FEATPIPE_STORE or add "
