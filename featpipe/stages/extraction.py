@@ -53,6 +53,7 @@ from featpipe.extract.estimate import (
     human_bytes,
     probe_infos,
     sample_ids,
+    work_plan,
 )
 from featpipe.extract.features import FeatureMethod, load_features
 from featpipe.extract.settings import ExtractSettings
@@ -88,6 +89,7 @@ from featpipe.stages.base import (
     one_run_at_a_time,
     run_stage,
     settle_name,
+    unmark_running,
 )
 from featpipe.stages.dryrun import PlannedItems, item_bytes
 from featpipe.store import Stage, Store
@@ -423,7 +425,8 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
                 compute = ExtractCompute(str(stage.path), paths, sampling, chosen, outputs,
                                          settings)
                 return run_stage(stage, manifest.ids, compute, store=store, name=name,
-                                 options=options, reporter=reporter, batch_size=4)
+                                 options=options, reporter=reporter, batch_size=4,
+                                 work=lambda todo: {e.item_id: e.work for e in estimates})
             written = ([(stage, name)] if keep else []) + chain.written()
             for output, output_name in written if then else []:
                 announce(output, output_name, reporter)
@@ -431,10 +434,11 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
                 announce(stage, name, reporter)
             with one_run_at_a_time(stage, manifest.ids, shard, options.force,
                                    reporter) as reused:
-                for output, output_name in written or [(stage, None)]:
-                    mark_running(store, output_name, output)
                 todo, summary, partial = _plan_pass(stage, chain, manifest.ids,
                                                     options.force, shard)
+                work = work_plan(estimates, todo)
+                for output, output_name in written or [(stage, None)]:
+                    mark_running(store, output_name, output, work, options.force)
                 outputs = dataclasses.replace(outputs, partial=partial)
                 try:
                     extraction = _extraction(stage, pool, sampling, chosen, outputs,
@@ -442,7 +446,7 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
                     extraction.also_failed = [s for s, step in zip(chain.stages, chain.steps,
                                                                    strict=True) if step.keep]
                     run = _run(stage, extraction, [(i, paths[i]) for i in todo], summary,
-                               total, options, reporter, name if not then else None)
+                               total, options, reporter, name if not then else None, work)
                 except Interrupted:
                     raise  # its one line says how many items are left
                 except BaseException:
@@ -451,7 +455,7 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
                     raise
                 finally:
                     for output, _ in written or [(stage, None)]:
-                        output.unmark_running()
+                        unmark_running(output)
             reused(run.summary)
             for output, output_name in written:
                 settle_name(store, output_name, output, output.items.ids, options.on_error,
@@ -852,18 +856,22 @@ def _extraction(stage, pool, sampling, chosen: Chosen, sinks, settings: ExtractS
 
 
 def _run(stage, extraction: Extraction, todo: list[tuple[str, str]], summary, total: Totals,
-         options: RunOptions, reporter: Reporter, name: str | None) -> StageRun:
-    """Run the items ``todo`` (id, path) in this process's pipeline: progress in frames, one
-    summary line, the first failure ends the run with ``on_error='fail'``; a signal or a store
-    that cannot be written (disk full) ends it cleanly, with one line."""
+         options: RunOptions, reporter: Reporter, name: str | None, work=None) -> StageRun:
+    """Run the items ``todo`` (id, path) in this process's pipeline: progress in frames (its
+    time left from ``work``, a :class:`~featpipe.progress.WorkPlan`), one summary line, the
+    first failure ends the run with ``on_error='fail'``; a signal or a store that cannot be
+    written (disk full) ends it cleanly, with one line."""
     extraction.on_warning = lambda item_id, text: reporter.warn(f"warning: {item_id}: {text}")
     runs = extraction.run(todo)
     try:
         label = f"{stage.kind} {name}" if name else stage.kind
         with reporter.progress(total.frames if todo else 0, label,
                                unit="frames") as progress:
-            extraction.on_frames = progress.advance
+            if work is not None:
+                progress.plan_work(work)
+            extraction.on_item_frames = progress.advance_item
             for item_id, error in runs:
+                progress.ended(item_id)
                 if error is None:
                     summary.done += 1
                     continue
