@@ -473,7 +473,7 @@ def work_left(records: Sequence[WorkRecord], table, failed: Mapping[str, str],
 
 # -- the whole store (`featpipe status` without a name) ---------------------------------------
 
-#: A stage's state in the whole store's status, in the order they are listed and counted.
+#: A stage's state in the whole store's status, in the order they are counted.
 STATES = ("running", "failed", "incomplete", "done")
 
 
