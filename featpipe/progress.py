@@ -397,14 +397,17 @@ def _record_path(stage: Stage, process: str):
 def record_work(stage: Stage, plan: WorkPlan, force: bool = False) -> None:
     """Record this process's plan for ``stage`` (``planned-work/<host>-<pid>.json``, sealed
     to its place: :func:`featpipe.checksums.seal_json`), now, as the run starts its items
-    (call it after :meth:`Stage.mark_running`); the records of this host's processes that no
-    longer compute the stage are removed.  :func:`clear_work` removes it when the run ends."""
+    (call it after :meth:`Stage.mark_running`); the records of processes that no longer
+    compute the stage (of this host, or without a run marker) are removed.
+    :func:`clear_work` removes it when the run ends."""
     process = f"{HOST}-{os.getpid()}"
     folder = stage.path / WORK_DIR
     make_dirs(folder)
     live = set(stage.running_processes())
-    for old in folder.glob(f"{HOST}-*.json"):
-        if old.stem != process and old.stem not in live:
+    for old in folder.glob("*.json"):
+        if old.stem != process and old.stem not in live and (
+                old.stem.startswith(f"{HOST}-") or
+                not (stage.path / RUNNING_DIR / old.stem).exists()):
             old.unlink(missing_ok=True)
     ids = list(plan.work)
     text = json.dumps({"started": time.time(), "force": bool(force), "unit": plan.unit,

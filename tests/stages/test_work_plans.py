@@ -89,3 +89,31 @@ def test_an_encode_plans_its_inputs_rows(tmp_path):
     (record,) = reporter.records
     assert dict(zip(record.ids, record.work, strict=True)) == plan.work
     assert not list((run.stage.path / WORK_DIR).iterdir())
+
+
+def test_a_run_removes_the_records_of_runs_that_are_gone(tmp_path):
+    from featpipe.progress import WorkPlan, record_work
+    from featpipe.stages.base import mark_running, unmark_running
+
+    store = Store(tmp_path / "s")
+    stage = store.stage("encode", {"test": "old"},
+                        items=from_rows([("a", "", ["x"], ["train"])], tmp_path))
+    folder = stage.path / WORK_DIR
+    folder.mkdir()
+    dead = folder / f"{HOST}-{2 ** 22 + 7}.json"  # a killed process of this host
+    unmarked = folder / "elsewhere-12.json"  # another host's, whose marker is gone
+    marked = folder / "elsewhere-13.json"  # another host's, marked: it may still run
+    for path in (dead, unmarked, marked):
+        path.write_text("{}")
+    (stage.path / "running").mkdir()
+    (stage.path / "running" / "elsewhere-13").touch()
+    mark_running(store, None, stage, WorkPlan(["a"], {"a": 1}))
+    try:
+        assert sorted(p.name for p in folder.iterdir()) == sorted(
+            [f"{HOST}-{os.getpid()}.json", marked.name])
+        record_work(stage, WorkPlan(["a"], {"a": 2}))  # a second run of this process
+        (record,) = read_work(stage, [f"{HOST}-{os.getpid()}"])
+        assert record.work == [2.0]
+    finally:
+        unmark_running(stage)
+    assert [p.name for p in folder.iterdir()] == [marked.name]
