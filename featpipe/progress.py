@@ -115,26 +115,29 @@ class WorkPlan:
 
     ``work`` and ``units`` map ids to numbers, or None where unknown (an item not probed, a
     container without a frame count): such an item counts as the mean of the known ones
-    (work, and work per unit); with none known, every item is one unit of work -- the
-    count of items (``unit`` says which: ``rows`` or ``items``).  ``ids`` are the run's
-    items, in order.
+    (units, work, and work per unit); with no work known, an item's work is its units --
+    the count (``unit`` says which: ``rows``, else ``frames`` or ``items``).  ``ids`` are the
+    run's items, in order; ``units_total`` their units (a display's total).
     """
 
     def __init__(self, ids: Sequence[str], work: Mapping[str, float | None],
                  units: Mapping[str, float | None] | None = None):
         units = units or {}
+        given = {i: float(units[i]) for i in ids if units.get(i)}
+        mean_units = sum(given.values()) / len(given) if given else 1.0
+        counted = {i: given.get(i, mean_units) for i in ids}
         known = {i: float(work[i]) for i in ids if work.get(i) is not None}
-        counted = {i: float(units.get(i) or 1) for i in ids}
+        self.unit = "rows" if known else "frames" if given else "items"
+        known = known or counted
         mean = sum(known.values()) / len(known) if known else 1.0
         base = sum(counted[i] for i in known)
         per_unit = sum(known.values()) / base if base else 1.0
         self.work = {i: known.get(i, mean) for i in ids}
-        self.per_unit = {i: known[i] / counted[i] if i in known and counted[i] else per_unit
-                         for i in ids}
+        self.per_unit = {i: known[i] / counted[i] if i in known else per_unit for i in ids}
         self.mean_work = mean
         self.mean_per_unit = per_unit
         self.total = sum(self.work.values())
-        self.unit = "rows" if known else "items"
+        self.units_total = sum(counted.values())
 
     def of(self, item_id: str) -> float:
         """The planned work of ``item_id`` (the mean for an item not in the plan)."""

@@ -122,7 +122,8 @@ def estimate_item(item_id: str, info: VideoInfo | str, sampling: Sampling,
 def work_plan(estimates: Sequence[ItemEstimate], ids: Sequence[str]) -> WorkPlan:
     """The work of an extraction of ``ids``, counted in frames: each item's
     :attr:`~ItemEstimate.work` over its sampled frames (an item not estimated -- not among
-    the items probed, or without a frame count -- at the mean of the others)."""
+    the items probed, or without a frame count -- at the mean of the others, as
+    :class:`Totals` counts it)."""
     return WorkPlan(ids, {e.item_id: e.work for e in estimates},
                     {e.item_id: e.frames for e in estimates})
 

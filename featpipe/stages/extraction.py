@@ -77,6 +77,7 @@ from featpipe.parallel import (
     store_stopped,
 )
 from featpipe.parameters import parameter_record, typed_value
+from featpipe.progress import WorkPlan
 from featpipe.stages.base import (
     Reporter,
     RunOptions,
@@ -411,8 +412,7 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
                                                  sampling, chosen, plan_.outputs, chain,
                                                  settings, reporter)
                 return run
-            total = _check_disk(store, _pass_estimates(estimates, chain), len(todo),
-                                settings.disk_check)
+            _check_disk(store, _pass_estimates(estimates, chain), len(todo), settings.disk_check)
             stage = store.stage("extract", plan_.params, inputs=plan_.inputs, items=manifest,
                                 dtype=settings.dtype,
                                 records={READ_HASHES: read_hashes_record(plan_.read)})
@@ -446,7 +446,7 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
                     extraction.also_failed = [s for s, step in zip(chain.stages, chain.steps,
                                                                    strict=True) if step.keep]
                     run = _run(stage, extraction, [(i, paths[i]) for i in todo], summary,
-                               total, options, reporter, name if not then else None, work)
+                               work, options, reporter, name if not then else None)
                 except Interrupted:
                     raise  # its one line says how many items are left
                 except BaseException:
@@ -855,20 +855,19 @@ def _extraction(stage, pool, sampling, chosen: Chosen, sinks, settings: ExtractS
                       allow_partial=settings.allow_partial, record_failures=record_failures)
 
 
-def _run(stage, extraction: Extraction, todo: list[tuple[str, str]], summary, total: Totals,
-         options: RunOptions, reporter: Reporter, name: str | None, work=None) -> StageRun:
-    """Run the items ``todo`` (id, path) in this process's pipeline: progress in frames (its
-    time left from ``work``, a :class:`~featpipe.progress.WorkPlan`), one summary line, the
-    first failure ends the run with ``on_error='fail'``; a signal or a store that cannot be
-    written (disk full) ends it cleanly, with one line."""
+def _run(stage, extraction: Extraction, todo: list[tuple[str, str]], summary, work: WorkPlan,
+         options: RunOptions, reporter: Reporter, name: str | None) -> StageRun:
+    """Run the items ``todo`` (id, path) in this process's pipeline: progress in frames, timed
+    by the work of each item (``work``), one summary line, the first failure ends the run with
+    ``on_error='fail'``; a signal or a store that cannot be written (disk full) ends it
+    cleanly, with one line."""
     extraction.on_warning = lambda item_id, text: reporter.warn(f"warning: {item_id}: {text}")
     runs = extraction.run(todo)
     try:
         label = f"{stage.kind} {name}" if name else stage.kind
-        with reporter.progress(total.frames if todo else 0, label,
+        with reporter.progress(round(work.units_total) if todo else 0, label,
                                unit="frames") as progress:
-            if work is not None:
-                progress.plan_work(work)
+            progress.plan_work(work)
             extraction.on_item_frames = progress.advance_item
             for item_id, error in runs:
                 progress.ended(item_id)
