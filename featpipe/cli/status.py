@@ -40,10 +40,31 @@ def _model_status(stage, as_json: bool, check: bool) -> None:
         raise click.exceptions.Exit(1)
 
 
+#: The columns of the whole store's table (the counts are right-aligned).
+STORE_COLUMNS = ("NAMES", "STATE", "DONE", "FAILED", "PENDING", "TOTAL", "TIME LEFT", "STAGE")
+
+
+def _store_row(entry, now: float) -> tuple[str, ...]:
+    """One stage of the whole store's table: its names (``NAME(unfinished)`` for a run that
+    has not completed, as ``cache ls`` writes it), state, counts, time left and folder."""
+    from featpipe.progress import format_duration
+
+    names = ",".join(entry.names + [f"{n}(unfinished)" for n in entry.runs
+                                    if n not in entry.names]) or "-"
+    progress = entry.progress
+    if progress is None:  # a fitted-model stage
+        return (names, entry.state, "model" if entry.models else "-", "-", "-", "-", "-",
+                entry.stage.name)
+    eta = progress.eta_seconds(now)
+    return (names, entry.state, str(progress.done), str(len(progress.failed)),
+            str(progress.pending), str(progress.total),
+            "-" if eta is None else format_duration(eta), entry.stage.name)
+
+
 def _store_status(store, as_json: bool, check: bool) -> None:
     """Every named stage and every stage a run computes: state, counts, time left
     (:func:`featpipe.progress.store_status`)."""
-    from featpipe.progress import STATES, format_duration, store_status
+    from featpipe.progress import STATES, store_status
     from featpipe.stages.base import running_names
 
     problems: list[str] = []
@@ -57,27 +78,15 @@ def _store_status(store, as_json: bool, check: bool) -> None:
     else:
         summary = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
         click.echo(f"store {store.root}: {len(entries)} stage(s)"
-                   + (f" ({summary})" if summary else ""))
-        rows = [("NAMES", "STATE", "DONE", "FAILED", "PENDING", "TOTAL", "TIME LEFT", "STAGE")]
-        for entry in entries:
-            names = ",".join(entry.names + [f"{n}(unfinished)" for n in entry.runs
-                                            if n not in entry.names]) or "-"
-            progress = entry.progress
-            if progress is None:
-                counts_ = ("model" if entry.models else "-", "-", "-", "-")
-                left = "-"
-            else:
-                counts_ = (str(progress.done), str(len(progress.failed)),
-                           str(progress.pending), str(progress.total))
-                eta = progress.eta_seconds(now)
-                left = "-" if eta is None else format_duration(eta)
-            rows.append((names, entry.state, *counts_, left, entry.stage.name))
-        widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
+                   + (f" ({summary})" if summary else " named or being computed"))
+        rows = [STORE_COLUMNS, *(_store_row(e, now) for e in entries)] if entries else []
+        widths = [max((len(row[k]) for row in rows), default=0)
+                  for k in range(len(STORE_COLUMNS))]
         for row in rows:
-            cells = [cell.rjust(w) if 2 <= k <= 5 else cell.ljust(w)
-                     for k, (cell, w) in enumerate(zip(row, widths, strict=True))]
-            click.echo("  ".join(cells).rstrip())
-        if any(e.state in ("failed", "incomplete") for e in entries):
+            click.echo("  ".join(cell.rjust(w) if 2 <= k <= 5 else cell.ljust(w)
+                                 for k, (cell, w) in enumerate(zip(row, widths, strict=True))
+                                 ).rstrip())
+        if counts["failed"] or counts["incomplete"]:
             click.echo("`featpipe status NAME` lists a stage's failed items and ledgers; a "
                        "re-run of its command computes what is pending")
     for problem in problems:

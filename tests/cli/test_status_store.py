@@ -142,6 +142,10 @@ def test_status_of_the_whole_store_says_each_stages_state(tmp_path, cli):
 
 def test_status_of_a_store_whose_stages_are_done_checks_and_names_a_broken_one(tmp_path, cli):
     store = Store(tmp_path / "s")
+    _stage(store, "garbage", {"a": 2})  # a stage exists, none named or computed
+    empty = cli("status", "--store", store.root, "--check", check=True)
+    assert empty.stdout == f"store {store.root}: 0 stage(s) named or being computed\n"
+    assert json.loads(cli("status", "--store", store.root, "--json").stdout)["stages"] == []
     done = _stage(store, "done", {"a": 2})
     _write(done, "a", 2)
     store.set_name("done", done)
