@@ -396,14 +396,15 @@ def run_items(
     batch_size: int = 1,
     executor: str | Executor = "local",
     scheduler: str | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[list[str]], None] | None = None,
 ) -> RunSummary:
     """Compute the missing items of ``stage`` and write them; returns the run's summary.
 
     ``executor`` is ``local``, ``slurm`` (this array task's shard) or ``dask`` (with
     ``scheduler``), or an :class:`Executor`.  ``on_error='fail'`` stops at the first failed
     item (already written items stay) and raises a :class:`FeatpipeError` naming it;
-    ``'skip'`` records failures in the ledger and goes on.
+    ``'skip'`` records failures in the ledger and goes on.  ``progress`` is called with the
+    ids of each chunk's items as they end (done or failed).
     """
     if on_error not in ON_ERROR:
         raise FeatpipeError(f"--on-error must be one of {ON_ERROR}, got {on_error!r}")
@@ -429,7 +430,7 @@ def run_items(
                     else:
                         summary.failed[item_id] = error
                 if progress is not None:
-                    progress(len(chunk_outcomes))
+                    progress([item_id for item_id, _ in chunk_outcomes])
                 if summary.failed and on_error == "fail":
                     item_id, error = next(iter(summary.failed.items()))
                     raise FeatpipeError(f"{error} (stage {stage.name}; {summary.line()}; "

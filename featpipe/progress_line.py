@@ -22,12 +22,14 @@ stages called from Python (:class:`featpipe.reporting.Reporter`).
 - ``--log-file``: the plain lines every 10 s (or ``FEATPIPE_PROGRESS_INTERVAL``) and the
   last line, at any verbosity.
 
-The rate and the ETA are those of :class:`featpipe.progress.RateEstimate`: the work
-completed over about the last 30 s (all of it in a shorter run), counted by the stages as it
-completes (items stored, frames whose features are written), and the remaining count at that
-rate.  When a run ends normally the count is the real total: the line ends at 100 %, and a
-declared total that differed (the frames estimated before decoding) is named in the last
-line::
+The rate is that of :class:`featpipe.progress.RateEstimate`: the units completed over about
+the last 30 s (all of it in a shorter run), counted by the stages as they complete (items
+stored, frames whose features are written).  The ETA is the remaining work at the rate of
+the work (:class:`featpipe.progress.WorkEstimate`) when the run planned its work per item
+(:meth:`ProgressDisplay.plan_work`: an extraction's rows, an encode stage's input rows), else
+the remaining count at the count's rate.  When a run ends normally the count is the real
+total: the line ends at 100 %, and a declared total that differed (the frames estimated
+before decoding) is named in the last line::
 
       progress: extract 4,910/4,910 frames in 2 min 03 s (39.9 frames/s; 5,000 declared)
 
@@ -45,7 +47,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from featpipe.progress import RateEstimate, format_duration
+from featpipe.progress import RateEstimate, WorkEstimate, WorkPlan, format_duration
 from featpipe.settings import progress_interval_setting
 
 #: Seconds between plain progress lines off a terminal, by default.
@@ -168,9 +170,10 @@ class StatusBoard:
 
 class ProgressDisplay:
     """One progress of a run: ``total`` units (or None), counted by :meth:`advance`;
-    ``declared`` is the total it was opened with when the run ended at another count (the
-    interface of :class:`featpipe.reporting.Progress`, which imports this module when it
-    shows one: no import back)."""
+    ``declared`` is the total it was opened with when the run ended at another count; the
+    work planned per item (:meth:`plan_work`) times it (the interface of
+    :class:`featpipe.reporting.Progress`, which imports this module when it shows one: no
+    import back)."""
 
     def __enter__(self) -> ProgressDisplay:
         return self
@@ -183,15 +186,32 @@ class ProgressDisplay:
         self.unit = unit
         self.started = board.clock()
         self.estimate = RateEstimate(self.started)
+        self.work: WorkEstimate | None = None
         self.last_line = self.last_logged = self.started
 
     @property
     def done(self) -> int:
         return self.estimate.done
 
+    def plan_work(self, plan: WorkPlan) -> None:
+        """Time the run by ``plan`` (the work of each item) from now on."""
+        self.work = WorkEstimate(plan, self.board.clock())
+
     def advance(self, n: int = 1) -> None:
         self.estimate.add(n, self.board.clock())
         self.board.update(self)
+
+    def advance_item(self, item: str, n: int = 1) -> None:
+        """``n`` more units of ``item``: counted, and their work done (:meth:`plan_work`)."""
+        now = self.board.clock()
+        self.estimate.add(n, now)
+        if self.work is not None:
+            self.work.add(n, item, now)
+        self.board.update(self)
+
+    def ended(self, item: str) -> None:
+        if self.work is not None:
+            self.work.end(item)
 
     def __exit__(self, exc_type, *exc) -> None:
         if exc_type is None:
@@ -214,6 +234,8 @@ class ProgressDisplay:
         return self.estimate.rate(now)
 
     def eta(self, now: float) -> float | None:
+        if self.work is not None:
+            return self.work.eta(now)
         return self.estimate.eta(now, self.total)
 
     def count(self) -> str:

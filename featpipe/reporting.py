@@ -12,7 +12,13 @@ from __future__ import annotations
 
 class Progress:
     """Progress of one run: ``advance(n)`` after ``n`` more units (items, frames, iterations)
-    are finished. This one shows nothing."""
+    are finished. This one shows nothing.
+
+    A run that knows the work of each item (:class:`featpipe.progress.WorkPlan`) gives it
+    to :meth:`plan_work`, counts its units with the item they belong to
+    (:meth:`advance_item`) and says when an item ends (:meth:`ended`): the time left is then
+    that of the work left.  A subclass that counts with :meth:`advance` alone counts them
+    all the same."""
 
     def __enter__(self) -> Progress:
         return self
@@ -22,6 +28,16 @@ class Progress:
 
     def advance(self, n: int = 1) -> None:
         """``n`` more units finished (items done or failed, frames decoded...)."""
+
+    def plan_work(self, plan) -> None:
+        """The run's work per item (a :class:`featpipe.progress.WorkPlan`)."""
+
+    def advance_item(self, item: str, n: int = 1) -> None:
+        """``n`` more units of ``item`` finished (its frames, or the item itself)."""
+        self.advance(n)
+
+    def ended(self, item: str) -> None:
+        """``item`` is done or failed: none of its planned work is left."""
 
     def close(self) -> None:
         """The run ended."""

@@ -142,6 +142,9 @@ def markdown(report: Mapping, plots: Mapping[int, Mapping[str, Path]] | None = N
         f"- metric: {summary['metric']}"
         + (f" (AP: {config['ap']})" if summary["metric"] == "map" else ""),
         f"- created: {report.get('created', '')}",
+        *([f"- kept in the store as stage `{config['stage']}`"
+           + (f", name `{config['name']}`" if config.get("name") else " (unnamed: `cache gc` "
+              "collects it; `classify --name` keeps it)")] if config.get("stage") else []),
         "",
         "Command:" if command else "Equivalent library call (no command line):",
         "",

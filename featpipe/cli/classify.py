@@ -3,6 +3,7 @@
     featpipe classify --store S --input NAME [--input NAME ...] --kernel K [--kernel K ...]
                       [--fusion average] [--weights W,W] --C 1000 [--C 10,100 --cv 5]
                       --split 1|all [--metric accuracy|map] [--report REPORT.json]
+                      [--name NAME]
 
 The work is :func:`featpipe.stages.classification.classify`.  Prints one line per split and a
 summary line; exit status 0 on success, 1 on a failure (bad data, missing items), 2 on a
@@ -103,8 +104,12 @@ def _numbers(values, flag: str) -> tuple[float, ...]:
 @click.option("--intersect", is_flag=True,
               help="Fuse inputs that hold different items on the items they share, saying "
                    "how many each input loses (default: refuse, naming the missing ids).")
+@click.option("--name", "-n", default=None,
+              help="Name to give the stage that keeps the result (`cache gc` keeps named "
+                   "stages; an unnamed result is collected once it is --min-age old).")
 def classify(store_path, inputs, kernels, fusion, fusion_scale, weights, C_values, cv, split,
-             metric, ap_mode, solver, gamma, order, normalize, jobs, report_path, intersect):
+             metric, ap_mode, solver, gamma, order, normalize, jobs, report_path, intersect,
+             name):
     """Train one-vs-rest kernel SVMs on encoded items and report accuracy or mAP."""
     from featpipe.stages.classification import classify as classify_stage
 
@@ -114,4 +119,4 @@ def classify(store_path, inputs, kernels, fusion, fusion_scale, weights, C_value
                    C=_numbers(C_values, "--C"), cv=cv, split=split, metric=metric,
                    ap_mode=ap_mode, solver=solver, gamma=gamma, order=order,
                    normalize=normalize, jobs=jobs, report=report_path, intersect=intersect,
-                   command=command_line(), reporter=ClickReporter())
+                   name=name, command=command_line(), reporter=ClickReporter())

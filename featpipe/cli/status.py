@@ -1,8 +1,10 @@
-"""``featpipe status``: progress of a stage from its ledgers (works while the stage runs)."""
+"""``featpipe status``: progress of a stage from its ledgers (works while the stage runs), or
+of the whole store (every named stage and every stage a run computes) without a name."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import click
 
@@ -11,6 +13,11 @@ from featpipe.cli.common import open_store, store_option
 
 def _rate(rate: float | None) -> str:
     return "-" if rate is None else f"{rate:.3g} items/s"
+
+
+def _number(value: float) -> str:
+    """``400``, ``12,345``, ``0.25`` (work units)."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def _model_status(stage, as_json: bool, check: bool) -> None:
@@ -33,27 +40,92 @@ def _model_status(stage, as_json: bool, check: bool) -> None:
         raise click.exceptions.Exit(1)
 
 
+#: The columns of the whole store's table (the counts are right-aligned).
+STORE_COLUMNS = ("NAMES", "STATE", "DONE", "FAILED", "PENDING", "TOTAL", "TIME LEFT", "STAGE")
+
+
+def _store_row(entry, now: float) -> tuple[str, ...]:
+    """One stage of the whole store's table: its names (``NAME(unfinished)`` for a run that
+    has not completed, as ``cache ls`` writes it), state, counts, time left and folder."""
+    from featpipe.progress import format_duration
+
+    names = ",".join(entry.names + [f"{n}(unfinished)" for n in entry.runs
+                                    if n not in entry.names]) or "-"
+    progress = entry.progress
+    if progress is None:  # a fitted-model stage
+        return (names, entry.state, "model" if entry.models else "-", "-", "-", "-", "-",
+                entry.stage.name)
+    eta = progress.eta_seconds(now)
+    return (names, entry.state, str(progress.done), str(len(progress.failed)),
+            str(progress.pending), str(progress.total),
+            "-" if eta is None else format_duration(eta), entry.stage.name)
+
+
+def _store_status(store, as_json: bool, check: bool) -> None:
+    """Every named stage and every stage a run computes: state, counts, time left
+    (:func:`featpipe.progress.store_status`)."""
+    from featpipe.progress import STATES, store_status
+    from featpipe.stages.base import running_names
+
+    problems: list[str] = []
+    entries = store_status(store, running_names(store, problems), problems)
+    now = time.time()
+    counts = {state: sum(e.state == state for e in entries) for state in STATES}
+    if as_json:
+        click.echo(json.dumps({"store": str(store.root), "counts": counts,
+                               "stages": [e.to_dict(now) for e in entries],
+                               "problems": problems}, indent=1))
+    else:
+        summary = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+        click.echo(f"store {store.root}: {len(entries)} stage(s)"
+                   + (f" ({summary})" if summary else " named or being computed"))
+        rows = [STORE_COLUMNS, *(_store_row(e, now) for e in entries)] if entries else []
+        widths = [max((len(row[k]) for row in rows), default=0)
+                  for k in range(len(STORE_COLUMNS))]
+        for row in rows:
+            click.echo("  ".join(cell.rjust(w) if 2 <= k <= 5 else cell.ljust(w)
+                                 for k, (cell, w) in enumerate(zip(row, widths, strict=True))
+                                 ).rstrip())
+        if counts["failed"] or counts["incomplete"]:
+            click.echo("`featpipe status NAME` lists a stage's failed items and ledgers; a "
+                       "re-run of its command computes what is pending")
+    for problem in problems:
+        click.echo(f"problem: {problem}", err=True)
+    if problems or (check and any(e.state != "done" for e in entries)):
+        raise click.exceptions.Exit(1)
+
+
 @click.command("status")
 @store_option
-@click.argument("name")
+@click.argument("name", required=False)
 @click.option("--show-failed", default=20, show_default=True, type=click.IntRange(min=0),
               help="How many failed items to list with their reasons.")
 @click.option("--show-ledgers", default=20, show_default=True, type=click.IntRange(min=0),
               help="How many per-process ledgers to list (the most recently active first).")
 @click.option("--check", is_flag=True,
-              help="Exit with status 1 unless every item of the stage is done.")
+              help="Exit with status 1 unless every item of the stage is done (without NAME: "
+                   "unless every stage listed is done).")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object (counts, rate, time left, ledgers, failed items).")
+              help="Print one JSON object (counts, rate, time left, ledgers, failed items; "
+                   "without NAME: each stage's state, counts and time left).")
 def status(store_path, name, show_failed, show_ledgers, check, as_json):
-    """Show how far stage NAME is: done, failed and pending items, rate, per-process ledgers.
+    """Show how far stage NAME (or the whole store) is: done, failed and pending items, rate.
 
     A time left is shown only while a process is computing the stage (a ledger of this host
-    whose process is alive, or one of another host written to in the last 10 minutes).
+    whose process is alive, or one of another host written to in the last 10 minutes): the
+    work left (rows) at the rate the run did its work, from the work it recorded when it
+    started; by items for a run that recorded none.  Without NAME: every named stage and
+    every stage a run is computing, each with its state (running, failed, incomplete, done),
+    item counts and time left.
     """
     from featpipe.progress import format_duration, format_time, stage_progress
     from featpipe.stages.base import latest_stage
 
-    stage = latest_stage(open_store(store_path), name)
+    store = open_store(store_path)
+    if name is None:
+        _store_status(store, as_json, check)
+        return
+    stage = latest_stage(store, name)
     if stage.is_model_stage:
         _model_status(stage, as_json, check)
         return
@@ -74,7 +146,12 @@ def status(store_path, name, show_failed, show_ledgers, check, as_json):
     if processes:
         click.echo(f"running: computed now by {', '.join(processes)} (host-pid)")
     eta = progress.eta_seconds()
-    if eta is not None:
+    work = progress.work
+    if eta is not None and work is not None:
+        click.echo(f"rate: {_rate(progress.rate)}; about {format_duration(eta)} left "
+                   f"({_number(work.left)} {work.unit} left at {_number(work.rate)} "
+                   f"{work.unit}/s since the run started)")
+    elif eta is not None:
         click.echo(f"rate: {_rate(progress.rate)}, about {format_duration(eta)} left at this "
                    "rate")
     elif progress.rate is not None and not running:

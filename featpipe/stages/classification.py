@@ -8,7 +8,10 @@ record (:func:`classify_record`) and its inputs' keys: its model :data:`RESULT` 
 per-split results, the summary and when they were computed.  A rerun with the same inputs and
 options trains nothing: it prints the stored result and rewrites no report file that is
 already as it would write it.  A store that cannot be written still gets its result,
-computed and not kept (said on stderr).
+computed and not kept (said on stderr).  With ``name`` the stage is named as any other
+(``featpipe cache gc`` keeps it, ``featpipe status NAME`` and ``cache show NAME`` find it);
+an unnamed result is collected by ``gc`` once it is ``--min-age`` old.  The report records
+the stage folder and its name.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from featpipe.fileio import check_output_path
 from featpipe.item_kinds import CLASSIFY, check_input, item_kind
 from featpipe.manifest import Manifest
 from featpipe.parameters import check_params, typed_value
-from featpipe.stages.base import Reporter
+from featpipe.stages.base import Reporter, check_name, name_stage
 from featpipe.store import Stage, Store
 
 #: The model of a classify stage that holds its result (``splits``, ``summary``, ``created``).
@@ -175,15 +178,33 @@ def stored_result(stage: Stage, reporter: Reporter) -> dict | None:
 
 
 def keep_result(store: Store, record: dict, inputs: Sequence[Stage], result: dict,
-                reporter: Reporter) -> None:
-    """Store ``result`` in the classify stage of ``record`` and ``inputs``; a store that cannot
-    be written keeps nothing, with a warning (the result is printed all the same)."""
+                reporter: Reporter) -> Stage | None:
+    """Store ``result`` in the classify stage of ``record`` and ``inputs`` and return it; a
+    store that cannot be written keeps nothing, with a warning (the result is printed all
+    the same), and None is returned."""
     try:
         stage = store.stage("classify", record, inputs=inputs, items=Manifest([]))
         stage.save_model(RESULT, {}, result)
     except (OSError, WriteError) as err:
         reporter.warn(f"the classify result is not kept in store {store.root} "
                       f"({err}); a rerun computes it again")
+        return None
+    return stage
+
+
+def name_result(store: Store, name: str | None, stage: Stage | None,
+                reporter: Reporter) -> None:
+    """Point ``name`` at the classify stage that keeps the result (:func:`name_stage`); a
+    result not kept gets no name (said)."""
+    if not name:
+        return
+    if stage is None:
+        reporter.warn(f"name {name} not set: the result is not kept in the store")
+        return
+    try:
+        name_stage(store, name, stage, reporter)
+    except (OSError, WriteError) as err:
+        reporter.warn(f"name {name} not set ({err})")
 
 
 def check_arguments(inputs: Sequence[str], kernels: Sequence[str] = ("linear",), *,
@@ -222,7 +243,8 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
              metric: str | None = None, ap_mode: str = "standard", solver: str = "libsvm",
              gamma: float | None = None, order: int = 1, normalize: str = "l2",
              jobs: int = -1, report: str | None = None, intersect: bool = False,
-             command: str | None = None, reporter: Reporter | None = None) -> dict:
+             name: str | None = None, command: str | None = None,
+             reporter: Reporter | None = None) -> dict:
     """Train and test on each split; returns ``{"splits": [...], "summary": {...}}``.
 
     ``kernels`` is one kernel for all inputs or one per input; fused kernels are scaled by
@@ -233,12 +255,15 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
     number or ``'all'``.  Fused inputs must hold the same items (:func:`common_items`), or
     with ``intersect`` the items they share are classified.  ``normalize``: ``'l2'`` (the
     default) divides each encoding by its norm before its kernel, ``'none'`` uses it as stored.
+    ``name`` names the stage that keeps the result (so ``featpipe cache gc`` keeps it).
     Every parameter is checked before any input is read (:class:`ParameterError`).
     ``command`` is the command line recorded in the report (None for a library call).
     The result (and the report) holds the run's canonical record (:func:`classify_record`)
-    and its key, the hash of that record and the inputs' keys, printed as ``classify KEY``.
+    and its key, the hash of that record and the inputs' keys, printed as ``classify KEY``;
+    the report also its stage folder (``classify-KEY``) and name.
     """
     reporter = reporter or Reporter()
+    check_name(name)
     check_arguments(inputs, kernels, fusion=fusion, fusion_scale=fusion_scale,
                     weights=weights, C=C, cv=cv,
                     metric=metric, ap_mode=ap_mode, solver=solver, gamma=gamma, order=order,
@@ -248,8 +273,8 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
     if report:
         check_output_path(report, "report", store.root)
     stages = [store.resolve(name) for name in inputs]
-    for name, stage in zip(inputs, stages, strict=True):
-        check_input("classify", CLASSIFY, {}, item_kind(stage), repr(name))
+    for given, source in zip(inputs, stages, strict=True):
+        check_input("classify", CLASSIFY, {}, item_kind(source), repr(given))
     manifest = common_items(inputs, stages, intersect, reporter)
     if len(manifest) == 0:
         raise FeatpipeError(f"input {inputs[0]!r} ({stages[0].name}) has no items (labels "
@@ -284,6 +309,7 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
                       "nothing trained")
         for k, result in zip(splits, results, strict=True):
             reporter.info(split_line(k, result))
+        name_result(store, name, stage, reporter)
     else:
         settings = Settings(Cs=Cs, metric=metric, ap_mode=ap_mode, solver=solver,
                             weights=tuple(weights) if weights else None, gamma=gamma,
@@ -299,7 +325,7 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
         kept = json.loads(json.dumps({"splits": results, "summary": summarise(results, metric),
                                       "created": created}, sort_keys=True))
         results, summary = kept["splits"], kept["summary"]  # the form a rerun reads back
-        keep_result(store, record, stages, kept, reporter)
+        name_result(store, name, keep_result(store, record, stages, kept, reporter), reporter)
     reporter.info(f"{metric}: {summary['mean']:.4f} ± {summary['std']:.4f} over "
                   f"{len(results)} split(s)")
     for line in per_class_lines(results):
@@ -308,7 +334,8 @@ def classify(store: Store, inputs: Sequence[str], kernels: Sequence[str] = ("lin
         from featpipe.classify.report import build_report, stage_chain, write_report
 
         used = sorted(set(folds.values())) or [cv or DEFAULT_CV]  # folds per split
-        config = {"key": key, "params": record, "store": str(store.root),
+        config = {"key": key, "stage": stage.name, "name": name, "params": record,
+                  "store": str(store.root),
                   "inputs": list(inputs),
                   "stages": [s.name for s in stages], "kernels": list(kernels),
                   "fusion": fusion, "fusion_scale": fusion_scale if len(stages) > 1 else None,

@@ -19,6 +19,7 @@ from featpipe.stages.base import (
     StageRun,
     Written,
     check_name,
+    input_rows,
     run_stage,
     usable_items,
 )
@@ -187,7 +188,8 @@ def encode(store: Store, input: str, method: str, params: Mapping | None = None,
     if not dry_run and view_of(stage, compute):
         return _view_run(store, stage, items.ids, name, options or RunOptions(), reporter)
     run = run_stage(stage, items.ids, compute, store=store, name=name, options=options,
-                    reporter=reporter, batch_size=batch)
+                    reporter=reporter, batch_size=batch,
+                    work=lambda todo: input_rows(Stage(compute.input_path), todo))
     if dry_run:
         size = planned_size(stage, store.resolve(input), compute.sizing_encoder, items.ids,
                             reporter)

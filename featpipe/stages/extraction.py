@@ -37,13 +37,14 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from featpipe.errors import FeatpipeError, ItemError, WriteError
-from featpipe.extract.estimate import Totals
+from featpipe.extract.estimate import work_plan
 from featpipe.extract.settings import ExtractSettings
 from featpipe.extract.streaming import CropProgram, Extraction, LocalFeatureProgram, Network
 from featpipe.interrupts import Interrupt, Interrupted, interruptible
 from featpipe.io.video import DecodePool, Sampling
 from featpipe.manifest import Manifest
 from featpipe.parallel import resolve_jobs, store_stopped
+from featpipe.progress import WorkPlan
 from featpipe.stages.base import (
     Reporter,
     RunOptions,
@@ -56,6 +57,7 @@ from featpipe.stages.base import (
     one_run_at_a_time,
     run_stage,
     settle_name,
+    unmark_running,
 )
 from featpipe.stages.calibration import calibrate
 from featpipe.stages.dryrun import planning_quickly
@@ -120,9 +122,9 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
                 calibration = calibrate(plan_, reporter) if plan_.todo and \
                     not planning_quickly() else None
                 return plan_.dry_run(name, calibration, reporter)
-            total = plan_.check_disk()
+            plan_.check_disk()
             plan_.hashes.save()  # after every check: a refused run leaves nothing behind
-            return _execute(plan_, pool, total, name, reporter)
+            return _execute(plan_, pool, name, reporter)
         except Interrupt as signal_:  # before any item ran (probing, loading the model)
             done = plan_.summary.done
             raise Interrupted(signal_.signum, done, len(plan_.todo) - done) from None
@@ -130,8 +132,7 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
             pool.close()
 
 
-def _execute(plan_: ExtractionPlan, pool, total: Totals, name: str | None,
-             reporter: Reporter) -> StageRun:
+def _execute(plan_: ExtractionPlan, pool, name: str | None, reporter: Reporter) -> StageRun:
     """Run a checked plan: its stages created, the pass run in this process's pipeline (or
     its items sent to a dask cluster), the names moved when it went through."""
     store, manifest, options = plan_.store, plan_.manifest, plan_.options
@@ -148,22 +149,24 @@ def _execute(plan_: ExtractionPlan, pool, total: Totals, name: str | None,
         pool.close()
         compute = ExtractCompute(str(stage.path), paths, sampling, chosen, outputs, settings)
         return run_stage(stage, manifest.ids, compute, store=store, name=name,
-                         options=options, reporter=reporter, batch_size=4)
+                         options=options, reporter=reporter, batch_size=4,
+                         work=lambda todo: {e.item_id: e.work for e in plan_.estimates})
     written = ([(stage, name)] if plan_.keep else []) + chain.written()
     for output, output_name in written if then else []:
         announce(output, output_name, reporter)
     if not then:
         announce(stage, name, reporter)
     with one_run_at_a_time(stage, manifest.ids, shard, options.force, reporter) as reused:
-        for output, output_name in written or [(stage, None)]:
-            mark_running(store, output_name, output)
         todo, summary, partial = plan_pass(stage, chain, manifest.ids, options.force, shard)
+        work = work_plan(plan_.estimates, todo)
+        for output, output_name in written or [(stage, None)]:
+            mark_running(store, output_name, output, work, options.force)
         outputs = dataclasses.replace(outputs, partial=partial)
         try:
             extraction = _extraction(stage, pool, sampling, chosen, outputs, settings)
             extraction.also_failed = [s for s, step in zip(chain.stages, chain.steps,
                                                            strict=True) if step.keep]
-            run = _run(stage, extraction, [(i, paths[i]) for i in todo], summary, total,
+            run = _run(stage, extraction, [(i, paths[i]) for i in todo], summary, work,
                        options, reporter, name if not then else None)
         except Interrupted:
             raise  # its one line says how many items are left
@@ -173,7 +176,7 @@ def _execute(plan_: ExtractionPlan, pool, total: Totals, name: str | None,
             raise
         finally:
             for output, _ in written or [(stage, None)]:
-                output.unmark_running()
+                unmark_running(output)
     reused(run.summary)
     for output, output_name in written:
         settle_name(store, output_name, output, output.items.ids, options.on_error, reporter)
@@ -206,19 +209,22 @@ def _extraction(stage, pool, sampling, chosen: Chosen, sinks, settings: ExtractS
                       allow_partial=settings.allow_partial, record_failures=record_failures)
 
 
-def _run(stage, extraction: Extraction, todo: list[tuple[str, str]], summary, total: Totals,
+def _run(stage, extraction: Extraction, todo: list[tuple[str, str]], summary, work: WorkPlan,
          options: RunOptions, reporter: Reporter, name: str | None) -> StageRun:
-    """Run the items ``todo`` (id, path) in this process's pipeline: progress in frames, one
-    summary line, the first failure ends the run with ``on_error='fail'``; a signal or a store
-    that cannot be written (disk full) ends it cleanly, with one line."""
+    """Run the items ``todo`` (id, path) in this process's pipeline: progress in frames, timed
+    by the work of each item (``work``), one summary line, the first failure ends the run with
+    ``on_error='fail'``; a signal or a store that cannot be written (disk full) ends it
+    cleanly, with one line."""
     extraction.on_warning = lambda item_id, text: reporter.warn(f"warning: {item_id}: {text}")
     runs = extraction.run(todo)
     try:
         label = f"{stage.kind} {name}" if name else stage.kind
-        with reporter.progress(total.frames if todo else 0, label,
+        with reporter.progress(round(work.units_total) if todo else 0, label,
                                unit="frames") as progress:
-            extraction.on_frames = progress.advance
+            progress.plan_work(work)
+            extraction.on_item_frames = progress.advance_item
             for item_id, error in runs:
+                progress.ended(item_id)
                 if error is None:
                     summary.done += 1
                     continue

@@ -107,7 +107,8 @@ def test_a_pipeline_runs_end_to_end_and_a_rerun_computes_nothing(tmp_path, pipel
     assert "step 5/5: result (classify)" in first.stdout
     assert printed_accuracy(first.stdout) == pytest.approx(reference_accuracy(), abs=1e-4)
     store = Store(tmp_path / "store")
-    assert sorted(store.names()) == ["avg", "frames", "frames-std", "std"]
+    assert sorted(store.names()) == ["avg", "frames", "frames-std", "result", "std"]
+    assert store.resolve("result").kind == "classify"  # a step's name names its result too
     report = json.loads((tmp_path / "reports" / "avg.json").read_text())
     assert report["command"] == f"featpipe run {pipeline_file} (step result)"
     assert [e["kind"] for e in report["inputs_chain"]] == ["import", "standardize", "encode",
