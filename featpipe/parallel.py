@@ -215,6 +215,8 @@ def process_batch(stage: Stage, compute: Compute, ids: Sequence[str],
         seconds = (time.perf_counter() - started) / max(len(part), 1)
         for item_id, result in zip(part, results, strict=True):
             error = None
+            if isinstance(result, WriteError):  # caught per item by its compute: still the
+                raise result                     # store's fault, never the item's
             if isinstance(result, BaseException):
                 error = describe_error(result)
             elif result is not WRITTEN:
