@@ -653,16 +653,19 @@ class DecodeWorker:
         self.kill()
         # A fresh interpreter (not fork: torch and BLAS threads do not survive it; not
         # multiprocessing's spawn: it re-imports the caller's __main__ script) on one end of a
-        # socket pair, with the caller's sys.path so plugin decoders import as they do here.
+        # socket pair, with the caller's import path so plugin decoders import as they do
+        # here, and never from the working folder (featpipe.processes).
+        from featpipe.processes import child_environment, python_command
+
         parent, child = socket.socketpair()
         code = (f"import gc, sys; gc.set_threshold({WORKER_GC_THRESHOLD}); "
                 "from multiprocessing.connection import Connection; "
                 "from featpipe.io.video import _exit_now, _worker_main; "
                 f"_worker_main(Connection({child.fileno()}), sys.argv[1]); _exit_now()")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        env = child_environment()
         # one decoding thread: the workers run beside the model, which wants the cores
         env.setdefault("OPENCV_FFMPEG_CAPTURE_OPTIONS", "threads;1")
-        self.process = subprocess.Popen([sys.executable, "-c", code, self.decoder],
+        self.process = subprocess.Popen(python_command("-c", code, self.decoder),
                                         pass_fds=[child.fileno()], env=env,
                                         stdin=subprocess.DEVNULL)
         child.close()
