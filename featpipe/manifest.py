@@ -331,6 +331,40 @@ def symlink_loop(path: str | os.PathLike) -> str | None:
     return None
 
 
+#: the words the failure of an item whose file is missing ends with: its manifest row is
+#: what to fix (a re-run as it is fails it again): :func:`row_fix`, :func:`needs_row_fix`
+ROW_FIX = "fix or remove its row"
+
+
+def missing_file(path: str | os.PathLike) -> str | None:
+    """Why the file at ``path`` cannot be opened when it is missing (it does not exist, a
+    symbolic link on it loops; with the twin that differs in Unicode normalisation), or None
+    when it exists."""
+    if os.path.exists(path):
+        return None
+    return symlink_loop(path) or f"file {path} does not exist" + normalisation_note(Path(path))
+
+
+def row_fix(manifest: Manifest | None, item_id: str) -> str:
+    """``fix or remove its row in FILE (line N: path 'P')``: what to do about an item whose
+    file is missing, naming its row of ``manifest`` (as far as it is known)."""
+    try:
+        item = manifest[item_id] if manifest is not None else None
+    except FeatpipeError:
+        item = None
+    if item is None:
+        return f"{ROW_FIX} in the manifest"
+    where = f" in {manifest.source}" if manifest.source else " in the manifest"
+    line = f"line {item.line}: " if item.line else ""
+    return f"{ROW_FIX}{where} ({line}path {item.path!r})"
+
+
+def needs_row_fix(error: str) -> bool:
+    """Whether an item's recorded failure is a missing file, fixed in its manifest row (so
+    re-running the same command as it is cannot finish the stage)."""
+    return ROW_FIX in error
+
+
 def normalisation_twin(path: Path) -> Path | None:
     """The existing path that differs from the missing ``path`` only in the Unicode
     normalisation of its names (``café`` composed, NFC, or decomposed, NFD, as macOS and

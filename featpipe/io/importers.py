@@ -55,6 +55,7 @@ from featpipe.manifest import (
     ManifestItem,
     from_rows,
     normalisation_note,
+    row_fix,
     symlink_loop,
 )
 from featpipe.parallel import ItemOutput
@@ -800,22 +801,26 @@ class ImportCompute:
         results = []
         for item_id in ids:  # every failure, whatever its type, belongs to its own item
             try:
-                results.append(ItemOutput(self.read(manifest[item_id], sources)))
+                results.append(ItemOutput(self.read(manifest[item_id], sources, manifest)))
             except ItemError as err:
                 results.append(err)
             except Exception as err:
                 results.append(ItemError(item_id, f"{type(err).__name__}: {first_line(err)}"))
         return results
 
-    def read(self, item: ManifestItem, sources: Sequence) -> np.ndarray:
+    def read(self, item: ManifestItem, sources: Sequence, manifest: Manifest | None = None
+             ) -> np.ndarray:
+        """The item's checked array; ``manifest`` (its rows) names the row of a missing one."""
         holders = [(s, where) for s in sources if (where := s.locate(item)) is not None]
         if not holders:
             loop = next(filter(None, (s.looping(item) for s in sources
                                       if isinstance(s, NpyDirSource))), None)
             if loop is not None:
-                raise ItemError(item.id, f"{loop}: point it at the item's file, or remove it")
+                raise ItemError(item.id, f"{loop}: point it at the item's file, or "
+                                         + row_fix(manifest, item.id))
             raise ItemError(item.id, "not found: " + "; ".join(
-                s.describe_missing(item) for s in sources))
+                s.describe_missing(item) for s in sources) + "; add its file, or "
+                + row_fix(manifest, item.id))
         if len(holders) > 1:
             raise ItemError(item.id, "found in more than one source: " + ", ".join(
                 str(s.path) for s, _ in holders))

@@ -73,6 +73,7 @@ from featpipe.parallel import (
     parse_shard,
     plan,
     resolve_jobs,
+    resume_advice,
     store_stopped,
 )
 from featpipe.parameters import parameter_record, typed_value
@@ -441,6 +442,7 @@ def extract(store: Store, manifest: Manifest, features: str, *, params: Mapping 
                                              settings)
                     extraction.also_failed = [s for s, step in zip(chain.stages, chain.steps,
                                                                    strict=True) if step.keep]
+                    extraction.manifest = manifest  # a missing file names its row
                     run = _run(stage, extraction, [(i, paths[i]) for i in todo], summary,
                                total, options, reporter, name if not then else None)
                 except Interrupted:
@@ -870,8 +872,7 @@ def _run(stage, extraction: Extraction, todo: list[tuple[str, str]], summary, to
                 summary.failed[item_id] = error
                 if options.on_error == "fail":
                     raise FeatpipeError(f"{error} (stage {stage.name}; {summary.line()}; "
-                                        "re-run to resume, or use --on-error skip)",
-                                        item=item_id)
+                                        f"{resume_advice(error)})", item=item_id)
     except Interrupt as signal_:
         runs.close()
         left = len(todo) - summary.done

@@ -90,7 +90,8 @@ def test_a_looping_link_is_named_as_such_by_import_and_manifest_check(tmp_path, 
     assert result.exit_code == 1
     failed = [line for line in result.output.splitlines() if line.startswith("failed: ")]
     assert failed == [f"failed: x: {folder / 'x.npy'} is a symbolic link that loops (Too many "
-                      "levels of symbolic links): point it at the item's file, or remove it"]
+                      "levels of symbolic links): point it at the item's file, or fix or remove "
+                      f"its row in {manifest} (line 3: path 'npy/x.npy')"]
     assert Store(tmp_path / "s").resolve("x").done_ids() == {"ok"}
     check = cli("manifest", "check", manifest)
     assert f"{manifest}:3: file 'npy/x.npy' of 'x' does not exist; {tmp_path}/npy/x.npy is a " \
