@@ -87,22 +87,28 @@ def spill_array(shape: tuple[int, ...], dtype) -> np.ndarray:
 
 
 def reserve_file(handle, size: int, folder: str) -> None:
-    """Give the open file ``handle`` ``size`` allocated bytes (``posix_fallocate``; where the
-    system has none, zeros written with ``write()``), so that a memory map of it never
-    needs a block the disk lacks; a disk without room for them is a
-    :class:`~featpipe.errors.WriteError` naming ``folder``, its free bytes and ``size``."""
+    """Give the open file ``handle`` ``size`` allocated bytes (``posix_fallocate``; zeros
+    written with ``write()`` where the system or the file system has no such call), so that
+    a memory map of it never needs a block the disk lacks; a disk without room for them is
+    a :class:`~featpipe.errors.WriteError` naming ``folder``, its free bytes and ``size``."""
+    import errno
     from pathlib import Path
 
     from featpipe.fileio import free_bytes, human_bytes, os_reason
 
     try:
-        if hasattr(os, "posix_fallocate"):
+        try:
             os.posix_fallocate(handle.fileno(), 0, size)
-        else:
-            block = bytes(min(size, 2**20))
-            for start in range(0, size, len(block)):
-                handle.write(block[:size - start])
-            handle.flush()
+            return
+        except AttributeError:  # not on this system (macOS)
+            pass
+        except OSError as err:
+            if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+        block = bytes(min(size, 2**20))
+        for start in range(0, size, len(block)):
+            handle.write(block[:size - start])
+        handle.flush()
     except OSError as err:
         free = free_bytes(Path(folder))
         room = "" if free is None else f"{human_bytes(free)} free, "

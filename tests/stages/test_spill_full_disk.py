@@ -45,8 +45,14 @@ def spill_files(root) -> list:
 
 
 def test_a_spill_on_a_full_disk_is_a_write_error_naming_it(tmp_path, monkeypatch):
-    """Both ways of reserving (posix_fallocate, and write() where a system lacks it)."""
+    """Both ways of reserving: posix_fallocate, and write() where a file system does not
+    support it or a system lacks it."""
+    import errno
+
     from featpipe.backend import SPILL_FOLDER, spill_array
+
+    def unsupported(fd, offset, length):
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
 
     with mounted("-t", "tmpfs", "-o", "size=1m", "tmpfs", tmp_path / "disk") as disk:
         token = SPILL_FOLDER.set(str(disk))
@@ -56,8 +62,13 @@ def test_a_spill_on_a_full_disk_is_a_write_error_naming_it(tmp_path, monkeypatch
             mapped[...] = 1.0
             assert mapped.sum() == 512 * 256
             del mapped
-            for reserve in ("fallocate", "write"):
-                if reserve == "write":
+            for reserve in ("fallocate", "unsupported", "absent"):
+                if reserve == "unsupported":
+                    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+                    again = spill_array((512, 256), np.float32)  # written with write()
+                    assert again.shape == (512, 256) and not again.any()
+                    del again
+                if reserve == "absent":
                     monkeypatch.delattr(os, "posix_fallocate")
                 with pytest.raises(WriteError) as caught:
                     spill_array((2048, 256), np.float32)  # 2 MiB on a 1 MiB disk
