@@ -38,8 +38,8 @@ StateCheck = Callable[[dict], None]
 #: (path, device, inode, size, mtime) -> ``sha256:HEX`` of the file: a file is hashed once
 #: while it is unchanged
 _DIGESTS: dict[tuple, str] = {}
-#: (sha256, network) -> None (usable) or the error line of the check
-_CHECKED: dict[tuple[str, str], str | None] = {}
+#: (sha256, network, the file as given) -> None (usable) or the error line of the check
+_CHECKED: dict[tuple[str, str, str], str | None] = {}
 #: the state dict the last check loaded, by its bytes' sha256: the model load takes it
 _LOADED: dict[str, dict] = {}
 
@@ -85,12 +85,12 @@ def weights_identity(weights: str | None, help_text: str, check: StateCheck | No
     if check is None:
         return _digest(path)
     identity = _DIGESTS.get(_stat_key(path))
-    if identity is None or (identity, what) not in _CHECKED:
+    if identity is None or (identity, what, weights) not in _CHECKED:
         identity, problem = _checked(weights, help_text, check)
         if identity is None:  # the file could not be read: nothing to remember
             raise FeatpipeError(problem)
-        _CHECKED[identity, what] = problem
-    problem = _CHECKED[identity, what]
+        _CHECKED[identity, what, weights] = problem
+    problem = _CHECKED[identity, what, weights]
     if problem is not None:
         raise FeatpipeError(problem)
     return identity
