@@ -24,7 +24,7 @@ import os
 import array_api_compat
 import numpy as np
 
-from featpipe.errors import FeatpipeError, InputError
+from featpipe.errors import FeatpipeError, InputError, WriteError
 from featpipe.settings import memory_setting, threads_setting
 
 DEVICES = ("cpu", "cuda")
@@ -67,15 +67,55 @@ SPILL_FOLDER: contextvars.ContextVar[str | None] = contextvars.ContextVar("featp
 def spill_array(shape: tuple[int, ...], dtype) -> np.ndarray:
     """A zeroed array of ``shape``: in memory when it fits :func:`memory_budget`, else a
     memory map of a temporary file in :data:`SPILL_FOLDER`, deleted once unmapped (the pages
-    it uses are the file system's cache, not the process's memory)."""
+    it uses are the file system's cache, not the process's memory).
+
+    The file's blocks are reserved before it is mapped (:func:`reserve_file`): a store on a
+    full disk is then a :class:`~featpipe.errors.WriteError` naming the disk, never the
+    SIGBUS a write through the map of a sparse file gets when the disk cannot hold the page
+    (SQLite and LMDB document that signal)."""
     import tempfile
 
     dtype = np.dtype(dtype)
-    if math.prod(shape) * dtype.itemsize <= memory_budget():
+    size = math.prod(shape) * dtype.itemsize
+    if size <= memory_budget():
         return np.zeros(shape, dtype)
+    folder = SPILL_FOLDER.get() or tempfile.gettempdir()
     with tempfile.NamedTemporaryFile(prefix="featpipe-spill-", suffix=".tmp",
-                                     dir=SPILL_FOLDER.get()) as handle:
-        return np.memmap(handle, dtype=dtype, mode="w+", shape=shape)
+                                     dir=folder) as handle:
+        reserve_file(handle, size, folder)
+        return np.memmap(handle, dtype=dtype, mode="r+", shape=shape)
+
+
+def reserve_file(handle, size: int, folder: str) -> None:
+    """Give the open file ``handle`` ``size`` allocated bytes (``posix_fallocate``; zeros
+    written with ``write()`` where the system or the file system has no such call), so that
+    a memory map of it never needs a block the disk lacks; a disk without room for them is
+    a :class:`~featpipe.errors.WriteError` naming ``folder``, its free bytes and ``size``."""
+    import errno
+    from pathlib import Path
+
+    from featpipe.fileio import free_bytes, human_bytes, os_reason
+
+    try:
+        try:
+            os.posix_fallocate(handle.fileno(), 0, size)
+            return
+        except AttributeError:  # not on this system (macOS)
+            pass
+        except OSError as err:
+            if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+        block = bytes(min(size, 2**20))
+        for start in range(0, size, len(block)):
+            handle.write(block[:size - start])
+        handle.flush()
+    except OSError as err:
+        free = free_bytes(Path(folder))
+        room = "" if free is None else f"{human_bytes(free)} free, "
+        raise WriteError(f"cannot write a spill file in {folder}: {os_reason(err, folder)}; "
+                         f"its disk has {room}the file needs {human_bytes(size)} "
+                         "(free space there, or raise FEATPIPE_MEMORY to keep it in "
+                         "memory)") from None
 
 
 def all_rows(X, predicate, rows: int = 1024) -> bool:

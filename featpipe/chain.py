@@ -28,7 +28,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from featpipe.errors import FeatpipeError, ItemError, ParameterError, describe_error
+from featpipe.errors import (
+    FeatpipeError,
+    ItemError,
+    ParameterError,
+    WriteError,
+    describe_error,
+)
 from featpipe.fileio import checked_result
 from featpipe.store.item_files import ItemFiles, PendingItem
 
@@ -160,8 +166,8 @@ class ChainRunner:
             source, source_extras = results[step.source]
             try:
                 value = self._encoder(index).encode_batch([source], [source_extras])[0]
-            except ParameterError:
-                raise  # the step's parameters, not the item
+            except (ParameterError, WriteError):
+                raise  # the step's parameters or the store's disk, not the item
             except FeatpipeError as err:
                 raise ItemError(item_id, f"step {step.label} ({step.method}): "
                                 f"{getattr(err, 'cause', str(err))}") from None

@@ -8,8 +8,14 @@ or several separated by ``;`` (multi-label sets such as Hollywood2 and VOC); ``s
 Ids and labels may hold any Unicode text except control characters (U+0000-U+001F,
 U+007F-U+009F): they end in ledgers, terminals and export files, where ``v2\\0`` and ``v2``
 would become the same id.  Such a row is refused with its line number (or, for a manifest
-built from files, its path); so is text that is not valid UTF-8.  The file is read without
-newline translation, so a quoted ``\\r`` stays ``\\r``.
+built from files, its path); so is text that is not valid UTF-8.  Two ids equal after
+Unicode normalisation (NFC: ``café`` composed and decomposed print the same) are duplicates,
+refused naming both rows.  The file is read without newline translation, so a quoted
+``\\r`` stays ``\\r``.
+
+Relative paths are of the folder the manifest file is in: for a manifest given as a symbolic
+link, the folder of the file it points to (its paths were written next to it), in every
+command alike.
 """
 
 from __future__ import annotations
@@ -149,14 +155,17 @@ class Manifest:
             with open(path, encoding="utf-8", newline="") as handle:  # keep \r inside quotes
                 text = handle.read()
         except FileNotFoundError:
-            raise FeatpipeError(f"manifest {path} does not exist") from None
+            raise FeatpipeError(f"manifest {path} does not exist"
+                                + normalisation_note(path)) from None
         except IsADirectoryError:
             raise FeatpipeError(f"manifest {path} is a folder, not a CSV file") from None
         except UnicodeDecodeError as err:
             raise FeatpipeError(f"manifest {path} is not UTF-8 ({err.reason})") from None
         except OSError as err:
-            raise FeatpipeError(f"manifest {path} is unreadable ({err.strerror})") from None
-        return cls.parse(text, root=path.parent, source=str(path))
+            loop = symlink_loop(path)
+            raise FeatpipeError(f"manifest {loop or f'{path} is unreadable ({err.strerror})'}"
+                                ) from None
+        return cls.parse(text, root=manifest_folder(path), source=str(path))
 
     @classmethod
     def read(cls, path: str | os.PathLike, strict: bool = True) -> Manifest:
@@ -192,7 +201,7 @@ class Manifest:
                 problems.append(Problem(1, f"column {i + 3} must be named 'split{i}', got "
                                            f"{name!r}"))
         items: list[ManifestItem] = []
-        seen: dict[str, int] = {}
+        seen: dict[str, tuple[str, int]] = {}  # NFC form -> (id as written, line)
         shared: dict[tuple[str, ...], tuple[str, ...]] = {}  # one copy of each labels/splits
         for lineno, row in _records(reader, problems):
             if not row or all(not cell.strip() for cell in row):
@@ -208,11 +217,13 @@ class Manifest:
             if not item_id:
                 problems.append(Problem(lineno, "empty id"))
                 continue
-            if item_id in seen:
-                problems.append(Problem(lineno, f"duplicate id {item_id!r} (first on line "
-                                                f"{seen[item_id]})"))
+            key = unicodedata.normalize("NFC", item_id)
+            if key in seen:
+                first, first_line = seen[key]
+                problems.append(Problem(lineno, duplicate_id(item_id, first,
+                                                             f"line {first_line}")))
                 continue
-            seen[item_id] = lineno
+            seen[key] = (item_id, lineno)
             bad_text = text_problem(f"id {item_id!r}", item_id) or text_problem(
                 f"label {label!r} of {item_id!r}", label)
             if bad_text:
@@ -287,6 +298,73 @@ class Manifest:
 NO_ITEMS = "no items: the header is not followed by any row (import and extract refuse it)"
 
 
+def manifest_folder(path: str | os.PathLike) -> Path:
+    """The folder a manifest's relative paths start from: the folder of the file itself, a
+    symbolic link followed to its target (its paths were written next to the file; a link
+    only reaches it from elsewhere), as ``python script.py`` finds a linked script's
+    modules."""
+    return Path(os.path.realpath(path)).parent
+
+
+def duplicate_id(item_id: str, first: str, where: str, source: str = "") -> str:
+    """The problem of an id (read from ``source``, e.g. `` (from 'a.mp4')``) equal to the
+    ``first`` one (at ``where``), exactly or after Unicode normalisation (NFC), where the two
+    print the same: their code points say how they differ."""
+    if item_id == first:
+        return f"duplicate id {item_id!r}{source} (first on {where})"
+    return (f"duplicate id {item_id!r}{source}: equal to {first!r} on {where} after Unicode "
+            f"normalisation ({_form(item_id)} {ascii(item_id)} here, {_form(first)} "
+            f"{ascii(first)} there; they print the same): write one form for both, or "
+            "rename one")
+
+
+def symlink_loop(path: str | os.PathLike) -> str | None:
+    """``PATH is a symbolic link that loops (...)`` when a symbolic link on ``path`` points
+    back to itself (directly or through others), else None."""
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return f"{path} is a symbolic link that loops ({err.strerror})"
+    except ValueError:  # an embedded NUL: no such path
+        pass
+    return None
+
+
+#: the words the failure of an item whose file is missing ends with: its manifest row is
+#: what to fix (a re-run as it is fails it again): :func:`row_fix`, :func:`needs_row_fix`
+ROW_FIX = "fix or remove its row"
+
+
+def missing_file(path: str | os.PathLike) -> str | None:
+    """Why the file at ``path`` cannot be opened when it is missing (it does not exist, a
+    symbolic link on it loops; with the twin that differs in Unicode normalisation), or None
+    when it exists."""
+    if os.path.exists(path):
+        return None
+    return symlink_loop(path) or f"file {path} does not exist" + normalisation_note(Path(path))
+
+
+def row_fix(manifest: Manifest | None, item_id: str) -> str:
+    """``fix or remove its row in FILE (line N: path 'P')``: what to do about an item whose
+    file is missing, naming its row of ``manifest`` (as far as it is known)."""
+    try:
+        item = manifest[item_id] if manifest is not None else None
+    except FeatpipeError:
+        item = None
+    if item is None:
+        return f"{ROW_FIX} in the manifest"
+    where = f" in {manifest.source}" if manifest.source else " in the manifest"
+    line = f"line {item.line}: " if item.line else ""
+    return f"{ROW_FIX}{where} ({line}path {item.path!r})"
+
+
+def needs_row_fix(error: str) -> bool:
+    """Whether an item's recorded failure is a missing file, fixed in its manifest row (so
+    re-running the same command as it is cannot finish the stage)."""
+    return ROW_FIX in error
+
+
 def normalisation_twin(path: Path) -> Path | None:
     """The existing path that differs from the missing ``path`` only in the Unicode
     normalisation of its names (``café`` composed, NFC, or decomposed, NFD, as macOS and
@@ -317,11 +395,9 @@ def normalisation_note(path: Path) -> str:
     """``; ...`` saying why a missing ``path`` is missing when it looks present: a symbolic
     link on it loops, or it exists under a name that differs only in its Unicode
     normalisation (the two look identical when printed); or ``""``."""
-    try:
-        os.stat(path)
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            return f"; {path} is a symbolic link that loops ({err.strerror})"
+    loop = symlink_loop(path)
+    if loop is not None:
+        return f"; {loop}"
     twin = normalisation_twin(path)
     if twin is None:
         return ""
@@ -349,12 +425,19 @@ def from_rows(rows: Sequence[tuple[str, str, Sequence[str], Sequence[str]]], roo
     """Build a manifest from ``(id, path, labels, splits)`` tuples; an id or label that
     :func:`text_problem` refuses (or a path that is not UTF-8) is an error naming the path."""
     items = []
+    seen: dict[str, tuple[str, str]] = {}  # NFC form -> (id, path)
     for line, (i, p, ls, ss) in enumerate(rows, start=2):
         where = f" (from {p!r})" if p else ""
         problem = text_problem(f"id {i!r}{where}", i) or text_problem(
             f"path {p!r}", _CONTROL.sub("", p)) or next(
             filter(None, (text_problem(f"label {label!r} of {i!r}", label) for label in ls)),
             None)
+        key = unicodedata.normalize("NFC", i)
+        if not problem and key in seen:
+            first, first_path = seen[key]
+            problem = duplicate_id(i, first, f"the row of {first_path!r}" if first_path
+                                   else "an earlier row", where)
+        seen.setdefault(key, (i, p))
         if problem:
             raise FeatpipeError(problem)
         items.append(ManifestItem(i, p, tuple(ls), tuple(ss), line))

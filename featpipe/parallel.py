@@ -51,6 +51,7 @@ from featpipe.errors import (
 )
 from featpipe.fileio import first_line, shard_of
 from featpipe.flags import flag_of
+from featpipe.manifest import needs_row_fix
 from featpipe.settings import node_checks_deferred
 from featpipe.store import Stage
 from featpipe.store.batches import COMMIT_ITEMS, commits_in_batches, is_small
@@ -215,6 +216,8 @@ def process_batch(stage: Stage, compute: Compute, ids: Sequence[str],
         seconds = (time.perf_counter() - started) / max(len(part), 1)
         for item_id, result in zip(part, results, strict=True):
             error = None
+            if isinstance(result, WriteError):  # caught per item by its compute: still the
+                raise result                     # store's fault, never the item's
             if isinstance(result, BaseException):
                 error = describe_error(result)
             elif result is not WRITTEN:
@@ -434,14 +437,24 @@ def run_items(
                 if summary.failed and on_error == "fail":
                     item_id, error = next(iter(summary.failed.items()))
                     raise FeatpipeError(f"{error} (stage {stage.name}; {summary.line()}; "
-                                        "re-run to resume, or use --on-error skip)",
-                                        item=item_id)
+                                        f"{resume_advice(error)})", item=item_id)
         finally:
             outcomes.close()  # the workers stop: what they wrote is counted below
             stage.compact_index()  # writes only what the index lacks
     except WriteError as err:
         raise store_stopped(err, stage, todo, summary.skipped) from None
     return summary
+
+
+def resume_advice(error: str) -> str:
+    """How a run stopped by an item's failure ``error`` goes on: a re-run resumes it, or
+    ``--on-error skip``; not for an item whose file is missing
+    (:func:`featpipe.manifest.needs_row_fix`): as it is, a re-run fails it again, and the
+    fixed manifest is a new stage (the key holds the content of every item's file)."""
+    if needs_row_fix(error):
+        return ("with the row fixed the command makes a new stage, its key holding every "
+                "file's content; --on-error skip computes the other items now")
+    return "re-run to resume, or use --on-error skip"
 
 
 def store_stopped(err: WriteError, stage: Stage, todo: Sequence[str], skipped: int

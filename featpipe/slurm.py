@@ -12,13 +12,13 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from featpipe.errors import FeatpipeError
+from featpipe.processes import featpipe_command, import_path
 
 #: The job-array template, shipped as package data (``featpipe/templates/``).
 TEMPLATE_NAME = "featpipe-array.sbatch"
@@ -27,10 +27,13 @@ ADDED_FLAGS = ("--executor", "--shard", "--scheduler")
 
 
 def stage_argv(command: list[str] | tuple[str, ...]) -> list[str]:
-    """The stage command to run: a leading ``featpipe`` becomes this Python's ``-m featpipe``.
+    """The stage command to run: a leading ``featpipe`` becomes this Python's
+    ``-P -m featpipe`` (:func:`featpipe.processes.featpipe_command`).
 
     Running ``sys.executable -m featpipe`` makes every task use the environment the job was
-    submitted from (a virtual environment on the shared filesystem), PATH or not.
+    submitted from (a virtual environment on the shared filesystem), PATH or not; ``-P`` and
+    the script's PYTHONPATH (this process's import path) make it import the featpipe this
+    process imported, whatever the job's working folder holds.
     """
     argv = list(command)
     if not argv:
@@ -41,7 +44,7 @@ def stage_argv(command: list[str] | tuple[str, ...]) -> list[str]:
             raise FeatpipeError(f"do not pass {arg.split('=', 1)[0]} in the stage command: "
                                 "submit adds --executor/--shard/--scheduler itself")
     if argv[0] == "featpipe":
-        argv = [sys.executable, "-m", "featpipe", *argv[1:]]
+        argv = [*featpipe_command(), *argv[1:]]
     return argv
 
 
@@ -106,6 +109,7 @@ class ArrayJob:
             "WORKDIR": shlex.quote(str(self.workdir)),
             "TASKS": str(self.tasks),
             "COMMAND": shlex.join(self.command),
+            "PYTHONPATH": shlex.quote(import_path()),
         }
         options = "".join(f"#SBATCH {o}\n" for o in self.sbatch_options())
         text = template.replace("{{SBATCH_OPTIONS}}\n", options)

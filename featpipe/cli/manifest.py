@@ -136,14 +136,24 @@ def build(data_dir, output, labels_from, extensions, splits, split_folders, test
 @click.argument("manifest_path", metavar="MANIFEST", type=click.Path(dir_okay=False))
 @click.option("--no-outside", is_flag=True,
               help="Paths outside the manifest's folder are problems.")
-@click.option("--no-files", is_flag=True, help="Do not check that files exist.")
+@click.option("--no-files", is_flag=True,
+              help="Do not check that files exist and open (videos' and images' headers).")
 def check(manifest_path, no_outside, no_files):
-    """Report every problem with its line number; exit 1 if there is any."""
+    """Report every problem with its line number; exit 1 if there is any.
+
+    \b
+    Each file must exist and not be empty; each video and image (by extension) must open as
+    one (its header read by a decoding worker: no video stream, a damaged header, an
+    unreadable file are problems of their row).
+    """
+    from featpipe.io.video import header_problems
     from featpipe.manifest import NO_ITEMS, Manifest
 
     path = Path(manifest_path)
     parsed, problems = Manifest.load(path)
     beyond = parsed.check(check_files=not no_files, allow_outside_root=not no_outside)
+    if not no_files:
+        beyond += header_problems(parsed)
     problems += [p for p in beyond  # a bad header or an empty file leaves no rows: said once
                  if not (problems and problems[0].line == 1 and p.message == NO_ITEMS)]
     for problem in sorted(problems, key=lambda p: p.line):

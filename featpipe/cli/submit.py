@@ -13,6 +13,7 @@ import click
 
 from featpipe.cli.common import open_store, verbosity
 from featpipe.cli.suggest import Choice
+from featpipe.processes import child_environment, featpipe_command, import_path
 from featpipe.slurm import (
     ArrayJob,
     default_template,
@@ -97,8 +98,8 @@ def submit(backend, tasks, partition, time_limit, mem, gpus, cpus_per_task, arra
                         else default_template())
     report = None
     if store and name:
-        report = [sys.executable, "-m", "featpipe", "status", "--store",
-                  str(Path(store).resolve()), name, "--check"]
+        report = [*featpipe_command(), "status", "--store", str(Path(store).resolve()), name,
+                  "--check"]
     if dry_run:
         click.echo(script, nl=False)
         if deferred:
@@ -122,7 +123,7 @@ def submit(backend, tasks, partition, time_limit, mem, gpus, cpus_per_task, arra
                    f"--output={log_dir}/%x-%j.out", f"--chdir={job.workdir}"]
     if partition:
         report_args.append(f"--partition={partition}")
-    report_args.append(f"--wrap={shlex.join(report)}")
+    report_args.append(f"--wrap=PYTHONPATH={shlex.quote(import_path())} {shlex.join(report)}")
     report_id = sbatch(report_args)
     click.echo(f"report job {report_id} runs `featpipe status --check` after the array ends")
     sys.stdout.flush()
@@ -161,23 +162,25 @@ def check_stage_command(argv: list[str]) -> str:
     task on its node; returns the line that says so (empty when the command gives none)."""
     from featpipe.settings import NODE_CHECKS_ENV
 
+    prefix = featpipe_command()
     given = [f"{flags[0]} {value}" for flags in NODE_OPTIONS
-             if (value := option_value(argv[3:], *flags)) is not None]
+             if (value := option_value(argv[len(prefix):], *flags)) is not None]
     deferred = f"checked on each task's node: {', '.join(given)}" if given else ""
-    if argv[:3] != [sys.executable, "-m", "featpipe"]:
+    if argv[:len(prefix)] != prefix:
         return ""
     proc = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True,
-                          env=dict(os.environ, **{NODE_CHECKS_ENV: "1"}))
+                          env=child_environment({**os.environ, NODE_CHECKS_ENV: "1"}))
     if proc.returncode == 0:
         lines = proc.stdout.strip().splitlines() or [""]
         summary = next((line for line in reversed(lines) if " to compute, " in line), lines[-1])
         if verbosity() >= 0:
-            click.echo(f"checked: {shlex.join(['featpipe', *argv[3:]])} --dry-run: "
+            click.echo(f"checked: {shlex.join(['featpipe', *argv[len(prefix):]])} --dry-run: "
                        f"{summary}" + (f"; {deferred}" if deferred else ""), err=True)
         return deferred
     if re.search(r"No such option:? '?--dry-run", proc.stderr):
-        raise click.UsageError(f"`featpipe {' '.join(argv[3:4])}` is not an item-parallel "
-                               "stage command (it has no --dry-run, --shard or --executor)")
+        raise click.UsageError(f"`featpipe {' '.join(argv[len(prefix):len(prefix) + 1])}` is "
+                               "not an item-parallel stage command (it has no --dry-run, "
+                               "--shard or --executor)")
     click.echo(proc.stderr, err=True, nl=False)
     click.echo(f"note: nothing submitted: the stage command failed its own checks "
                f"(--dry-run exited {proc.returncode})", err=True)
@@ -191,6 +194,6 @@ def _submit_dask(argv: list[str], scheduler: str, dry_run: bool) -> None:
         return
     click.echo(f"running: {shlex.join(full)}")
     sys.stdout.flush()
-    code = subprocess.call(full)
+    code = subprocess.call(full, env=child_environment())
     if code != 0:
         raise click.exceptions.Exit(code)

@@ -44,6 +44,7 @@ from featpipe.fileio import HOST, id_digest, safe_stem
 from featpipe.interrupts import critical
 from featpipe.io.video import SendFrames
 from featpipe.items import Frame
+from featpipe.manifest import missing_file, row_fix
 from featpipe.store import Stage
 from featpipe.store.content import file_changed_since_key
 from featpipe.store.item_files import ItemFiles, PendingItem
@@ -583,8 +584,9 @@ class Extraction:
     recorded in the ledger unless ``record_failures`` is off); ``on_item_frames(id, n)``
     counts frames done of an item (computed in the workers, or out of the model and in their
     item's output; never frames only decoded ahead; by default ``on_frames(n)``, the count
-    alone), ``on_warning(id, text)`` reports items accepted with lost
-    frames (set them as attributes).  ``allow_partial`` keeps damaged videos' decodable frames.
+    alone), ``on_warning(id, text)`` reports items accepted with lost frames (set them as
+    attributes, with ``manifest``: the rows of the items, so that one whose file is missing
+    names its row).  ``allow_partial`` keeps damaged videos' decodable frames.
     Closing the generator early (an interrupt, a failure with ``--on-error fail``) kills the
     workers and removes the unfinished items' files: nothing half-written stays.  A store that
     cannot be written (disk full) raises :class:`~featpipe.errors.WriteError` from ``run``
@@ -603,6 +605,8 @@ class Extraction:
         self.record_failures = record_failures
         #: the other stages this pass writes (chained steps), where a failure is recorded too
         self.also_failed: list[Stage] = []
+        #: the manifest the items come from: an item whose file is missing names its row
+        self.manifest = None
         self.on_frames: Callable[[int], None] = lambda n: None
         self.on_item_frames: Callable[[str, int], None] = lambda item_id, n: self.on_frames(n)
         self.on_warning: Callable[[str, str], None] = lambda item_id, text: None
@@ -645,6 +649,9 @@ class Extraction:
         return item_id, None
 
     def _fail(self, item_id: str, error: str, pid: int | None = None):
+        missing = missing_file(self.paths[item_id]) if item_id in self.paths else None
+        if missing is not None:  # the manifest row is what to fix, not the decoder
+            error = f"{missing}; {row_fix(self.manifest, item_id)}"
         item = self.items.pop(item_id, None)
         if item is not None and item.output is not None:
             item.output.abort()

@@ -58,6 +58,7 @@ import difflib
 import functools
 import re
 import threading
+import warnings
 from dataclasses import dataclass
 from numbers import Integral
 
@@ -240,10 +241,11 @@ class _OwnInitialisation(dict):
 
 
 @contextlib.contextmanager
-def _builder_state(state: dict):
+def _builder_state(state: dict, check=None):
     """While torchvision's builder runs with ``weights=ENTRY``, ``ENTRY.get_state_dict()``
     gives ``state`` (nothing is downloaded), and a :class:`_OwnInitialisation` state is not
-    loaded at all."""
+    loaded at all; ``check(state_dict, module)`` sees what the builder loads (after its own
+    renames of old checkpoints' keys) before it is loaded."""
     from torch import nn
     from torchvision.models import WeightsEnum
 
@@ -252,6 +254,8 @@ def _builder_state(state: dict):
     def load(module, state_dict, *args, **kwargs):
         if isinstance(state_dict, _OwnInitialisation):
             return None
+        if check is not None:
+            check(state_dict, module)
         return load_state_dict(module, state_dict, *args, **kwargs)
 
     with _BUILD_LOCK:
@@ -281,9 +285,10 @@ def weights_help(arch: str, entry: str) -> str:
 
 def build_model(arch: str, entry: str, weights: str | None, device: str = "meta"):
     """``get_model(arch, weights=entry)`` in eval mode on ``device`` with the weights of
-    ``weights``: a checkpoint file, ``random:SEED`` (initialised on the CPU after
-    ``torch.manual_seed(SEED)``, whatever the device), or None (the builder's initialisation
-    with seed 0; on the ``meta`` device: shapes only); returns (model, weights identity)."""
+    ``weights``: a checkpoint file (checked before: :func:`checked_identity`), ``random:SEED``
+    (initialised on the CPU after ``torch.manual_seed(SEED)``, whatever the device), or None
+    (the builder's initialisation with seed 0; on the ``meta`` device: shapes only); returns
+    (model, weights identity)."""
     import torch
     from torchvision.models import get_model, get_model_weights
 
@@ -296,15 +301,45 @@ def build_model(arch: str, entry: str, weights: str | None, device: str = "meta"
             torch.manual_seed(seed)
             model = get_model(arch, weights=enum_entry)
         return model.eval().to(device), f"random:{seed}"
+    checked_identity(arch, entry, weights)
     state, identity = weights_module.read_checkpoint(weights, weights_help(arch, entry))
+    model = _with_state(arch, entry, weights, state)
+    return model.eval().to(device), identity
+
+
+def checked_identity(arch: str, entry: str, weights: str | None) -> str:
+    """The weights' identity in a stage key (:func:`featpipe.extract.weights.
+    weights_identity`), a file's only once torchvision's builder of ``arch`` has loaded it
+    (on the meta device: its own key fixes and every name and shape, nothing allocated)."""
+    import torch
+
+    def check(state: dict) -> None:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "copying into a meta parameter is a no-op"
+            _with_state(arch, entry, weights, state)
+
+    return weights_module.weights_identity(weights, weights_help(arch, entry), check,
+                                           f"{arch} {entry}")
+
+
+def _with_state(arch: str, entry: str, weights: str, state: dict):
+    """``get_model(arch, weights=entry)`` built with ``state``; a state it cannot take is a
+    one-line error."""
+    from torchvision.models import get_model, get_model_weights
+
+    def check(loaded: dict, module) -> None:  # every name and shape, in featpipe's words
+        weights_module.check_state_dict(weights, loaded, module.state_dict(),
+                                        f"a torchvision {arch} ({entry})")
+
     try:
-        with _builder_state(state):
-            model = get_model(arch, weights=enum_entry)
+        with _builder_state(state, check):
+            return get_model(arch, weights=get_model_weights(arch)[entry])
+    except FeatpipeError:
+        raise
     except Exception as err:
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         raise FeatpipeError(f"--weights {weights} is not a torchvision {arch} checkpoint "
                             f"({entry}): {' '.join(lines[:2])[:300]}") from None
-    return model.eval().to(device), identity
 
 
 @functools.lru_cache(maxsize=4)
@@ -487,6 +522,7 @@ class TorchvisionFeatures(DeclaredEstimator):
 
     @classmethod
     def _check_param_rules(cls, params):
+        weights_module.check_seed(params)
         names = ("arch", "layer", "transforms", "spatial", "reduce", "clip", "clip_stride")
         if all(name in params for name in names):
             resolve(*(params[name] for name in names))
@@ -528,7 +564,7 @@ class TorchvisionFeatures(DeclaredEstimator):
 
     def weights_identity(self) -> str:
         r = self.resolved
-        return weights_module.weights_identity(self.weights, weights_help(r.arch, r.entry))
+        return checked_identity(r.arch, r.entry, self.weights)
 
     def stage_params(self) -> dict:
         """What the stage key holds besides the weights and the precision."""
@@ -542,7 +578,7 @@ class TorchvisionFeatures(DeclaredEstimator):
         from torchvision.models.feature_extraction import create_feature_extractor
 
         r = self.resolved
-        self.weights_identity()  # a missing value or file says where to get one
+        self.weights_identity()  # a missing value or an unusable file says what to pass
         model, identity = build_model(r.arch, r.entry, self.weights, device)
         extractor = create_feature_extractor(model, {r.layer: "out"}).eval()
         return FrameNetwork(lambda batch: extractor(batch)["out"], r.transform, device,

@@ -49,11 +49,11 @@ WEIGHTS_HELP = (
 )
 
 
-def build_vgg16():
+def build_vgg16(device: str = "cpu"):
     """featpipe's VGG-16 as a torch module with torchvision's parameter names.
 
     The parameters are allocated but not initialised: load a checkpoint or call
-    :func:`random_init_`.
+    :func:`random_init_`; on the ``meta`` device nothing is allocated (names and shapes).
     """
     import torch
     from torch import nn
@@ -93,7 +93,7 @@ def build_vgg16():
 
     with torch.device("meta"):  # no memory and no default initialisation: weights come next
         model = VGG16()
-    return model.to_empty(device="cpu")
+    return model if device == "meta" else model.to_empty(device=device)
 
 
 def random_init_(model, seed: int) -> None:
@@ -117,24 +117,33 @@ def random_init_(model, seed: int) -> None:
 
 def weights_identity(weights: str | None) -> str:
     """What identifies VGG-16's weights in a stage key (:func:`featpipe.extract.weights.
-    weights_identity`): ``random:SEED`` or the file's sha256."""
-    return weights_module.weights_identity(weights, WEIGHTS_HELP)
+    weights_identity`): ``random:SEED`` or the sha256 of a file checked to hold every
+    tensor of VGG-16, of its shape (:func:`check_weights`)."""
+    return weights_module.weights_identity(weights, WEIGHTS_HELP,
+                                           lambda state: check_weights(weights, state),
+                                           "vgg16")
+
+
+def check_weights(weights: str, state: dict) -> None:
+    """A one-line error unless ``state`` has exactly VGG-16's names and shapes."""
+    weights_module.check_state_dict(weights, state, build_vgg16("meta").state_dict(),
+                                    "a torchvision vgg16")
 
 
 def load_vgg16(weights: str | None, device: str = "cpu"):
     """VGG-16 in eval mode on ``device`` with weights from a torchvision checkpoint file or
     ``random:SEED``; a missing file or a key/shape mismatch is a one-line error.  The file is
-    read once (:func:`featpipe.extract.weights.read_checkpoint`), and
+    checked and read once (:func:`weights_identity`, then
+    :func:`featpipe.extract.weights.read_checkpoint` takes the state it checked), and
     ``model.weights_identity`` is the identity of exactly the bytes loaded (a stage checks it
     against its key)."""
-    model = build_vgg16()
     identity = weights_identity(weights)
+    model = build_vgg16()
     if identity.startswith("random:"):
         random_init_(model, int(identity.split(":")[1]))
     else:
         state, identity = weights_module.read_checkpoint(weights, WEIGHTS_HELP)
-        weights_module.check_state_dict(weights, state, model.state_dict(),
-                                        "a torchvision vgg16")
+        check_weights(weights, state)
         model.load_state_dict(state)
     model.eval()
     model.weights_identity = identity
@@ -328,6 +337,7 @@ class VGG16(DeclaredEstimator):
 
     @classmethod
     def _check_param_rules(cls, params):
+        weights_module.check_seed(params)
         if "crop" in params and "resize" in params and params["resize"] < params["crop"]:
             raise ParameterError("crop", f"must be at most resize, got crop {params['crop']}, "
                                  f"resize {params['resize']}")

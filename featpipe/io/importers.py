@@ -28,6 +28,7 @@ would read the same ``.npy`` file are refused before anything is computed.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
@@ -35,6 +36,7 @@ import logging
 import os
 import re
 import stat
+import unicodedata
 import zipfile
 from array import array
 from collections import Counter
@@ -47,7 +49,14 @@ import numpy as np
 from featpipe.errors import FeatpipeError, ItemError
 from featpipe.fileio import check_h5_dataset, check_npy_header, first_line, npy_from_bytes
 from featpipe.io import matlab
-from featpipe.manifest import Manifest, ManifestItem, from_rows, normalisation_note
+from featpipe.manifest import (
+    Manifest,
+    ManifestItem,
+    from_rows,
+    normalisation_note,
+    row_fix,
+    symlink_loop,
+)
 from featpipe.parallel import ItemOutput
 from featpipe.store.content import ContentHashes, changed_since_key, sha256_of, stat_record
 
@@ -64,7 +73,9 @@ def detect_format(path: str | Path) -> str:
     """The source format of ``path`` from its kind and extension."""
     path = Path(path)
     if not path.exists():
-        raise FeatpipeError(f"--from {path}: no such file or folder")
+        loop = symlink_loop(path)
+        raise FeatpipeError(f"--from {loop}: point it at the features" if loop else
+                            f"--from {path}: no such file or folder" + normalisation_note(path))
     if path.is_dir():
         return "npy-dir"
     suffix = path.suffix.lower()
@@ -178,8 +189,13 @@ class NpyDirSource:
         except (OSError, ValueError, EOFError) as err:
             raise ItemError(item.id, f"cannot read {path}: {first_line(err)}") from None
 
+    def looping(self, item: ManifestItem) -> str | None:
+        """``PATH is a symbolic link that loops (...)`` for the first path the item may read
+        that is such a link (the item is then not missing: its link cannot be followed)."""
+        return next(filter(None, map(symlink_loop, self._candidates(item))), None)
+
     def describe_missing(self, item: ManifestItem) -> str:
-        paths = self._candidates(item)
+        paths = list(dict.fromkeys(self._candidates(item)))
         too_long = " (file name too long for this file system)" if any(
             _is_file(p) is None for p in paths) else ""
         twins = "".join(dict.fromkeys(normalisation_note(p) for p in paths))
@@ -205,7 +221,9 @@ def _is_file(path: str) -> bool | None:
         return stat.S_ISREG(os.stat(path).st_mode)
     except (FileNotFoundError, NotADirectoryError):
         return False
-    except (OSError, ValueError):
+    except OSError as err:
+        return False if err.errno == errno.ELOOP else None  # a loop is named by the caller
+    except ValueError:
         return None
 
 
@@ -471,10 +489,15 @@ def open_source(fmt: str, path: str | Path, manifest: Manifest | None,
 
 def ts_manifest(sources: Sequence[TsSource]) -> Manifest:
     """A manifest for the cases of ``.ts`` files: ids, class labels, split1 from the names."""
-    stems = Counter(s.path.stem for s in sources)
-    if max(stems.values()) > 1:
-        raise FeatpipeError(f"two .ts files share the name {stems.most_common(1)[0][0]!r}; "
-                            "their item ids would collide")
+    stems: dict[str, Path] = {}
+    for source in sources:
+        first = stems.setdefault(unicodedata.normalize("NFC", source.path.stem), source.path)
+        if first != source.path:
+            same = "share the name" if first.stem == source.path.stem else (
+                f"have names equal after Unicode normalisation ({ascii(first.stem)} and "
+                f"{ascii(source.path.stem)}: they print the same)")
+            raise FeatpipeError(f"--from {first} and {source.path} {same}; their item ids "
+                                f"({source.path.stem}/0, ...) would collide: rename one")
     rows = []
     for source in sources:
         part = source.split()
@@ -778,18 +801,26 @@ class ImportCompute:
         results = []
         for item_id in ids:  # every failure, whatever its type, belongs to its own item
             try:
-                results.append(ItemOutput(self.read(manifest[item_id], sources)))
+                results.append(ItemOutput(self.read(manifest[item_id], sources, manifest)))
             except ItemError as err:
                 results.append(err)
             except Exception as err:
                 results.append(ItemError(item_id, f"{type(err).__name__}: {first_line(err)}"))
         return results
 
-    def read(self, item: ManifestItem, sources: Sequence) -> np.ndarray:
+    def read(self, item: ManifestItem, sources: Sequence, manifest: Manifest | None = None
+             ) -> np.ndarray:
+        """The item's checked array; ``manifest`` (its rows) names the row of a missing one."""
         holders = [(s, where) for s in sources if (where := s.locate(item)) is not None]
         if not holders:
+            loop = next(filter(None, (s.looping(item) for s in sources
+                                      if isinstance(s, NpyDirSource))), None)
+            if loop is not None:
+                raise ItemError(item.id, f"{loop}: point it at the item's file, or "
+                                         + row_fix(manifest, item.id))
             raise ItemError(item.id, "not found: " + "; ".join(
-                s.describe_missing(item) for s in sources))
+                s.describe_missing(item) for s in sources) + "; add its file, or "
+                + row_fix(manifest, item.id))
         if len(holders) > 1:
             raise ItemError(item.id, "found in more than one source: " + ", ".join(
                 str(s.path) for s, _ in holders))

@@ -551,7 +551,8 @@ def _decode_item(conn, request, decoder: str, program: WorkerProgram, log: _Stde
 
 
 def _probe(path: str, decoder: str, log: _StderrLog) -> VideoInfo | str:
-    """The container's :class:`VideoInfo` of a video or image, or the reason it has none."""
+    """The container's :class:`VideoInfo` of a video or image, or the reason it has none
+    (missing, a folder, empty, unreadable, not a video or image: with FFmpeg's own word)."""
     log.reset()
     try:
         file = Path(path)
@@ -559,15 +560,50 @@ def _probe(path: str, decoder: str, log: _StderrLog) -> VideoInfo | str:
             from featpipe.manifest import normalisation_note
 
             return "file does not exist" + normalisation_note(file)
+        if file.is_dir():
+            return "a folder, not a file"
         if file.stat().st_size == 0:
             return "empty file (0 bytes)"
+        with open(file, "rb"):
+            pass
         if is_image(file):
             height, width = read_image(file).shape[:2]
             return VideoInfo(1, 0.0, height, width)
         info = getattr(get_decoder(decoder), "info", None)
         return info(file) if info is not None else VideoInfo(None, 0.0, 0, 0)
+    except OSError as err:
+        return f"cannot read it ({err.strerror or _first_line(err)})"
     except Exception as err:
-        return _first_line(err)
+        text, messages = _first_line(err), log.ffmpeg_messages()
+        return text + (f" (FFmpeg: {messages[0]})" if messages and "FFmpeg" not in text
+                       else "")
+
+
+def header_problems(manifest, decoder: str = "opencv") -> list:
+    """A :class:`featpipe.manifest.Problem` for each existing file of ``manifest`` that
+    cannot be what extraction reads: an empty file, and for videos and images (by their
+    extension) one that cannot be read or opened (no video stream, a damaged header), as
+    decoding workers probe them (:meth:`DecodePool.probe`: a file that crashes or hangs the
+    decoder costs only its answer).  Missing files are :meth:`Manifest.check`'s."""
+    from featpipe.backend import available_cores
+    from featpipe.datasets import VIDEO_EXTENSIONS
+    from featpipe.manifest import Problem
+
+    rows: dict[str, list] = {}
+    for item in manifest:
+        path = manifest.resolve_path(item) if item.path else None
+        if path is None or not path.exists():
+            continue
+        media = path.suffix.lower() in VIDEO_EXTENSIONS or is_image(path)
+        if media or (path.is_file() and path.stat().st_size == 0):
+            rows.setdefault(str(path), []).append(item)
+    media = [p for p in rows if Path(p).suffix.lower() in VIDEO_EXTENSIONS or is_image(p)]
+    reasons = {p: "empty file (0 bytes)" for p in rows if p not in media}
+    if media:
+        with DecodePool(min(len(media), available_cores(), 4), decoder) as pool:
+            reasons.update((p, r) for p, r in pool.probe(media).items() if isinstance(r, str))
+    return [Problem(item.line, f"file {item.path!r} of {item.id!r}: {reasons[path]}")
+            for path, items in rows.items() if path in reasons for item in items]
 
 
 def _worker_main(conn, decoder: str) -> None:  # pragma: no cover - runs in the child process
@@ -653,16 +689,19 @@ class DecodeWorker:
         self.kill()
         # A fresh interpreter (not fork: torch and BLAS threads do not survive it; not
         # multiprocessing's spawn: it re-imports the caller's __main__ script) on one end of a
-        # socket pair, with the caller's sys.path so plugin decoders import as they do here.
+        # socket pair, with the caller's import path so plugin decoders import as they do
+        # here, and never from the working folder (featpipe.processes).
+        from featpipe.processes import child_environment, python_command
+
         parent, child = socket.socketpair()
         code = (f"import gc, sys; gc.set_threshold({WORKER_GC_THRESHOLD}); "
                 "from multiprocessing.connection import Connection; "
                 "from featpipe.io.video import _exit_now, _worker_main; "
                 f"_worker_main(Connection({child.fileno()}), sys.argv[1]); _exit_now()")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        env = child_environment()
         # one decoding thread: the workers run beside the model, which wants the cores
         env.setdefault("OPENCV_FFMPEG_CAPTURE_OPTIONS", "threads;1")
-        self.process = subprocess.Popen([sys.executable, "-c", code, self.decoder],
+        self.process = subprocess.Popen(python_command("-c", code, self.decoder),
                                         pass_fds=[child.fileno()], env=env,
                                         stdin=subprocess.DEVNULL)
         child.close()

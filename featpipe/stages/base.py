@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from featpipe.errors import FeatpipeError, ParameterError
 from featpipe.fileio import atomic_write_bytes, make_dirs
 from featpipe.interrupts import Interrupt, Interrupted
-from featpipe.manifest import Manifest
+from featpipe.manifest import Manifest, needs_row_fix
 from featpipe.parallel import ON_ERROR, Compute, RunSummary, parse_shard, plan, run_items
 from featpipe.progress import WorkPlan, clear_work, record_work
 from featpipe.reporting import Progress, Reporter  # noqa: F401 (Progress: re-exported)
@@ -365,11 +365,20 @@ def settle_name(store: Store, name: str | None, stage: Stage, ids: Sequence[str]
 
 def name_left(stage: Stage, name: str | None, ids: Sequence[str], reporter: Reporter,
               done_ids: set[str] | None = None) -> None:
-    """Say that ``name`` did not move because ``stage`` is incomplete."""
+    """Say that ``name`` did not move because ``stage`` is incomplete, and what finishes it:
+    the same command again; not when an item's file is missing
+    (:func:`featpipe.manifest.needs_row_fix`): its manifest row is then what to fix, and the
+    fixed manifest is a new stage."""
     if name:
         done = len(set(ids) & (stage.done_ids() if done_ids is None else done_ids))
+        failed = stage.failed()
+        rows = [i for i in ids if i in failed and needs_row_fix(failed[i])]
+        advice = "re-run the same command to finish it" if not rows else (
+            f"the file of {len(rows)} item(s) is missing (first: {rows[0]!r}; `featpipe "
+            f"status {name}` lists them): fix or remove their manifest rows, and the command "
+            "makes a new stage")
         reporter.warn(f"name {name} not moved: stage {stage.name} is incomplete ({done} of "
-                      f"{len(ids)} items done); re-run the same command to finish it")
+                      f"{len(ids)} items done); {advice}")
 
 
 def usable_items(source: Stage, reporter: Reporter) -> tuple[Manifest, list[str]]:

@@ -43,7 +43,7 @@ from featpipe.extract.streaming import CropProgram, Extraction, LocalFeatureProg
 from featpipe.interrupts import Interrupt, Interrupted, interruptible
 from featpipe.io.video import DecodePool, Sampling
 from featpipe.manifest import Manifest
-from featpipe.parallel import resolve_jobs, store_stopped
+from featpipe.parallel import resolve_jobs, resume_advice, store_stopped
 from featpipe.progress import WorkPlan
 from featpipe.stages.base import (
     Reporter,
@@ -166,6 +166,7 @@ def _execute(plan_: ExtractionPlan, pool, name: str | None, reporter: Reporter) 
             extraction = _extraction(stage, pool, sampling, chosen, outputs, settings)
             extraction.also_failed = [s for s, step in zip(chain.stages, chain.steps,
                                                            strict=True) if step.keep]
+            extraction.manifest = manifest  # a missing file names its row
             run = _run(stage, extraction, [(i, paths[i]) for i in todo], summary, work,
                        options, reporter, name if not then else None)
         except Interrupted:
@@ -231,8 +232,7 @@ def _run(stage, extraction: Extraction, todo: list[tuple[str, str]], summary, wo
                 summary.failed[item_id] = error
                 if options.on_error == "fail":
                     raise FeatpipeError(f"{error} (stage {stage.name}; {summary.line()}; "
-                                        "re-run to resume, or use --on-error skip)",
-                                        item=item_id)
+                                        f"{resume_advice(error)})", item=item_id)
     except Interrupt as signal_:
         runs.close()
         left = len(todo) - summary.done

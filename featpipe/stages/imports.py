@@ -71,7 +71,7 @@ def import_features(store: Store, sources: Sequence[str], manifest_path: str | N
                      if specs.count(spec) > 1)
         raise ParameterError("from", f"{twice} is given more than once")
     if manifest_path:
-        manifest_file = os.path.abspath(manifest_path)  # a link's own folder, as everywhere
+        manifest_file = os.path.abspath(manifest_path)  # (a link: its target's folder)
         manifest = Manifest.read(manifest_file)
         stamp = file_stamp(specs, manifest_file)
         opened = open_each(specs, manifest, mat_variable)

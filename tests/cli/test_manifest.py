@@ -15,6 +15,14 @@ def touch(path: Path, text: str = "x") -> Path:
     return path
 
 
+def video(path: Path) -> Path:
+    """A real two-frame video (`manifest check` opens each video's header)."""
+    from tests.unit.test_video import write_video
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_video(path, n_frames=2, size=(32, 24))
+
+
 def rows(manifest: Manifest) -> dict:
     return {it.id: (it.path, it.labels, it.splits) for it in manifest}
 
@@ -197,8 +205,8 @@ def test_build_splits_usage_errors(tmp_path, cli):
 
 # -- check ----------------------------------------------------------------------------------
 def test_check_reports_every_problem_with_its_line(tmp_path, cli):
-    touch(tmp_path / "data" / "a.avi")
-    touch(tmp_path / "outside.avi")
+    video(tmp_path / "data" / "a.avi")
+    video(tmp_path / "outside.avi")
     manifest = tmp_path / "data" / "m.csv"
     manifest.write_text(
         "id,path,label,split1,split2\n"          # 1
@@ -235,7 +243,7 @@ def test_check_header_quotes_and_ok(tmp_path, cli):
     assert f"{bad_header}:1: header must start with 'id,path,label'" in result.output
     quoted = tmp_path / "q.csv"
     quoted.write_text('id,path,label,split1\n"multi\nline id",a.avi,run,train\nz,"a.avi,run,test\n')
-    touch(tmp_path / "a.avi")
+    video(tmp_path / "a.avi")
     result = cli("manifest", "check", quoted)
     assert result.exit_code == 1
     assert f"{quoted}:4: expected 4 fields, got 2 (unclosed quote?" in result.output
@@ -375,7 +383,7 @@ def test_split_folders_and_generated_splits_conflict(tmp_path, cli):
 
 
 def test_missing_train_or_test_rows_warn_on_stderr(tmp_path, cli):
-    touch(tmp_path / "d" / "run" / "a.avi")
+    video(tmp_path / "d" / "run" / "a.avi")
     out = tmp_path / "m.csv"
     built = cli("manifest", "build", tmp_path / "d", "-o", out, check=True)
     warning = "warning: split1 has no train and no test rows"

@@ -28,21 +28,30 @@ def feat(tmp_path, cli):
     return imported_store(tmp_path, cli)
 
 
-def test_a_symlinked_manifest_is_read_from_the_links_folder_by_check_and_import(tmp_path,
-                                                                                 cli):
-    """Decided: relative paths are of the folder the manifest is given in (a link's own),
-    as `manifest check` and `extract` read it; `import` read them from the link's target."""
+def test_a_symlinked_manifest_is_read_from_its_targets_folder_by_check_and_import(tmp_path,
+                                                                                  cli):
+    """Decided (issue 51.7; before, issue 16, the link's own folder): relative paths are of
+    the folder of the file a link points to, where they were written, by `manifest check`,
+    `import` (the files its items record, and --write-manifest) and `extract` alike; the
+    arrays come from --from, wherever the manifest is."""
+    from featpipe.manifest import Manifest
+
     write_npy_dataset(tmp_path / "a")
     write_npy_dataset(tmp_path / "b", dim=3)  # other arrays under the same names
-    (tmp_path / "b" / "m.csv").unlink()
-    (tmp_path / "b" / "m.csv").symlink_to(tmp_path / "a" / "m.csv")
-    check = cli("manifest", "check", tmp_path / "b" / "m.csv")
-    assert check.exit_code == 0, check.output
-    cli("import", "--manifest", tmp_path / "b" / "m.csv", "--from", tmp_path / "b" / "npy",
-        "--store", tmp_path / "s", "--name", "feat", check=True)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "m.csv").symlink_to(tmp_path / "a" / "m.csv")  # c holds no data
+    check = cli("manifest", "check", tmp_path / "c" / "m.csv")
+    assert check.exit_code == 0, check.output  # before: 12 files 'npy/v..npy' missing
+    cli("import", "--manifest", tmp_path / "c" / "m.csv", "--from", tmp_path / "b" / "npy",
+        "--store", tmp_path / "s", "--name", "feat", "--write-manifest", tmp_path / "w.csv",
+        check=True)
     stage = Store(tmp_path / "s").resolve("feat")
     assert stage.read_item("v00").tobytes() == np.load(tmp_path / "b" / "npy" / "v00.npy") \
         .tobytes()
+    target = (tmp_path / "a" / "npy" / "v00.npy").resolve()
+    for manifest in (Manifest.read(tmp_path / "c" / "m.csv"), stage.items,
+                     Manifest.read(tmp_path / "w.csv")):
+        assert manifest.resolve_path(manifest["v00"]).resolve() == target
 
 
 def test_export_into_a_missing_folder_makes_it_and_says_so(feat, tmp_path, cli):

@@ -79,7 +79,7 @@ def test_dry_run_renders_array_script(cli, tmp_path, feats):
                  f"#SBATCH --output={tmp_path / 's' / 'logs'}/%x-%A_%a.out"):
         assert line in script.splitlines(), line
     command = next(x for x in script.splitlines() if x.startswith("exec "))
-    assert command == (f"exec {sys.executable} -m featpipe encode --store {tmp_path / 's'} "
+    assert command == (f"exec {sys.executable} -P -m featpipe encode --store {tmp_path / 's'} "
                        "--input f --method avg --name avg --jobs 4 --executor slurm "
                        '--shard "${SLURM_ARRAY_TASK_ID}/4"')
     assert re.search(r"afterany.*featpipe status --store \S+ avg --check", script)
@@ -113,7 +113,7 @@ def test_submit_usage_errors(cli, monkeypatch, feats):
                  "featpipe", "encode", "--store", feats, "--input", "f", "--method", "avg",
                  "--name", "x")
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == (f"{sys.executable} -m featpipe encode --store {feats} "
+    assert result.stdout.strip() == (f"{sys.executable} -P -m featpipe encode --store {feats} "
                                      "--input f --method avg --name x --executor dask "
                                      "--scheduler tcp://h:8786")
 
