@@ -552,6 +552,10 @@ def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = 
             repaired += found.repairable()
             reporter.info(f"repaired: stage {stage.name}: re-run the command that computed it "
                           "to recompute exactly what was removed")
+        if repair and not found.index and stage_index.rebuild_stale(stage.path,
+                                                                    stage.parse_line):
+            reporter.info(f"repaired: stage {stage.name}: rebuilt the index (its ledgers "
+                          "were copied, moved or rewritten)")
     if repair:
         for line in repair_store(store, outside):
             reporter.info(f"repaired: {line}")
