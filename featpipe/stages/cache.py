@@ -54,11 +54,12 @@ from featpipe.store import (
     DamagedStage,
     Stage,
     Store,
+    content,
     is_store,
 )
 from featpipe.store import index as stage_index
 from featpipe.store.batches import BATCH_DIR, batch_checksum
-from featpipe.store.content import CACHE_NAME, ContentHashes, cache_bytes, load_cache, stat_record
+from featpipe.store.content import CACHE_NAME, cache_bytes, load_cache
 from featpipe.store.pack import remove_pack, repair_pack
 from featpipe.store.packed import PACK_DIR, PACK_INDEX
 
@@ -396,10 +397,16 @@ class StoreCheck:
     stages: list[str] = field(default_factory=list)
     pointers: list[Path] = field(default_factory=list)
     cache: bool = False
+    #: files whose content-hash cache entry holds a wrong SHA-256 under a valid seal, and the
+    #: entries hashed again by verify (what ``--repair`` writes the cache with)
+    wrong_hashes: list[str] = field(default_factory=list)
+    rehashed: dict[str, list] = field(default_factory=dict)
 
 
-def check_store(store: Store) -> tuple[list[Stage], StoreCheck]:
-    """The stages that open, and what :class:`StoreCheck` describes."""
+def check_store(store: Store, rehash: bool = False) -> tuple[list[Stage], StoreCheck]:
+    """The stages that open, and what :class:`StoreCheck` describes; the content-hash cache's
+    seal is checked, and a sample of the files it vouches for hashed again (every one with
+    ``rehash``: :func:`featpipe.store.content.recheck_cache`)."""
     stages, broken, _ = store_problems(store)
     found = StoreCheck(broken=len(broken))
     for line in broken:
@@ -441,11 +448,21 @@ def check_store(store: Store) -> tuple[list[Stage], StoreCheck]:
                 found.broken += 1
     cache = store.root / CACHE_NAME
     try:
-        load_cache(cache, strict=True)
+        entries = load_cache(cache, strict=True)
     except (OSError, ValueError) as err:
         found.problems.append(f"{CACHE_NAME}: damaged ({first_line(err)}); `--repair` hashes "
                               "its files again")
         found.cache = True
+        return stages, found
+    rehashed, wrong = content.recheck_cache(entries, None if rehash else content.VERIFY_SAMPLE)
+    for path in wrong:
+        found.problems.append(f"{CACHE_NAME}: the entry of {path} holds SHA-256 "
+                              f"{entries[path][4][:12]}... but its bytes hash to "
+                              f"{rehashed[path][4][:12]}... under the same stat record; "
+                              "`--repair` rewrites the cache with the entries hashed again "
+                              "(the other files are hashed again when next used)")
+    if wrong:
+        found.wrong_hashes, found.rehashed = wrong, rehashed
     return stages, found
 
 
@@ -471,6 +488,11 @@ def repair_store(store: Store, found: StoreCheck) -> list[str]:
         done.append(f"removed damaged {path.relative_to(store.root)}")
     if found.cache:
         done.append(rebuild_cache(store))
+    elif found.wrong_hashes:  # the cache lied: keep only what verify hashed again
+        atomic_write_bytes(store.root / CACHE_NAME, cache_bytes(found.rehashed))
+        done.append(f"rewrote {CACHE_NAME} with the {len(found.rehashed)} file(s) hashed "
+                    f"again ({len(found.wrong_hashes)} wrong SHA-256 corrected); the others "
+                    "are hashed again when next used")
     return done
 
 
@@ -484,24 +506,39 @@ def rebuild_cache(store: Store) -> str:
             if '"crc32"' in text else json.loads(text)
     except ValueError:
         entries = {}
-    hashes = ContentHashes(None)
-    kept = {}
-    for file, entry in (entries.items() if isinstance(entries, dict) else ()):
-        try:
-            if isinstance(entry, list) and entry[:4] == stat_record(os.stat(file)):
-                hashes.file_hash(file)
-                kept[file] = hashes.seen[os.path.abspath(file)]
-        except (OSError, TypeError, FeatpipeError):
-            continue
+    kept, _ = content.recheck_cache(entries if isinstance(entries, dict) else {})
     atomic_write_bytes(path, cache_bytes(kept))
     return f"hashed {len(kept)} file(s) of {CACHE_NAME} again"
 
 
+def with_sources(stages: Sequence[Stage]) -> list[Stage]:
+    """``stages``, each once, each view after the stage it reads (a view's items are its
+    source's: they are checked, and repaired, there)."""
+    found: list[Stage] = []
+
+    def add(stage: Stage) -> None:
+        if stage in found:
+            return
+        try:
+            view = stage.view()
+        except FeatpipeError:  # its own record: verifying it names the problem
+            view = None
+        if view is not None:
+            add(view[0])
+        found.append(stage)
+
+    for stage in stages:
+        add(stage)
+    return found
+
+
 def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = None,
-           repair: bool = False) -> int:
-    """Verify the stages called ``names`` (all stages, the names, run markers and the
-    content-hash cache when empty); returns the problem count (with ``repair``, of the
-    problems :func:`repair_stage` and :func:`repair_store` could not remove).
+           repair: bool = False, rehash: bool = False) -> int:
+    """Verify the stages called ``names`` and the stages the views among them read (all
+    stages, the names, run markers and the content-hash cache when empty: a sample of the
+    files it vouches for hashed again, every one with ``rehash``); returns the problem count
+    (with ``repair``, of the problems :func:`repair_stage` and :func:`repair_store` could not
+    remove).
 
     A stage that cannot be opened or read counts as a problem; the others are still verified.
     """
@@ -519,8 +556,9 @@ def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = 
                 outside.problems.append(f"stage {folder}: {err}")
                 outside.stages.append(folder)
                 outside.broken += 1
+        stages = with_sources(stages)
     else:
-        stages, outside = check_store(store)
+        stages, outside = check_store(store, rehash)
     for problem in outside.problems:
         reporter.info(f"problem: {problem}")
     total, bad, repaired, unchecked = 0, len(outside.problems), 0, 0
@@ -559,7 +597,8 @@ def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = 
     if repair:
         for line in repair_store(store, outside):
             reporter.info(f"repaired: {line}")
-        repaired += len(outside.stages) + len(outside.pointers) + outside.cache
+        repaired += len(outside.stages) + len(outside.pointers) + outside.cache + \
+            len(outside.wrong_hashes)
     n_stages = len(stages) + outside.broken
     reporter.info(f"verified {total} items in {n_stages} stages: {bad} problem(s)"
                   + (f", {repaired} repaired" if repair else ""))

@@ -5,14 +5,17 @@ reviewer-found mutation survivors of the index, the batch files and the views.""
 
 from __future__ import annotations
 
+import os
+import random
 import shutil
 
 import numpy as np
 import pytest
 
 from featpipe.io.export import export_stage
+from featpipe.manifest import from_rows
 from featpipe.progress import stage_progress
-from featpipe.store import Store, states
+from featpipe.store import Store, content, states
 from featpipe.store import batches as batch_files
 from featpipe.store import index as stage_index
 from featpipe.store.pack import pack_stage
@@ -120,3 +123,88 @@ def _no_tables_kept():
     states._tables.clear()
     yield
     states._tables.clear()
+
+
+# -- 51.5: a content-hash cache entry that lies under a valid seal ------------------------------
+
+def _lying_cache(tmp_path, cli):
+    """An imported store whose content-hash cache holds a wrong SHA-256 for one file under
+    its true stat record, sealed anew (as a faulty writer would leave it)."""
+    manifest = write_npy_dataset(tmp_path)
+    store = tmp_path / "s"
+    command = ("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store", store,
+               "--name", "feat")
+    cli(*command, check=True)
+    cache = store / content.CACHE_NAME
+    entries = content.load_cache(cache)
+    path = os.path.abspath(tmp_path / "npy" / "v05.npy")
+    entries[path][4] = "f" * 64
+    cache.write_bytes(content.cache_bytes(entries))
+    return store, command, path
+
+
+def test_verify_finds_a_wrong_cache_entry_and_repair_unsticks_the_import(tmp_path, cli):
+    store, command, path = _lying_cache(tmp_path, cli)
+    stuck = cli(*command)  # the key is computed from the lie, the read differs
+    assert stuck.exit_code == 1 and "the cache is damaged, not the file" in stuck.output
+    assert "`featpipe cache verify --repair --rehash`" in stuck.output
+    found = cli("cache", "verify", "--store", store)
+    assert found.exit_code == 1
+    assert f"problem: {content.CACHE_NAME}: the entry of {path} holds SHA-256 ffffffffffff" \
+        f"... but its bytes hash to {content.sha256_of(path)[:12]}..." in found.output
+    repair = cli("cache", "verify", "--store", store, "--repair", check=True)
+    assert f"rewrote {content.CACHE_NAME}" in repair.output
+    assert content.load_cache(store / content.CACHE_NAME)[path][4] == content.sha256_of(path)
+    assert "0 problem(s)" in cli("cache", "verify", "--store", store).output
+    rerun = cli(*command, check=True)
+    assert "0 done, 12 skipped" in rerun.output
+
+
+def test_verify_hashes_a_sample_of_the_cache_and_all_of_it_with_rehash(tmp_path, cli,
+                                                                       monkeypatch):
+    """A plain verify hashes :data:`featpipe.store.content.VERIFY_SAMPLE` cached files
+    again, ``--rehash`` every one; a repair after a sample that found a lie keeps only the
+    entries it hashed again, and the next run hashes the other files."""
+    store, command, path = _lying_cache(tmp_path, cli)
+    hashed = []
+    real = content.sha256_of
+    monkeypatch.setattr(content, "sha256_of", lambda p: hashed.append(p) or real(p))
+    monkeypatch.setattr(content, "VERIFY_SAMPLE", 4)
+    cli("cache", "verify", "--store", store)
+    assert len(hashed) == 4
+    hashed.clear()
+    assert cli("cache", "verify", "--store", store, "--rehash").exit_code == 1
+    assert len(hashed) == 12 and path in hashed
+    real_sample = random.sample
+    monkeypatch.setattr(random, "sample", lambda found, k: [path, *real_sample(
+        [p for p in found if p != path], k - 1)])
+    cli("cache", "verify", "--store", store, "--repair", check=True)
+    kept = content.load_cache(store / content.CACHE_NAME)
+    assert len(kept) == 4 and kept[path][4] == real(path)
+    assert "0 done, 12 skipped" in cli(*command, check=True).output
+    assert len(content.load_cache(store / content.CACHE_NAME)) == 12
+
+
+def test_verify_of_a_view_checks_the_items_it_reads_in_its_source(tmp_path, cli):
+    """A view holds no arrays: ``cache verify VIEW`` verifies the stage it reads too, so a
+    damaged source item is named (and repaired there) instead of 0 items checked and ok."""
+    store = Store(tmp_path / "s")
+    items = from_rows([(f"v{i}", "", ["c"], ["train"]) for i in range(3)], tmp_path)
+    source = store.stage("extract", {"n": 3}, items=items)
+    for i in range(3):
+        source.write_item(f"v{i}", np.full((5, 8), i, np.float32))
+    view = store.stage("encode", {"part": 1}, inputs=[source], items=items)
+    view.make_view(source, slice(2, 6), [])
+    store.set_name("part", view)
+    damaged = source.item_path("v1")
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 0x01
+    damaged.write_bytes(bytes(data))
+    found = cli("cache", "verify", "--store", store.root, "part")
+    assert found.exit_code == 1
+    assert f"problem: stage {source.name}: item 'v1': damaged" in found.output
+    assert f"BAD: stage {source.name}: 3 items checked" not in found.output  # 2 of 3 good
+    assert f"BAD: stage {source.name}: 2 items checked" in found.output
+    repair = cli("cache", "verify", "--store", store.root, "part", "--repair", check=True)
+    assert f"repaired: stage {source.name}: removed damaged item 'v1'" in repair.output
+    assert view.done_ids() == {"v0", "v2"}
