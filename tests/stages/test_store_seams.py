@@ -19,7 +19,8 @@ from featpipe.store import Store, content, states
 from featpipe.store import batches as batch_files
 from featpipe.store import index as stage_index
 from featpipe.store.pack import pack_stage
-from tests._stores import write_npy_dataset
+from tests._stores import imported_store, write_npy_dataset
+from tests.conftest import one_line_error
 
 
 class _Counts:
@@ -208,3 +209,43 @@ def test_verify_of_a_view_checks_the_items_it_reads_in_its_source(tmp_path, cli)
     repair = cli("cache", "verify", "--store", store.root, "part", "--repair", check=True)
     assert f"repaired: stage {source.name}: removed damaged item 'v1'" in repair.output
     assert view.done_ids() == {"v0", "v2"}
+
+
+# -- a re-run of a complete stage whose record file is damaged ----------------------------------
+
+@pytest.mark.parametrize("record", ["items.csv", "read-hashes.json"])
+def test_a_rerun_writes_a_damaged_record_again_instead_of_saying_complete(tmp_path, cli, record):
+    """The checksum ``stage.json`` keeps of the record tells the re-run it is damaged: the
+    re-run writes it again (its bytes are those the key determines), so what reads it next
+    (an encode) works, without ``verify --repair`` first."""
+    store, command = imported_store(tmp_path, cli)
+    stage = Store(store).resolve("feat")
+    path = stage.path / record
+    good = path.read_bytes()
+    data = bytearray(good)
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    rerun = cli(*command, check=True)
+    assert "0 done, 12 skipped" in rerun.output
+    assert path.read_bytes() == good
+    assert "0 problem(s)" in cli("cache", "verify", "--store", store).output
+    cli("encode", "-s", store, "-i", "feat", "-m", "avg", "-n", "e", check=True)
+
+
+def test_a_damaged_item_list_this_run_cannot_write_again_is_one_line(tmp_path, cli):
+    """A re-run whose item list differs from the one the stage was made with (its manifest
+    moved the item paths) cannot tell the damaged bytes: one line, nothing written."""
+    store, command = imported_store(tmp_path, cli)
+    stage = Store(store).resolve("feat")
+    path = stage.path / "items.csv"
+    path.write_bytes(path.read_bytes().replace(b"v03", b"v0X"))
+    moved = tmp_path / "moved"
+    shutil.copytree(tmp_path / "npy", moved / "npy")
+    shutil.copy(tmp_path / "m.csv", moved / "m.csv")
+    result = cli("import", "--manifest", moved / "m.csv", "--from", moved / "npy", "--store",
+                 store, "--name", "feat")
+    assert result.exit_code == 1
+    assert one_line_error(result) == (
+        f"error: stage {stage.name}: {path} is damaged and this run would write other bytes "
+        f"than it held (item paths that moved?); remove the stage (`featpipe cache rm "
+        f"{stage.name}`) and run the command again")
