@@ -55,6 +55,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -66,9 +67,10 @@ import numpy as np
 from featpipe.checksums import CHECKSUM, as_text, check, stream_checksum
 from featpipe.fileio import atomic_save_npz, atomic_write_bytes, first_line, make_dirs
 
-#: The index record of a stage folder, and the pattern of its table files.
+#: The index record of a stage folder, and the names of its table files.
 INDEX_FILE = "index.json"
 TABLE_PREFIX = "index-"
+TABLE_NAME = re.compile(r"^index-[0-9a-f]{12}\.npz$")
 #: Bytes of a ledger read at a time.
 _BLOCK = 1 << 18
 #: Bytes at the start and at the end of a folded ledger whose checksums say it is unchanged.
@@ -662,7 +664,7 @@ def write(stage_path: Path, index: Index) -> None:
     atomic_write_bytes(stage_path / INDEX_FILE, json.dumps(
         {"index": summary, "sum": as_text(zlib.crc32(_canonical(summary)))}).encode("utf-8"))
     index.stale = False
-    for old in stage_path.glob(f"{TABLE_PREFIX}*.npz"):
+    for old in table_files(stage_path):
         if old.name != name:
             with contextlib.suppress(OSError):
                 old.unlink()
@@ -672,8 +674,13 @@ def remove(stage_path: Path) -> None:
     """Remove the index (``verify --repair``, after it removed items): the next run writes
     it again; reads fold the ledgers meanwhile."""
     (stage_path / INDEX_FILE).unlink(missing_ok=True)
-    for old in stage_path.glob(f"{TABLE_PREFIX}*.npz"):
+    for old in table_files(stage_path):
         old.unlink(missing_ok=True)
+
+
+def table_files(stage_path: Path) -> list[Path]:
+    """The index table files of the stage folder (:data:`TABLE_NAME`: no other file)."""
+    return sorted(p for p in stage_path.glob(f"{TABLE_PREFIX}*.npz") if TABLE_NAME.match(p.name))
 
 
 def problems(stage_path: Path, parse: Callable) -> list[str]:

@@ -249,3 +249,87 @@ def test_a_damaged_item_list_this_run_cannot_write_again_is_one_line(tmp_path, c
         f"error: stage {stage.name}: {path} is damaged and this run would write other bytes "
         f"than it held (item paths that moved?); remove the stage (`featpipe cache rm "
         f"{stage.name}`) and run the command again")
+
+
+# -- 51.3: gc and repair touch only featpipe's own files, inside the store -----------------------
+
+def _linked_batches(tmp_path, cli, monkeypatch):
+    """A store whose stage ``feat`` keeps its batch files through ``batches/``, a link to a
+    folder outside the store that also holds a user's files: one named like nothing featpipe
+    writes, one named like a batch file that no ledger line names."""
+    monkeypatch.setattr(batch_files, "MIN_ITEMS", 3)
+    elsewhere = tmp_path / "scratch"
+    elsewhere.mkdir()
+    manifest = write_npy_dataset(tmp_path)
+    store = tmp_path / "s"
+    command = ("import", "--manifest", manifest, "--from", tmp_path / "npy", "--store", store,
+               "--name", "feat")
+    cli(*command, check=True)
+    stage = Store(store).resolve("feat")
+    for path in (stage.path / "batches").iterdir():
+        shutil.move(path, elsewhere / path.name)
+    (stage.path / "batches").rmdir()
+    (stage.path / "batches").symlink_to(elsewhere, target_is_directory=True)
+    results = elsewhere / "results.npz"
+    np.savez(results, x=np.arange(3))
+    lookalike = elsewhere / "otherhost-12-0123456789ab.00000000.npz"
+    np.savez(lookalike, y=np.arange(2))
+    for path in (results, lookalike):
+        os.utime(path, (1e9, 1e9))  # old: gc's age rule would not keep them
+    return store, stage, results, lookalike
+
+
+def test_gc_leaves_every_file_in_a_batches_link_out_of_the_store(tmp_path, cli, monkeypatch):
+    store, stage, results, lookalike = _linked_batches(tmp_path, cli, monkeypatch)
+    gc = cli("cache", "gc", "--store", store, "--min-age", "0", check=True)
+    assert results.exists() and lookalike.exists()
+    assert f"{results}: not a file featpipe writes; left alone" in gc.output
+    assert f"{lookalike}: outside the store (through a link); left alone" in gc.output
+    assert Store(store).resolve("feat").read_item("v03").shape[1] == 8
+    assert "0 problem(s)" in cli("cache", "verify", "--store", store).output
+
+
+def test_gc_removes_only_what_featpipe_names_in_the_store(tmp_path, cli, monkeypatch):
+    """Inside the store, a leftover batch file or index table is removed by its exact name;
+    files of other names in those folders are named and kept."""
+    store, _ = imported_store(tmp_path, cli)
+    stage = Store(store).resolve("feat")
+    (stage.path / "batches").mkdir()
+    leftover = stage.path / "batches" / "host-12-0123456789ab.00000000.npz"
+    table = stage.path / "index-0123456789ab.npz"
+    mine = [stage.path / "batches" / "results.npz", stage.path / "index-notes.npz",
+            stage.path / "packed" / "shard-notes.h5"]
+    (stage.path / "packed").mkdir()
+    for path in (leftover, table, *mine):
+        path.write_bytes(b"x")
+        os.utime(path, (1e9, 1e9))
+    gc = cli("cache", "gc", "--store", store, "--min-age", "0", check=True)
+    assert not leftover.exists() and not table.exists()
+    assert all(path.exists() for path in mine)
+    assert f"{mine[0]}: not a file featpipe writes; left alone" in gc.output
+    assert f"{mine[2]}: not a file featpipe writes; left alone" in gc.output
+
+
+def test_pack_removes_only_the_batch_files_its_ledger_names(tmp_path, cli, monkeypatch):
+    store, stage, results, lookalike = _linked_batches(tmp_path, cli, monkeypatch)
+    named = {b for _, b in stage.item_table().done_items()}
+    pack_stage(stage)
+    assert results.exists() and lookalike.exists()
+    assert not any((tmp_path / "scratch" / name).exists() for name in named)
+
+
+def test_repair_removes_only_item_files_featpipe_writes(tmp_path, cli):
+    """A file of another name under ``items/`` is no stray item: verify names it, repair
+    keeps it; a stray item file (featpipe's name, no ledger line) is still removed."""
+    store, _ = imported_store(tmp_path, cli)
+    stage = Store(store).resolve("feat")
+    notes = stage.item_path("v01").parent / "notes.txt"
+    notes.write_text("mine")
+    stray = stage.item_path("extra")
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    np.save(stray, np.zeros(3, np.float32))
+    found = cli("cache", "verify", "--store", store)
+    assert f"note: stage {stage.name}: {notes}: not a file featpipe writes; left alone" \
+        in found.output
+    cli("cache", "verify", "--store", store, "--repair", check=True)
+    assert notes.exists() and not stray.exists()
