@@ -333,3 +333,73 @@ def test_repair_removes_only_item_files_featpipe_writes(tmp_path, cli):
         in found.output
     cli("cache", "verify", "--store", store, "--repair", check=True)
     assert notes.exists() and not stray.exists()
+
+
+# -- 51.8: reviewer-found mutation survivors -----------------------------------------------------
+
+def test_verify_compares_every_item_of_the_index_with_its_ledgers(tmp_path):
+    """An index table whose counts and size agree with the ledgers, and whose checksums hold,
+    but that gives one item a state its lines do not (a table written wrong): verify names the
+    item (the per-item comparison, not only the counts)."""
+    items = from_rows([(f"i{k}", "", [], []) for k in range(5)], tmp_path)
+    stage = Store(tmp_path / "s").stage("import", {}, items=items)
+    for k in range(5):
+        stage.record(f"i{k}", "done", sums={".npy": f"crc32:0000000{k}"})
+    assert stage.compact_index() and stage.index_problems() == []
+    index = stage_index.load(stage.path, stage.parse_line, need_table=True)
+    row = index.table._row("i3")
+    index.table.sums[row] = index.table.sums[(row + 1) % 5]  # another item's checksum
+    stage_index.write(stage.path, index)
+    assert stage_index.read_record(stage.path) is not None  # its own checksums hold
+    assert stage.index_problems() == [
+        "index index.json: item 'i3' differs from its ledgers' lines"]
+
+
+def test_a_batch_file_is_flushed_and_fsynced_before_it_is_renamed_into_place(tmp_path,
+                                                                           monkeypatch):
+    """The commit of a batch: every byte of the file on disk (flushed, then fsynced) before
+    the rename gives it its name; a crash after the rename never finds it short.  (The
+    ``flush`` alone left out is an equivalent mutant: ``ZipFile.close`` flushes its file.)"""
+    monkeypatch.setattr(batch_files, "MIN_ITEMS", 3)
+    items = from_rows([(f"v{i}", "", ["c"], ["train"]) for i in range(3)], tmp_path)
+    stage = Store(tmp_path / "s").stage("extract", {"n": 3}, items=items)
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd).st_size))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(src), str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    writer = stage.batch_writer()
+    rng = np.random.default_rng(0)
+    for item_id in ("v0", "v1"):
+        writer.add(item_id, rng.standard_normal((40, 8)), {"frame_index": np.arange(40)}, 0.1)
+    writer.commit()
+    (batch,) = (stage.path / "batches").glob("*.npz")
+    (at, (_, tmp, final)), = [(k, e) for k, e in enumerate(events) if e[0] == "replace"
+                              and e[2] == str(batch)]
+    synced = [e for e in events[:at] if e[0] == "fsync" and e[1] == tmp]
+    assert synced and synced[-1][2] == batch.stat().st_size
+
+
+def test_a_views_item_has_the_view_stages_dtype_not_its_sources(tmp_path):
+    """A view reads its source's columns and stores them as its own stage would: in its own
+    dtype (float32 here, its source float16), as the step it stands for would have written."""
+    store = Store(tmp_path / "s")
+    items = from_rows([(f"v{i}", "", ["c"], ["train"]) for i in range(2)], tmp_path)
+    source = store.stage("extract", {"n": 2}, items=items, dtype="float16")
+    rows = np.linspace(-2, 2, 40).reshape(5, 8)
+    for item_id in items.ids:
+        source.write_item(item_id, rows)
+    view = store.stage("encode", {"part": 1}, inputs=[source], items=items)
+    view.make_view(source, slice(2, 6), [])
+    array = view.read_item("v1")
+    assert source.read_item("v1").dtype == np.float16
+    assert array.dtype == np.float32 == view.dtype
+    np.testing.assert_array_equal(array, rows.astype(np.float16)[:, 2:6].astype(np.float32))
