@@ -60,7 +60,7 @@ from featpipe.store import (
 from featpipe.store import index as stage_index
 from featpipe.store.batches import BATCH_DIR, BATCH_NAME, batch_checksum
 from featpipe.store.content import CACHE_NAME, cache_bytes, load_cache
-from featpipe.store.file_kinds import kind_of
+from featpipe.store.file_kinds import is_known, kind_of
 from featpipe.store.layout import within
 from featpipe.store.pack import remove_pack, repair_pack
 from featpipe.store.packed import PACK_DIR, PACK_INDEX, shard_files
@@ -297,7 +297,7 @@ def foreign_files(stage: Stage, folders: Sequence[str] = (BATCH_DIR, PACK_DIR, "
                   ) -> list[tuple[Path, str]]:
     """The files in the folders of ``stage`` that ``gc`` and ``verify --repair`` clean by
     listing them (batch files, packed files, item files) that are not theirs to remove: a
-    name featpipe does not write (:func:`featpipe.store.file_kinds.kind_of`), or a file
+    name featpipe does not write (:func:`featpipe.store.file_kinds.is_known`), or a file
     reached through a link out of the store (:func:`featpipe.store.layout.within`); each
     with why.  They are left alone, and named."""
     root = stage.store.root
@@ -309,7 +309,7 @@ def foreign_files(stage: Stage, folders: Sequence[str] = (BATCH_DIR, PACK_DIR, "
         for folder, dirs, files in os.walk(top):  # a link to a folder is listed, not entered
             for entry in [*files, *(d for d in dirs if os.path.islink(os.path.join(folder, d)))]:
                 path = Path(folder) / entry
-                if kind_of(path.relative_to(root).as_posix()) is None:
+                if not is_known(path.relative_to(root).as_posix()):
                     found.append((path, "not a file featpipe writes"))
                 elif not within(root, path):
                     found.append((path, "outside the store (through a link)"))

@@ -116,6 +116,15 @@ FILE_KINDS: tuple[FileKind, ...] = (
 )
 
 
+_ANY_KIND = re.compile("|".join(f"(?:{kind.pattern})" for kind in FILE_KINDS))
+
+
+def is_known(relative: str) -> bool:
+    """Whether ``relative`` is the path of a file featpipe writes (:func:`kind_of` is not
+    None; one match of all the patterns at once, for listings of many files)."""
+    return _ANY_KIND.fullmatch(relative) is not None
+
+
 def kind_of(relative: str) -> FileKind | None:
     """The kind of the file at ``relative`` (a path inside a store, ``/`` between its
     parts), or None for a file featpipe does not write."""
