@@ -246,16 +246,21 @@ def show(store_path, name, as_json):
                    "lists, stages whose stage.json is damaged with their names, name files; "
                    "the content-hash cache is hashed again), so that a re-run of each "
                    "stage's command recomputes exactly that.")
-def verify(store_path, names, repair):
-    """Check every file of the store (all stages, or the NAMES given) against the checksum
-    taken when it was written: stage records, item lists, ledger lines, items, models, packed
-    files, names, the content-hash cache; then the values: readable, numeric, finite, same
-    feature shape as the stage's other items. Exits 1 naming each problem and what recovers
-    it (with --repair, only when something could not be repaired); a stage that cannot be
-    read is a problem too, and the others are still verified."""
+@click.option("--rehash", is_flag=True,
+              help="Hash every file the content-hash cache vouches for again and compare "
+                   "(without it, a random sample of 64).")
+def verify(store_path, names, repair, rehash):
+    """Check every file of the store (all stages, or the NAMES given and the stages the
+    views among them read) against the checksum taken when it was written: stage records,
+    item lists, ledger lines, items, models, packed files, names, the content-hash cache
+    (and a sample of its files hashed again); then the values: readable, numeric, finite,
+    same feature shape as the stage's other items. Exits 1 naming each problem and what
+    recovers it (with --repair, only when something could not be repaired); a stage that
+    cannot be read is a problem too, and the others are still verified."""
     from featpipe.stages import cache as upkeep
 
-    if upkeep.verify(open_store(store_path), names, ClickReporter(), repair=repair):
+    if upkeep.verify(open_store(store_path), names, ClickReporter(), repair=repair,
+                     rehash=rehash):
         raise click.exceptions.Exit(1)
 
 

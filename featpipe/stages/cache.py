@@ -54,13 +54,16 @@ from featpipe.store import (
     DamagedStage,
     Stage,
     Store,
+    content,
     is_store,
 )
 from featpipe.store import index as stage_index
-from featpipe.store.batches import BATCH_DIR, batch_checksum
-from featpipe.store.content import CACHE_NAME, ContentHashes, cache_bytes, load_cache, stat_record
+from featpipe.store.batches import BATCH_DIR, BATCH_NAME, batch_checksum
+from featpipe.store.content import CACHE_NAME, cache_bytes, load_cache
+from featpipe.store.file_kinds import is_known, kind_of
+from featpipe.store.layout import within
 from featpipe.store.pack import remove_pack, repair_pack
-from featpipe.store.packed import PACK_DIR, PACK_INDEX
+from featpipe.store.packed import PACK_DIR, PACK_INDEX, shard_files
 
 
 def store_problems(store: Store) -> tuple[list[Stage], list[str], list[str]]:
@@ -104,6 +107,8 @@ class StageCheck:
     batches: list[str] = field(default_factory=list)
     #: whether the index (:mod:`featpipe.store.index`) is damaged or disagrees with the ledgers
     index: bool = False
+    #: files that are not featpipe's to remove (:func:`foreign_files`), with why
+    foreign: list[tuple[Path, str]] = field(default_factory=list)
 
     def repairable(self) -> int:
         """How many of the problems ``--repair`` removes (or leaves to a re-run)."""
@@ -225,6 +230,7 @@ def verify_stage(stage: Stage) -> StageCheck:
                 problems.append(f"item {ids[row]!r}: shape {_shape(sig, first)} but {count} "
                                 f"other items are {describe(reference)}; {FORCE}")
 
+    found.foreign = foreign_files(stage)
     if not stage.running_processes():  # a live run commits its files before their lines
         for path in stray_item_files(stage, table.items()):
             problems.append(f"file {path.relative_to(stage.path)}: no ledger line says its "
@@ -236,7 +242,7 @@ def verify_stage(stage: Stage) -> StageCheck:
             problems.append(f"packed item {item_id!r}: no ledger line says it is done (a "
                             f"damaged ledger); {REMOVE}")
             found.items.append(item_id)
-        lost = sorted((stage.path / PACK_DIR).glob("shard-*.h5")) if packed is None and \
+        lost = shard_files(stage.path / PACK_DIR) if packed is None and \
             found.missing and not found.pack_index else []
         if lost:  # the files of a pack whose index is gone: their items are lost to reads
             problems.append(f"packed/{PACK_INDEX}: missing, while {len(lost)} packed file(s) "
@@ -260,10 +266,11 @@ def _shape(sig: Signature, first: int) -> tuple[int, ...]:
 
 
 def stray_item_files(stage: Stage, states) -> list[Path]:
-    """The files under ``items/`` that belong to no done item of ``stage`` (temporary files
-    of live writers aside): an item committed by a killed run before its ledger line, a file
-    left when a ledger was damaged or deleted, a file put there by hand.  ``states``: the
-    ``(id, state)`` of every item the ledgers name (:meth:`featpipe.store.index.Table.items`)."""
+    """The item files under ``items/`` (names featpipe writes, inside the store) that belong
+    to no done item of ``stage`` (temporary files of live writers aside): an item committed
+    by a killed run before its ledger line, a file left when a ledger was damaged or deleted,
+    one put there by hand.  ``states``: the ``(id, state)`` of every item the ledgers name
+    (:meth:`featpipe.store.index.Table.items`)."""
     folder = stage.path / "items"
     if not folder.is_dir():
         return []
@@ -274,10 +281,44 @@ def stray_item_files(stage: Stage, states) -> list[Path]:
             expected.update(stem + suffix for suffix in entry.sums or (".npy",))
             if entry.sums is None:  # written before checksums: any sidecar of it
                 unsummed.add(stem)
+    root = stage.store.root
     return sorted(path for path in folder.rglob("*")
                   if path.is_file() and path.name not in expected
                   and path.name.split("+")[0].removesuffix(".npy") not in unsummed
-                  and not TMP_NAME.search(path.name))
+                  and _item_file(root, path) and within(root, path))
+
+
+def _item_file(root: Path, path: Path) -> bool:
+    kind = kind_of(path.relative_to(root).as_posix())
+    return kind is not None and kind.name in ("item array", "item sidecar")
+
+
+def foreign_files(stage: Stage, folders: Sequence[str] = (BATCH_DIR, PACK_DIR, "items")
+                  ) -> list[tuple[Path, str]]:
+    """The files in the folders of ``stage`` that ``gc`` and ``verify --repair`` clean by
+    listing them (batch files, packed files, item files) that are not theirs to remove: a
+    name featpipe does not write (:func:`featpipe.store.file_kinds.is_known`), or a file
+    reached through a link out of the store (:func:`featpipe.store.layout.within`); each
+    with why.  They are left alone, and named."""
+    root = stage.store.root
+    found = []
+    for name in folders:
+        top = stage.path / name
+        if not top.is_dir():
+            continue
+        for folder, dirs, files in os.walk(top):  # a link to a folder is listed, not entered
+            for entry in [*files, *(d for d in dirs if os.path.islink(os.path.join(folder, d)))]:
+                path = Path(folder) / entry
+                if not is_known(path.relative_to(root).as_posix()):
+                    found.append((path, "not a file featpipe writes"))
+                elif not within(root, path):
+                    found.append((path, "outside the store (through a link)"))
+    return found
+
+
+def foreign_note(path: Path, why: str) -> str:
+    """The line that names a file :func:`foreign_files` found (where it really is)."""
+    return f"{os.path.realpath(path)}: {why}; left alone"
 
 
 def repair_stage(stage: Stage, found: StageCheck) -> list[str]:
@@ -396,10 +437,16 @@ class StoreCheck:
     stages: list[str] = field(default_factory=list)
     pointers: list[Path] = field(default_factory=list)
     cache: bool = False
+    #: files whose content-hash cache entry holds a wrong SHA-256 under a valid seal, and the
+    #: entries hashed again by verify (what ``--repair`` writes the cache with)
+    wrong_hashes: list[str] = field(default_factory=list)
+    rehashed: dict[str, list] = field(default_factory=dict)
 
 
-def check_store(store: Store) -> tuple[list[Stage], StoreCheck]:
-    """The stages that open, and what :class:`StoreCheck` describes."""
+def check_store(store: Store, rehash: bool = False) -> tuple[list[Stage], StoreCheck]:
+    """The stages that open, and what :class:`StoreCheck` describes; the content-hash cache's
+    seal is checked, and a sample of the files it vouches for hashed again (every one with
+    ``rehash``: :func:`featpipe.store.content.recheck_cache`)."""
     stages, broken, _ = store_problems(store)
     found = StoreCheck(broken=len(broken))
     for line in broken:
@@ -441,11 +488,21 @@ def check_store(store: Store) -> tuple[list[Stage], StoreCheck]:
                 found.broken += 1
     cache = store.root / CACHE_NAME
     try:
-        load_cache(cache, strict=True)
+        entries = load_cache(cache, strict=True)
     except (OSError, ValueError) as err:
         found.problems.append(f"{CACHE_NAME}: damaged ({first_line(err)}); `--repair` hashes "
                               "its files again")
         found.cache = True
+        return stages, found
+    rehashed, wrong = content.recheck_cache(entries, None if rehash else content.VERIFY_SAMPLE)
+    for path in wrong:
+        found.problems.append(f"{CACHE_NAME}: the entry of {path} holds SHA-256 "
+                              f"{entries[path][4][:12]}... but its bytes hash to "
+                              f"{rehashed[path][4][:12]}... under the same stat record; "
+                              "`--repair` rewrites the cache with the entries hashed again "
+                              "(the other files are hashed again when next used)")
+    if wrong:
+        found.wrong_hashes, found.rehashed = wrong, rehashed
     return stages, found
 
 
@@ -471,6 +528,11 @@ def repair_store(store: Store, found: StoreCheck) -> list[str]:
         done.append(f"removed damaged {path.relative_to(store.root)}")
     if found.cache:
         done.append(rebuild_cache(store))
+    elif found.wrong_hashes:  # the cache lied: keep only what verify hashed again
+        atomic_write_bytes(store.root / CACHE_NAME, cache_bytes(found.rehashed))
+        done.append(f"rewrote {CACHE_NAME} with the {len(found.rehashed)} file(s) hashed "
+                    f"again ({len(found.wrong_hashes)} wrong SHA-256 corrected); the others "
+                    "are hashed again when next used")
     return done
 
 
@@ -484,24 +546,39 @@ def rebuild_cache(store: Store) -> str:
             if '"crc32"' in text else json.loads(text)
     except ValueError:
         entries = {}
-    hashes = ContentHashes(None)
-    kept = {}
-    for file, entry in (entries.items() if isinstance(entries, dict) else ()):
-        try:
-            if isinstance(entry, list) and entry[:4] == stat_record(os.stat(file)):
-                hashes.file_hash(file)
-                kept[file] = hashes.seen[os.path.abspath(file)]
-        except (OSError, TypeError, FeatpipeError):
-            continue
+    kept, _ = content.recheck_cache(entries if isinstance(entries, dict) else {})
     atomic_write_bytes(path, cache_bytes(kept))
     return f"hashed {len(kept)} file(s) of {CACHE_NAME} again"
 
 
+def with_sources(stages: Sequence[Stage]) -> list[Stage]:
+    """``stages``, each once, each view after the stage it reads (a view's items are its
+    source's: they are checked, and repaired, there)."""
+    found: list[Stage] = []
+
+    def add(stage: Stage) -> None:
+        if stage in found:
+            return
+        try:
+            view = stage.view()
+        except FeatpipeError:  # its own record: verifying it names the problem
+            view = None
+        if view is not None:
+            add(view[0])
+        found.append(stage)
+
+    for stage in stages:
+        add(stage)
+    return found
+
+
 def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = None,
-           repair: bool = False) -> int:
-    """Verify the stages called ``names`` (all stages, the names, run markers and the
-    content-hash cache when empty); returns the problem count (with ``repair``, of the
-    problems :func:`repair_stage` and :func:`repair_store` could not remove).
+           repair: bool = False, rehash: bool = False) -> int:
+    """Verify the stages called ``names`` and the stages the views among them read (all
+    stages, the names, run markers and the content-hash cache when empty: a sample of the
+    files it vouches for hashed again, every one with ``rehash``); returns the problem count
+    (with ``repair``, of the problems :func:`repair_stage` and :func:`repair_store` could not
+    remove).
 
     A stage that cannot be opened or read counts as a problem; the others are still verified.
     """
@@ -519,8 +596,9 @@ def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = 
                 outside.problems.append(f"stage {folder}: {err}")
                 outside.stages.append(folder)
                 outside.broken += 1
+        stages = with_sources(stages)
     else:
-        stages, outside = check_store(store)
+        stages, outside = check_store(store, rehash)
     for problem in outside.problems:
         reporter.info(f"problem: {problem}")
     total, bad, repaired, unchecked = 0, len(outside.problems), 0, 0
@@ -544,6 +622,8 @@ def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = 
         bad += len(found.problems)
         for problem in found.problems:
             reporter.info(f"problem: stage {stage.name}: {problem}")
+        for path, why in found.foreign:
+            reporter.info(f"note: stage {stage.name}: {foreign_note(path, why)}")
         reporter.info(f"{'ok' if not found.problems else 'BAD'}: stage {stage.name}: "
                       f"{found.checked} items checked{note}")
         if repair and found.repairable():
@@ -552,10 +632,15 @@ def verify(store: Store, names: Sequence[str] = (), reporter: Reporter | None = 
             repaired += found.repairable()
             reporter.info(f"repaired: stage {stage.name}: re-run the command that computed it "
                           "to recompute exactly what was removed")
+        if repair and not found.index and stage_index.rebuild_stale(stage.path,
+                                                                    stage.parse_line):
+            reporter.info(f"repaired: stage {stage.name}: rebuilt the index (its ledgers "
+                          "were copied, moved or rewritten)")
     if repair:
         for line in repair_store(store, outside):
             reporter.info(f"repaired: {line}")
-        repaired += len(outside.stages) + len(outside.pointers) + outside.cache
+        repaired += len(outside.stages) + len(outside.pointers) + outside.cache + \
+            len(outside.wrong_hashes)
     n_stages = len(stages) + outside.broken
     reporter.info(f"verified {total} items in {n_stages} stages: {bad} problem(s)"
                   + (f", {repaired} repaired" if repair else ""))
@@ -851,7 +936,8 @@ def _unnamed_files(stage: Stage) -> list[tuple[Path, str]]:
     write killed before its record)."""
     found = []
     folder = stage.path / BATCH_DIR
-    batch_files = sorted(folder.glob("*.npz")) if folder.is_dir() else []
+    batch_files = sorted(p for p in folder.iterdir() if BATCH_NAME.match(p.name) and
+                         p.is_file() and within(stage.store.root, p)) if folder.is_dir() else []
     if batch_files:
         named = {batch for _, batch in stage.item_table().done_items()}
         found += [(path, "batch file of a killed run") for path in batch_files
@@ -861,15 +947,15 @@ def _unnamed_files(stage: Stage) -> list[tuple[Path, str]]:
     except (OSError, ValueError):
         return found  # a damaged index: verify reports it, nothing is guessed
     found += [(path, "index table of a killed run")
-              for path in sorted(stage.path.glob(f"{stage_index.TABLE_PREFIX}*.npz"))
-              if path.name != record.get("table")]
+              for path in stage_index.table_files(stage.path)
+              if path.name != record.get("table") and within(stage.store.root, path)]
     return found
 
 
 def _unlisted_shards(stage: Stage) -> list[Path]:
     """Shard files of ``stage`` its pack index does not list (none while a pack runs)."""
     folder = stage.path / PACK_DIR
-    shards = sorted(folder.glob("shard-*.h5")) if folder.is_dir() else []
+    shards = [path for path in shard_files(folder) if within(stage.store.root, path)]
     if not shards:
         return []
 
@@ -980,7 +1066,8 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
     tmp_files = 0
     if store.root.is_dir():
         for path in sorted(store.root.rglob("*.tmp.*")):
-            if any(path.is_relative_to(gone) for gone in [*removed, *dict(leftovers)]):
+            if any(path.is_relative_to(gone) for gone in [*removed, *dict(leftovers)]) or \
+                    not within(store.root, path):
                 continue
             if path.is_file() and stale_tmp(path):
                 size = path.stat().st_size
@@ -989,6 +1076,10 @@ def gc(store: Store, dry_run: bool = False, min_age: float = 10.0,
                 freed += size
                 tmp_files += 1
                 reporter.info(f"{verb} temporary file {path}")
+    for stage in stages:
+        if stage.path not in removed:
+            for path, why in foreign_files(stage, (BATCH_DIR, PACK_DIR)):
+                reporter.warn(f"note: {foreign_note(path, why)}")
     for name, folder in store.names().items():
         if not (store.stages_dir / folder / "stage.json").exists():
             reporter.warn(f"warning: name {name!r} points to missing stage {folder}")

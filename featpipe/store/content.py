@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import re
 import struct
 import zlib
@@ -159,6 +160,41 @@ def write_cache(handle, entries: Iterable[tuple[str, list]]) -> None:
     data = ("{" if separator == "{" else ", ").encode()
     crc = zlib.crc32(data, crc)
     handle.write(data + b'"crc32": "' + as_text(crc).encode() + b'"}')
+
+
+#: Files of the content-hash cache that ``featpipe cache verify`` hashes again, chosen at
+#: random (``--rehash``: every one).
+VERIFY_SAMPLE = 64
+
+
+def recheck_cache(entries: Mapping, sample: int | None = None) -> tuple[dict[str, list], list]:
+    """Hash again the files the cache ``entries`` vouches for (their stat record is still the
+    cached one), a random ``sample`` of them or all (None): the entries hashed again, each with
+    the SHA-256 of its file now, and the paths whose cached SHA-256 differs (a cache that lies:
+    a faulty writer, or a file rewritten under the same size, times and inode).  A file that
+    changes meanwhile is left out (it is hashed again when next used)."""
+    def vouched(path, entry) -> bool:
+        try:
+            return isinstance(entry, list) and len(entry) == 5 and \
+                entry[:4] == stat_record(os.stat(path))
+        except (OSError, TypeError, ValueError):
+            return False
+
+    paths = [path for path, entry in entries.items() if vouched(path, entry)]
+    if sample is not None and len(paths) > sample:
+        paths = random.sample(paths, sample)
+    checked, wrong = {}, []
+    for path in paths:
+        try:
+            digest = sha256_of(path)
+            record = stat_record(os.stat(path))
+        except OSError:
+            continue
+        if record == entries[path][:4]:
+            checked[path] = [*record, digest]
+            if digest != entries[path][4]:
+                wrong.append(path)
+    return checked, wrong
 
 
 def load_cache(path: Path, strict: bool = False) -> dict:
@@ -392,8 +428,8 @@ def changed_since_key(stage_path: str | os.PathLike, item_id: str,
             return (f"the store's content-hash cache {cache} holds SHA-256 "
                     f"{kept[item_id][:12]}... for {path}, whose bytes read {digest[:12]}... "
                     "under the same stat record: the cache is damaged, not the file; "
-                    "`featpipe cache verify --repair` hashes it again, then run the command "
-                    "again")
+                    "`featpipe cache verify --repair --rehash` hashes the cached files again, "
+                    "then run the command again")
     return ("its file changed after the stage key was computed (SHA-256 "
             f"{(digest or 'missing')[:12]}... read, {kept[item_id][:12]}... keyed): nothing was "
             "written; run the command again once the file is complete")

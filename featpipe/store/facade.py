@@ -110,9 +110,9 @@ class Stage:
         (:func:`featpipe.store.records.read_record`)."""
         return stage_records.read_record(self, name)
 
-    def restore_records(self, records: Mapping[str, bytes]) -> None:
-        """Write again the missing record files of ``records`` (``verify --repair`` removed
-        them): :func:`featpipe.store.records.restore_records`."""
+    def restore_records(self, records: Mapping[str, bytes | Callable[[], bytes]]) -> None:
+        """Write again the record files of ``records`` that are missing or damaged:
+        :func:`featpipe.store.records.restore_records`."""
         stage_records.restore_records(self, records)
 
     @property
@@ -331,9 +331,9 @@ class Store:
         written as ``items.csv``; ``records`` are other files of the stage that its key
         determines (``read-hashes.json``).  Both are written before ``stage.json``, which keeps
         their checksums (:mod:`featpipe.store.records`); an existing stage gets back those of
-        them ``verify --repair`` removed (:meth:`Stage.restore_records`).  With
-        ``create=False`` (a dry run) a new stage is only planned: its key and items, nothing
-        on disk.  The key: :func:`featpipe.store.keys.stage_key`.
+        them removed (``verify --repair``) or damaged since (:meth:`Stage.restore_records`).
+        With ``create=False`` (a dry run) a new stage is only planned: its key and items,
+        nothing on disk.  The key: :func:`featpipe.store.keys.stage_key`.
         """
         keys.check_kind(kind)
         inputs = list(inputs)
@@ -345,9 +345,9 @@ class Store:
         records = dict(records or {})
         if (path / "stage.json").exists():
             stage = Stage(path)
-            if create and items is not None and not (path / "items.csv").exists():
-                records["items.csv"] = items.to_csv(None).encode()
-            if create:
+            if create:  # a record removed or damaged since is written again
+                if items is not None:
+                    records["items.csv"] = lambda: items.to_csv(None).encode()
                 stage.restore_records(records)
             return stage
         if items is not None:

@@ -9,6 +9,8 @@ commands that made the store give back every result bit for bit; it fails when a
 a file of no kind here, or when a kind here has no row in its table.
 
 A path is matched relative to the store folder, ``/`` between its parts (:func:`kind_of`).
+A file of no kind is not featpipe's: ``cache gc`` and ``cache verify --repair``, which find
+leftovers and strays by listing folders, never remove one (and name it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 
 _STAGE = r"stages/[a-z][a-z0-9-]*-[0-9a-f]{16}"
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+#: An item's file stem (:func:`featpipe.fileio.safe_stem`): its readable id, its id's digest.
+_STEM = r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,79}-[0-9a-f]{20}"
 
 
 @dataclass(frozen=True)
@@ -48,10 +52,10 @@ FILE_KINDS: tuple[FileKind, ...] = (
              "`verify --repair` removes it; the re-run writes it again"),
     FileKind("read hashes", rf"{_STAGE}/read-hashes\.json", "`files` in stage.json",
              "`verify --repair` removes it; the re-run writes it again"),
-    FileKind("item sidecar", rf"{_STAGE}/items/[0-9a-f]{{2}}/[^/]+\+[a-z][a-z0-9_]*\.npy",
+    FileKind("item sidecar", rf"{_STAGE}/items/[0-9a-f]{{2}}/{_STEM}\+[a-z][a-z0-9_]*\.npy",
              "`sums` of the item's ledger line",
              "`verify --repair` removes the item; the re-run recomputes it"),
-    FileKind("item array", rf"{_STAGE}/items/[0-9a-f]{{2}}/[^/+]+\.npy",
+    FileKind("item array", rf"{_STAGE}/items/[0-9a-f]{{2}}/{_STEM}\.npy",
              "`sums` of the item's ledger line",
              "`verify --repair` removes the item; the re-run recomputes it"),
     FileKind("ledger", rf"{_STAGE}/ledger/[^/]+-\d+\.jsonl",
@@ -110,6 +114,15 @@ FILE_KINDS: tuple[FileKind, ...] = (
              "a write in progress, or the leftover of a killed one: `cache gc` removes it "
              "once its process is gone"),
 )
+
+
+_ANY_KIND = re.compile("|".join(f"(?:{kind.pattern})" for kind in FILE_KINDS))
+
+
+def is_known(relative: str) -> bool:
+    """Whether ``relative`` is the path of a file featpipe writes (:func:`kind_of` is not
+    None; one match of all the patterns at once, for listings of many files)."""
+    return _ANY_KIND.fullmatch(relative) is not None
 
 
 def kind_of(relative: str) -> FileKind | None:

@@ -30,12 +30,16 @@ folded again from the ledgers.  Folded states are merged into the arrays every
 10^6 lines takes the table's memory plus a constant.
 
 **Written by** runs (:func:`compact`: when a run ends, and every :data:`COMPACT_EVERY_S`
-seconds while it runs), only when the ledgers hold complete lines it lacks, never by a read:
-a read changes nothing.  One process writes at a time (``locks/index``, taken without
-waiting: a busy lock means another process is writing it).  Each write is a new table file,
-then ``index.json`` atomically, then the older tables are removed: a reader sees one index or
-the other, never a mix (a table removed under a reader is read again through the new
-``index.json``).  A missing, damaged or stale index is folded again from the ledgers, in
+seconds while it runs), only when the ledgers hold complete lines it lacks; a read writes
+nothing, except once for an index that is sound but stale (:func:`outdated`: a copy of the
+store gave its ledgers new inodes, a ledger was rewritten or removed), which the first read
+writes again (and ``verify --repair``: :func:`rebuild_stale`), so that a copied store reads
+at its speed again instead of folding every ledger on every read.  One process writes at a
+time (``locks/index``, taken without waiting: a busy lock means another process is writing
+it).  Each write is a new table file, then ``index.json`` atomically, then the older tables
+are removed: a reader sees one index or the other, never a mix (a table removed under a
+reader is read again through the new ``index.json``).  A missing or damaged index, or a
+stale one that cannot be written (a read-only store), is folded again from the ledgers, in
 memory: the index is never the only copy of anything.  ``cache verify`` checks both checksums
 and folds the same ledger bytes again to compare (:func:`problems`); ``verify --repair``
 removes an index that disagrees, and the next run writes it again.
@@ -51,6 +55,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -62,9 +67,10 @@ import numpy as np
 from featpipe.checksums import CHECKSUM, as_text, check, stream_checksum
 from featpipe.fileio import atomic_save_npz, atomic_write_bytes, first_line, make_dirs
 
-#: The index record of a stage folder, and the pattern of its table files.
+#: The index record of a stage folder, and the names of its table files.
 INDEX_FILE = "index.json"
 TABLE_PREFIX = "index-"
+TABLE_NAME = re.compile(r"^index-[0-9a-f]{12}\.npz$")
 #: Bytes of a ledger read at a time.
 _BLOCK = 1 << 18
 #: Bytes at the start and at the end of a folded ledger whose checksums say it is unchanged.
@@ -461,8 +467,28 @@ def ledger_files(stage_path: Path) -> list[Path]:
     return sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
 
 
+def outdated(index: Index, files: list[Path]) -> bool:
+    """Whether ``index`` no longer describes the ledgers ``files``: one of those it folded
+    was removed, or is not a longer copy of what it folded (rewritten, cut short, replaced,
+    or copied with the store: a new inode)."""
+    return bool(set(index.ledgers) - {p.name for p in files}) or not all(
+        _unchanged(p, index.ledgers[p.name]) for p in files if p.name in index.ledgers)
+
+
+def rebuild_stale(stage_path: Path, parse: Callable) -> bool:
+    """Write the index again when the one on disk is sound but :func:`outdated` (``cache
+    verify --repair``; a read does the same, :func:`load`); returns whether it wrote."""
+    try:
+        record = read_record(stage_path)
+        index = _from_record(record) if record is not None else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # damaged: verify names it, repair removes it
+    return index is not None and outdated(index, ledger_files(stage_path)) and \
+        compact(stage_path, parse)
+
+
 def load(stage_path: Path, parse: Callable, need_table: bool = False,
-         trust: bool = True, pending: bool = True) -> Index:
+         trust: bool = True, pending: bool = True, rebuild: bool = True) -> Index:
     """The stage's index, with everything its ledgers hold now folded in (with ``pending``,
     a last line without its newline too, for this reader only).
 
@@ -470,7 +496,10 @@ def load(stage_path: Path, parse: Callable, need_table: bool = False,
     seal it checks, and its ledger file's name) into an entry or the reason it is not one
     (:meth:`featpipe.store.Stage.parse_line`).  The record and table on disk are used when
     they are sound (``trust``) and the ledgers only grew since; the table is read only when
-    a ledger must be folded or ``need_table``.  Nothing is written.
+    a ledger must be folded or ``need_table``.  Nothing is written, except when the index on
+    disk is sound but stale (:func:`outdated`: the store was copied, a ledger rewritten):
+    then, with ``rebuild``, it is written again first (:func:`compact`), once, so that every
+    read after this one finds it current.
     """
     index = None
     if trust:
@@ -478,9 +507,10 @@ def load(stage_path: Path, parse: Callable, need_table: bool = False,
             record = read_record(stage_path)
             index = _from_record(record) if record is not None else None
     files = ledger_files(stage_path)
-    if index is not None and (set(index.ledgers) - {p.name for p in files} or not all(
-            _unchanged(p, index.ledgers[p.name]) for p in files if p.name in index.ledgers)):
+    if index is not None and outdated(index, files):
         index = None  # a ledger was removed, replaced or rewritten: fold them all again
+        if rebuild and compact(stage_path, parse):
+            return load(stage_path, parse, need_table, trust, pending, rebuild=False)
     if index is None:
         index = Index(stale=True, table=Table())
     grown = [p for p in files if p.name not in index.ledgers or
@@ -497,7 +527,8 @@ def load(stage_path: Path, parse: Callable, need_table: bool = False,
             except (OSError, ValueError, KeyError, TypeError):
                 break
         if index.table is None:
-            return load(stage_path, parse, need_table, trust=False, pending=pending)
+            return load(stage_path, parse, need_table, trust=False, pending=pending,
+                        rebuild=False)
         grown = [p for p in files if p.name not in index.ledgers or
                  _size(p) > index.ledgers[p.name].offset]
     for path in grown:
@@ -611,7 +642,7 @@ def compact(stage_path: Path, parse: Callable) -> bool:
             return False
         except OSError:
             pass  # no locks on this file system: two writers write equal indexes
-        index = load(stage_path, parse, pending=False)
+        index = load(stage_path, parse, pending=False, rebuild=False)
         if not index.stale:
             return False
         try:
@@ -633,7 +664,7 @@ def write(stage_path: Path, index: Index) -> None:
     atomic_write_bytes(stage_path / INDEX_FILE, json.dumps(
         {"index": summary, "sum": as_text(zlib.crc32(_canonical(summary)))}).encode("utf-8"))
     index.stale = False
-    for old in stage_path.glob(f"{TABLE_PREFIX}*.npz"):
+    for old in table_files(stage_path):
         if old.name != name:
             with contextlib.suppress(OSError):
                 old.unlink()
@@ -643,8 +674,13 @@ def remove(stage_path: Path) -> None:
     """Remove the index (``verify --repair``, after it removed items): the next run writes
     it again; reads fold the ledgers meanwhile."""
     (stage_path / INDEX_FILE).unlink(missing_ok=True)
-    for old in stage_path.glob(f"{TABLE_PREFIX}*.npz"):
+    for old in table_files(stage_path):
         old.unlink(missing_ok=True)
+
+
+def table_files(stage_path: Path) -> list[Path]:
+    """The index table files of the stage folder (:data:`TABLE_NAME`: no other file)."""
+    return sorted(p for p in stage_path.glob(f"{TABLE_PREFIX}*.npz") if TABLE_NAME.match(p.name))
 
 
 def problems(stage_path: Path, parse: Callable) -> list[str]:

@@ -48,6 +48,16 @@ def is_store(path: Path) -> bool:
         return False
 
 
+def within(root: Path, path: Path) -> bool:
+    """Whether ``path``, every link on the way resolved, is inside the store folder ``root``:
+    what ``gc`` and ``verify --repair`` find by listing a folder they remove only then (a
+    folder of a stage that is a link to another disk is never followed out of the store)."""
+    try:
+        return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
+    except (OSError, ValueError):
+        return False
+
+
 def check_writable(root: Path) -> None:
     """A :class:`~featpipe.errors.WriteError` naming the store ``root`` when this process
     cannot write into its folder (a read-only file system, or no permission)."""

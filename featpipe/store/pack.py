@@ -57,7 +57,14 @@ from featpipe.fileio import (
 from featpipe.parallel import resolve_jobs, worker_pool
 from featpipe.store.batches import BATCH_DIR
 from featpipe.store.facade import Stage
-from featpipe.store.packed import PACK_DIR, PACK_INDEX, checked_dataset, index_owner, open_h5
+from featpipe.store.packed import (
+    PACK_DIR,
+    PACK_INDEX,
+    checked_dataset,
+    index_owner,
+    open_h5,
+    shard_files,
+)
 
 #: Default number of items per HDF5 file when ``shards`` is not given.
 ITEMS_PER_FILE = 10_000
@@ -225,8 +232,9 @@ def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_f
     index = {"shards": shards, "files": [p.name for p in files], "n_items": len(ids),
              "generation": generation,
              "sums": {p.name: checksum for p, checksum in zip(files, sums, strict=True)}}
+    batched = {batch for _, batch in stage.item_table().done_items() if batch is not None}
     _write_index(stage, index)
-    for path in folder.glob("shard-*.h5"):  # older generations, or leftovers of a crash
+    for path in shard_files(folder):  # older generations, or leftovers of a crash
         if path not in files:
             with writing(path, "remove"):
                 path.unlink()
@@ -240,11 +248,12 @@ def _pack_locked(stage: Stage, ids: list[str], shards: int, folder: Path, keep_f
                     with writing(path, "remove"):
                         path.unlink()
                     removed += 1
-        batches = stage.path / BATCH_DIR  # every item they hold is packed now
-        for path in sorted(batches.glob("*.npz")) if batches.is_dir() else ():
-            with writing(path, "remove"):
-                path.unlink()
-            removed += 1
+        for name in sorted(batched):  # the ledger's batch files: every item is packed now
+            path = stage.path / BATCH_DIR / name
+            if path.exists():
+                with writing(path, "remove"):
+                    path.unlink()
+                removed += 1
     return files, removed
 
 
@@ -283,7 +292,7 @@ def remove_pack(stage: Stage) -> list[str]:
     folder = stage.path / PACK_DIR
     with stage.exclusive("pack", refuse):
         loose = {i for i in stage.items.ids if stage.item_path(i).exists()}
-        for path in [folder / PACK_INDEX, *sorted(folder.glob("shard-*.h5"))]:
+        for path in [folder / PACK_INDEX, *shard_files(folder)]:
             with writing(path, "remove"):
                 path.unlink(missing_ok=True)
     return [i for i in stage.items.ids if i not in loose]

@@ -46,7 +46,16 @@ def index_owner(folder: str) -> str:
     """What the pack index of stage folder ``folder`` is sealed to
     (:func:`featpipe.checksums.seal_json`)."""
     return f"stages/{folder}/{PACK_DIR}/{PACK_INDEX}"
-_SHARD_FILE = re.compile(r"^shard-\d{4,}-of-\d{4,}\.[0-9a-f]+\.h5$")
+
+
+#: The name of a packed file: its shard, the shard count, the pack's generation.
+SHARD_NAME = re.compile(r"^shard-\d{4,}-of-\d{4,}\.[0-9a-f]+\.h5$")
+
+
+def shard_files(folder: Path) -> list[Path]:
+    """The packed files in ``folder`` (:data:`SHARD_NAME`: no other file)."""
+    return sorted(p for p in folder.glob("shard-*.h5") if SHARD_NAME.match(p.name)) \
+        if folder.is_dir() else []
 
 
 def open_h5(path: Path, mode: str = "r"):
@@ -65,7 +74,7 @@ class PackedItems:
         self.folder = folder
         self.n_shards = int(index["shards"])
         names = list(index["files"])
-        bad = [n for n in names if not isinstance(n, str) or not _SHARD_FILE.match(n)]
+        bad = [n for n in names if not isinstance(n, str) or not SHARD_NAME.match(n)]
         if bad or len(names) != self.n_shards:
             raise ValueError(f"file list does not name {self.n_shards} shard files of this "
                              f"folder ({bad[0]!r})" if bad else "file count differs from shards")

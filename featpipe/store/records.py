@@ -18,9 +18,10 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
+import logging
 import os
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
 
@@ -39,6 +40,8 @@ from featpipe.errors import FeatpipeError
 from featpipe.fileio import HOST, atomic_write_bytes, make_dirs, os_reason, writing
 from featpipe.manifest import Manifest
 from featpipe.store.layout import STAGE_FOLDER
+
+log = logging.getLogger(__name__)
 
 _VERSIONED_PACKAGES = ("numpy", "scipy", "scikit-learn", "torch", "opencv-python-headless")
 #: What a damaged stage record's error says to do.
@@ -204,20 +207,36 @@ def read_record(stage, name: str) -> bytes | None:
     return raw
 
 
-def restore_records(stage, records: Mapping[str, bytes]) -> None:
-    """Write again the record files of ``records`` that are missing (``verify --repair``
-    removed them) when their bytes are those ``stage.json`` keeps the checksum of; a record
-    of other bytes is an error (an ``items.csv`` whose item paths moved)."""
+def restore_records(stage, records: Mapping[str, bytes | Callable[[], bytes]]) -> None:
+    """Write again the record files of ``records`` (their bytes, or a function making them)
+    that are missing (``verify --repair`` removed them) or damaged (their checksum is not the
+    one ``stage.json`` keeps: a re-run notices, for the price of a CRC of the file), when the
+    bytes this run has are those ``stage.json`` keeps the checksum of; a record of other
+    bytes is an error (an ``items.csv`` whose item paths moved)."""
     expected = stage.meta.get("files") or {}
     for name, data in records.items():
         path = stage.path / name
-        if path.exists() or name not in expected:
+        if name not in expected:
             continue
+        try:
+            held = as_text(zlib.crc32(path.read_bytes()))
+        except FileNotFoundError:
+            held = None
+        except OSError as err:
+            raise FeatpipeError(f"stage {stage.name}: {path} is unreadable "
+                                f"({os_reason(err)})") from None
+        if held == expected[name]:
+            continue
+        data = data() if callable(data) else data
         if as_text(zlib.crc32(data)) != expected[name]:
-            raise FeatpipeError(f"stage {stage.name}: {path} is missing and this run would "
-                                "write other bytes than it held (item paths that moved?); "
-                                f"remove the stage (`featpipe cache rm {stage.name}`) and "
-                                "run the command again")
+            raise FeatpipeError(f"stage {stage.name}: {path} is "
+                                f"{'missing' if held is None else 'damaged'} and this run "
+                                "would write other bytes than it held (item paths that "
+                                f"moved?); remove the stage (`featpipe cache rm {stage.name}`) "
+                                "and run the command again")
+        if held is not None:
+            log.warning("stage %s: %s was damaged (checksum %s, not %s): written again",
+                        stage.name, path, held, expected[name])
         atomic_write_bytes(path, data)
 
 

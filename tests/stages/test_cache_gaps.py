@@ -124,7 +124,7 @@ def test_gc_min_age_is_in_minutes_for_stages_and_every_leftover(tmp_path, cli):
     store = Store(tmp_path / "s")
     named = filled_stage(store, 3)
     orphan = make_stage(store, "orphan")
-    shard = named.path / "packed" / "shard-00000.h5"
+    shard = named.path / "packed" / "shard-0000-of-0001.0123abcd.h5"
     batch = named.path / BATCH_DIR / "host-1-0123456789ab.00000000.npz"
     half = store.stages_dir / "encode-0123456789abcdef"
     for path in (shard, batch):

@@ -676,8 +676,8 @@ def test_the_changed_file_messages_word_for_word(tmp_path):
     assert content.changed_since_key(stage.path, "v02", digest, path) == (
         f"the store's content-hash cache {store.root / content.CACHE_NAME} holds SHA-256 "
         f"{kept[:12]}... for {path}, whose bytes read {digest[:12]}... under the same stat "
-        "record: the cache is damaged, not the file; `featpipe cache verify --repair` hashes "
-        "it again, then run the command again")
+        "record: the cache is damaged, not the file; `featpipe cache verify --repair --rehash` "
+        "hashes the cached files again, then run the command again")
 
 
 def _sealed_index(stage, index: dict) -> None:
