@@ -101,6 +101,10 @@ FILE_KINDS: tuple[FileKind, ...] = (
     FileKind("process marker", rf"{_STAGE}/running/[^/]+-\d+", None,
              "empty: held with flock while its process computes the stage; a lost one is "
              "made again by the next run"),
+    FileKind("planned work", rf"{_STAGE}/planned-work/[^/]+-\d+\.json", "sealed (to its stage)",
+             "a live run's plan of its items' work, removed when it ends (featpipe.progress): "
+             "`featpipe status` ignores a damaged or stale one (it counts items then), the "
+             "next run removes it"),
     FileKind("lock", rf"{_STAGE}/locks/[^/]+", None,
              "empty: held with flock while a run computes the stage; a lost one is made "
              "again by the next run"),

@@ -71,7 +71,8 @@ TABLE = {
 #: Kinds a finished store does not hold (written by other commands or while they run).
 TRANSIENT = {"task log": "written by `featpipe submit` and SLURM only",
              "temporary": "only while a write runs, or left by a killed one",
-             "spill file": "only while an encode or extraction runs, or left by a killed one"}
+             "spill file": "only while an encode or extraction runs, or left by a killed one",
+             "planned work": "only while a run computes the stage, or left by a killed one"}
 #: Batch files from this many items on (featpipe.store.batches.MIN_ITEMS, 1000): the import of 12.
 MIN_ITEMS = 10
 #: The toy grouped feature method the view is made from (its options and its name are
