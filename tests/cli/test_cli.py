@@ -29,10 +29,12 @@ def test_every_registered_command_has_help(cli, command):
 
 
 def test_exit_codes_0_1_2(tmp_path, cli):
-    (tmp_path / "a.avi").write_text("x")
+    from tests.unit.test_video import write_video
+
+    write_video(tmp_path / "a.mp4", n_frames=2)  # manifest check opens each video's header
     # train and test rows: a split without one of them is warned about on stderr
-    (tmp_path / "m.csv").write_text("id,path,label,split1\na,a.avi,run,train\n"
-                                    "b,a.avi,run,test\n")
+    (tmp_path / "m.csv").write_text("id,path,label,split1\na,a.mp4,run,train\n"
+                                    "b,a.mp4,run,test\n")
     ok = run_cli("manifest", "check", tmp_path / "m.csv", check=False)
     assert ok.returncode == 0 and ok.stderr == ""
     (tmp_path / "s").mkdir()
