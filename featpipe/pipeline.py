@@ -701,16 +701,9 @@ def _plan_step(pipeline: Pipeline, written: Step, number: int, store: Store,
                reporter: Reporter) -> None:
     """Plan one step into ``plan`` (its nodes, or its problem)."""
     step = renamed(written, rename)
-    count = len(pipeline.steps)
+    reporter.info(_step_line(step, number, len(pipeline.steps), fusion))
     if written.name in fusion.pass_of:
-        host = fusion.pass_of[written.name]
-        reporter.info(f"step {number}/{count}: {step.name} ({step.function}): runs in the pass "
-                      f"of step {host!r}"
-                      + ("" if fusion.kept[written.name] else " (its stage is not written)"))
         return
-    reporter.info(f"step {number}/{count}: {step.name} ({step.function})"
-                  + (f", with {', '.join(fusion.members[written.name])} in one pass"
-                     if written.name in fusion.members else ""))
     members = fusion.members.get(written.name, [])
     waits = sorted({name for _, name in references(written)} & set(plan.unplanned))
     if waits:
@@ -766,6 +759,17 @@ def _plan_step(pipeline: Pipeline, written: Step, number: int, store: Store,
         plan.add(node)
 
 
+def _step_line(step: Step, number: int, count: int, fusion: Fusion) -> str:
+    """``step 3/17: rp-hog (encode)``, with the steps of its pass or the pass it runs in."""
+    line = f"step {number}/{count}: {step.name} ({step.function})"
+    if step.name in fusion.pass_of:
+        return (line + f": runs in the pass of step {fusion.pass_of[step.name]!r}"
+                + ("" if fusion.kept[step.name] else " (its stage is not written)"))
+    if step.name in fusion.members:
+        return line + f", with {', '.join(fusion.members[step.name])} in one pass"
+    return line
+
+
 def _problem_text(err: ParameterError, rename: Mapping[str, str]) -> str:
     """A parameter problem as a step's line: the parameter and its cause (a fused step's
     error names the step already: its cause), each stage named as the file names it."""
@@ -804,22 +808,14 @@ def _run_steps(pipeline: Pipeline, store: Store, only: Callable[[Step], bool] | 
     fusion = plan_fusion(pipeline.steps)
     asked = _asked(pipeline, only, fusion)
     results = []
-    count = len(pipeline.steps)
     for number, written in enumerate(pipeline.steps, start=1):
         if asked is not None and written.name not in asked:
             continue
         step = renamed(written, rename)
+        reporter.info(_step_line(step, number, len(pipeline.steps), fusion))
         if written.name in fusion.pass_of:
-            host = fusion.pass_of[written.name]
-            reporter.info(f"step {number}/{count}: {step.name} ({step.function}): runs in "
-                          f"the pass of step {host!r}"
-                          + ("" if fusion.kept[written.name] else
-                             " (its stage is not written)"))
             results.append(None)
             continue
-        reporter.info(f"step {number}/{count}: {step.name} ({step.function})"
-                      + (f", with {', '.join(fusion.members[written.name])} in one pass"
-                         if written.name in fusion.members else ""))
         arguments = _converted(step, dry_run=False)
         if written.name in fusion.members:
             arguments.update(_pass_arguments(pipeline, written, fusion, rename,
