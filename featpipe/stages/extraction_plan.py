@@ -43,7 +43,7 @@ from featpipe.extract.streaming import FrameSinks
 from featpipe.io.images import is_image
 from featpipe.io.video import Sampling
 from featpipe.item_kinds import ItemKind, check_input, extraction_kind
-from featpipe.manifest import Manifest
+from featpipe.manifest import Manifest, missing_file, row_fix
 from featpipe.parallel import RunSummary, make_executor, parse_shard, plan
 from featpipe.parameters import parameter_record, typed_value
 from featpipe.reporting import Reporter
@@ -161,6 +161,7 @@ def plan_extraction(store: Store, manifest: Manifest, features: str, params: Map
     read: dict[str, str | None] = {}
     key = _feature_key(manifest, chosen, sampling, settings, hashes, read,
                        problems if options.dry_run else None)
+    _check_files(manifest, read, options, problems)
     estimator = chosen.estimator()
     dim, pca_stage = _projection(store, settings.pca, chosen.method.name,
                                  int(estimator.n_features))
@@ -230,6 +231,24 @@ def choose_features(features: str, params: Mapping | None) -> Chosen:
     if local != method.local:
         method = dataclasses.replace(method, local=local)
     return Chosen(method, record)
+
+
+def _check_files(manifest: Manifest, read: Mapping[str, str | None], options: RunOptions,
+                 problems: list[str]) -> None:
+    """Items whose file is missing (``read``: no hash) cannot finish a stage that fails on
+    an item (``on_error='fail'``): refused before any work, naming the first row and the way
+    out (a dry run lists it); with ``on_error='skip'`` they fail as items."""
+    missing = [item_id for item_id, sha in read.items() if sha is None]
+    if not missing or options.on_error != "fail":
+        return
+    first = missing[0]
+    text = (f"{len(missing)} item(s) have no file (first: {first!r}: "
+            f"{missing_file(manifest.resolve_path(manifest[first]))}; "
+            f"{row_fix(manifest, first)}), or --on-error skip computes the others")
+    if options.dry_run:
+        problems.append(text)
+        return
+    raise FeatpipeError(text + ": nothing was computed")
 
 
 def _feature_key(manifest, chosen: Chosen, sampling: Sampling, settings: ExtractSettings,

@@ -79,13 +79,21 @@ def test_corrupt_inputs_stop_or_are_skipped(tmp_path, cli):
     stopped = cli("extract", "-m", manifest, "-s", store, "-f", "dsift", *DSIFT_FAST)
     assert stopped.exit_code == 1
     error_lines = [line for line in stopped.output.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1  # the missing file: before any work
+    assert error_lines[0].startswith("error: 1 item(s) have no file (first: 'missing': ")
+    assert not store.exists()
+    without = write_manifest(tmp_path, [row for row in rows if row[0] != "missing"])
+    stopped = cli("extract", "-m", without, "-s", store, "-f", "dsift", *DSIFT_FAST)
+    assert stopped.exit_code == 1
+    error_lines = [line for line in stopped.output.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1
     assert any(f"error: {item_id}: " in error_lines[0] for item_id in bad)
 
+    manifest = write_manifest(tmp_path, rows)  # the missing one again: skip computes the others
     skipped = cli("extract", "-m", manifest, "-s", store, "-f", "dsift", *DSIFT_FAST,
                   "--on-error", "skip")
     assert skipped.exit_code == 1  # failures are reported by the exit status
-    stage = Store(store).all_stages()[0]
+    stage = max(Store(store).all_stages(), key=lambda s: len(s.items.ids))  # every row
     assert "ok" in stage.done_ids()
     failed = stage.failed()
     assert set(failed) == set(bad)
@@ -137,8 +145,8 @@ def test_settings_options_are_generated_from_the_declarations():
     declared = record_parameters(Sampling) + record_parameters(ExtractSettings)
     assert [p.name for p in declared] == [
         "fps", "every", "frames", "device", "batch_size", "dtype", "positions", "pca",
-        "encode", "sample_descriptors", "sample_seed", "human_boxes", "allow_partial",
-        "disk_check", "decoder",
+        "encode", "sample_descriptors", "sample_seed", "sample_total", "sample_split",
+        "human_boxes", "allow_partial", "disk_check", "decoder",
         "decode_timeout"]  # encode_params: the --encode method's own options
     for param in declared:
         option = options[param.name]
