@@ -70,7 +70,8 @@ RELEASE_GROUPS = (("trajectory", 30), ("hog", 96), ("hof", 108), ("mbhx", 96), (
 #: program name -> the release's binary; featpipe's feature is the name before "-".
 #: ``idt-mask255``: DenseTrackStab with ORB given its mask as 0/255 (the release's mask is 0/1,
 #: which OpenCV 4.6's ORB reads as "nothing" on every pyramid level but the first: 109 keypoints
-#: instead of 450 on carphone); optional, built by the RESULTS section's one-line change.
+#: instead of 450 on carphone); optional, built by the one-line change that
+#: benchmarks/results/trajectories.md describes.
 PROGRAMS = {"dt": "DenseTrack", "idt": "DenseTrackStab", "idt-mask255": "DenseTrackStab-mask255"}
 #: the test clip each release ships, with the output it expected (SURF for DenseTrackStab)
 SHIPPED = ("test_sequences/person01_boxing_d1_uncomp.avi", "test_sequences/person01_boxing_d1.gz")

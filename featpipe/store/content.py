@@ -6,7 +6,7 @@ keeps it.  Reading every byte on every run would be slow, so :class:`ContentHash
 file's hash in a cache file of the store (``STORE/content-hashes.json``) under its size,
 modification and change times (ns) and inode, as git's index does: a file whose stat record
 is unchanged is not read again.  Measured on 13,320 small files: ``benchmarks/
-bench_content_keys.py`` (``benchmarks/RESULTS.md``).
+bench_content_keys.py`` (``benchmarks/results/store.md``).
 
 A key must be of the bytes the stage then reads: a file rewritten between the hash and the
 read would leave a stage keyed by one content and holding another.  So the SHA-256 each item's

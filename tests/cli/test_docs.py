@@ -10,7 +10,8 @@ from pathlib import Path
 from tests.conftest import REPO
 
 DOCUMENTS = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md")),
-             REPO / "benchmarks" / "RESULTS.md"]
+             REPO / "benchmarks" / "RESULTS.md",
+             *sorted((REPO / "benchmarks" / "results").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 

@@ -1,7 +1,7 @@
 """The dense-trajectory recipe's pipeline file (issue 32 §2): shipped by ``featpipe example
 pipeline trajectories``, valid as a whole (every key, value and reference), and the small
-version that RESULTS runs on rendered clips holds the same trajectory steps, differing only in
-its declared small settings; its dry run plans every step."""
+version that benchmarks/results/recipe.md runs on rendered clips holds the same trajectory
+steps, differing only in its declared small settings; its dry run plans every step."""
 
 from __future__ import annotations
 

@@ -243,8 +243,9 @@ def test_streamed_per_frame_fisher_vectors_of_the_recipe_stay_within_1_mb_a_fram
 def test_an_item_without_a_single_trajectory_is_stored_and_said(clips, tmp_path):
     """A still video gives no trajectory (all pruned as static): the item is stored empty,
     as it is, and the run says so by name, so that an empty (all-zero) encoding is not taken
-    for a computed one unseen (DIS flow leaves slow motion empty: RESULTS, "issue 32: what
-    DIS flow changes in accuracy"); an item with trajectories draws no such line."""
+    for a computed one unseen (DIS flow leaves slow motion empty:
+    benchmarks/results/flow-accuracy.md, "issue 32: what DIS flow changes in accuracy"); an item
+    with trajectories draws no such line."""
     from tests.conftest import run_cli
 
     folder, _ = clips

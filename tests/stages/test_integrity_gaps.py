@@ -1,6 +1,6 @@
 """Paths that protect data and that no test reached (issue 39 §6: each test kills mutants of
 ``checksums``, ``content``, ``store``, ``pack`` or ``packed`` that the other tests let live;
-``benchmarks/mutation_sample.py``, ``benchmarks/RESULTS.md``)."""
+``benchmarks/mutation_sample.py``, ``benchmarks/results/mutation-testing.md``)."""
 
 from __future__ import annotations
 

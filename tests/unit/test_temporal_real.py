@@ -4,10 +4,10 @@ Protocol (issue 8): channels standardised with train statistics, encodings L2-no
 linear-kernel C = 1000 libsvm SVM, one-vs-rest with the highest decision value (DESIGN.md
 section 4).  Reference numbers of an independent implementation: GunPoint avg 0.49, max 0.49,
 rankpool (both) 0.62, hrp (window 10) 0.73; BasicMotions avg 0.83, max 0.85, rankpool 0.90.
-Measured here (benchmarks/RESULTS.md): the same, with rankpool ψ = SER on BasicMotions (0.85
-with VideoDarwin's SSR).  The tests compare each accuracy with the same protocol run on
-encodings of the literal references of tests/unit/test_temporal.py (numpy mean and max; one
-liblinear -s 11 call per rank-pooled window), not with numbers measured before.
+Measured here (benchmarks/results/rank-pooling.md): the same, with rankpool ψ = SER on
+BasicMotions (0.85 with VideoDarwin's SSR).  The tests compare each accuracy with the same
+protocol run on encodings of the literal references of tests/unit/test_temporal.py (numpy mean
+and max; one liblinear -s 11 call per rank-pooled window), not with numbers measured before.
 """
 
 from __future__ import annotations
