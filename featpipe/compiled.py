@@ -1,6 +1,6 @@
 """featpipe's compiled kernels: their cache, compiling them ahead, and the line a first use prints.
 
-The hot loops of ``hrp`` (:mod:`featpipe.encode._window_loop`), the Fisher vector
+The hot loops of rank pooling and ``hrp`` (:mod:`featpipe.encode._window_loop`), the Fisher vector
 (:mod:`featpipe.encode._fisher_loop`) and the chi-square kernels
 (:mod:`featpipe.classify._chi2_loop`) are numba functions with ``cache=True``: the first call
 for a combination of argument types compiles machine code (5-15 s each on a 2-core machine)
@@ -67,6 +67,16 @@ def _warm_hrp():
             chunk_bytes=None)
 
 
+def _warm_rankpool():
+    import numpy as np
+
+    from featpipe.encode.functional.temporal import rank_pool_sequences
+
+    for X in _inputs(np.random.default_rng(0), (12, 5)):
+        rank_pool_sequences([X], directions="both", psi="ssr", C=1.0, epsilon=0.1,
+                            solver="newton", device="cpu", batch_size=8)
+
+
 def _warm_fisher():
     import numpy as np
 
@@ -106,6 +116,7 @@ def _warm_trajectories():
 #: kernel -> what compiles it, through the functions jobs call
 KERNELS: dict[str, Callable[[], None]] = {
     "hrp window kernel": _warm_hrp,
+    "rank-pooling kernels": _warm_rankpool,
     "Fisher-vector kernels": _warm_fisher,
     "chi-square kernel": _warm_chi2,
     "dense-trajectory kernels": _warm_trajectories,

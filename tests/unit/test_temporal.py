@@ -211,6 +211,35 @@ def test_compiled_window_passes_match_the_array_api_path(monkeypatch, psi, signe
         assert len(calls) == 1 and calls.pop() is X  # numpy took the compiled pass
 
 
+@pytest.mark.parametrize("psi", ["ser", "ssr", "none"])
+@pytest.mark.parametrize("signed", [True, False])
+@pytest.mark.parametrize(("dtype", "rtol"), [(np.float64, 1e-9), (np.float32, 2e-4)])
+def test_compiled_sequence_passes_match_the_array_api_path(monkeypatch, psi, signed, dtype,
+                                                           rtol):
+    """Whole numpy sequences (rankpool, hrp's final layer) go through the compiled passes
+    (featpipe.encode._window_loop.sequence_grams / sequence_pool); the array-API path is the
+    reference: lengths that are not a multiple of the 4-row tiles, one row, several column
+    blocks and 64-row panels, each direction and both."""
+    import featpipe.encode._window_loop as compiled
+    import featpipe.encode.functional.temporal as module
+
+    calls = []
+    kernel = compiled.sequence_grams
+    monkeypatch.setattr(compiled, "sequence_grams", lambda *a: calls.append(a[0]) or kernel(*a))
+    rng = np.random.default_rng(32)
+    for T, D in [(1, 5), (37, 7), (300, 900)]:
+        X = np.cumsum(rng.standard_normal((T, D)), axis=0) / np.sqrt(T)
+        X = (X if signed else np.maximum(X, 0)).astype(dtype)
+        for directions in ("fwd", "rev", "both"):
+            ours = module.rank_pool_windows(X[None], psi, directions=directions)
+            reference = module.rank_pool_windows(array_api_strict.asarray(X[None]), psi,
+                                                 directions=directions)
+            assert ours.dtype == dtype and ours.shape == reference.shape
+            np.testing.assert_allclose(ours, np.asarray(reference), rtol=rtol,
+                                       atol=rtol * float(np.abs(ours).max()))
+            assert len(calls) == 1 and np.shares_memory(calls.pop(), X)  # the compiled pass
+
+
 def test_float32_in_float32_out():
     X = sequences([30], dim=8)[0].astype(np.float32)
     for enc in (RankPooling(), HierarchicalRankPooling(window=5), AveragePooling()):
