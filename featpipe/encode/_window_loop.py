@@ -366,14 +366,15 @@ def sequence_rows(T: int) -> int:
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FAST)
-def sequence_grams(X, reverse, psi_mode, block, G):  # pragma: no cover (compiled)
+def sequence_grams(X, reverse, psi_mode, block, G, negative):  # pragma: no cover (compiled)
     """G[d] = the Gram matrix (float64, padded to :func:`sequence_rows`, zero beyond T) of the
     ψ rows of the whole sequence X (T, D) in direction d: ``reverse[d]`` 0, the running sums
     s_t = x_1 + ... + x_t; 1, those of the reversed sequence, x_T + ... + x_{T−t+1} (each
     summed in order in X's dtype, as :func:`featpipe.encode.maps.running_sum` of the flipped
     rows).  One block of ``block`` columns at a time: its ψ rows are formed and multiplied
     while they are in the L2 cache; each block's dot products are in X's dtype, their sum
-    over the blocks in float64."""
+    over the blocks in float64.  negative[d, b]: whether block b had a negative sum (SER:
+    else its negative half is zero, and left out)."""
     T, D = X.shape
     Tp = G.shape[1]
     halves = 2 if psi_mode == SER else 1
@@ -384,39 +385,53 @@ def sequence_grams(X, reverse, psi_mode, block, G):  # pragma: no cover (compile
         c1 = min(c0 + block, D)
         for d in range(reverse.shape[0]):
             first, step = (T - 1, -1) if reverse[d] else (0, 1)
-            negative = _fill(X, first, step, T, c0, c1, psi_mode, sums, rows, 0, block)
+            below = _fill(X, first, step, T, c0, c1, psi_mode, sums, rows, 0, block)
+            negative[d, c0 // block] = below
             _add_tiles(rows, Tp, 0, c1 - c0, G[d])
-            if negative:
+            if below:
                 _add_tiles(rows, Tp, block, block + c1 - c0, G[d])
     for d in range(G.shape[0]):
         _mirror(G[d])
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FAST)
-def sequence_pool(X, reverse, psi_mode, block, beta, U):  # pragma: no cover (compiled)
-    """U[d] = Σ_t beta[d, t] ψ(s_t) in X's dtype, the ψ rows of :func:`sequence_grams` formed
-    again block by block: columns 0 .. D − 1, and D .. 2·D − 1 for SER."""
+def sequence_pool(X, reverse, psi_mode, block, negative, beta, U):  # pragma: no cover
+    """U[d] = Σ_t beta[d, t] ψ(s_t) in X's dtype, with the running sums and ψ of
+    :func:`sequence_grams` formed again row by row, block by block (in the L1 cache; blocks
+    with ``negative[d, b]`` false skip SER's zero negative half): columns 0 .. D − 1, and
+    D .. 2·D − 1 for SER."""
     T, D = X.shape
-    halves = 2 if psi_mode == SER else 1
-    rows = np.zeros((T, halves * block), X.dtype)
     sums = np.empty(block, X.dtype)
+    positive = np.empty(block, X.dtype)
+    below = np.empty(block, X.dtype)
     for c0 in range(0, D, block):
         c1 = min(c0 + block, D)
         width = c1 - c0
+        s, q, r = sums[:width], positive[:width], below[:width]
         for d in range(reverse.shape[0]):
             first, step = (T - 1, -1) if reverse[d] else (0, 1)
-            negative = _fill(X, first, step, T, c0, c1, psi_mode, sums, rows, 0, block)
-            for half in range(halves):
-                out = U[d, half * D + c0: half * D + c1]
-                if half == 1 and not negative:
-                    out[:] = 0.0
-                    continue
-                row = rows[0, half * block: half * block + width]
-                b = beta[d, 0]
-                for j in range(width):
-                    out[j] = b * row[j]
-                for t in range(1, T):
-                    row = rows[t, half * block: half * block + width]
-                    b = beta[d, t]
+            halves = 2 if psi_mode == SER and negative[d, c0 // block] else 1
+            # SER of non-negative sums: √s and a zero half (ROOT)
+            mode = ROOT if psi_mode == SER and halves == 1 else psi_mode
+            out = U[d, c0:c1]
+            rest = U[d, D + c0: D + c1] if psi_mode == SER else U[d, :0]
+            rest[:] = 0.0
+            for t in range(T):
+                x = X[first + t * step, c0:c1]
+                if t == 0:
                     for j in range(width):
-                        out[j] += b * row[j]
+                        s[j] = x[j]
+                else:
+                    for j in range(width):
+                        s[j] = s[j] + x[j]
+                _psi(s, mode, q, r)
+                b = beta[d, t]
+                if t == 0:
+                    for j in range(width):
+                        out[j] = b * q[j]
+                else:
+                    for j in range(width):
+                        out[j] += b * q[j]
+                if halves == 2:
+                    for j in range(width):
+                        rest[j] += b * r[j]

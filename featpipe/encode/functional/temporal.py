@@ -384,19 +384,21 @@ def pool_sequences(seqs, psi="ssr", C=1.0, epsilon=0.1, directions="both"):
     blocks = [_window_loop.sequence_block(T, X.itemsize, mode) for X in seqs]
     Tp = _window_loop.sequence_rows(T)
     grams = np.empty((len(seqs), len(reverse), Tp, Tp))
-    for X, block in zip(seqs, blocks, strict=True):
+    negative = [np.zeros((len(reverse), -(-D // block)), bool) for block in blocks]
+    for X, block, below in zip(seqs, blocks, negative, strict=True):
         announce("rank-pooling kernels",
-                 (_window_loop.sequence_grams, (X, reverse, mode, block, grams[0])),
-                 (_window_loop.sequence_pool, (X, reverse, mode, block, np.empty(
+                 (_window_loop.sequence_grams, (X, reverse, mode, block, grams[0], below)),
+                 (_window_loop.sequence_pool, (X, reverse, mode, block, below, np.empty(
                      (len(reverse), T), X.dtype), np.empty((len(reverse), 1), X.dtype))))
     for b, (X, block) in enumerate(zip(seqs, blocks, strict=True)):
-        _window_loop.sequence_grams(X, reverse, mode, block, grams[b])
+        _window_loop.sequence_grams(X, reverse, mode, block, grams[b], negative[b])
     beta = rank_svr_unit_gram(grams[:, :, :T, :T].reshape(-1, T, T), C, epsilon)
     beta = beta.reshape(len(seqs), len(reverse), T)
     out = []
     for b, (X, block) in enumerate(zip(seqs, blocks, strict=True)):
         U = np.empty((len(reverse), psi_dim(psi, D)), X.dtype)
-        _window_loop.sequence_pool(X, reverse, mode, block, beta[b].astype(X.dtype), U)
+        _window_loop.sequence_pool(X, reverse, mode, block, negative[b],
+                                   beta[b].astype(X.dtype), U)
         out.append(U.reshape(-1))
     return np.stack(out)
 
