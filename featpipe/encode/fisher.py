@@ -703,7 +703,10 @@ def _fisher_rows(first, second, mass, counts, gmm: _FastGMM, improved, out, colu
 
     args = (first, second, mass, counts, gmm.pi, gmm.valid, bool(improved), bool(clear), out,
             int(column))
-    announce("Fisher-vector kernels", (_fisher_loop.fisher_rows, args))
+    types = ("rows", out.flags.c_contiguous)  # the others: float64 sums, this module's arrays
+    if types not in _ANNOUNCED:
+        announce("Fisher-vector kernels", (_fisher_loop.fisher_rows, args))
+        _ANNOUNCED.add(types)
     return _fisher_loop.fisher_rows(*args)
 
 
@@ -724,13 +727,15 @@ def fisher_vectors_of_parts(x, offsets, weights, means, variances, improved=True
     weights, means, variances = check_gmm(weights, means, variances)
     if out is None:
         out, column = np.empty((len(offsets) - 1, 2 * means.size), np.float32), 0
-    _encode_parts(x, offsets, _FastGMM.of(weights, means, variances, posterior_threshold),
-                  improved, out, column)
+    with single_threaded_blas():
+        _encode_parts(x, offsets, _FastGMM.of(weights, means, variances, posterior_threshold),
+                      improved, out, column)
     return out
 
 
 def _encode_parts(x, offsets, gmm: _FastGMM, improved, out, column) -> None:
-    """:func:`fisher_vectors_of_parts` with a prepared GMM."""
+    """:func:`fisher_vectors_of_parts` with a prepared GMM (BLAS limited to one thread by the
+    caller: its GEMMs are small)."""
     k, dim = gmm.means_shape
     x = _check_descriptors(x, dim, finite=False)  # in the operand pass
     if x.dtype not in (np.float32, np.float64):
@@ -768,11 +773,16 @@ def _short_parts(x, offsets, gmm: _FastGMM, improved, out, column) -> None:
     lhs, raw = buffers[0][:n], buffers[1][:n]
     sums = tuple(b[:parts] for b in buffers[2:5])
     overflow = buffers[5][:parts]
-    announce("Fisher-vector kernels", (_fisher_loop.squared_operand, (x, gmm.center, lhs)),
-             (_fisher_loop.accumulate, (raw, x, offsets, *gmm.kernel_args, *sums, overflow)))
+    # the arguments' types follow from x's and out's (the others are this module's arrays)
+    types = (x.dtype, x.flags.c_contiguous, x.flags.writeable, out.flags.c_contiguous)
+    if types not in _ANNOUNCED:
+        announce("Fisher-vector kernels", (_fisher_loop.squared_operand, (x, gmm.center, lhs)),
+                 (_fisher_loop.accumulate, (raw, x, offsets, *gmm.kernel_args, *sums,
+                                            overflow)))
+        _ANNOUNCED.add(types)
     if not _fisher_loop.squared_operand(x, gmm.center, lhs):
         raise InputError("descriptors: contains NaN or Inf")
-    with single_threaded_blas(), np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         for p in range(parts):
             for start in range(offsets[p], offsets[p + 1], _BLOCK):
                 stop = min(start + _BLOCK, offsets[p + 1])
@@ -782,6 +792,10 @@ def _short_parts(x, offsets, gmm: _FastGMM, improved, out, column) -> None:
                                         improved, out, column, clear=True):
         raise _too_large(x)  # (the buffers, not cleared, are left to the collector)
     _Workspace.give(kind, buffers)
+
+
+#: the argument types of :func:`_short_parts`'s kernels already announced
+_ANNOUNCED: set = set()
 
 
 def _capacity(n: int) -> int:
@@ -1053,7 +1067,8 @@ class FisherItemEncoder(ValidatedEstimator):
         """out[p, column:column + width] = the FV of rows offsets[p] .. offsets[p + 1] − 1 of
         the descriptors ``x`` (the frames of a video; ``out`` C-ordered), projected together,
         by :func:`fisher_vectors_of_parts` (each part's FV to the bit that of the part
-        alone); the GMMs are prepared once per encoder."""
+        alone); the GMMs are prepared once per encoder.  Call with BLAS limited to one thread
+        (:func:`featpipe.backend.single_threaded_blas`)."""
         if self._prepared is None:
             self._prepared = [_FastGMM(w, m, v, self.threshold) for w, m, v in self.gmms]
         x = self._project(x)
