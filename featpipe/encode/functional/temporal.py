@@ -392,7 +392,8 @@ def pool_sequences(seqs, psi="ssr", C=1.0, epsilon=0.1, directions="both"):
                      (len(reverse), T), X.dtype), np.empty((len(reverse), 1), X.dtype))))
     for b, (X, block) in enumerate(zip(seqs, blocks, strict=True)):
         _window_loop.sequence_grams(X, reverse, mode, block, grams[b], negative[b])
-    beta = rank_svr_unit_gram(grams[:, :, :T, :T].reshape(-1, T, T), C, epsilon)
+    with single_threaded_blas():  # small T × T solves
+        beta = rank_svr_unit_gram(grams[:, :, :T, :T].reshape(-1, T, T), C, epsilon)
     beta = beta.reshape(len(seqs), len(reverse), T)
     out = []
     for b, (X, block) in enumerate(zip(seqs, blocks, strict=True)):
@@ -427,7 +428,7 @@ def pool_windows(X, starts, M, stride, psi="ser", C=1.0, epsilon=0.1, solver="ne
     U = np.zeros((len(starts), psi_dim(psi, X.shape[1])), dtype=X.dtype)
     args = (X, np.asarray(starts, dtype=np.int64), M, mode,
             _window_loop.block_columns(M, X.itemsize, mode), C, epsilon, U)
-    announce("hrp window kernel", (_window_loop.pool_windows, args))
+    announce("rank-pooling kernels", (_window_loop.pool_windows, args))
     failed = _window_loop.pool_windows(*args)
     if failed:
         raise RuntimeError(f"rank_svr_dual: active-set Newton did not settle in "
