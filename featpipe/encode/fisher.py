@@ -1021,8 +1021,11 @@ class FisherItemEncoder(ValidatedEstimator):
         self.gmms = [check_gmm(w, m, v) for w, m, v in zip(
             *(np.asarray(arrays[k]) if stack else np.asarray(arrays[k])[None]
               for k in ("weights", "means", "variances")), strict=True)]
-        self.pca_mean = arrays.get("pca_mean")
-        self.pca_components = arrays.get("pca_components")
+        # in the float64 layout the projection takes (exact: they are float32 or float64), so
+        # that no frame converts them again
+        self.pca_mean, self.pca_components = (
+            None if arrays.get(k) is None else np.ascontiguousarray(arrays[k], np.float64)
+            for k in ("pca_mean", "pca_components"))
         self.improved = improved
         self.pyramid = pyramid
         self.threshold = posterior_cutoff
