@@ -24,11 +24,14 @@ take no part in the posteriors.  *Improved* FV = signed square root, then divisi
 One posterior routine (:mod:`featpipe.encode.posterior`: log joints by the GEMM form,
 log-sum-exp, variance floor) serves EM, the FV body and the encoder.  One FV body:
 :func:`fisher_vectors` (array API, batched, differentiable) defines the FV and is used by deep
-Fisher learning; :class:`FisherAccumulator` normalises its sums with the same
-:func:`fisher_from_sums`.  Its CPU fast path (:func:`_accumulate`) takes the Mahalanobis terms
-of all pairs from a float32 GEMM with a rigorous per-pair rounding bound, recomputes in
-float64 every pair the bound cannot rule out of γ >= 1e-6, and accumulates in float64: the
-FV is the float64 one, on any BLAS kernel and any split of the descriptors.
+Fisher learning; :class:`FisherAccumulator` normalises its sums with the compiled copy of its
+:func:`fisher_from_sums` (:func:`featpipe.encode._fisher_loop.fisher_rows`, tested against
+it).  Its CPU fast path (:func:`_accumulate`) takes the Mahalanobis terms of all pairs from a
+float32 GEMM with a rigorous per-pair rounding bound, recomputes in float64 every pair the
+bound cannot rule out of γ >= 1e-6, and accumulates in float64: the FV is the float64 one, on
+any BLAS kernel and any split of the descriptors.  Per-frame FVs encode the frames of a batch
+together (:func:`fisher_vectors_of_parts`), each frame's FV the bits of its descriptors'
+alone.
 """
 
 from __future__ import annotations
@@ -323,9 +326,8 @@ def check_gmm(weights, means, variances):
 # -- the Fisher-vector body (array API: numpy, torch, CuPy; batched; differentiable) --------
 #
 # One definition of the FV, shared by the encoder (FisherAccumulator normalises its sums with
-# fisher_from_sums, and sends descriptors its compiled float32 pass cannot resolve through
-# fisher_vectors) and by deep Fisher learning (learn/deep_fisher.py: forward = fisher_vectors,
-# reverse pass on its cache).
+# fisher_from_sums' compiled copy, _fisher_loop.fisher_rows, tested against it) and by deep
+# Fisher learning (learn/deep_fisher.py: forward = fisher_vectors, reverse pass on its cache).
 
 def signed_root(z):
     """sign(z)·√|z|, with gradient 0 (not inf·0) at z = 0.  Any array-API namespace."""
