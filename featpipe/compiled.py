@@ -1,6 +1,6 @@
 """featpipe's compiled kernels: their cache, compiling them ahead, and the line a first use prints.
 
-The hot loops of ``hrp`` (:mod:`featpipe.encode._window_loop`), the Fisher vector
+The hot loops of rank pooling and ``hrp`` (:mod:`featpipe.encode._window_loop`), the Fisher vector
 (:mod:`featpipe.encode._fisher_loop`) and the chi-square kernels
 (:mod:`featpipe.classify._chi2_loop`) are numba functions with ``cache=True``: the first call
 for a combination of argument types compiles machine code (5-15 s each on a 2-core machine)
@@ -19,7 +19,8 @@ Compile every kernel ahead, once per environment (``bin/test`` and ``bin/demo`` 
     python -m featpipe.compiled            # or: from featpipe.compiled import warm; warm()
 
 A job that still compiles a kernel says so first, on stderr, once per kernel and process
-(a featpipe warning: ``-q`` hides it): ``compiling the hrp window kernel (first use only; ...)``.
+(a featpipe warning: ``-q`` hides it): ``compiling the rank-pooling kernels (first use only;
+...)``.
 """
 
 from __future__ import annotations
@@ -55,16 +56,23 @@ def _inputs(rng, shape, nonnegative=False):
     return [X.astype(np.float32), X, readonly]
 
 
-def _warm_hrp():
+def _warm_rank_pooling():
+    """hrp's windows and final layer, and rankpool's whole sequences."""
     import numpy as np
 
-    from featpipe.encode.functional.temporal import hierarchical_rank_pool_sequences
+    from featpipe.encode.functional.temporal import (
+        hierarchical_rank_pool_sequences,
+        rank_pool_sequences,
+    )
 
     for X in _inputs(np.random.default_rng(0), (12, 5), nonnegative=True):
         hierarchical_rank_pool_sequences(
             [X], window=4, stride=1, depth=2, psi="ser", C=1.0, epsilon=0.1,
             directions="fwd", solver="newton", device="cpu", emit_layer=None,
             chunk_bytes=None)
+    for X in _inputs(np.random.default_rng(0), (12, 5)):
+        rank_pool_sequences([X], directions="both", psi="ssr", C=1.0, epsilon=0.1,
+                            solver="newton", device="cpu", batch_size=8)
 
 
 def _warm_fisher():
@@ -105,7 +113,7 @@ def _warm_trajectories():
 
 #: kernel -> what compiles it, through the functions jobs call
 KERNELS: dict[str, Callable[[], None]] = {
-    "hrp window kernel": _warm_hrp,
+    "rank-pooling kernels": _warm_rank_pooling,
     "Fisher-vector kernels": _warm_fisher,
     "chi-square kernel": _warm_chi2,
     "dense-trajectory kernels": _warm_trajectories,

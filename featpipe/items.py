@@ -134,6 +134,15 @@ def frame_sidecars(frames: Sequence[Frame]) -> dict[str, np.ndarray]:
     return sidecars
 
 
+def frame_rows(frames: Sequence[Frame]) -> tuple[np.ndarray, np.ndarray]:
+    """The descriptors of ``frames`` (at least one) in one (N, D) array, and where each
+    frame's rows start (F + 1 offsets)."""
+    counts = [np.shape(f.descriptors)[0] for f in frames]
+    x = np.asarray(frames[0].descriptors) if len(frames) == 1 else \
+        np.concatenate([np.asarray(f.descriptors) for f in frames])
+    return x, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
 # -- encoders that take frames as they come ---------------------------------------------------
 
 class ItemSink(Protocol):

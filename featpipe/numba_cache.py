@@ -23,6 +23,10 @@ logger = logging.getLogger(__name__)
 WARM_COMMAND = "python -m featpipe.compiled"
 
 _checked: set = set()
+#: (dispatcher, quick keys of the arguments) already checked (:func:`_quick_key`)
+_seen: set = set()
+#: the kernel names already said to compile in this process
+_told: set = set()
 _lock = threading.Lock()
 
 
@@ -94,22 +98,50 @@ def _cached(dispatcher, types: tuple) -> bool:
         return True
 
 
+def _quick_key(value):
+    """What numba's type of ``value`` depends on, found without numba: an array's dtype,
+    dimensions, layout and flags, a tuple's items, a scalar's class (None: ask numba)."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        flags = value.flags
+        return (value.dtype.str, value.ndim, flags.c_contiguous, flags.f_contiguous,
+                flags.writeable, flags.aligned)
+    if isinstance(value, tuple):
+        keys = tuple(_quick_key(v) for v in value)
+        return None if None in keys else keys
+    if isinstance(value, bool | int | float | np.generic):
+        return type(value)
+    return None
+
+
 def announce(kernel: str, *calls: tuple) -> None:
-    """Log ``compiling the KERNEL (first use only; ...)`` (a warning), once, when one of the
-    ``calls`` (``(dispatcher, args)``: a numba function and the arguments it is about to get)
-    is going to compile: neither compiled in this process nor cached.  Each function and
-    argument types are checked once per process."""
+    """Log ``compiling the KERNEL (first use only; ...)`` (a warning), once per ``kernel`` name
+    and process, when one of the ``calls`` (``(dispatcher, args)``: a numba function and the
+    arguments it is about to get) is going to compile: neither compiled in this process nor
+    cached.  Each function and
+    argument types are checked once per process (a call whose arrays have the dtypes, layouts
+    and flags of one already checked costs a set look-up: numba's typing of each argument
+    costs microseconds, and the Fisher-vector kernels run per frame)."""
     missing = False
     for dispatcher, args in calls:
+        quick = (id(dispatcher), *(_quick_key(a) for a in args))
+        if None not in quick and quick in _seen:
+            continue
         try:
             types = tuple(dispatcher.typeof_pyval(a) for a in args)
         except Exception:  # noqa: BLE001 (numba's typing refuses: the call will say why)
             continue
         with _lock:
+            if None not in quick:
+                _seen.add(quick)
             if types in dispatcher.overloads or (id(dispatcher), types) in _checked:
                 continue
             _checked.add((id(dispatcher), types))
         missing = missing or not _cached(dispatcher, types)
-    if missing:
-        logger.warning("compiling the %s (first use only; `%s` compiles every kernel ahead)",
-                       kernel, WARM_COMMAND)
+    with _lock:
+        if not missing or kernel in _told:  # one line per kernel name and process
+            return
+        _told.add(kernel)
+    logger.warning("compiling the %s (first use only; `%s` compiles every kernel ahead)",
+                   kernel, WARM_COMMAND)

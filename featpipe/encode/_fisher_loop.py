@@ -132,12 +132,14 @@ def _add(g, d, j, u, v, k):  # pragma: no cover (compiled)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=_SUMS)
-def accumulate(raw, x, center, mc, inv_sigma, log_norm, approx, limit, threshold,
-               u_sum, v_sum, mass):  # pragma: no cover (compiled)
-    """Add Σ γ d, Σ γ d² and Σ γ per component (float64) for the descriptors ``x`` (N, D),
-    centred at ``center`` in float64; returns (pairs computed exactly, descriptors whose
-    distances overflow, Σ_t log Σ_k exp l_tk: the log-evidence of the descriptors without
-    −D/2·log 2π).
+def accumulate(raw, x, offsets, center, mc, inv_sigma, log_norm, approx, limit, threshold,
+               u_sum, v_sum, mass, overflow):  # pragma: no cover (compiled)
+    """Add Σ γ d, Σ γ d² and Σ γ per component (float64) of each part p of the descriptors
+    ``x`` (N, D), rows offsets[p] .. offsets[p + 1] − 1, into u_sum[p], v_sum[p], mass[p]
+    ((P, K, D), (P, K, D), (P, K)), centred at ``center`` in float64, and the descriptors whose
+    distances overflow into overflow[p]; returns (pairs computed exactly, Σ_t log Σ_k exp l_tk:
+    the log-evidence of the descriptors without −D/2·log 2π).  A part's sums do not depend on
+    the others (a frame's FV is the same alone or among the frames of a batch).
 
     raw (N, K) float32: the GEMM part of the Mahalanobis terms, m ≈ raw + bias.  ``approx``
     = (bias, high, low, c_high, c_low) in float32 (:func:`_bounds`; −1e30 for skipped
@@ -151,7 +153,7 @@ def accumulate(raw, x, center, mc, inv_sigma, log_norm, approx, limit, threshold
     accumulated.
     """
     bias, high, low, c_high, c_low = approx
-    n, k_total = raw.shape
+    k_total = raw.shape[1]
     dim = x.shape[1]
     upper = np.empty(k_total, np.float32)
     lower = np.empty(k_total, np.float32)
@@ -160,45 +162,112 @@ def accumulate(raw, x, center, mc, inv_sigma, log_norm, approx, limit, threshold
     d = np.empty((k_total, dim))
     xc = np.empty(dim)
     n_exact = 0
-    overflow = 0
     evidence = 0.0
-    for t in range(n):
-        rest = 0.0
-        n_cand = 0
-        top_low, finite = _bounds(raw, t, bias, high, low, c_high, c_low, upper, lower)
-        if finite:
-            cut = np.float32(top_low + limit)
-            rest = _rest(upper, lower, top_low, cut)
-            for k in range(k_total):  # branch-free: few candidates among K
-                cand[n_cand] = k
-                n_cand += upper[k] >= cut
-        else:
-            for k in range(k_total):
-                if log_norm[k] > -np.inf:
+    for part in range(offsets.shape[0] - 1):
+        u_part, v_part, m_part = u_sum[part], v_sum[part], mass[part]
+        for t in range(offsets[part], offsets[part + 1]):
+            rest = 0.0
+            n_cand = 0
+            top_low, finite = _bounds(raw, t, bias, high, low, c_high, c_low, upper, lower)
+            if finite:
+                cut = np.float32(top_low + limit)
+                rest = _rest(upper, lower, top_low, cut)
+                for k in range(k_total):  # branch-free: few candidates among K
                     cand[n_cand] = k
-                    n_cand += 1
-        n_exact += n_cand
-        for i in range(dim):
-            xc[i] = np.float64(x[t, i]) - center[i]
-        top = -np.inf
-        for j in range(n_cand):
-            k = cand[j]
-            exact[j] = log_norm[k] - 0.5 * _distance(xc, mc, inv_sigma, k, d, j)
-            top = max(top, exact[j])
-        if not top > -np.inf:
-            overflow += 1
-            continue
-        norm = rest * math.exp(top_low - top) if rest > 0.0 else 0.0
-        for j in range(n_cand):
-            exact[j] = math.exp(exact[j] - top)
-            norm += exact[j]
-        evidence += top + math.log(norm)
-        scale = 1.0 / norm  # one division per descriptor: γ within an ulp of exact / norm
-        for j in range(n_cand):
-            g = exact[j] * scale
-            if g < threshold:
+                    n_cand += upper[k] >= cut
+            else:
+                for k in range(k_total):
+                    if log_norm[k] > -np.inf:
+                        cand[n_cand] = k
+                        n_cand += 1
+            n_exact += n_cand
+            for i in range(dim):
+                xc[i] = np.float64(x[t, i]) - center[i]
+            top = -np.inf
+            for j in range(n_cand):
+                k = cand[j]
+                exact[j] = log_norm[k] - 0.5 * _distance(xc, mc, inv_sigma, k, d, j)
+                top = max(top, exact[j])
+            if not top > -np.inf:
+                overflow[part] += 1
                 continue
-            k = cand[j]
-            mass[k] += g
-            _add(g, d, j, u_sum, v_sum, k)
-    return n_exact, overflow, evidence
+            norm = rest * math.exp(top_low - top) if rest > 0.0 else 0.0
+            for j in range(n_cand):
+                exact[j] = math.exp(exact[j] - top)
+                norm += exact[j]
+            evidence += top + math.log(norm)
+            scale = 1.0 / norm  # one division per descriptor: γ within an ulp of exact / norm
+            for j in range(n_cand):
+                g = exact[j] * scale
+                if g < threshold:
+                    continue
+                k = cand[j]
+                m_part[k] += g
+                _add(g, d, j, u_part, v_part, k)
+    return n_exact, evidence
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=_SUMS)
+def fisher_rows(u_sum, v_sum, mass, counts, pi, valid, improved, clear, out,
+                column):  # pragma: no cover (compiled)
+    """out[p, column : column + 2·K·D] (float32) = the FV of part p from its sums
+    (:func:`accumulate`), as
+    :func:`featpipe.encode.fisher.fisher_from_sums` defines it: u_k = Σγd / (N√π_k),
+    v_k = (Σγd² − Σγ) / (N√(2π_k)) (N = counts[p], 0 counts as 1; components not ``valid``
+    zero), laid out [u_1..u_K, v_1..v_K]; ``improved``: signed square root, then division by
+    max(‖·‖₂, 1e-12), ‖SSR(z)‖₂² = Σ|z|, each value as sign(z)·√(|z| / max(‖·‖₂, 1e-12)²).
+    In float64, two passes over the sums (the norm, then the values), components that took
+    nothing (Σγ = 0: all their sums are 0) skipped; with ``clear`` the sums read are set back
+    to 0.  ``out`` is C-ordered (a row's slice vectorises).  Returns the number of parts whose
+    sums are not finite (their rows are not written)."""
+    n_parts, k_total, dim = u_sum.shape
+    half = k_total * dim
+    bad = 0
+    for part in range(n_parts):
+        count = max(counts[part], 1.0)
+        check = 0.0
+        total = 0.0
+        for k in range(k_total):
+            m = mass[part, k]
+            if m == 0.0:
+                continue
+            cu = 1.0 / (count * np.sqrt(pi[k])) if valid[k] else 0.0
+            cv = cu / math.sqrt(2.0)
+            first, second = u_sum[part, k], v_sum[part, k]
+            for i in range(dim):
+                a = cu * first[i]
+                b = cv * (second[i] - m)
+                check += (a + b) * 0.0
+                total += abs(a) + abs(b)
+        if check != 0.0:  # NaN: a sum overflowed
+            bad += 1
+            continue
+        norm = max(np.sqrt(total), 1e-12)
+        scale = 1.0 / (norm * norm)
+        row = out[part, column:column + 2 * half]
+        for k in range(k_total):
+            m = mass[part, k]
+            row_u, row_v = row[k * dim:(k + 1) * dim], row[half + k * dim: half + (k + 1) * dim]
+            if m == 0.0:
+                row_u[:] = 0.0
+                row_v[:] = 0.0
+                continue
+            cu = 1.0 / (count * np.sqrt(pi[k])) if valid[k] else 0.0
+            cv = cu / math.sqrt(2.0)
+            first, second = u_sum[part, k], v_sum[part, k]
+            if improved:
+                for i in range(dim):
+                    a = cu * first[i]
+                    b = cv * (second[i] - m)
+                    # sign(z)·√(|z|·scale), and 0 (not −0) for 0
+                    row_u[i] = np.copysign(np.sqrt(abs(a) * scale), a) + 0.0
+                    row_v[i] = np.copysign(np.sqrt(abs(b) * scale), b) + 0.0
+            else:
+                for i in range(dim):
+                    row_u[i] = cu * first[i]
+                    row_v[i] = cv * (second[i] - m)
+            if clear:
+                first[:] = 0.0
+                second[:] = 0.0
+                mass[part, k] = 0.0
+    return bad

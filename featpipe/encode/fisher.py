@@ -24,11 +24,14 @@ take no part in the posteriors.  *Improved* FV = signed square root, then divisi
 One posterior routine (:mod:`featpipe.encode.posterior`: log joints by the GEMM form,
 log-sum-exp, variance floor) serves EM, the FV body and the encoder.  One FV body:
 :func:`fisher_vectors` (array API, batched, differentiable) defines the FV and is used by deep
-Fisher learning; :class:`FisherAccumulator` normalises its sums with the same
-:func:`fisher_from_sums`.  Its CPU fast path (:func:`_accumulate`) takes the Mahalanobis terms
-of all pairs from a float32 GEMM with a rigorous per-pair rounding bound, recomputes in
-float64 every pair the bound cannot rule out of γ >= 1e-6, and accumulates in float64: the
-FV is the float64 one, on any BLAS kernel and any split of the descriptors.
+Fisher learning; :class:`FisherAccumulator` normalises its sums with the compiled copy of its
+:func:`fisher_from_sums` (:func:`featpipe.encode._fisher_loop.fisher_rows`, tested against
+it).  Its CPU fast path (:func:`_accumulate`) takes the Mahalanobis terms of all pairs from a
+float32 GEMM with a rigorous per-pair rounding bound, recomputes in float64 every pair the
+bound cannot rule out of γ >= 1e-6, and accumulates in float64: the FV is the float64 one, on
+any BLAS kernel and any split of the descriptors.  Per-frame FVs encode the frames of a batch
+together (:func:`fisher_vectors_of_parts`), each frame's FV the bits of its descriptors'
+alone.
 """
 
 from __future__ import annotations
@@ -62,7 +65,14 @@ from featpipe.encode.posterior import (
 from featpipe.errors import InputError, ParameterError
 from featpipe.extract.pca import MODEL_NAME, PCAProjection, project
 from featpipe.item_kinds import FISHER
-from featpipe.items import Frame, LocalFeatures, MemorySink, PerFrameStream, stream_item
+from featpipe.items import (
+    Frame,
+    LocalFeatures,
+    MemorySink,
+    PerFrameStream,
+    frame_rows,
+    stream_item,
+)
 from featpipe.models import ArrayModel
 from featpipe.parallel import ItemOutput
 from featpipe.parameters import ValidatedEstimator, estimator_parameters, model_parameter
@@ -317,9 +327,8 @@ def check_gmm(weights, means, variances):
 # -- the Fisher-vector body (array API: numpy, torch, CuPy; batched; differentiable) --------
 #
 # One definition of the FV, shared by the encoder (FisherAccumulator normalises its sums with
-# fisher_from_sums, and sends descriptors its compiled float32 pass cannot resolve through
-# fisher_vectors) and by deep Fisher learning (learn/deep_fisher.py: forward = fisher_vectors,
-# reverse pass on its cache).
+# fisher_from_sums' compiled copy, _fisher_loop.fisher_rows, tested against it) and by deep
+# Fisher learning (learn/deep_fisher.py: forward = fisher_vectors, reverse pass on its cache).
 
 def signed_root(z):
     """sign(z)·√|z|, with gradient 0 (not inf·0) at z = 0.  Any array-API namespace."""
@@ -503,11 +512,11 @@ class FisherAccumulator:
 
     def result(self) -> np.ndarray:
         """The float32 FV of everything added (zeros when nothing was), by
-        :func:`fisher_from_sums`."""
-        phi, _ = fisher_from_sums(self.first[None], self.second[None], self.mass[None, :, None],
-                                  np.asarray([self.count]), self.weights,
-                                  self.weights >= PRIOR_THRESHOLD, self.improved)
-        return phi[0].astype(np.float32)
+        :func:`fisher_from_sums`'s compiled copy (:func:`_fisher_rows`)."""
+        out = np.empty((1, 2 * self.first.size), np.float32)
+        _fisher_rows(self.first[None], self.second[None], self.mass[None],
+                     np.asarray([self.count], np.float64), self.gmm, self.improved, out)
+        return out[0]
 
 
 class _FastGMM:
@@ -515,25 +524,32 @@ class _FastGMM:
     means), mc = μ − c, 1/σ, the log normaliser (posterior routine), the GEMM's float32 right
     operand and float64 bias, and the rounding bound's slope and offsets."""
 
-    #: the last GMM prepared for an accumulator: (weights, means, variances, threshold, self)
-    _last: tuple | None = None
+    #: the GMMs prepared last, most recent first: (weights, means, variances, threshold, self)
+    _recent: list[tuple] = []
+    #: how many are kept: the descriptor groups of a grouped GMM take turns, frame by frame
+    _KEPT = 8
 
     @classmethod
     def of(cls, weights, means, variances, threshold) -> _FastGMM:
         """The prepared GMM of these float64 arrays, reused while the same GMM comes back (the
-        images of a data set: preparing it takes 2-3 % of an image's time on two threads, the
-        comparison a fifth of that)."""
-        last = cls._last
-        if last is not None and last[3] == threshold and all(
-                np.array_equal(a, b)
-                for a, b in zip(last[:3], (weights, means, variances), strict=True)):
-            return last[4]
+        images of a data set, the groups of a video's frames: preparing it takes 2-3 % of an
+        image's time on two threads, the comparison a fifth of that)."""
+        for i, kept in enumerate(cls._recent):
+            if kept[3] == threshold and all(
+                    np.array_equal(a, b)
+                    for a, b in zip(kept[:3], (weights, means, variances), strict=True)):
+                cls._recent.insert(0, cls._recent.pop(i))
+                return kept[4]
         fast = cls(weights, means, variances, threshold)
-        cls._last = (weights.copy(), means.copy(), variances.copy(), threshold, fast)
+        cls._recent.insert(0, (weights.copy(), means.copy(), variances.copy(), threshold, fast))
+        del cls._recent[cls._KEPT:]
         return fast
 
     def __init__(self, weights, means, variances, threshold):
         k, dim = means.shape
+        self.arrays = tuple(np.array(a, np.float64) for a in (weights, means, variances))
+        self.pi = self.arrays[0]
+        self.valid = self.pi >= PRIOR_THRESHOLD
         self.center = means.mean(axis=0)
         self.mc = means - self.center
         inv_var = 1.0 / variances
@@ -562,6 +578,9 @@ class _FastGMM:
                        np.float32(0.5 + slope))
         self.limit = math.log(threshold) - _MARGIN if threshold > 0 else -math.inf
         self.threshold = threshold
+        #: the GMM's arguments of :func:`featpipe.encode._fisher_loop.accumulate`
+        self.kernel_args = (self.center, self.mc, self.inv_sigma, self.log_norm, self.approx,
+                            self.limit, self.threshold)
 
 
 def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
@@ -609,30 +628,32 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
     results = [None] * n_tasks
 
     def run(task, lhs, gemm):
-        sums = _Workspace.take(("sums", k, dim), lambda: (np.empty((k, dim)),
-                                                          np.empty((k, dim)), np.empty(k)))
+        sums = _Workspace.take(("sums", k, dim), lambda: (np.empty((1, k, dim)),
+                                                          np.empty((1, k, dim)),
+                                                          np.empty((1, k))))
         for s in sums:
             s.fill(0.0)
-        n_exact = overflow = 0
+        n_exact = 0
+        overflow = np.zeros(1, np.int64)
         evidence = 0.0
         finite = True
         for start in range(bounds[task], bounds[task + 1], _BLOCK):
             block = x[start:min(start + _BLOCK, bounds[task + 1])]
             rows = block.shape[0]
-            rest = (block, gmm.center, gmm.mc, gmm.inv_sigma, gmm.log_norm, gmm.approx,
-                    gmm.limit, gmm.threshold, *sums)
+            parts = np.asarray([0, rows], dtype=np.int64)
             announce("Fisher-vector kernels",
                      (_fisher_loop.squared_operand, (block, gmm.center, lhs[:rows])),
-                     (_fisher_loop.accumulate, (gemm[:rows], *rest)))
+                     (_fisher_loop.accumulate, (gemm[:rows], block, parts, *gmm.kernel_args,
+                                                *sums, overflow)))
             finite &= _fisher_loop.squared_operand(block, gmm.center, lhs[:rows])
             with np.errstate(over="ignore", invalid="ignore"):
                 raw = mahalanobis_gemm(lhs[:rows], gmm.rhs, out=gemm[:rows])
-            counts = _fisher_loop.accumulate(raw, *rest)
+            counts = _fisher_loop.accumulate(raw, block, parts, *gmm.kernel_args, *sums,
+                                             overflow)
             n_exact += counts[0]
-            overflow += counts[1]
-            evidence += counts[2]
-        overflow = overflow or not (np.all(np.isfinite(sums[0])) and
-                                    np.all(np.isfinite(sums[1])))
+            evidence += counts[1]
+        overflow = overflow[0] or not (np.all(np.isfinite(sums[0])) and
+                                       np.all(np.isfinite(sums[1])))
         results[task] = sums, n_exact, overflow, evidence, finite
 
     tasks = iter(range(n_tasks))  # shared: next() on it is atomic under the GIL
@@ -655,18 +676,134 @@ def _accumulate(x, gmm: _FastGMM, first, second, mass) -> tuple[int, float]:
         if not finite:
             raise InputError("descriptors: contains NaN or Inf")
         if overflow:
-            raise InputError(f"descriptors too large to encode: largest |value| "
-                             f"{np.max(np.abs(x)):.3g} overflows float64 (distance squared)")
+            raise _too_large(x)
     exact, evidence = 0, 0.0
     for sums, n_exact, _, log_evidence, _ in results:  # in task order
         u, v, m = sums
-        first += u
-        second += v
-        mass += m
+        first += u[0]
+        second += v[0]
+        mass += m[0]
         exact += n_exact
         evidence += log_evidence
         _Workspace.give(("sums", k, dim), sums)
     return exact, evidence
+
+
+def _too_large(x) -> InputError:
+    return InputError(f"descriptors too large to encode: largest |value| "
+                      f"{np.max(np.abs(x)):.3g} overflows float64 (distance squared)")
+
+
+def _fisher_rows(first, second, mass, counts, gmm: _FastGMM, improved, out, column=0,
+                 clear=False) -> int:
+    """out[p, column:] = the float32 FV of part p's sums ((P, K, D), (P, K, D), (P, K);
+    ``counts`` float64 (P,); ``out`` C-ordered), by
+    :func:`featpipe.encode._fisher_loop.fisher_rows`, the compiled copy of
+    :func:`fisher_from_sums` (``clear``: the sums set back to 0); returns the number of parts
+    whose sums are not finite."""
+    from featpipe.encode import _fisher_loop
+    from featpipe.numba_cache import announce
+
+    args = (first, second, mass, counts, gmm.pi, gmm.valid, bool(improved), bool(clear), out,
+            int(column))
+    types = ("rows", out.flags.c_contiguous)  # the others: float64 sums, this module's arrays
+    if types not in _ANNOUNCED:
+        announce("Fisher-vector kernels", (_fisher_loop.fisher_rows, args))
+        _ANNOUNCED.add(types)
+    return _fisher_loop.fisher_rows(*args)
+
+
+def fisher_vectors_of_parts(x, offsets, weights, means, variances, improved=True,
+                            posterior_threshold=POSTERIOR_THRESHOLD, out=None,
+                            column=0) -> np.ndarray:
+    """The FV of each part p of the descriptors ``x`` (N, D), rows offsets[p] ..
+    offsets[p + 1] − 1 (the frames of a video) -> (P, 2KD) float32 (into
+    ``out[:, column:column + 2KD]`` when given, ``out`` C-ordered), each to the bit
+    :func:`fisher_vector` of the part alone.
+
+    Parts of at most ``_TASK`` rows are encoded together: one operand pass over all their
+    rows, the GEMM block by block of each part (the blocks :func:`_accumulate` forms, so the
+    same float32 values), one compiled pass for the sums of every part and one for their FVs
+    (buffers kept for the next call: fresh memory costs page faults, ~1 ms for the sums of 8
+    frames at K = 256); a longer part goes through :func:`fisher_vector` (its tasks on the
+    worker threads)."""
+    weights, means, variances = check_gmm(weights, means, variances)
+    if out is None:
+        out, column = np.empty((len(offsets) - 1, 2 * means.size), np.float32), 0
+    with single_threaded_blas():
+        _encode_parts(x, offsets, _FastGMM.of(weights, means, variances, posterior_threshold),
+                      improved, out, column)
+    return out
+
+
+def _encode_parts(x, offsets, gmm: _FastGMM, improved, out, column) -> None:
+    """:func:`fisher_vectors_of_parts` with a prepared GMM (BLAS limited to one thread by the
+    caller: its GEMMs are small)."""
+    k, dim = gmm.means_shape
+    x = _check_descriptors(x, dim, finite=False)  # in the operand pass
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    counts = np.diff(offsets)
+    width = 2 * k * dim
+    long = counts > _TASK
+    for p in np.flatnonzero(long):
+        out[p, column:column + width] = fisher_vector(x[offsets[p]:offsets[p + 1]],
+                                                      *gmm.arrays, improved, gmm.threshold)
+    short = np.flatnonzero(~long)
+    if short.size == len(counts):
+        _short_parts(x, offsets, gmm, improved, out, column)
+    elif short.size:  # the short parts' rows together
+        rows = np.concatenate([x[offsets[p]:offsets[p + 1]] for p in short])
+        fvs = np.empty((short.size, width), np.float32)
+        _short_parts(rows, np.concatenate([[0], np.cumsum(counts[short])]), gmm, improved,
+                     fvs, 0)
+        out[short, column:column + width] = fvs
+
+
+def _short_parts(x, offsets, gmm: _FastGMM, improved, out, column) -> None:
+    """:func:`fisher_vectors_of_parts` of parts of at most ``_TASK`` rows each."""
+    from featpipe.encode import _fisher_loop
+    from featpipe.numba_cache import announce
+
+    k, dim = gmm.means_shape
+    n, parts = x.shape[0], len(offsets) - 1
+    kind = ("parts", _capacity(n), _capacity(parts), k, dim)
+    buffers = _Workspace.take(kind, lambda: (  # the sums are kept at zero between calls
+        np.empty((kind[1], 2 * dim), np.float32), np.empty((kind[1], k), np.float32),
+        np.zeros((kind[2], k, dim)), np.zeros((kind[2], k, dim)), np.zeros((kind[2], k)),
+        np.zeros(kind[2], np.int64)))
+    lhs, raw = buffers[0][:n], buffers[1][:n]
+    sums = tuple(b[:parts] for b in buffers[2:5])
+    overflow = buffers[5][:parts]
+    # the arguments' types follow from x's and out's (the others are this module's arrays)
+    types = (x.dtype, x.flags.c_contiguous, x.flags.writeable, out.flags.c_contiguous)
+    if types not in _ANNOUNCED:
+        announce("Fisher-vector kernels", (_fisher_loop.squared_operand, (x, gmm.center, lhs)),
+                 (_fisher_loop.accumulate, (raw, x, offsets, *gmm.kernel_args, *sums,
+                                            overflow)))
+        _ANNOUNCED.add(types)
+    if not _fisher_loop.squared_operand(x, gmm.center, lhs):
+        raise InputError("descriptors: contains NaN or Inf")
+    with np.errstate(over="ignore", invalid="ignore"):
+        for p in range(parts):
+            for start in range(offsets[p], offsets[p + 1], _BLOCK):
+                stop = min(start + _BLOCK, offsets[p + 1])
+                mahalanobis_gemm(lhs[start:stop], gmm.rhs, out=raw[start:stop])
+    _fisher_loop.accumulate(raw, x, offsets, *gmm.kernel_args, *sums, overflow)
+    if np.any(overflow) or _fisher_rows(*sums, np.diff(offsets).astype(np.float64), gmm,
+                                        improved, out, column, clear=True):
+        raise _too_large(x)  # (the buffers, not cleared, are left to the collector)
+    _Workspace.give(kind, buffers)
+
+
+#: the argument types of :func:`_short_parts`'s kernels already announced
+_ANNOUNCED: set = set()
+
+
+def _capacity(n: int) -> int:
+    """n rounded up to a power of two (at least 8): the sizes of kept buffers."""
+    return max(8, 1 << (int(n) - 1).bit_length())
 
 
 class _Workspace:
@@ -887,12 +1024,16 @@ class FisherItemEncoder(ValidatedEstimator):
         self.gmms = [check_gmm(w, m, v) for w, m, v in zip(
             *(np.asarray(arrays[k]) if stack else np.asarray(arrays[k])[None]
               for k in ("weights", "means", "variances")), strict=True)]
-        self.pca_mean = arrays.get("pca_mean")
-        self.pca_components = arrays.get("pca_components")
+        # in the float64 layout the projection takes (exact: they are float32 or float64), so
+        # that no frame converts them again
+        self.pca_mean, self.pca_components = (
+            None if arrays.get(k) is None else np.ascontiguousarray(arrays[k], np.float64)
+            for k in ("pca_mean", "pca_components"))
         self.improved = improved
         self.pyramid = pyramid
         self.threshold = posterior_cutoff
         self.per_frame = per_frame
+        self._prepared = None  # the GMMs as the encoder's pass takes them (_FastGMM)
         self.check_param_values({"improved": improved, "pyramid": pyramid,
                                  "posterior_cutoff": posterior_cutoff, "per_frame": per_frame})
 
@@ -902,19 +1043,44 @@ class FisherItemEncoder(ValidatedEstimator):
             return int(self.pca_components.shape[1])
         return int(self.gmms[0][1].shape[1])
 
-    def _project(self, x):
+    def _check(self, x) -> None:
         if x.ndim != 2 or x.shape[1] != self.input_dim:
             raise InputError(f"descriptors of shape {x.shape}: expected (N, {self.input_dim})")
+
+    def _project(self, x):
+        self._check(x)
         if self.pca_components is None:
             return x
         return project(x, self.pca_mean, self.pca_components)
 
-    def _fv(self, x):
-        return np.concatenate([fisher_vector(x, w, m, v, self.improved, self.threshold)
-                               for w, m, v in self.gmms])
+    @property
+    def width(self) -> int:
+        """Values of one FV: 2·K·D per GMM."""
+        return 2 * sum(m.size for _, m, _ in self.gmms)
 
     def _encode(self, frames):
-        return np.stack([self._fv(self._project(f.descriptors)) for f in frames])
+        """The FVs of ``frames`` (F, width): their descriptors encoded together
+        (:meth:`encode_parts`)."""
+        for frame in frames:
+            self._check(np.asarray(frame.descriptors))
+        x, offsets = frame_rows(frames)
+        out = np.empty((len(frames), self.width), np.float32)
+        with single_threaded_blas():  # one limit for the projection and the GEMMs
+            self.encode_parts(x, offsets, out)
+        return out
+
+    def encode_parts(self, x, offsets, out, column=0) -> None:
+        """out[p, column:column + width] = the FV of rows offsets[p] .. offsets[p + 1] − 1 of
+        the descriptors ``x`` (the frames of a video; ``out`` C-ordered), projected together,
+        by :func:`fisher_vectors_of_parts` (each part's FV to the bit that of the part
+        alone); the GMMs are prepared once per encoder.  Call with BLAS limited to one thread
+        (:func:`featpipe.backend.single_threaded_blas`)."""
+        if self._prepared is None:
+            self._prepared = [_FastGMM(w, m, v, self.threshold) for w, m, v in self.gmms]
+        x = self._project(x)
+        for gmm in self._prepared:
+            _encode_parts(x, offsets, gmm, self.improved, out, column)
+            column += 2 * gmm.mc.size
 
     def stream(self, sink):
         """Encode one item frame by frame (:class:`~featpipe.items.FrameStream`): per-frame

@@ -23,11 +23,19 @@ from collections.abc import Mapping
 import numpy as np
 from sklearn.base import BaseEstimator
 
+from featpipe.backend import single_threaded_blas
 from featpipe.errors import InputError, ParameterError
 from featpipe.extract.groups import MODEL_NAME
 from featpipe.extract.pca import PCAProjection
 from featpipe.item_kinds import FISHER_GROUP
-from featpipe.items import Frame, LocalFeatures, MemorySink, PerFrameStream, stream_item
+from featpipe.items import (
+    Frame,
+    LocalFeatures,
+    MemorySink,
+    PerFrameStream,
+    frame_rows,
+    stream_item,
+)
 from featpipe.parallel import ItemOutput
 from featpipe.parameters import ValidatedEstimator, estimator_parameters, model_parameter
 
@@ -79,12 +87,24 @@ class GroupedFisherEncoder:
             raise InputError(f"descriptors of shape {x.shape}: expected (N, {self.input_dim}) "
                              f"rows of the groups {', '.join(self.input_groups)}")
 
+    @property
+    def width(self) -> int:
+        """Values of one grouped FV: the groups' FVs side by side."""
+        return sum(encoder.width for _, _, encoder in self.parts)
+
     def _encode(self, frames) -> np.ndarray:
+        """The grouped FVs of ``frames`` (F, width): each group's columns of all the frames'
+        descriptors encoded together (:meth:`FisherItemEncoder.encode_parts`)."""
         for frame in frames:
             self._check(np.asarray(frame.descriptors))
-        return np.concatenate(
-            [encoder._encode([dataclasses.replace(f, descriptors=np.asarray(f.descriptors)[
-                :, columns]) for f in frames]) for _, columns, encoder in self.parts], axis=1)
+        x, offsets = frame_rows(frames)
+        out = np.empty((len(frames), self.width), np.float32)
+        start = 0
+        with single_threaded_blas():  # one limit for the projections and the GEMMs
+            for _, columns, encoder in self.parts:
+                encoder.encode_parts(x[:, columns], offsets, out, start)
+                start += encoder.width
+        return out
 
     def stream(self, sink):
         """One item frame by frame: per-frame grouped FVs as they come, or the item's."""
@@ -99,8 +119,7 @@ class GroupedFisherEncoder:
             if record.frame_index is None:
                 raise InputError("--per-frame needs a 'frame_index' sidecar (one frame index "
                                  "per descriptor)")
-            width = sum(2 * sum(m.size for _, m, _ in e.gmms) for _, _, e in self.parts)
-            return stream_item(self, record, width)
+            return stream_item(self, record, self.width)
         image_size = extra.get("image_size")
         sink = MemorySink()
         stream = self.stream(sink)

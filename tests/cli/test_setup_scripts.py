@@ -123,7 +123,7 @@ def test_bin_test_installs_the_checkout_with_the_real_pip_then_runs_pytest(
     assert f"bin/test: installing what is missing into {venv}: --editable .[all]" in proc.stderr
     # the kernels are compiled at set-up, not in the user's first job
     assert "featpipe: compiling the numba kernels into their cache" in proc.stderr
-    assert "hrp window kernel: " in proc.stderr
+    assert "rank-pooling kernels: " in proc.stderr
     assert re.search(r"^\d+ passed", proc.stdout, re.MULTILINE), proc.stdout
     where = subprocess.run([str(venv / "bin" / "python"), "-c",
                             "import featpipe; print(featpipe.__file__)"], text=True,

@@ -37,7 +37,7 @@ print(json.dumps([sum(stats.cache_hits.values()), sum(stats.cache_misses.values(
 
 WARM = """
 from featpipe.compiled import cache_dirs, warm
-warm(kernels=["hrp window kernel"])
+warm(kernels=["rank-pooling kernels"])
 print(cache_dirs()["featpipe.encode._window_loop"])
 """
 
@@ -79,7 +79,7 @@ def test_a_job_that_compiles_says_so_once_and_the_next_does_not(tmp_path):
                     "--name", "one", env=env)
     lines = [line for line in first.stderr.splitlines() if "compiling" in line]
     assert len(lines) == 1
-    assert "compiling the hrp window kernel (first use only; `python -m featpipe.compiled` " \
+    assert "compiling the rank-pooling kernels (first use only; `python -m featpipe.compiled` " \
            "compiles every kernel ahead)" in lines[0]
     second = run_cli("encode", "-s", store, "-i", "feats", "-m", "hrp", "--window", "3",
                      "--name", "two", "--force", env=env)

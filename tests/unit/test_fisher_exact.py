@@ -271,3 +271,73 @@ def test_non_finite_descriptor_is_a_one_line_error_in_any_task(real_sift, monkey
     assert acc.count == 0 and not np.any(acc.mass) and not np.any(acc.first)
     np.testing.assert_array_equal(acc.add(x[:-1]).result(),
                                   fisher_vector(x[:-1], *args))
+
+
+@pytest.mark.parametrize("improved", [True, False])
+def test_the_parts_of_a_batch_each_get_the_fv_of_their_descriptors_alone(real_sift,
+                                                                        monkeypatch, improved):
+    """Per-frame FVs encode a batch of frames together (one operand pass, one compiled pass
+    for every frame's sums, one for their FVs; buffers kept between calls): each frame's FV
+    is, to the bit, fisher_vector of its descriptors alone, whatever the frames beside it
+    (empty, one row, several GEMM blocks, longer than a task), the column it is written at,
+    and what the kept buffers held from the call before."""
+    projected, gmm = real_sift
+    args = (gmm.weights_, gmm.means_, gmm.variances_)
+    monkeypatch.setattr(fisher, "_BLOCK", 16)
+    monkeypatch.setattr(fisher, "_TASK", 60)
+    x = projected[0][:400]
+    for sizes in ([0, 1, 37, 0, 50, 9], [70, 3, 0, 130, 2], [200]):
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        width = 2 * gmm.means_.size
+        out = np.full((len(sizes), width + 5), 7.0, np.float32)  # written from column 3
+        for _ in range(2):  # the second call on the buffers the first left
+            fisher.fisher_vectors_of_parts(x[:offsets[-1]], offsets, *args, improved,
+                                           out=out, column=3)
+            for p, n in enumerate(sizes):
+                alone = fisher_vector(x[offsets[p]:offsets[p + 1]], *args, improved)
+                np.testing.assert_array_equal(out[p, 3:3 + width], alone)
+                assert n or not np.any(alone)
+            assert np.all(out[:, :3] == 7.0) and np.all(out[:, 3 + width:] == 7.0)
+        reference = literal_fisher_vector(x[:sizes[0]].astype(np.float64), *args,
+                                          improved=improved) if sizes[0] else None
+        if reference is not None:
+            assert np.abs(out[0, 3:3 + width] - reference).max() <= 1e-5
+
+
+def test_a_bad_frame_of_a_batch_is_refused_with_the_encoders_message(real_sift):
+    projected, gmm = real_sift
+    args = (gmm.weights_, gmm.means_, gmm.variances_)
+    x = projected[0][:60].astype(np.float64)
+    offsets = [0, 20, 40, 60]
+    for bad, message in ((np.nan, "^descriptors: contains NaN or Inf$"),
+                         (1e200, "^descriptors too large to encode: largest \\|value\\| 1e"
+                                 "\\+200 overflows float64")):
+        y = x.copy()
+        y[45, 3] = bad
+        with pytest.raises(InputError, match=message):
+            fisher.fisher_vectors_of_parts(y, offsets, *args)
+    # the buffers of the refused call are not reused half-written
+    good = fisher.fisher_vectors_of_parts(x, offsets, *args)
+    np.testing.assert_array_equal(good[1], fisher_vector(x[20:40], *args))
+
+
+def test_compiled_normalisation_equals_the_array_api_body(real_sift):
+    """fisher_rows (the CPU encoder's normalisation) against fisher_from_sums (the FV body of
+    deep Fisher learning), a component below the prior cut-off and one that took nothing."""
+    projected, gmm = real_sift
+    weights = gmm.weights_.copy()
+    weights[2] = 1e-7
+    weights /= weights.sum()
+    acc = FisherAccumulator(weights, gmm.means_, gmm.variances_).add(projected[1][:300])
+    acc.mass[5] = 0.0
+    acc.first[5] = 0.0
+    acc.second[5] = 0.0
+    for improved in (True, False):
+        acc.improved = improved
+        expected, _ = fisher.fisher_from_sums(acc.first[None], acc.second[None],
+                                              acc.mass[None, :, None],
+                                              np.asarray([acc.count]), weights,
+                                              weights >= fisher.PRIOR_THRESHOLD, improved)
+        got = acc.result()
+        np.testing.assert_allclose(got, expected[0], rtol=1e-6, atol=1e-9)
+        assert not np.any(got.reshape(2, 16, -1)[:, [2, 5]])

@@ -211,6 +211,37 @@ def test_compiled_window_passes_match_the_array_api_path(monkeypatch, psi, signe
         assert len(calls) == 1 and calls.pop() is X  # numpy took the compiled pass
 
 
+@pytest.mark.parametrize("psi", ["ser", "ssr", "none"])
+@pytest.mark.parametrize("signed", [True, False])
+@pytest.mark.parametrize(("dtype", "rtol"), [(np.float64, 1e-9), (np.float32, 2e-4)])
+def test_compiled_sequence_passes_match_the_array_api_path(monkeypatch, psi, signed, dtype,
+                                                           rtol):
+    """Whole numpy sequences (rankpool, hrp's final layer) go through the compiled passes
+    (featpipe.encode._window_loop.sequence_grams / sequence_pool); the array-API path is the
+    reference: lengths that are not a multiple of the 4-row tiles, one row, several column
+    blocks and 64-row panels, signed columns beside non-negative ones (SER skips the zero
+    negative half of a block), each direction and both."""
+    import featpipe.encode._window_loop as compiled
+    import featpipe.encode.functional.temporal as module
+
+    calls = []
+    kernel = compiled.sequence_grams
+    monkeypatch.setattr(compiled, "sequence_grams", lambda *a: calls.append(a[0]) or kernel(*a))
+    rng = np.random.default_rng(32)
+    for T, D in [(1, 5), (37, 7), (300, 900)]:
+        X = np.cumsum(rng.standard_normal((T, D)), axis=0) / np.sqrt(T)
+        X = (X if signed else np.maximum(X, 0)).astype(dtype)
+        X[:, :D // 3] = np.abs(X[:, :D // 3])  # the first block(s): non-negative sums
+        for directions in ("fwd", "rev", "both"):
+            ours = module.rank_pool_windows(X[None], psi, directions=directions)
+            reference = module.rank_pool_windows(array_api_strict.asarray(X[None]), psi,
+                                                 directions=directions)
+            assert ours.dtype == dtype and ours.shape == reference.shape
+            np.testing.assert_allclose(ours, np.asarray(reference), rtol=rtol,
+                                       atol=rtol * float(np.abs(ours).max()))
+            assert len(calls) == 1 and np.shares_memory(calls.pop(), X)  # the compiled pass
+
+
 def test_float32_in_float32_out():
     X = sequences([30], dim=8)[0].astype(np.float32)
     for enc in (RankPooling(), HierarchicalRankPooling(window=5), AveragePooling()):
@@ -283,6 +314,21 @@ def test_long_sequences_use_the_primal_solver(monkeypatch):
     strict = HierarchicalRankPooling(window=5).transform([array_api_strict.asarray(seqs[0])])
     np.testing.assert_allclose(strict[0], dense_hrp[0], rtol=1e-7, atol=1e-9)
     assert_close_vectors(long_rank[0], ref_rank_pool_directions(seqs[0], "both", "ser"))
+
+
+@pytest.mark.parametrize("psi", ["ssr", "ser", "none"])
+def test_a_long_sequence_keeps_its_running_sum_across_its_row_chunks(monkeypatch, psi):
+    """A sequence longer than the dense solver's limit is rank pooled LONG_CHUNK_ROWS (128)
+    rows at a time: the running sum of TVM goes on across the chunks, in both directions (a
+    sum restarted at each chunk falls to cosine 0.43 past 128 rows).  Against the unchunked
+    reference: v_t = L2(ψ(mean of rows 1..t)) of the whole sequence, liblinear -e 1e-8."""
+    import featpipe.encode.functional.temporal as temporal
+
+    monkeypatch.setattr(temporal, "DENSE_MAX_LENGTH", 64)
+    X = sequences([3 * temporal.LONG_CHUNK_ROWS - 50], dim=6, seed=8)[0]
+    assert X.shape[0] > 300
+    u = RankPooling(psi=psi).transform([X])[0]
+    assert_close_vectors(u, ref_rank_pool_directions(X, "both", psi))
 
 
 @pytest.mark.parametrize("threads", ["2", "16"])

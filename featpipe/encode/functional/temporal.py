@@ -173,8 +173,11 @@ def rank_pool_windows(W, psi="ser", C=1.0, epsilon=0.1, directions="fwd", solver
     """Rank-pool a batch of windows W (B, T, D) -> (B, D') (2·D' for ``both``).
 
     Each window: v_t = L2(ψ(TVM(W_b))_t), then the SVR.  With ``lengths``, window b is
-    W[b, :lengths[b]] (zero-padded beyond).
+    W[b, :lengths[b]] (zero-padded beyond).  numpy float32/float64 with the Newton solver:
+    :func:`pool_sequences`.
     """
+    if lengths is None and compiles(W, solver):
+        return pool_sequences([W[b] for b in range(W.shape[0])], psi, C, epsilon, directions)
     parts = []
     nonnegative = all_rows(W, lambda block: block >= 0) if psi != "none" else None
     for direction in (("fwd", "rev") if directions == "both" else (directions,)):
@@ -354,6 +357,54 @@ def window_running_sums(X, first: int, n: int, M: int, stride: int):
     return sums
 
 
+def compiles(X, solver: str) -> bool:
+    """Whether the compiled passes of :mod:`featpipe.encode._window_loop` pool X: numpy
+    float32/float64 with the Newton solver."""
+    return array_is_numpy(X) and solver == "newton" and X.dtype in (np.float32, np.float64)
+
+
+def pool_sequences(seqs, psi="ssr", C=1.0, epsilon=0.1, directions="both"):
+    """Rank pooling of whole numpy sequences of one length T (:func:`compiles`) -> (B, D')
+    ([u_fwd; u_rev] for ``both``), by the compiled passes: per sequence, the Gram matrices of
+    both directions (:func:`featpipe.encode._window_loop.sequence_grams`: running sums, ψ and
+    Gram tiles one block of columns at a time, so no (T, D) temporary is formed), the SVRs of
+    every sequence and direction in one :func:`featpipe.encode.svr.rank_svr_unit_gram` (each
+    window's Newton its own: a sequence gets the same bits alone or in a batch), then
+    u = Σ_t β_t ψ(s_t) (:func:`featpipe.encode._window_loop.sequence_pool`, ψ formed again).
+    ψ of non-negative sums needs no special case: SER's negative half is skipped block by
+    block where it is zero."""
+    from featpipe.encode import _window_loop
+    from featpipe.numba_cache import announce
+
+    C, epsilon = check_svr_params(C, epsilon)
+    T, D = seqs[0].shape
+    reverse = np.asarray([0, 1] if directions == "both" else [int(directions == "rev")],
+                         dtype=np.int64)
+    mode = _window_loop.mode(psi, False)
+    seqs = [np.ascontiguousarray(X) for X in seqs]  # one layout for the compiled passes
+    blocks = [_window_loop.sequence_block(T, X.itemsize, mode) for X in seqs]
+    Tp = _window_loop.sequence_rows(T)
+    grams = np.empty((len(seqs), len(reverse), Tp, Tp))
+    negative = [np.zeros((len(reverse), -(-D // block)), bool) for block in blocks]
+    for X, block, below in zip(seqs, blocks, negative, strict=True):
+        announce("rank-pooling kernels",
+                 (_window_loop.sequence_grams, (X, reverse, mode, block, grams[0], below)),
+                 (_window_loop.sequence_pool, (X, reverse, mode, block, below, np.empty(
+                     (len(reverse), T), X.dtype), np.empty((len(reverse), 1), X.dtype))))
+    for b, (X, block) in enumerate(zip(seqs, blocks, strict=True)):
+        _window_loop.sequence_grams(X, reverse, mode, block, grams[b], negative[b])
+    with single_threaded_blas():  # small T × T solves
+        beta = rank_svr_unit_gram(grams[:, :, :T, :T].reshape(-1, T, T), C, epsilon)
+    beta = beta.reshape(len(seqs), len(reverse), T)
+    out = []
+    for b, (X, block) in enumerate(zip(seqs, blocks, strict=True)):
+        U = np.empty((len(reverse), psi_dim(psi, D)), X.dtype)
+        _window_loop.sequence_pool(X, reverse, mode, block, negative[b],
+                                   beta[b].astype(X.dtype), U)
+        out.append(U.reshape(-1))
+    return np.stack(out)
+
+
 def pool_windows(X, starts, M, stride, psi="ser", C=1.0, epsilon=0.1, solver="newton",
                  nonnegative=None):
     """Rank-pool the windows of M rows of X (T, D) that start at ``starts`` (``stride``
@@ -364,7 +415,7 @@ def pool_windows(X, starts, M, stride, psi="ser", C=1.0, epsilon=0.1, solver="ne
     pooling one window at a time in the cache: the (n, M, D) sums never go to memory);
     otherwise, and as its reference, :func:`window_running_sums` and :func:`rank_pool_sums`.
     """
-    if not (array_is_numpy(X) and solver == "newton" and X.dtype in (np.float32, np.float64)):
+    if not compiles(X, solver):
         sums = window_running_sums(X, starts[0], len(starts), M, stride)
         return rank_pool_sums(sums, psi, C, epsilon, solver, nonnegative=nonnegative)
     from featpipe.encode import _window_loop
@@ -378,7 +429,7 @@ def pool_windows(X, starts, M, stride, psi="ser", C=1.0, epsilon=0.1, solver="ne
     U = np.zeros((len(starts), psi_dim(psi, X.shape[1])), dtype=X.dtype)
     args = (X, np.asarray(starts, dtype=np.int64), M, mode,
             _window_loop.block_columns(M, X.itemsize, mode), C, epsilon, U)
-    announce("hrp window kernel", (_window_loop.pool_windows, args))
+    announce("rank-pooling kernels", (_window_loop.pool_windows, args))
     failed = _window_loop.pool_windows(*args)
     if failed:
         raise RuntimeError(f"rank_svr_dual: active-set Newton did not settle in "
@@ -677,8 +728,11 @@ def rank_pool_sequences(seqs, *, directions, psi, C, epsilon, solver, device, ba
     for same in by_length.values():
         for c in range(0, len(same), batch_size):
             group = same[c: c + batch_size]
-            W = namespace(seqs[group[0]]).stack([seqs[i] for i in group], axis=0)
-            U = rank_pool_windows(W, psi, C, epsilon, directions, solver)
+            if all(compiles(seqs[i], solver) for i in group):  # the sequences, not stacked
+                U = pool_sequences([seqs[i] for i in group], psi, C, epsilon, directions)
+            else:
+                W = namespace(seqs[group[0]]).stack([seqs[i] for i in group], axis=0)
+                U = rank_pool_windows(W, psi, C, epsilon, directions, solver)
             for k, i in enumerate(group):
                 out[i] = U[k, ...]
     return out
