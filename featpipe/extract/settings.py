@@ -55,9 +55,8 @@ class ExtractSettings:
     sample_seed: int = declared(0, "Seed of --sample-descriptors (with the item id) and of "
                                 "--sample-total's choice of items.")
     sample_total: int | None = declared(
-        None, "With --sample-descriptors: extract only as few train items of --sample-split "
-        "as give N rows in all (a GMM's --sample), at the rows an item yields (calibrated on "
-        "the first), taken in a seeded order stratified by class.")
+        None, "With --sample-descriptors: extract only enough train items of --sample-split "
+        "for N rows in all (a GMM's --sample), drawn stratified by class.")
     sample_split: int = declared(1, "The split whose train items --sample-total draws from.")
     human_boxes: str | None = declared(
         None, "Folder of human boxes per item (DIR/<id>.bb, the improved trajectories' -H "

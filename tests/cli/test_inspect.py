@@ -41,7 +41,7 @@ def test_13_5_ls_json_and_show_of_item_and_fit_stages(tmp_path, cli):
     by_name = {",".join(row["names"]): row for row in listing["stages"]}
     assert set(by_name) == {"seq", "std", "avg"} and listing["problems"] == []
     seq, std, avg = by_name["seq"], by_name["std"], by_name["avg"]
-    assert seq["items"] == {"total": 12, "done": 12, "failed": 0, "pending": 0}
+    assert seq["items"] == {"total": 12, "done": 12, "failed": 0, "pending": 0, "ledgers": 1}
     assert seq["size_bytes"] == sum(p.stat().st_size for p in
                                     (store.root / "stages" / seq["stage"]).rglob("*")
                                     if p.is_file())

@@ -89,7 +89,7 @@ def test_submit_dry_run_renders_the_shipped_template(installed):
                  "--dry-run", "--", "featpipe", "encode", "--store", work / "submit-store",
                  "--input", "frames", "--method", "avg", "--name", "avg"], work)
     assert "#SBATCH --array=0-2" in proc.stdout
-    assert f"exec {bin_dir / 'python'} -m featpipe encode" in proc.stdout
+    assert f"exec {bin_dir / 'python'} -P -m featpipe encode" in proc.stdout
     template = _run([bin_dir / "featpipe", "submit", "--print-template"], work).stdout
     assert "{{COMMAND}} --executor slurm --shard" in template
 

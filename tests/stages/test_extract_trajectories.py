@@ -8,6 +8,8 @@ trajectories' values: they compare featpipe's paths with each other."""
 
 from __future__ import annotations
 
+import re
+
 import cv2
 import numpy as np
 import pytest
@@ -124,8 +126,8 @@ class Lines(Reporter):
 
 
 def test_dry_run_estimate_and_progress(clips, tmp_path):
-    """Rows = frames x count(height, width), the upper bound of trajectories ending at a
-    frame; nothing is created.  The run's progress counts the decoded frames."""
+    """Rows: those the calibration found, below frames x count(height, width), the upper
+    bound of trajectories ending at a frame; nothing is created.  The run's progress counts the decoded frames."""
     _, manifest = clips
     store = Store(tmp_path / "s")
     reporter = Lines()
@@ -134,12 +136,15 @@ def test_dry_run_estimate_and_progress(clips, tmp_path):
     bound = ImprovedDenseTrajectories(**SMALL).count(72, 88)
     assert bound > 0
     line = next(x for x in reporter.lines if x.startswith("would compute carphone"))
-    assert f"10 frames -> 10 sampled, {10 * bound:,} rows" in line
+    rows = int(re.search(r"10 frames -> 10 sampled, ([\d,]+) rows", line)[1].replace(",", ""))
+    assert 0 < rows <= 10 * bound  # the rows the calibration found, never above the bound
     assert not store.all_stages()
     reporter = Lines()
     stages.extract(store, manifest, "idt", params=SMALL, reporter=reporter, name="t")
     ((total, label, unit, bar),) = reporter.bars
     assert (total, label, unit, bar.done) == (20, "extract t", "frames", 20)
+    # carphone calibrates the plan (its 10 frames, decoded whole): its rows are exact
+    assert rows == len(store.resolve("t").read_item("carphone"))
 
 
 def test_a_frame_too_small_fails_its_item_with_one_line(clips, tmp_path):
