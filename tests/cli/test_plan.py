@@ -289,3 +289,144 @@ def test_sigterm_stops_a_pipeline_like_every_command(tmp_path):
     assert [line for line in err.splitlines() if line.startswith("interrupted")], err
     assert "error:" not in err
     assert stage.done_ids()
+
+
+class _Lines:
+    """A reporter that keeps (level, line)."""
+
+    def __init__(self):
+        self.lines = []
+
+    def info(self, text):
+        self.lines.append(("info", text))
+
+    def warn(self, text):
+        self.lines.append(("warn", text))
+
+
+def test_cpu_text_switches_units_at_a_minute_and_an_hour():
+    from featpipe.plan import cpu_text
+
+    assert cpu_text(59.4) == "59 s"
+    assert cpu_text(60) == "1.0 min" and cpu_text(3599) == "60.0 min"
+    assert cpu_text(3600) == "1.0 h" and cpu_text(90, "hours", "minutes") == "1.5 minutes"
+    assert cpu_text(36_000_000, "hours", "minutes") == "10,000.0 hours"
+
+
+def test_one_stage_planned_twice_is_one_node_written_if_either_writes_it():
+    """Plan.add (issue 51 §6, the dry run counting one stage twice): the same stage from a
+    second step is the first node, written (with the second's name) when the second writes
+    it; classify results (no key before they run) are never merged."""
+    from featpipe.plan import Node, Plan
+
+    plan = Plan()
+    plan.add(Node("sift", "extract-aa", "extract", written=False, bytes=5))
+    plan.add(Node("again", "extract-aa", "extract", name="kept", bytes=5))
+    plan.add(Node("enc", "encode-bb", "encode", name="e", bytes=7))
+    plan.add(Node("twin", "encode-bb", "encode", name="other", written=False))
+    plan.add(Node("unnamed", "encode-bb", "encode", bytes=7))
+    plan.add(Node("c1", "classify", "classify"))
+    plan.add(Node("c2", "classify", "classify"))
+    assert [(n.step, n.written, n.name) for n in plan.nodes] == [
+        ("sift", True, "kept"), ("enc", True, "e"), ("c1", True, None), ("c2", True, None)]
+    plan = Plan()
+    plan.add(Node("sift", "extract-aa", "extract", name="raw", written=False))
+    plan.add(Node("again", "extract-aa", "extract"))  # written, without a name of its own
+    assert [(n.written, n.name) for n in plan.nodes] == [(True, "raw")]
+    assert plan.at_rest() == (0, 1) and plan.cpu() == 0.0
+
+
+def test_each_problem_is_said_once_and_blocks_every_step_that_reads_its_step(tmp_path,
+                                                                            monkeypatch):
+    """Problems: one per (step, text); the steps blocked, through readers listed before the
+    steps they read; the disk's problem at what the plan writes against the free space, a
+    store that cannot be written in featpipe's words."""
+    from types import SimpleNamespace
+
+    from featpipe import plan as plan_module
+    from featpipe.errors import FeatpipeError
+    from featpipe.plan import Node, Plan, Problem
+
+    plan = Plan(steps=["d", "c", "b", "a", "e"], reads={"d": {"c"}, "c": {"b"}, "b": {"a"}})
+    for step, text in [("a", "no file"), ("a", "no file"), ("a", "bad"), ("e", "no file"),
+                       ("", "disk")]:
+        plan.problem(step, text)
+    assert [str(p) for p in plan.problems] == ["step 'a': no file", "step 'a': bad",
+                                               "step 'e': no file", "disk"]
+    assert str(Problem("", "the store is read-only")) == "the store is read-only"
+    assert plan.blocked_steps() == {"a": "a", "e": "e", "b": "a", "c": "a", "d": "a"}
+    plan = Plan()
+    plan.add(Node("x", "extract-aa", "extract", bytes=600))
+    plan.add(Node("y", "encode-bb", "encode", bytes=400))
+    plan.add(Node("z", "encode-cc", "encode", bytes=10**9, written=False))
+    monkeypatch.setattr(plan_module, "free_bytes", lambda root: 1000)
+    plan.check_disk(SimpleNamespace(root=tmp_path))  # exactly what is free: it fits
+    assert plan.problems == [] and plan.at_rest() == (1000, 0)
+    monkeypatch.setattr(plan_module, "free_bytes", lambda root: 999)
+    plan.check_disk(SimpleNamespace(root=tmp_path))
+    assert [str(p) for p in plan.problems] == [
+        "the plan needs about 1.0 kB at rest but the store's disk has 999 B free: sample fewer "
+        "frames (--fps/--every/--frames), encode while extracting, keep fewer stages, or free "
+        "space"]
+
+    def read_only():
+        raise FeatpipeError("store s is read-only")
+
+    plan.check_writable(SimpleNamespace(check_writable=lambda: None))
+    assert len(plan.problems) == 1
+    plan.check_writable(SimpleNamespace(check_writable=read_only))
+    assert str(plan.problems[-1]) == "store s is read-only"
+
+
+def test_the_printed_plan_puts_a_pass_under_its_heading_and_says_what_waits():
+    """print_plan: a line per node (a pass's nodes indented under its heading, said again
+    when the pass resumes after other nodes; 'not written', '?' unsized, '-' no items or
+    kind), the steps planned later, those a problem blocks, the totals, each problem."""
+    from featpipe.plan import Node, Plan, print_plan
+
+    plan = Plan(steps=["sift", "hrp", "result", "bad", "after", "later"],
+                reads={"hrp": {"sift"}, "result": {"hrp"}, "after": {"bad"}},
+                unplanned={"later": "it reads a model that step 'hrp' fits"})
+    plan.add(Node("sift", "extract-aa", "extract", item_kind="descriptors", items=8,
+                  cpu=4000.0, written=False, pass_step="sift"))
+    plan.add(Node("hrp", "encode-bb", "encode", name="pooled", item_kind="vector", items=8,
+                  bytes=2048, pass_step="sift"))
+    plan.add(Node("result", "classify", "classify", name="scores", items="-"))
+    plan.add(Node("", "import-cc", "import"))
+    plan.add(Node("grid", "encode-dd", "encode", name="grid", item_kind="sequence", items=8,
+                  bytes=1_500_000, cpu=30.0, pass_step="sift"))
+    plan.problem("bad", "--weights w.pth: no such file")
+    plan.problem("", "the store is read-only")
+    reporter = _Lines()
+    print_plan(plan, reporter, "dry run of p.toml")
+    heading = ("  pass of step 'sift' (one decode of each item; stages marked 'not written' "
+               "are computed in memory):")
+    assert reporter.lines == [
+        ("info", "dry run of p.toml (bytes at rest; CPU of the extractions, calibrated on "
+                 "their first item)"),
+        ("info", "  step              stage                         items  item kind        "
+                 "at rest  CPU"),
+        ("info", heading),
+        ("info", "    sift            extract-aa                        8  descriptors  "
+                 "not written  1.1 h"),
+        ("info", "    hrp -> pooled   encode-bb                         8  vector            "
+                 "2.0 kB"),
+        ("info", "  result -> scores  classify                          -  -                "
+                 "      ?"),
+        ("info", "  import            import-cc                         -  -                "
+                 "      ?"),
+        ("info", heading),
+        ("info", "    grid            encode-dd                         8  sequence          "
+                 "1.5 MB  30 s"),
+        ("info", "  later: planned when it runs (it reads a model that step 'hrp' fits)"),
+        ("info", "  after: not planned, blocked by the problem of step 'bad'"),
+        ("info", "dry run: total 5 stages (4 written, 1 fused pass(es)), 1.5 MB at rest (2 not "
+                 "sized), about 1.1 h of CPU for the extractions; 2 problem(s)"),
+        ("warn", "problem: step 'bad': --weights w.pth: no such file"),
+        ("warn", "problem: the store is read-only")]
+    empty = _Lines()
+    print_plan(Plan(), empty)
+    assert empty.lines[1] == ("info", "  step  stage                         items  item kind  "
+                                      "      at rest  CPU")
+    assert empty.lines[2:] == [("info", "dry run: total 0 stages (0 written), 0 B at rest; 0 "
+                                        "problem(s)")]
