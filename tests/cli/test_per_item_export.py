@@ -192,3 +192,65 @@ def test_extract_given_a_video_or_a_folder_says_how_to_make_a_manifest(tmp_path,
     assert f"is a folder, not a manifest; make one of the videos in it: featpipe manifest " \
            f"build {videos} -o videos.csv" in " ".join(folder.stderr.split())
     assert not (tmp_path / "S").exists()
+
+
+def test_an_empty_id_is_refused_and_long_parts_are_cut_at_200_characters():
+    """The layout other tools and a rerun read: parts cut every 200 characters, each cut
+    ending in ``~``; an empty id has no name; a lone surrogate (an id no UTF-8 text holds)
+    still comes back."""
+    from featpipe.errors import FeatpipeError
+
+    with pytest.raises(FeatpipeError, match="an empty item id has no file name"):
+        file_stem("")
+    assert file_stem("x" * 401) == "x" * 200 + "~/" + "x" * 200 + "~/x"
+    assert item_id(file_stem("a\udc80")) == "a\udc80"
+
+
+def test_a_file_an_incomplete_or_empty_stage_are_refused_and_partial_exports_the_rest(
+        stage_with_ids, tmp_path):
+    from featpipe.errors import FeatpipeError
+    from featpipe.io.per_item import export_per_item
+
+    store, _ = stage_with_ids
+    odd = store.resolve("odd")
+    a_file = tmp_path / "out.npy"
+    a_file.write_bytes(b"mine")
+    with pytest.raises(FeatpipeError, match="out.npy is a file; give a folder"):
+        export_per_item(odd, a_file)
+    assert a_file.read_bytes() == b"mine"
+    part = store.stage("import", {"part": 1}, items=odd.items.subset({"a/b", "A", "con"}))
+    part.write_item("A", np.ones((2, 3), np.float32))
+    with pytest.raises(FeatpipeError, match="is incomplete: 2 of 3 items not computed"):
+        export_per_item(part, tmp_path / "part")
+    done = export_per_item(part, tmp_path / "part", partial=True)
+    assert (done.n_items, done.missing) == (1, 2)
+    assert sorted(p.name for p in (tmp_path / "part").iterdir()) == ["A.npy", INDEX]
+    none = store.stage("import", {"none": 1}, items=odd.items.subset({"a/b"}))
+    with pytest.raises(FeatpipeError, match="has no computed items to export"):
+        export_per_item(none, tmp_path / "none", partial=True)
+    assert not (tmp_path / "none").exists()
+
+
+def test_a_rerun_of_one_export_keeps_its_files_and_ignores_rows_that_name_none(
+        stage_with_ids, tmp_path):
+    """The same stage exported again into its folder removes nothing (its sidecars
+    included); rows of the index without an id or a file name no file; an index that is not
+    UTF-8 is one line; the index's lines end in a newline alone."""
+    from featpipe.errors import FeatpipeError
+    from featpipe.io.per_item import export_per_item
+
+    store, _ = stage_with_ids
+    odd = store.resolve("odd")
+    out = tmp_path / "same"
+    export_per_item(odd, out)
+    files = sorted(p.relative_to(out) for p in out.rglob("*.npy"))
+    index = (out / INDEX).read_bytes()
+    assert b"\r" not in index and index.endswith(b"\n")
+    (out / INDEX).write_bytes(index + b"short\n,x.npy,c0\n")
+    again = export_per_item(odd, out)
+    assert (again.removed, again.n_items) == (0, len(IDS))
+    assert sorted(p.relative_to(out) for p in out.rglob("*.npy")) == files
+    assert (out / INDEX).read_bytes() == index
+    (out / INDEX).write_bytes(b"\xff\xfeid\n")
+    with pytest.raises(FeatpipeError, match="its index.csv is unreadable"):
+        export_per_item(odd, out)
