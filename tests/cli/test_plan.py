@@ -430,3 +430,146 @@ def test_the_printed_plan_puts_a_pass_under_its_heading_and_says_what_waits():
                                       "      at rest  CPU")
     assert empty.lines[2:] == [("info", "dry run: total 0 stages (0 written), 0 B at rest; 0 "
                                         "problem(s)")]
+
+
+def test_item_kinds_name_their_content_and_what_an_encoder_makes_of_them():
+    """ItemKind's label and description; encoded_kind: unknown sides give None, a per-frame
+    output of an image is one vector, the name and the guess carried."""
+    from featpipe.item_kinds import (
+        FISHER,
+        POOLS_TIME,
+        SECOND_ORDER,
+        SPATIAL_GRID,
+        ItemKind,
+        encoded_kind,
+        shape_kind,
+    )
+
+    assert ItemKind("sequence").label == "sequence"
+    assert ItemKind("sequence", guessed=True).label == "sequence?"
+    assert ItemKind("descriptors", "dense SIFT").describe() == \
+        "dense SIFT sets of local descriptors (rows with their frame index)"
+    assert ItemKind("vector").describe() == "one vector per item"
+    frames, sift = ItemKind("sequence", "fc6"), ItemKind("descriptors", "dsift")
+    images = ItemKind("descriptors", "dsift", per_image=True)
+    assert encoded_kind("hrp", None, {}, frames) is None
+    assert encoded_kind("hrp", POOLS_TIME, {}, None) is None
+    assert encoded_kind("hrp", POOLS_TIME, {}, frames) == ItemKind("vector", "hrp of fc6")
+    assert encoded_kind("hrp", POOLS_TIME, {"emit_layer": 1}, frames).kind == "sequence"
+    assert encoded_kind("cov", SECOND_ORDER, {}, sift) == ItemKind("sequence", "cov of dsift")
+    assert encoded_kind("cov", SECOND_ORDER, {}, frames).kind == "vector"  # rows as one set
+    assert encoded_kind("cov", SECOND_ORDER, {}, images) == ItemKind("vector", "cov of dsift",
+                                                                     per_image=True)
+    assert encoded_kind("grid", SPATIAL_GRID, {}, ItemKind("descriptors")) == \
+        ItemKind("sequence", "grid")
+    assert encoded_kind("avg", POOLS_TIME, {}, shape_kind(2)) == \
+        ItemKind("vector", "avg of imported", guessed=True)
+    assert FISHER.taken({"per_frame": True}) == ("descriptors",)
+    assert FISHER.taken({}) == ("descriptors", "sequence")
+    assert encoded_kind("fisher", FISHER, {"per_frame": True}, sift).kind == "sequence"
+    assert encoded_kind("fisher", FISHER, {}, sift).kind == "vector"
+    assert [shape_kind(n, framed) for n, framed in [(0, False), (1, False), (1, True),
+                                                    (2, False), (2, True), (3, False)]] == [
+        ItemKind(kind, "imported", guessed=True) for kind in
+        ("vector", "vector", "vector", "sequence", "descriptors", "sequence")]
+
+
+def test_check_input_names_both_sides_and_each_way_out():
+    """A mismatch is a ParameterError of the parameter named; an unknown or guessed side is
+    not checked; each way out as its case says."""
+    from featpipe.item_kinds import CLASSIFY, FITS, POOLS_TIME, ItemKind, check_input, way_out
+
+    sift = ItemKind("descriptors", "dsift")
+    check_input("hrp", None, {}, sift, "'raw'")
+    check_input("hrp", POOLS_TIME, {}, None, "'raw'")
+    check_input("hrp", POOLS_TIME, {}, ItemKind("descriptors", guessed=True), "'raw'")
+    check_input("hrp", POOLS_TIME, {}, ItemKind("sequence"), "'raw'")
+    with pytest.raises(ParameterError) as raised:
+        check_input("classify", CLASSIFY, {}, sift, "'raw'", param="inputs")
+    assert raised.value.param == "inputs"
+    assert str(raised.value) == (
+        "inputs 'raw' holds dsift sets of local descriptors (rows with their frame index); "
+        "classify trains on one vector per item: encode the descriptors first (featpipe "
+        "encode -m fisher, bilinear, ...)")
+    cases = {("descriptors", ("sequence",)): "encode each frame first (extract --encode fisher "
+             "--per-frame, or spatial-grid), or use a local-descriptor encoder (fisher, "
+             "bilinear, cov, cbp-ts, cbp-rm)",
+             ("descriptors", ("vector",)): "encode the descriptors first (featpipe encode -m "
+             "fisher, bilinear, ...)",
+             ("vector", ("sequence",)): "there is no time axis left to pool: pool the "
+             "per-frame stage it was made from (e.g. fisher --per-frame), or use the vectors "
+             "as they are",
+             ("vector", ("descriptors",)): "its items are already one vector each; use it as "
+             "it is",
+             ("sequence", ("vector",)): "pool the frames first (featpipe encode -m avg, "
+             "rankpool, hrp, ...)",
+             ("sequence", ("descriptors",)): "it needs each descriptor's frame (and position): "
+             "give it the local features of the extraction",
+             ("sequence", ("vector", "descriptors")): "it takes vector or descriptors items"}
+    for (given, taken), text in cases.items():
+        assert way_out(given, taken) == text, (given, taken)
+    everything = ("sequence", "descriptors", "vector")
+    assert {fit: kinds.taken({}) for fit, kinds in FITS.items()} == {
+        "pca": everything, "gmm": ("descriptors", "sequence"),
+        "deep-gmm": ("descriptors", "sequence"), "standardize": everything,
+        "dhrp": ("sequence",), "gmsop": ("descriptors",)}
+
+
+def test_a_stages_item_kind_follows_from_its_record(tmp_path, monkeypatch):
+    """extraction_kind of each record an extraction writes; an import's declared kind, else
+    its first computed item's shape (None before one is); an encode stage from its method and
+    input; a stage without items (fit, classify) None; remember() overrides, per folder."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from featpipe import item_kinds
+    from featpipe.item_kinds import ItemKind, extraction_kind, item_kind, remember
+    from featpipe.manifest import from_rows
+
+    monkeypatch.setattr(item_kinds, "_known", {})  # this process's kinds: none known yet
+
+    records = [
+        ({"features": "nope"}, None),
+        ({"features": "dsift"}, ItemKind("descriptors", "dsift")),
+        ({"features": "dsift", "sampling": {"every": 2}}, ItemKind("descriptors", "dsift")),
+        ({"features": "vgg16-fc6"}, ItemKind("sequence", "vgg16-fc6")),
+        ({"features": "vgg16-fc6", "sampling": None},
+         ItemKind("vector", "vgg16-fc6", per_image=True)),
+        ({"features": "dsift", "sampling": None}, ItemKind("descriptors", "dsift", True)),
+        ({"features": "torchvision", "spatial": True}, ItemKind("descriptors", "torchvision")),
+        ({"features": "dsift", "spatial": False}, ItemKind("sequence", "dsift")),
+        ({"features": "dsift", "sample": {"n": 5}}, ItemKind("descriptors", "a sample of dsift")),
+        ({"features": "dsift", "encode": {"method": "fisher"}},
+         ItemKind("vector", "fisher of dsift")),
+        ({"features": "dsift", "encode": {"method": "nope"}}, None),
+        ({"features": "dsift", "encode": None}, ItemKind("descriptors", "dsift")),
+        ({"features": "dsift", "sampling": None, "encode": {"method": "spatial-grid"}},
+         ItemKind("vector", "spatial-grid of dsift", per_image=True)),
+    ]
+    for params, kind in records:
+        assert extraction_kind(params) == kind, params
+    store = Store(tmp_path / "s")
+    items = from_rows([("a", "", ["x"], ["train"]), ("b", "", ["x"], ["test"])], tmp_path)
+    declared = store.stage("import", {"n": 1, "item_kind": "descriptors"}, items=items)
+    assert item_kind(declared) == ItemKind("descriptors", "imported")
+    empty = store.stage("import", {"n": 2, "item_kind": "bogus"}, items=items)
+    assert item_kind(empty) is None  # nothing computed yet: not known
+    framed = store.stage("import", {"n": 3}, items=items)
+    framed.write_item("b", np.ones((3, 2), np.float32))
+    framed.write_item("a", np.ones((3, 2), np.float32), {"frame_index": np.zeros(3, np.int64)})
+    assert item_kind(framed) == ItemKind("descriptors", "imported", guessed=True)  # a's
+    vectors = store.stage("import", {"n": 4}, items=items)
+    vectors.write_item("b", np.ones(3, np.float32))
+    assert item_kind(vectors) == ItemKind("vector", "imported", guessed=True)
+    assert item_kind(SimpleNamespace(name="fit-x", kind="fit", params={})) is None
+    assert item_kind(SimpleNamespace(name="odd-x", kind="extract", params=None)) is None
+    source = SimpleNamespace(name="extract-y", kind="extract", params={"features": "dsift"})
+    encoded = SimpleNamespace(name="encode-z", kind="encode", params={"method": "cov"},
+                              inputs=lambda: [source])
+    assert item_kind(encoded) == ItemKind("sequence", "cov of dsift")
+    lost = SimpleNamespace(name="encode-w", kind="encode", params={"method": "nope"},
+                           inputs=lambda: [source])
+    assert item_kind(lost) is None
+    remember(source, ItemKind("vector", "mine"))
+    assert item_kind(source) == ItemKind("vector", "mine")
