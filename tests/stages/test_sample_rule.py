@@ -166,3 +166,18 @@ def test_a_split_without_train_items_is_refused_before_any_probe():
     settings = ExtractSettings(sample_descriptors=5, sample_total=10)
     with pytest.raises(FeatpipeError, match="--sample-total: split 1 has no train items"):
         sample_items(None, manifest, settings, None, _Lines())
+
+
+def test_the_rows_found_scale_every_estimate_and_its_bytes():
+    """Calibration.rescaled: rows x the rows found (rounded half to even), bytes recomputed
+    from the frames and the new rows; items without rows kept; no rows found: unchanged."""
+    from featpipe.extract.estimate import NPY_HEADER_BYTES, ItemEstimate, Layout
+    from featpipe.stages.calibration import Calibration
+
+    layout = Layout(lambda height, width: 10, dim=4, local=False)  # 16 bytes a row
+    estimates = [ItemEstimate("a", 5, 5, 50, 999), ItemEstimate("b", problem="unreadable"),
+                 ItemEstimate("c", 3, 3, 21, 1)]
+    assert Calibration(1.0).rescaled(estimates, layout) is estimates
+    assert Calibration(None, 0.5).rescaled(estimates, layout) == [
+        ItemEstimate("a", 5, 5, 25, 25 * 16 + 5 * 8 + 2 * NPY_HEADER_BYTES), estimates[1],
+        ItemEstimate("c", 3, 3, 10, 10 * 16 + 3 * 8 + 2 * NPY_HEADER_BYTES)]
