@@ -424,6 +424,16 @@ def test_the_printed_plan_puts_a_pass_under_its_heading_and_says_what_waits():
                  "sized), about 1.1 h of CPU for the extractions; 2 problem(s)"),
         ("warn", "problem: step 'bad': --weights w.pth: no such file"),
         ("warn", "problem: the store is read-only")]
+    inside = Plan()  # the longest label in a pass: the columns still line up
+    inside.add(Node("x", "extract-aa", "extract", pass_step="x"))
+    inside.add(Node("a-long-step", "encode-bb", "encode", name="its-name", pass_step="x"))
+    inside.add(Node("y", "encode-cc", "encode"))
+    lines = _Lines()
+    print_plan(inside, lines)
+    header, *rows = [text for _, text in lines.lines[1:6] if "pass of step" not in text]
+    assert [row.index(stage) for row, stage in zip(
+        rows, ("extract-aa", "encode-bb", "encode-cc"), strict=True)] == \
+        [header.index("stage")] * 3, rows
     empty = _Lines()
     print_plan(Plan(), empty)
     assert empty.lines[1] == ("info", "  step  stage                         items  item kind  "
