@@ -204,6 +204,8 @@ def test_an_empty_id_is_refused_and_long_parts_are_cut_at_200_characters():
         file_stem("")
     assert file_stem("x" * 401) == "x" * 200 + "~/" + "x" * 200 + "~/x"
     assert item_id(file_stem("a\udc80")) == "a\udc80"
+    assert [file_stem(i) for i in ("com1", "COM9.txt", "lpt1", "lpt9", "com10", "lpt10")] == [
+        "%63om1", "%43OM9.txt", "%6cpt1", "%6cpt9", "com10", "lpt10"]  # Windows' devices
 
 
 def test_a_file_an_incomplete_or_empty_stage_are_refused_and_partial_exports_the_rest(
@@ -254,3 +256,63 @@ def test_a_rerun_of_one_export_keeps_its_files_and_ignores_rows_that_name_none(
     (out / INDEX).write_bytes(b"\xff\xfeid\n")
     with pytest.raises(FeatpipeError, match="its index.csv is unreadable"):
         export_per_item(odd, out)
+
+
+def test_a_rerun_removes_the_folders_it_empties_and_names_a_file_it_cannot_remove(
+        stage_with_ids, tmp_path, monkeypatch):
+    """Files of an earlier export that a rerun does not write go with the folders they leave
+    empty (a row of the index needs only its id and file); an empty index lists none; a file
+    that cannot be removed is one line naming it."""
+    from pathlib import Path
+
+    from featpipe.errors import FeatpipeError
+    from featpipe.io.per_item import export_per_item
+
+    store, _ = stage_with_ids
+    odd = store.resolve("odd")
+    one = store.stage("import", {"one": 1}, items=odd.items.subset({"a/b"}))
+    one.write_item("a/b", np.ones((2, 3), np.float32))
+    out = tmp_path / "dirs"
+    export_per_item(odd, out)
+    (out / "zz.npy").write_bytes(b"")
+    with open(out / INDEX, "ab") as handle:
+        handle.write(b"zz,zz.npy\n")
+    export_per_item(one, out)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [
+        "a", "a/b.npy", INDEX]
+    (out / INDEX).write_bytes(b"")
+    assert export_per_item(one, out).removed == 0
+    again = tmp_path / "again"
+    export_per_item(odd, again)
+    real = Path.unlink
+
+    def unlink(path, *args, **kwargs):
+        if path.name == "a_b.npy":
+            raise PermissionError(13, "Permission denied")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with pytest.raises(FeatpipeError, match=r"cannot remove \S*again/a_b\.npy: "):
+        export_per_item(one, again)
+
+
+def test_a_rerun_reads_the_earlier_index_as_utf8_whatever_the_locale(stage_with_ids, tmp_path):
+    """The index is UTF-8 (its ids: café, 日本/動画...): a rerun under an ASCII locale
+    (LC_ALL=C without Python's UTF-8 mode) reads it and replaces the export."""
+    import subprocess
+    import sys
+
+    from featpipe.io.per_item import export_per_item
+    from tests.conftest import REPO
+
+    store, _ = stage_with_ids
+    out = tmp_path / "ascii"
+    export_per_item(store.resolve("odd"), out)
+    before = sorted(p.relative_to(out) for p in out.rglob("*.npy"))
+    env = dict(os.environ, LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0",
+               PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "featpipe", "export", "-s", str(store.root),
+                           "odd", "--per-item", str(out)], env=env, capture_output=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode("utf-8", "replace")
+    assert sorted(p.relative_to(out) for p in out.rglob("*.npy")) == before
