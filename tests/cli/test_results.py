@@ -297,3 +297,90 @@ def test_the_plots_lines_and_the_files_beside_a_table(tmp_path):
         check_output("t.txt")
     write_table(table, tmp_path / "new" / "T.MD")
     assert (tmp_path / "new" / "T.MD").read_text(encoding="utf-8").startswith("| result |")
+
+
+class _Stage:
+    """A stage as read_result sees it: name, kind, params, inputs, its stored result."""
+
+    def __init__(self, name, kind, params, inputs=(), result=None, store=None):
+        self.name, self.kind, self.params, self.store = name, kind, params, store
+        self._inputs, self.input_names = list(inputs), [s.name for s in inputs]
+        self.meta, self.result = {"created": "then"}, result
+
+    def inputs(self):
+        if "encode-x" in self.input_names:
+            from featpipe.errors import FeatpipeError
+
+            raise FeatpipeError("input stage encode-x is gone")
+        return self._inputs
+
+    def has_model(self, name):
+        return name == "result" and self.result is not None
+
+    def load_model(self, name):
+        return {}, self.result
+
+
+class _Warnings:
+    def __init__(self):
+        self.lines = []
+
+    def warn(self, text):
+        self.lines.append(text)
+
+
+def test_each_result_row_from_its_stored_result_and_chain_and_the_unreadable_skipped(tmp_path):
+    """gather/read_result on stages made here: the row's label and inputs by their first
+    name (else the folder), its chain's columns then classify's, the scores of each split; a
+    stage without a result, or whose result lacks its splits or summary, skipped with a
+    warning; a chain that cannot be read warned about, the row kept with classify's columns;
+    a store that does not exist is one line."""
+    from types import SimpleNamespace
+
+    from featpipe.errors import FeatpipeError
+    from featpipe.pipeline import load_pipeline
+    from featpipe.results import gather, pipeline_results, store_results
+    from featpipe.store import Store
+
+    store = SimpleNamespace(names=lambda: {"frames": "import-a", "pooled": "encode-b",
+                                           "best": "classify-c", "also": "classify-c"})
+    frames = _Stage("import-a", "import", {"n": 2}, store=store)
+    pooled = _Stage("encode-b", "encode", {"method": "hrp", "window": 4}, [frames],
+                    store=store)
+    unnamed = _Stage("encode-u", "encode", {"method": "avg"}, [frames], store=store)
+    good = {"splits": [{"split": 1, "score": 0.5}, {"split": 2, "score": 1}],
+            "summary": {"metric": "accuracy", "mean": 0.75, "std": 0.25}}
+    own = {"kernels": ["linear"], "C": [10.0], "metric": "accuracy"}
+    stages = [_Stage("classify-c", "classify", own, [pooled], good, store),
+              _Stage("classify-d", "classify", own, [pooled], None, store),
+              _Stage("classify-e", "classify", own, [pooled], {**good, "summary": None},
+                     store),
+              _Stage("classify-f", "classify", own, [pooled], {**good, "splits": {}}, store),
+              _Stage("classify-g", "classify", own, [pooled],
+                     {**good, "summary": {"metric": "map", "mean": 1.0}}, store),
+              _Stage("classify-h", "classify", own, [], good, store),
+              _Stage("classify-i", "classify", {"C": [1.0]}, [unnamed], good, store)]
+    stages[5].input_names = ["encode-x"]
+    warnings = _Warnings()
+    rows = gather(stages, warnings)
+    assert [(r.label, r.inputs) for r in rows] == [
+        ("best", ["pooled"]), ("classify-h", ["encode-x"]), ("classify-i", ["encode-u"])]
+    assert (rows[0].metric, rows[0].scores, rows[0].mean, rows[0].std) == (
+        "accuracy", {1: 0.5, 2: 1.0}, 0.75, 0.25)
+    assert rows[0].params == {"import.n": 2, "encode": "hrp", "hrp.window": 4,
+                              "kernel": "linear", "C": 10.0}
+    assert rows[1].params == {"kernel": "linear", "C": 10.0}
+    assert warnings.lines == [
+        "skipped: classify stage classify-d holds no result",
+        *(f"skipped: the result of classify stage classify-{s} lacks its splits or summary"
+          for s in "efg"),
+        "result classify-h: its inputs cannot be read (input stage encode-x is gone); its row "
+        "has classify's own parameters only"]
+    assert gather([], warnings) == []
+    missing = Store(tmp_path / "none")
+    with pytest.raises(FeatpipeError, match="no store at .*none: the folder does not exist"):
+        store_results(missing)
+    path = tmp_path / "p.toml"
+    path.write_text('[steps.r]\nstage = "classify"\ninputs = ["@x"]\n')
+    with pytest.raises(FeatpipeError, match="no store at .*none: the folder does not exist"):
+        pipeline_results(load_pipeline(path), missing, _Warnings())
