@@ -156,7 +156,7 @@ def print_plan(plan: Plan, reporter, heading: str = "dry run: the plan") -> None
     write marked), its totals, the steps it cannot plan yet and every problem, once."""
     reporter.info(f"{heading} (bytes at rest; CPU of the extractions, calibrated on their "
                   "first item)")
-    width = max((len(_label(n)) for n in plan.nodes), default=4)
+    width = max((len(_label(n)) + (2 if n.pass_step else 0) for n in plan.nodes), default=4)
     reporter.info(f"  {'step':<{width}}  {'stage':<26}  {'items':>7}  {'item kind':<11}  "
                   f"{'at rest':>11}  CPU")
     shown_pass = None

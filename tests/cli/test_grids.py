@@ -115,3 +115,23 @@ def test_a_bad_grid_is_a_usage_error_when_the_file_is_read(tmp_path, grid, messa
     with pytest.raises(PipelineError) as raised:
         load_pipeline(path)
     assert message in str(raised.value)
+
+
+def test_the_dry_runs_grid_lines_for_a_one_value_grid_and_a_reader_of_two_points():
+    """A grid of one value is one point, listed with its value; a step that reads it is one
+    step (no line); a step that reads two points says it expands; booleans name points in
+    lower case (TOML's spelling)."""
+    steps = [Step("a", {"grid": {"x": [1]}}), Step("b", {"grid": {"y": [True, False]}}),
+             Step("c", reads=["a"]), Step("d", reads=["b"])]
+
+    def instantiate(step, name, values, rename):
+        return Step(name, values, [rename.get(r, r) for r in step.reads])
+
+    expansion = expand(steps, lambda s: s.reads, instantiate)
+    assert [s.name for s in expansion.steps] == ["a-x1", "b-ytrue", "b-yfalse", "c-x1",
+                                                 "d-ytrue", "d-yfalse"]
+    assert expansion.grid_lines() == [
+        "grid: a (x 1): 1 step(s), a-x1",
+        "grid: b (y True, False): 2 step(s), b-ytrue, b-yfalse",
+        "grid: d expands with what it reads: 2 step(s)"]
+    assert token(True) == "true" and token(False) == "false" and token([True, 2]) == "truex2"

@@ -16,10 +16,11 @@ from featpipe.store import Store
 from tests.conftest import one_line_error
 
 #: ids that need escaping: a path, its flat twin, dots, case-only twins, a Windows device
-#: name, unicode (composed and not), the escape characters themselves, a folder that looks
-#: like a file, very long ids; and a plain one (UCF101's)
+#: name, unicode (composed and not: ids equal after NFC are refused as duplicates, issue 51
+#: §7), the escape characters themselves, a folder that looks like a file, very long ids; and
+#: a plain one (UCF101's)
 IDS = ["a/b", "a_b", "..", ".", ".hidden", "A", "a", "Run/V1", "run/v1", "con", "CON.txt",
-       "café", "cafe\u0301", "日本/動画", "a+b", "%41", "!a", "sp ace", "tab\\back", "x" * 300,
+       "café", "nai\u0308ve", "日本/動画", "a+b", "%41", "!a", "sp ace", "tab\\back", "x" * 300,
        "é" * 150 + "/" + "Z" * 120, "x.npy/y", "x.npy", "a//b", "/a", "b/", "a./b",
        "ApplyEyeMakeup/v_ApplyEyeMakeup_g01_c01"]
 PLAIN = "ApplyEyeMakeup/v_ApplyEyeMakeup_g01_c01"
@@ -191,3 +192,127 @@ def test_extract_given_a_video_or_a_folder_says_how_to_make_a_manifest(tmp_path,
     assert f"is a folder, not a manifest; make one of the videos in it: featpipe manifest " \
            f"build {videos} -o videos.csv" in " ".join(folder.stderr.split())
     assert not (tmp_path / "S").exists()
+
+
+def test_an_empty_id_is_refused_and_long_parts_are_cut_at_200_characters():
+    """The layout other tools and a rerun read: parts cut every 200 characters, each cut
+    ending in ``~``; an empty id has no name; a lone surrogate (an id no UTF-8 text holds)
+    still comes back."""
+    from featpipe.errors import FeatpipeError
+
+    with pytest.raises(FeatpipeError, match="an empty item id has no file name"):
+        file_stem("")
+    assert file_stem("x" * 401) == "x" * 200 + "~/" + "x" * 200 + "~/x"
+    assert item_id(file_stem("a\udc80")) == "a\udc80"
+    assert [file_stem(i) for i in ("com1", "COM9.txt", "lpt1", "lpt9", "com10", "lpt10")] == [
+        "%63om1", "%43OM9.txt", "%6cpt1", "%6cpt9", "com10", "lpt10"]  # Windows' devices
+
+
+def test_a_file_an_incomplete_or_empty_stage_are_refused_and_partial_exports_the_rest(
+        stage_with_ids, tmp_path):
+    from featpipe.errors import FeatpipeError
+    from featpipe.io.per_item import export_per_item
+
+    store, _ = stage_with_ids
+    odd = store.resolve("odd")
+    a_file = tmp_path / "out.npy"
+    a_file.write_bytes(b"mine")
+    with pytest.raises(FeatpipeError, match="out.npy is a file; give a folder"):
+        export_per_item(odd, a_file)
+    assert a_file.read_bytes() == b"mine"
+    part = store.stage("import", {"part": 1}, items=odd.items.subset({"a/b", "A", "con"}))
+    part.write_item("A", np.ones((2, 3), np.float32))
+    with pytest.raises(FeatpipeError, match="is incomplete: 2 of 3 items not computed"):
+        export_per_item(part, tmp_path / "part")
+    done = export_per_item(part, tmp_path / "part", partial=True)
+    assert (done.n_items, done.missing) == (1, 2)
+    assert sorted(p.name for p in (tmp_path / "part").iterdir()) == ["A.npy", INDEX]
+    none = store.stage("import", {"none": 1}, items=odd.items.subset({"a/b"}))
+    with pytest.raises(FeatpipeError, match="has no computed items to export"):
+        export_per_item(none, tmp_path / "none", partial=True)
+    assert not (tmp_path / "none").exists()
+
+
+def test_a_rerun_of_one_export_keeps_its_files_and_ignores_rows_that_name_none(
+        stage_with_ids, tmp_path):
+    """The same stage exported again into its folder removes nothing (its sidecars
+    included); rows of the index without an id or a file name no file; an index that is not
+    UTF-8 is one line; the index's lines end in a newline alone."""
+    from featpipe.errors import FeatpipeError
+    from featpipe.io.per_item import export_per_item
+
+    store, _ = stage_with_ids
+    odd = store.resolve("odd")
+    out = tmp_path / "same"
+    export_per_item(odd, out)
+    files = sorted(p.relative_to(out) for p in out.rglob("*.npy"))
+    index = (out / INDEX).read_bytes()
+    assert b"\r" not in index and index.endswith(b"\n")
+    (out / INDEX).write_bytes(index + b"short\n,x.npy,c0\n")
+    again = export_per_item(odd, out)
+    assert (again.removed, again.n_items) == (0, len(IDS))
+    assert sorted(p.relative_to(out) for p in out.rglob("*.npy")) == files
+    assert (out / INDEX).read_bytes() == index
+    (out / INDEX).write_bytes(b"\xff\xfeid\n")
+    with pytest.raises(FeatpipeError, match="its index.csv is unreadable"):
+        export_per_item(odd, out)
+
+
+def test_a_rerun_removes_the_folders_it_empties_and_names_a_file_it_cannot_remove(
+        stage_with_ids, tmp_path, monkeypatch):
+    """Files of an earlier export that a rerun does not write go with the folders they leave
+    empty (a row of the index needs only its id and file); an empty index lists none; a file
+    that cannot be removed is one line naming it."""
+    from pathlib import Path
+
+    from featpipe.errors import FeatpipeError
+    from featpipe.io.per_item import export_per_item
+
+    store, _ = stage_with_ids
+    odd = store.resolve("odd")
+    one = store.stage("import", {"one": 1}, items=odd.items.subset({"a/b"}))
+    one.write_item("a/b", np.ones((2, 3), np.float32))
+    out = tmp_path / "dirs"
+    export_per_item(odd, out)
+    (out / "zz.npy").write_bytes(b"")
+    with open(out / INDEX, "ab") as handle:
+        handle.write(b"zz,zz.npy\n")
+    export_per_item(one, out)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [
+        "a", "a/b.npy", INDEX]
+    (out / INDEX).write_bytes(b"")
+    assert export_per_item(one, out).removed == 0
+    again = tmp_path / "again"
+    export_per_item(odd, again)
+    real = Path.unlink
+
+    def unlink(path, *args, **kwargs):
+        if path.name == "a_b.npy":
+            raise PermissionError(13, "Permission denied")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with pytest.raises(FeatpipeError, match=r"cannot remove \S*again/a_b\.npy: "):
+        export_per_item(one, again)
+
+
+def test_a_rerun_reads_the_earlier_index_as_utf8_whatever_the_locale(stage_with_ids, tmp_path):
+    """The index is UTF-8 (its ids: café, 日本/動画...): a rerun under an ASCII locale
+    (LC_ALL=C without Python's UTF-8 mode) reads it and replaces the export."""
+    import subprocess
+    import sys
+
+    from featpipe.io.per_item import export_per_item
+    from tests.conftest import REPO
+
+    store, _ = stage_with_ids
+    out = tmp_path / "ascii"
+    export_per_item(store.resolve("odd"), out)
+    before = sorted(p.relative_to(out) for p in out.rglob("*.npy"))
+    env = dict(os.environ, LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0",
+               PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "featpipe", "export", "-s", str(store.root),
+                           "odd", "--per-item", str(out)], env=env, capture_output=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode("utf-8", "replace")
+    assert sorted(p.relative_to(out) for p in out.rglob("*.npy")) == before

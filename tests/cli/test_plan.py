@@ -289,3 +289,297 @@ def test_sigterm_stops_a_pipeline_like_every_command(tmp_path):
     assert [line for line in err.splitlines() if line.startswith("interrupted")], err
     assert "error:" not in err
     assert stage.done_ids()
+
+
+class _Lines:
+    """A reporter that keeps (level, line)."""
+
+    def __init__(self):
+        self.lines = []
+
+    def info(self, text):
+        self.lines.append(("info", text))
+
+    def warn(self, text):
+        self.lines.append(("warn", text))
+
+
+def test_cpu_text_switches_units_at_a_minute_and_an_hour():
+    from featpipe.plan import cpu_text
+
+    assert cpu_text(59.4) == "59 s"
+    assert cpu_text(60) == "1.0 min" and cpu_text(3599) == "60.0 min"
+    assert cpu_text(3600) == "1.0 h" and cpu_text(90, "hours", "minutes") == "1.5 minutes"
+    assert cpu_text(36_000_000, "hours", "minutes") == "10,000.0 hours"
+
+
+def test_one_stage_planned_twice_is_one_node_written_if_either_writes_it():
+    """Plan.add (issue 51 §6, the dry run counting one stage twice): the same stage from a
+    second step is the first node, written (with the second's name) when the second writes
+    it; classify results (no key before they run) are never merged."""
+    from featpipe.plan import Node, Plan
+
+    plan = Plan()
+    plan.add(Node("sift", "extract-aa", "extract", written=False, bytes=5))
+    plan.add(Node("again", "extract-aa", "extract", name="kept", bytes=5))
+    plan.add(Node("enc", "encode-bb", "encode", name="e", bytes=7))
+    plan.add(Node("twin", "encode-bb", "encode", name="other", written=False))
+    plan.add(Node("unnamed", "encode-bb", "encode", bytes=7))
+    plan.add(Node("c1", "classify", "classify"))
+    plan.add(Node("c2", "classify", "classify"))
+    assert [(n.step, n.written, n.name) for n in plan.nodes] == [
+        ("sift", True, "kept"), ("enc", True, "e"), ("c1", True, None), ("c2", True, None)]
+    plan = Plan()
+    plan.add(Node("sift", "extract-aa", "extract", name="raw", written=False))
+    plan.add(Node("again", "extract-aa", "extract"))  # written, without a name of its own
+    assert [(n.written, n.name) for n in plan.nodes] == [(True, "raw")]
+    assert plan.at_rest() == (0, 1) and plan.cpu() == 0.0
+
+
+def test_each_problem_is_said_once_and_blocks_every_step_that_reads_its_step(tmp_path,
+                                                                            monkeypatch):
+    """Problems: one per (step, text); the steps blocked, through readers listed before the
+    steps they read; the disk's problem at what the plan writes against the free space, a
+    store that cannot be written in featpipe's words."""
+    from types import SimpleNamespace
+
+    from featpipe import plan as plan_module
+    from featpipe.errors import FeatpipeError
+    from featpipe.plan import Node, Plan, Problem
+
+    plan = Plan(steps=["d", "c", "b", "a", "e"], reads={"d": {"c"}, "c": {"b"}, "b": {"a"}})
+    for step, text in [("a", "no file"), ("a", "no file"), ("a", "bad"), ("e", "no file"),
+                       ("", "disk")]:
+        plan.problem(step, text)
+    assert [str(p) for p in plan.problems] == ["step 'a': no file", "step 'a': bad",
+                                               "step 'e': no file", "disk"]
+    assert str(Problem("", "the store is read-only")) == "the store is read-only"
+    assert plan.blocked_steps() == {"a": "a", "e": "e", "b": "a", "c": "a", "d": "a"}
+    plan = Plan()
+    plan.add(Node("x", "extract-aa", "extract", bytes=600))
+    plan.add(Node("y", "encode-bb", "encode", bytes=400))
+    plan.add(Node("z", "encode-cc", "encode", bytes=10**9, written=False))
+    monkeypatch.setattr(plan_module, "free_bytes", lambda root: 1000)
+    plan.check_disk(SimpleNamespace(root=tmp_path))  # exactly what is free: it fits
+    assert plan.problems == [] and plan.at_rest() == (1000, 0)
+    monkeypatch.setattr(plan_module, "free_bytes", lambda root: 999)
+    plan.check_disk(SimpleNamespace(root=tmp_path))
+    assert [str(p) for p in plan.problems] == [
+        "the plan needs about 1.0 kB at rest but the store's disk has 999 B free: sample fewer "
+        "frames (--fps/--every/--frames), encode while extracting, keep fewer stages, or free "
+        "space"]
+
+    def read_only():
+        raise FeatpipeError("store s is read-only")
+
+    plan.check_writable(SimpleNamespace(check_writable=lambda: None))
+    assert len(plan.problems) == 1
+    plan.check_writable(SimpleNamespace(check_writable=read_only))
+    assert str(plan.problems[-1]) == "store s is read-only"
+
+
+def test_the_printed_plan_puts_a_pass_under_its_heading_and_says_what_waits():
+    """print_plan: a line per node (a pass's nodes indented under its heading, said again
+    when the pass resumes after other nodes; 'not written', '?' unsized, '-' no items or
+    kind), the steps planned later, those a problem blocks, the totals, each problem."""
+    from featpipe.plan import Node, Plan, print_plan
+
+    plan = Plan(steps=["sift", "hrp", "result", "bad", "after", "later"],
+                reads={"hrp": {"sift"}, "result": {"hrp"}, "after": {"bad"}},
+                unplanned={"later": "it reads a model that step 'hrp' fits"})
+    plan.add(Node("sift", "extract-aa", "extract", item_kind="descriptors", items=8,
+                  cpu=4000.0, written=False, pass_step="sift"))
+    plan.add(Node("hrp", "encode-bb", "encode", name="pooled", item_kind="vector", items=8,
+                  bytes=2048, pass_step="sift"))
+    plan.add(Node("result", "classify", "classify", name="scores", items="-"))
+    plan.add(Node("", "import-cc", "import"))
+    plan.add(Node("grid", "encode-dd", "encode", name="grid", item_kind="sequence", items=8,
+                  bytes=1_500_000, cpu=30.0, pass_step="sift"))
+    plan.problem("bad", "--weights w.pth: no such file")
+    plan.problem("", "the store is read-only")
+    reporter = _Lines()
+    print_plan(plan, reporter, "dry run of p.toml")
+    heading = ("  pass of step 'sift' (one decode of each item; stages marked 'not written' "
+               "are computed in memory):")
+    assert reporter.lines == [
+        ("info", "dry run of p.toml (bytes at rest; CPU of the extractions, calibrated on "
+                 "their first item)"),
+        ("info", "  step              stage                         items  item kind        "
+                 "at rest  CPU"),
+        ("info", heading),
+        ("info", "    sift            extract-aa                        8  descriptors  "
+                 "not written  1.1 h"),
+        ("info", "    hrp -> pooled   encode-bb                         8  vector            "
+                 "2.0 kB"),
+        ("info", "  result -> scores  classify                          -  -                "
+                 "      ?"),
+        ("info", "  import            import-cc                         -  -                "
+                 "      ?"),
+        ("info", heading),
+        ("info", "    grid            encode-dd                         8  sequence          "
+                 "1.5 MB  30 s"),
+        ("info", "  later: planned when it runs (it reads a model that step 'hrp' fits)"),
+        ("info", "  after: not planned, blocked by the problem of step 'bad'"),
+        ("info", "dry run: total 5 stages (4 written, 1 fused pass(es)), 1.5 MB at rest (2 not "
+                 "sized), about 1.1 h of CPU for the extractions; 2 problem(s)"),
+        ("warn", "problem: step 'bad': --weights w.pth: no such file"),
+        ("warn", "problem: the store is read-only")]
+    inside = Plan()  # the longest label in a pass: the columns still line up
+    inside.add(Node("x", "extract-aa", "extract", pass_step="x"))
+    inside.add(Node("a-long-step", "encode-bb", "encode", name="its-name", pass_step="x"))
+    inside.add(Node("y", "encode-cc", "encode"))
+    lines = _Lines()
+    print_plan(inside, lines)
+    header, *rows = [text for _, text in lines.lines[1:6] if "pass of step" not in text]
+    assert [row.index(stage) for row, stage in zip(
+        rows, ("extract-aa", "encode-bb", "encode-cc"), strict=True)] == \
+        [header.index("stage")] * 3, rows
+    empty = _Lines()
+    print_plan(Plan(), empty)
+    assert empty.lines[1] == ("info", "  step  stage                         items  item kind  "
+                                      "      at rest  CPU")
+    assert empty.lines[2:] == [("info", "dry run: total 0 stages (0 written), 0 B at rest; 0 "
+                                        "problem(s)")]
+
+
+def test_item_kinds_name_their_content_and_what_an_encoder_makes_of_them():
+    """ItemKind's label and description; encoded_kind: unknown sides give None, a per-frame
+    output of an image is one vector, the name and the guess carried."""
+    from featpipe.item_kinds import (
+        FISHER,
+        POOLS_TIME,
+        SECOND_ORDER,
+        SPATIAL_GRID,
+        ItemKind,
+        encoded_kind,
+        shape_kind,
+    )
+
+    assert ItemKind("sequence").label == "sequence"
+    assert ItemKind("sequence", guessed=True).label == "sequence?"
+    assert ItemKind("descriptors", "dense SIFT").describe() == \
+        "dense SIFT sets of local descriptors (rows with their frame index)"
+    assert ItemKind("vector").describe() == "one vector per item"
+    frames, sift = ItemKind("sequence", "fc6"), ItemKind("descriptors", "dsift")
+    images = ItemKind("descriptors", "dsift", per_image=True)
+    assert encoded_kind("hrp", None, {}, frames) is None
+    assert encoded_kind("hrp", POOLS_TIME, {}, None) is None
+    assert encoded_kind("hrp", POOLS_TIME, {}, frames) == ItemKind("vector", "hrp of fc6")
+    assert encoded_kind("hrp", POOLS_TIME, {"emit_layer": 1}, frames).kind == "sequence"
+    assert encoded_kind("cov", SECOND_ORDER, {}, sift) == ItemKind("sequence", "cov of dsift")
+    assert encoded_kind("cov", SECOND_ORDER, {}, frames).kind == "vector"  # rows as one set
+    assert encoded_kind("cov", SECOND_ORDER, {}, images) == ItemKind("vector", "cov of dsift",
+                                                                     per_image=True)
+    assert encoded_kind("grid", SPATIAL_GRID, {}, ItemKind("descriptors")) == \
+        ItemKind("sequence", "grid")
+    assert encoded_kind("avg", POOLS_TIME, {}, shape_kind(2)) == \
+        ItemKind("vector", "avg of imported", guessed=True)
+    assert FISHER.taken({"per_frame": True}) == ("descriptors",)
+    assert FISHER.taken({}) == ("descriptors", "sequence")
+    assert encoded_kind("fisher", FISHER, {"per_frame": True}, sift).kind == "sequence"
+    assert encoded_kind("fisher", FISHER, {}, sift).kind == "vector"
+    assert [shape_kind(n, framed) for n, framed in [(0, False), (1, False), (1, True),
+                                                    (2, False), (2, True), (3, False)]] == [
+        ItemKind(kind, "imported", guessed=True) for kind in
+        ("vector", "vector", "vector", "sequence", "descriptors", "sequence")]
+
+
+def test_check_input_names_both_sides_and_each_way_out():
+    """A mismatch is a ParameterError of the parameter named; an unknown or guessed side is
+    not checked; each way out as its case says."""
+    from featpipe.item_kinds import CLASSIFY, FITS, POOLS_TIME, ItemKind, check_input, way_out
+
+    sift = ItemKind("descriptors", "dsift")
+    check_input("hrp", None, {}, sift, "'raw'")
+    check_input("hrp", POOLS_TIME, {}, None, "'raw'")
+    check_input("hrp", POOLS_TIME, {}, ItemKind("descriptors", guessed=True), "'raw'")
+    check_input("hrp", POOLS_TIME, {}, ItemKind("sequence"), "'raw'")
+    with pytest.raises(ParameterError) as raised:
+        check_input("classify", CLASSIFY, {}, sift, "'raw'", param="inputs")
+    assert raised.value.param == "inputs"
+    assert str(raised.value) == (
+        "inputs 'raw' holds dsift sets of local descriptors (rows with their frame index); "
+        "classify trains on one vector per item: encode the descriptors first (featpipe "
+        "encode -m fisher, bilinear, ...)")
+    cases = {("descriptors", ("sequence",)): "encode each frame first (extract --encode fisher "
+             "--per-frame, or spatial-grid), or use a local-descriptor encoder (fisher, "
+             "bilinear, cov, cbp-ts, cbp-rm)",
+             ("descriptors", ("vector",)): "encode the descriptors first (featpipe encode -m "
+             "fisher, bilinear, ...)",
+             ("vector", ("sequence",)): "there is no time axis left to pool: pool the "
+             "per-frame stage it was made from (e.g. fisher --per-frame), or use the vectors "
+             "as they are",
+             ("vector", ("descriptors",)): "its items are already one vector each; use it as "
+             "it is",
+             ("sequence", ("vector",)): "pool the frames first (featpipe encode -m avg, "
+             "rankpool, hrp, ...)",
+             ("sequence", ("descriptors",)): "it needs each descriptor's frame (and position): "
+             "give it the local features of the extraction",
+             ("sequence", ("vector", "descriptors")): "it takes vector or descriptors items"}
+    for (given, taken), text in cases.items():
+        assert way_out(given, taken) == text, (given, taken)
+    everything = ("sequence", "descriptors", "vector")
+    assert {fit: kinds.taken({}) for fit, kinds in FITS.items()} == {
+        "pca": everything, "gmm": ("descriptors", "sequence"),
+        "deep-gmm": ("descriptors", "sequence"), "standardize": everything,
+        "dhrp": ("sequence",), "gmsop": ("descriptors",)}
+
+
+def test_a_stages_item_kind_follows_from_its_record(tmp_path, monkeypatch):
+    """extraction_kind of each record an extraction writes; an import's declared kind, else
+    its first computed item's shape (None before one is); an encode stage from its method and
+    input; a stage without items (fit, classify) None; remember() overrides, per folder."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from featpipe import item_kinds
+    from featpipe.item_kinds import ItemKind, extraction_kind, item_kind, remember
+    from featpipe.manifest import from_rows
+
+    monkeypatch.setattr(item_kinds, "_known", {})  # this process's kinds: none known yet
+
+    records = [
+        ({"features": "nope"}, None),
+        ({"features": "dsift"}, ItemKind("descriptors", "dsift")),
+        ({"features": "dsift", "sampling": {"every": 2}}, ItemKind("descriptors", "dsift")),
+        ({"features": "vgg16-fc6"}, ItemKind("sequence", "vgg16-fc6")),
+        ({"features": "vgg16-fc6", "sampling": None},
+         ItemKind("vector", "vgg16-fc6", per_image=True)),
+        ({"features": "dsift", "sampling": None}, ItemKind("descriptors", "dsift", True)),
+        ({"features": "torchvision", "spatial": True}, ItemKind("descriptors", "torchvision")),
+        ({"features": "dsift", "spatial": False}, ItemKind("sequence", "dsift")),
+        ({"features": "dsift", "sample": {"n": 5}}, ItemKind("descriptors", "a sample of dsift")),
+        ({"features": "dsift", "encode": {"method": "fisher"}},
+         ItemKind("vector", "fisher of dsift")),
+        ({"features": "dsift", "encode": {"method": "nope"}}, None),
+        ({"features": "dsift", "encode": None}, ItemKind("descriptors", "dsift")),
+        ({"features": "dsift", "sampling": None, "encode": {"method": "spatial-grid"}},
+         ItemKind("vector", "spatial-grid of dsift", per_image=True)),
+    ]
+    for params, kind in records:
+        assert extraction_kind(params) == kind, params
+    store = Store(tmp_path / "s")
+    items = from_rows([("a", "", ["x"], ["train"]), ("b", "", ["x"], ["test"])], tmp_path)
+    declared = store.stage("import", {"n": 1, "item_kind": "descriptors"}, items=items)
+    assert item_kind(declared) == ItemKind("descriptors", "imported")
+    empty = store.stage("import", {"n": 2, "item_kind": "bogus"}, items=items)
+    assert item_kind(empty) is None  # nothing computed yet: not known
+    framed = store.stage("import", {"n": 3}, items=items)
+    framed.write_item("b", np.ones((3, 2), np.float32))
+    framed.write_item("a", np.ones((3, 2), np.float32), {"frame_index": np.zeros(3, np.int64)})
+    assert item_kind(framed) == ItemKind("descriptors", "imported", guessed=True)  # a's
+    vectors = store.stage("import", {"n": 4}, items=items)
+    vectors.write_item("b", np.ones(3, np.float32))
+    assert item_kind(vectors) == ItemKind("vector", "imported", guessed=True)
+    assert item_kind(SimpleNamespace(name="fit-x", kind="fit", params={})) is None
+    assert item_kind(SimpleNamespace(name="odd-x", kind="extract", params=None)) is None
+    source = SimpleNamespace(name="extract-y", kind="extract", params={"features": "dsift"})
+    encoded = SimpleNamespace(name="encode-z", kind="encode", params={"method": "cov"},
+                              inputs=lambda: [source])
+    assert item_kind(encoded) == ItemKind("sequence", "cov of dsift")
+    lost = SimpleNamespace(name="encode-w", kind="encode", params={"method": "nope"},
+                           inputs=lambda: [source])
+    assert item_kind(lost) is None
+    remember(source, ItemKind("vector", "mine"))
+    assert item_kind(source) == ItemKind("vector", "mine")

@@ -97,3 +97,20 @@ def test_the_import_path_handed_down_puts_this_featpipe_first_only_where_needed(
     monkeypatch.setattr(sys, "path", ["", "/a", "/b", "/a"])
     assert import_path().split(os.pathsep) == [own, "/a", "/b"]
     assert child_environment({"X": "1"}) == {"X": "1", "PYTHONPATH": import_path()}
+
+
+def test_featpipes_command_line_in_a_child_ignores_a_featpipe_in_its_folder(tmp_path):
+    """``featpipe_command()`` (SLURM array tasks, their report job, submit's dask command):
+    this Python, ``-P -m featpipe``, which runs this featpipe from a folder whose
+    ``featpipe/`` would raise if it were imported."""
+    from featpipe import __version__
+    from featpipe.processes import child_environment, featpipe_command
+
+    assert featpipe_command() == [sys.executable, "-P", "-m", "featpipe"]
+    (tmp_path / "featpipe").mkdir()
+    (tmp_path / "featpipe" / "__init__.py").write_text(
+        'raise ImportError("the featpipe of the working folder was imported")\n')
+    proc = subprocess.run([*featpipe_command(), "--version"], cwd=tmp_path,
+                          env=child_environment(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert __version__ in proc.stdout

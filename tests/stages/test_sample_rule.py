@@ -77,3 +77,107 @@ def test_sample_total_goes_with_sample_descriptors(cli, clips, tmp_path):
                  "--sample-total", "10")
     assert result.exit_code == 2 and "--sample-total must be >= 1 and goes with " \
         "--sample-descriptors" in result.stderr
+
+
+#: the train items of ``manifest_of(TWELVE)``'s split 1 and their order at seeds 0 and 7
+TWELVE = [(f"{c}{k}", c, "train" if k < 4 else "test") for c in "abc" for k in range(5)]
+ORDER_0 = ["a2", "b3", "c1", "a0", "b2", "c2", "a3", "b1", "c3", "a1", "b0", "c0"]
+ORDER_7 = ["a2", "b2", "c1", "a1", "b3", "c2", "a3", "b0", "c0", "a0", "b1", "c3"]
+
+
+def test_the_seeded_order_is_the_one_earlier_versions_took():
+    """The items a sample takes are part of its stage's key: the order of a seed must never
+    change between versions, or every stored sample would be recomputed under a new key
+    (issue 51 §8: the hash of the class name that seeds each class's permutation)."""
+    manifest = manifest_of(TWELVE)
+    assert stratified_order(manifest, 1, seed=0) == ORDER_0
+    assert stratified_order(manifest, 1, seed=7) == ORDER_7
+
+
+class _Lines:
+    def __init__(self):
+        self.lines = []
+
+    def info(self, text):
+        self.lines.append(text)
+
+
+@pytest.mark.parametrize("found, cap, total, taken, rows", [
+    # rows expected in ORDER_0: 20, 30 (capped), 0 (no frame count), 10 (21 x 0.5 rounds to
+    # even), 10...; the total reached exactly by the fifth item, in the second probe batch
+    (0.5, 30, 70, 5, 70),
+    (0.5, 30, 61, 5, 70),  # one row short of the first four: the fifth is taken too
+    (None, 1000, 150, 4, 161),  # no rows found: factor 1 (40, 100, 0, 21)
+    ("none", 1000, 150, 4, 161),  # no calibration (an error): factor 1 too
+])
+def test_items_are_taken_in_order_until_their_expected_rows_reach_the_total(
+        monkeypatch, found, cap, total, taken, rows):
+    """:func:`sample_items` against its rule worked by hand: item k of the order is expected
+    to give min(cap, round(its planned rows x the rows found on the first item)), the order
+    taken (across probe batches of 3) until the sum reaches the total, no item after it;
+    the first item alone is planned, probed and calibrated first."""
+    from types import SimpleNamespace
+
+    from featpipe.extract.estimate import ItemEstimate
+    from featpipe.extract.settings import ExtractSettings
+    from featpipe.stages import sample_rule
+    from featpipe.stages.calibration import Calibration
+
+    planned = dict(zip(ORDER_0, [40, 100, None, 21] + [20] * 8, strict=True))
+    probed, calibrated, plans = [], [], []
+
+    def probe(pool, paths, ids):
+        probed.append(list(ids))
+        return {i: paths[i] for i in ids}
+
+    def plan_of(items):
+        plans.append(items.ids)
+        return SimpleNamespace(paths={i: f"{i}.mp4" for i in items.ids}, sampling=None,
+                               layout=None, todo=None, estimates=None)
+
+    def calibrate(plan, reporter):
+        calibrated.append((plan.todo, [e.item_id for e in plan.estimates]))
+        return None if found == "none" else Calibration(1.0, found)
+
+    monkeypatch.setattr(sample_rule, "PROBE_BATCH", 3)
+    monkeypatch.setattr(sample_rule, "probe_infos", probe)
+    monkeypatch.setattr(sample_rule, "calibrate", calibrate)
+    monkeypatch.setattr(sample_rule, "estimate_item",
+                        lambda i, info, sampling, layout: ItemEstimate(i, rows=planned[i]))
+    settings = ExtractSettings(sample_descriptors=cap, sample_total=total)
+    reporter = _Lines()
+    chosen = sample_rule.sample_items(plan_of, manifest_of(TWELVE), settings, None, reporter)
+    assert sorted(chosen.ids) == sorted(ORDER_0[:taken])  # in the manifest's order
+    assert plans == [ORDER_0[:1]] and calibrated == [(ORDER_0[:1], ORDER_0[:1])]
+    assert probed == [ORDER_0[:1], *(ORDER_0[k:k + 3] for k in range(0, taken, 3))]
+    factor = 1.0 if found in (None, "none") else found
+    assert reporter.lines == [
+        f"sample: {taken} of the 12 train items of split 1 (a seeded order stratified by "
+        f"class), about {rows:,} rows for --sample-total {total:,} (at most {cap:,} an item; "
+        f"the first gave {factor:.2f} of the rows planned for it)"]
+
+
+def test_a_split_without_train_items_is_refused_before_any_probe():
+    from featpipe.errors import FeatpipeError
+    from featpipe.extract.settings import ExtractSettings
+    from featpipe.stages.sample_rule import sample_items
+
+    manifest = manifest_of([("a0", "a", "test"), ("b0", "b", "test")])
+    settings = ExtractSettings(sample_descriptors=5, sample_total=10)
+    with pytest.raises(FeatpipeError, match="--sample-total: split 1 has no train items"):
+        sample_items(None, manifest, settings, None, _Lines())
+
+
+def test_the_rows_found_scale_every_estimate_and_its_bytes():
+    """Calibration.rescaled: rows x the rows found (rounded half to even), bytes recomputed
+    from the frames and the new rows; items without rows kept; no rows found: unchanged."""
+    from featpipe.extract.estimate import NPY_HEADER_BYTES, ItemEstimate, Layout
+    from featpipe.stages.calibration import Calibration
+
+    layout = Layout(lambda height, width: 10, dim=4, local=False)  # 16 bytes a row
+    estimates = [ItemEstimate("a", 5, 5, 50, 999), ItemEstimate("b", problem="unreadable"),
+                 ItemEstimate("c", 3, 3, 21, 1)]
+    assert Calibration(1.0).rescaled(estimates, layout) is estimates
+    assert Calibration(None, 0.5).rescaled(estimates, layout) == [
+        ItemEstimate("a", 5, 5, 25, 25 * 16 + 5 * 8 + 2 * NPY_HEADER_BYTES), estimates[1],
+        ItemEstimate("c", 3, 3, 10, 10 * 16 + 3 * 8 + 2 * NPY_HEADER_BYTES)]
