@@ -52,11 +52,16 @@ LANES = 8
 
 def median_blur5(flow: np.ndarray) -> np.ndarray:
     """``cv2.medianBlur(flow, 5)`` of an (H, W, 2) float32 flow, as a new C-contiguous array."""
-    flow = np.ascontiguousarray(flow)
+    return flow_median(np.ascontiguousarray(flow))
+
+
+@numba.njit(cache=True, nogil=True)
+def flow_median(flow):
+    """``cv2.medianBlur(flow, 5)`` of a C-contiguous (H, W, 2) flow, as a new array."""
     height, width = flow.shape[0], flow.shape[1]
-    out = np.empty(flow.shape, flow.dtype)
-    median5x5(flow.reshape(height, 2 * width), out.reshape(height, 2 * width),
-              np.empty(72 * PITCH, dtype=flow.dtype))
+    out = np.empty_like(flow)
+    median5x5(flow.reshape((height, 2 * width)), out.reshape((height, 2 * width)),
+              np.empty(72 * PITCH, flow.dtype))
     return out
 
 

@@ -822,6 +822,13 @@ def _add_blocks(rows, channels, bins, columns, left, top, cell, n_cells, epsilon
                 out[start + b] = cells[k, b]
 
 
+@numba.njit(cache=True, nogil=True)
+def integral_ring(rows, width):
+    """Room for ``rows`` rows of integral histograms of frames up to ``width`` pixels wide: the
+    ring :func:`advance_tracks` makes them in ((rows, width + 1, GROUP_CHANNELS) float32)."""
+    return np.empty((rows, width + 1, GROUP_CHANNELS), np.float32)
+
+
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def advance_tracks(points, steps, flow, grey, descriptor_flow, displacements, channels, bins,
                    columns, patch, n_cells, t_stride, n_t_cells, epsilon, zero_threshold,

@@ -60,9 +60,9 @@ def smoothed_pyramid(grey: np.ndarray, sizes: list[tuple[int, int]], scales: lis
 def median_flow(flow: np.ndarray) -> np.ndarray:
     """A 5×5 median filter of each flow component, equal to OpenCV's ``cv2.medianBlur(flow, 5)``
     (:mod:`featpipe.extract._flow_median`: separable sorting networks, faster)."""
-    from featpipe.extract._flow_median import median_blur5
+    from featpipe.extract._trajectory_kernels import flow_median
 
-    return median_blur5(flow)
+    return flow_median(np.ascontiguousarray(flow))
 
 
 class FarnebackPyramid:

@@ -453,7 +453,7 @@ class Tracker:
     """
 
     def __init__(self, estimator: DenseTrajectories, height: int, width: int):
-        from featpipe.extract._trajectory_kernels import GROUP_CHANNELS
+        from featpipe.extract._trajectory_kernels import integral_ring
         from featpipe.extract.optical_flow import DISPyramid, FarnebackPyramid, level_scales
 
         self.height, self.width = height, width
@@ -490,9 +490,10 @@ class Tracker:
                             else DISPyramid(self.sizes, self.scales) if estimator.flow == "dis"
                             else FarnebackPyramid(self.sizes, self.scales, stride))
         #: the ring of integral-histogram rows advance_tracks makes, shared by the scales
-        ring = np.empty((self.patch + 1) * (width + 1) * GROUP_CHANNELS, np.float32)
-        self.rows = [ring[:(self.patch + 1) * (w + 1) * GROUP_CHANNELS].reshape(
-            self.patch + 1, w + 1, GROUP_CHANNELS) for _, w in self.sizes]
+        ring = integral_ring(self.patch + 1, width)
+        channels = ring.shape[2]
+        self.rows = [ring.reshape(-1)[:(self.patch + 1) * (w + 1) * channels].reshape(
+            self.patch + 1, w + 1, channels) for _, w in self.sizes]
         self.constants = np.float32(EPSILON), np.float32(MIN_FLOW)
         self.tracks = [_ScaleTracks(self.length, self.n_t_cells, self.block_width,
                                     self.camera is not None) for _ in self.scales]
