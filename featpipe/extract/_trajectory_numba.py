@@ -790,36 +790,46 @@ def _add_blocks(rows, channels, bins, columns, left, top, cell, n_cells, epsilon
     """One point's normalised blocks (corner (left, top)) into ``out``;
     integral row r is ``rows[r % len(rows)]``; ``cells`` ((n_cells², 36)) and ``scales``
     (36) are work space.  The loops over the channels run to ``rows.shape[2]``, a bound
-    LLVM cannot see, so that it vectorises them instead of unrolling them."""
+    LLVM cannot see, so that it vectorises them instead of unrolling them; every index is
+    unsigned (numba wraps signed ones around, which made LLVM gather and scatter)."""
     n_rows, n_channels = rows.shape[0], rows.shape[2]
+    pitch = rows.shape[1] * n_channels
+    ring, cell_sums = rows.reshape(-1), cells.reshape(-1)
+    width = _U(n_channels)
     for cx in range(n_cells):
-        x0 = left + cx * cell
-        x1 = x0 + cell
+        x0 = _U(left + cx * cell) * width
+        x1 = x0 + _U(cell) * width
         for cy in range(n_cells):
-            upper = rows[(top + cy * cell) % n_rows]
-            lower = rows[(top + (cy + 1) * cell) % n_rows]
-            sums = cells[cx * n_cells + cy]
+            upper = _U((top + cy * cell) % n_rows * pitch)
+            lower = _U((top + (cy + 1) * cell) % n_rows * pitch)
+            at = _U((cx * n_cells + cy) * n_channels)
             for b in range(n_channels):
-                value = lower[x1, b] + upper[x0, b] - lower[x0, b] - upper[x1, b]
-                sums[b] = max(value, np.float32(0.0)) + epsilon
+                u = _U(b)
+                value = (ring[lower + x1 + u] + ring[upper + x0 + u] - ring[lower + x0 + u]
+                         - ring[upper + x1 + u])
+                cell_sums[at + u] = max(value, np.float32(0.0)) + epsilon
     for g in range(channels.shape[0]):
-        first = channels[g]
+        first = _U(channels[g])
         total = np.float32(0.0)
         for k in range(n_cells * n_cells):
-            for b in range(first, first + bins[g]):
-                total += cells[k, b]
+            at = _U(k) * width + first
+            for b in range(bins[g]):
+                total += cell_sums[at + _U(b)]
         scale = np.float32(1.0) / total
-        for b in range(first, first + bins[g]):
-            scales[b] = scale
+        for b in range(bins[g]):
+            scales[first + _U(b)] = scale
     for k in range(n_cells * n_cells):
+        at = _U(k) * width
         for b in range(n_channels):
-            cells[k, b] = _sqrt(cells[k, b] * scales[b])
+            u = _U(b)
+            cell_sums[at + u] = _sqrt(cell_sums[at + u] * scales[u])
     for g in range(channels.shape[0]):
-        first = channels[g]
+        first = _U(channels[g])
         for k in range(n_cells * n_cells):
-            start = columns[g] + k * bins[g] - first
-            for b in range(first, first + bins[g]):
-                out[start + b] = cells[k, b]
+            start = _U(columns[g] + k * bins[g])
+            at = _U(k) * width + first
+            for b in range(bins[g]):
+                out[start + _U(b)] = cell_sums[at + _U(b)]
 
 
 @numba.njit(cache=True, nogil=True)
