@@ -88,22 +88,27 @@ def numba_signature(name: str) -> str:
     return f"{returns}({', '.join(spelled)})"
 
 
-def _identity() -> bytes:
-    """What the module's code depends on: the kernels' sources and signatures, the compiler
-    (numba's and llvmlite's installed files), numpy's version, Python's ABI, the CPU (model and
-    features)."""
-    parts = [repr(sorted(KERNELS.items())).encode(), np.__version__.encode(),
-             sys.implementation.cache_tag.encode(), platform.machine().encode()]
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("_trajectory_numba.py", "_flow_median.py", "farneback_filters.py"):
-        with open(os.path.join(here, name), "rb") as f:
-            parts.append(f.read())
+def _place() -> bytes:
+    """What the module's code depends on besides the sources: the compiler (numba's and
+    llvmlite's installed files), numpy's version, Python's ABI, the CPU (model and features),
+    and where these sources are (each checkout keeps its own)."""
+    parts = [np.__version__.encode(), sys.implementation.cache_tag.encode(),
+             platform.machine().encode(), _cpu(), os.path.abspath(__file__).encode()]
     for package in ("numba", "llvmlite"):
         spec = importlib.util.find_spec(package)
         origin = spec.origin if spec is not None else None
         stat = os.stat(origin) if origin else None
         parts.append(f"{package} {origin} {stat and (stat.st_size, stat.st_mtime_ns)}".encode())
-    parts.append(_cpu())
+    return b"\0".join(parts)
+
+
+def _code() -> bytes:
+    """The kernels' sources and signatures."""
+    parts = [repr(sorted(KERNELS.items())).encode()]
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in ("_trajectory_numba.py", "_flow_median.py", "farneback_filters.py"):
+        with open(os.path.join(here, name), "rb") as f:
+            parts.append(f.read())
     return b"\0".join(parts)
 
 
@@ -151,10 +156,25 @@ def cache_folder() -> str:
 
 
 def module_path() -> str:
-    """The extension module's path for these sources, versions and CPU (it may not exist)."""
-    key = hashlib.sha256(_identity()).hexdigest()[:16]
+    """The extension module's path for these sources, versions and CPU (it may not exist):
+    ``_trajectory_aot_<place>_<code>`` (:func:`_place`, :func:`_code`)."""
+    place, code = (hashlib.sha256(part()).hexdigest()[:12] for part in (_place, _code))
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    return os.path.join(cache_folder(), f"_trajectory_aot_{key}{suffix}")
+    return os.path.join(cache_folder(), f"_trajectory_aot_{place}_{code}{suffix}")
+
+
+def _remove_older(path: str) -> None:
+    """Remove the modules of the same place built from other sources (and their lock and
+    failure files): a changed source builds a new one.  A process that has one loaded keeps
+    its mapping."""
+    folder, name = os.path.split(path)
+    place = name[:len("_trajectory_aot_") + 12]
+    for other in os.listdir(folder):
+        if other.startswith(place) and not other.startswith(name):
+            try:
+                os.remove(os.path.join(folder, other))
+            except OSError:
+                pass
 
 
 def _module_name(path: str) -> str:
@@ -222,6 +242,8 @@ def _build_once(path: str) -> None:
         if done.returncode != 0 or not os.path.exists(path):
             lines = (done.stderr or done.stdout).strip().splitlines()
             _record_failure(path, lines[-1] if lines else f"exit status {done.returncode}")
+        else:
+            _remove_older(path)
 
 
 def _record_failure(path: str, reason: str) -> None:

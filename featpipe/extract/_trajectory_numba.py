@@ -345,7 +345,7 @@ def farneback_solve(blurred, flow):
     """d = G⁻¹h at every pixel from the blurred system (into ``flow``; unsigned indices and
     numpy's error model, no ZeroDivisionError check, so that LLVM vectorises the loop; the
     determinant + 10⁻³ is not zero on any real system)."""
-    _solve_row(blurred.reshape(-1), flow.reshape(-1), flow.shape[0] * flow.shape[1])
+    _solve_row(blurred.reshape(-1), flow.reshape(-1), 0, flow.shape[0] * flow.shape[1])
 
 
 # --------------------------------------------------------------------- fused Farnebäck passes
@@ -376,10 +376,10 @@ _SYSTEM_ROW = 5 * FUSED_MAX_WIDTH + 16
 
 
 @numba.njit(nogil=True)
-def _row_tail(ext, taps, cn, first, count, out):
+def _row_tail(ext, taps, cn, first, count, out, at):
     """OpenCV's row filter at values ``first`` .. ``count`` - 1 of a row, those its vector
     loop leaves (scalar loops: see above), from ``ext`` (the row with its edges replicated,
-    ``cn`` values a pixel) into ``out``."""
+    ``cn`` values a pixel) into ``out`` from ``at``."""
     n_taps = taps.shape[0]
     fours = first + (count - first) // 4 * 4
     fused_from = 1 + (n_taps - 1) // 4 * 4
@@ -391,13 +391,15 @@ def _row_tail(ext, taps, cn, first, count, out):
                 s = _fma(taps[k], v, s)
             else:
                 s = s + taps[k] * v
-        out[i] = s
+        out[at + i] = s
 
 
 @numba.njit(nogil=True, error_model="numpy")
-def _copy(dst, src, count):
+def _copy(dst, to, src, source, count):
+    """``count`` values of ``src`` from ``source`` to ``dst`` from ``to`` (offsets, not
+    views: a view costs two reference counts)."""
     for i in range(count):
-        dst[_U(i)] = src[_U(i)]
+        dst[to + _U(i)] = src[source + _U(i)]
 
 
 @numba.njit(nogil=True, error_model="numpy")
@@ -501,15 +503,15 @@ def _twin(ring, slot, slots, row, count, planes, pitch):
     """Ring row ``slot`` (``planes`` planes of ``count`` values, ``pitch`` apart) copied to
     its twin ``slot`` + ``slots``, so that any ``slots`` consecutive rows are adjacent."""
     for p in range(planes):
-        at = slot * row + p * pitch
-        _copy(ring[at + slots * row:], ring[at:], count)
+        at = _U(slot * row + p * pitch)
+        _copy(ring, at + _U(slots * row), ring, at, count)
 
 
 @numba.njit(nogil=True, error_model="numpy")
 def _copy_row(ring, to, source, slots, row, count, planes, pitch):
     """Ring row ``source`` copied to row ``to`` and its twin (an edge row replicated)."""
     for p in range(planes):
-        _copy(ring[to * row + p * pitch:], ring[source * row + p * pitch:], count)
+        _copy(ring, _U(to * row + p * pitch), ring, _U(source * row + p * pitch), count)
     _twin(ring, to, slots, row, count, planes, pitch)
 
 
@@ -546,9 +548,9 @@ def polynomial_expansion(image, out):
                 ext[half + x] = image[v, x]
             at = slot * row
             _expansion_row(ext, ring, _U(at), vector)
-            _row_tail(ext, _G, 1, vector, width, ring[at:])
-            _row_tail(ext, _XG, 1, vector, width, ring[at + _PLANE:])
-            _row_tail(ext, _XXG, 1, vector, width, ring[at + 2 * _PLANE:])
+            _row_tail(ext, _G, 1, vector, width, ring, at)
+            _row_tail(ext, _XG, 1, vector, width, ring, at + _PLANE)
+            _row_tail(ext, _XXG, 1, vector, width, ring, at + 2 * _PLANE)
             _twin(ring, slot, taps, row, width, 3, _PLANE)
             if v == 0:
                 for edge in range(half):
@@ -561,13 +563,14 @@ def polynomial_expansion(image, out):
             _expansion_column(ring, _U(at), scratch, vector)
             _expansion_column_tail(ring, at, scratch, vector, width)
             for c in range(5):
-                _copy(flat[c * plane + y * width:], scratch[c * _PLANE:], width)
+                _copy(flat, _U(c * plane + y * width), scratch, _U(c * _PLANE), width)
 
 
 @numba.njit(nogil=True, error_model="numpy")
-def _solve_row(system, flow, count):
+def _solve_row(system, flow, at, count):
     """d = G⁻¹h of ``count`` pixels from their blurred systems (5 values each) into ``flow``
-    (2 each): :func:`farneback_solve`."""
+    (2 each, from ``at``): :func:`farneback_solve`."""
+    flow_at = _U(at)
     for i in range(count):
         p = _U(i)
         g11 = np.float64(system[_U(5) * p])
@@ -576,8 +579,8 @@ def _solve_row(system, flow, count):
         h1 = np.float64(system[_U(5) * p + _U(3)])
         h2 = np.float64(system[_U(5) * p + _U(4)])
         idet = 1.0 / (g11 * g22 - g12 * g12 + 1e-3)
-        flow[_U(2) * p] = (g11 * h2 - g12 * h1) * idet
-        flow[_U(2) * p + _U(1)] = (g22 * h1 - g12 * h2) * idet
+        flow[flow_at + _U(2) * p] = (g11 * h2 - g12 * h1) * idet
+        flow[flow_at + _U(2) * p + _U(1)] = (g22 * h1 - g12 * h2) * idet
 
 
 @numba.njit(nogil=True, error_model="numpy")
@@ -655,7 +658,7 @@ def farneback_update(r0, r1, flow):
                     ext[5 * (half + width + x) + c] = ext[5 * (half + width - 1) + c]
             at = slot * _SYSTEM_ROW
             _window_row(ext, ring, _U(at), vector)
-            _row_tail(ext, _WINDOW, 5, vector, values, ring[at:])
+            _row_tail(ext, _WINDOW, 5, vector, values, ring, at)
             _twin(ring, slot, taps, _SYSTEM_ROW, values, 1, 0)
             if v == 0:
                 for edge in range(half):
@@ -667,7 +670,7 @@ def farneback_update(r0, r1, flow):
             at = (y % taps) * _SYSTEM_ROW
             _window_column(ring, _U(at), blurred, vector)
             _window_column_tail(ring, at, blurred, vector, values)
-            _solve_row(blurred, flat_flow[2 * y * width:], width)
+            _solve_row(blurred, flat_flow, 2 * y * width, width)
 
 
 #: channels of each group in the integral histograms: 8 orientations and HOF's zero bin (HOG
@@ -742,8 +745,9 @@ def _integral_row(grey, flow, y, zero_threshold, work, previous, current):
     MBHy: :func:`_gradient_row`) goes to channels 9g .. 9g + 7: position θ·8/360 split
     between the two nearest bins, linearly, weighted by m; HOF's vectors with m <=
     ``zero_threshold`` add 1 to channel 17 (its zero bin) instead.  ``work`` holds four
-    float32 rows (4W), the lower bins (4W, int32) and the pixel histograms ((W, 36))."""
-    parts, lows, histograms = work
+    float32 rows (4W), the lower bins (4W, int32), the pixel histograms ((W, 36), zero
+    between rows) and the running sums (36)."""
+    parts, lows, histograms, running = work
     width = grey.shape[1]
     _gradient_row(grey, flow, y, parts[0].reshape(GROUPS, width),
                   parts[1].reshape(GROUPS, width))
@@ -763,38 +767,49 @@ def _integral_row(grey, flow, y, zero_threshold, work, previous, current):
         x_parts[i] = np.float32(1.0) if slow else np.float32(0.0)
         lower[i] = np.float32(0.0) if slow else lower[i]
         upper[i] = np.float32(0.0) if slow else upper[i]
-    histograms[:, :] = 0
+    _scatter_bins(histograms, lows, lower, upper, x_parts, width, True)
+    # the running sums along x in ``running``; the channel loops run to a bound numba cannot
+    # see, so that LLVM vectorises them
+    channels = histograms.shape[1]
+    for b in range(channels):
+        running[b] = histograms[0, b]
+        current[0, b] = 0
+        current[1, b] = previous[1, b] + running[b]
+    for x in range(1, width):
+        for b in range(channels):
+            running[b] = running[b] + histograms[x, b]
+            current[x + 1, b] = previous[x + 1, b] + running[b]
+    _scatter_bins(histograms, lows, lower, upper, x_parts, width, False)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _scatter_bins(histograms, lows, lower, upper, x_parts, width, setting):
+    """Each pixel's two bins of each group and HOF's zero bin set in ``histograms`` ((W,
+    36), zero elsewhere), or set back to zero (``setting`` False): the row's histograms stay
+    zero between rows, no whole (W, 36) row is cleared."""
     for g in range(GROUPS):
         offset = CHANNELS * g
         for x in range(width):
             i = g * width + x
             low = lows[i]
-            histograms[x, offset + low] = lower[i]
-            histograms[x, offset + (0 if low == ORIENTATIONS - 1 else low + 1)] = upper[i]
+            above = offset + (0 if low == ORIENTATIONS - 1 else low + 1)
+            histograms[x, offset + low] = lower[i] if setting else np.float32(0.0)
+            histograms[x, above] = upper[i] if setting else np.float32(0.0)
     for x in range(width):
-        histograms[x, CHANNELS + ORIENTATIONS] = x_parts[width + x]
-    # the channel loops run to a bound numba cannot see, so that LLVM vectorises them
-    channels = histograms.shape[1]
-    for b in range(channels):
-        current[0, b] = 0
-        current[1, b] = previous[1, b] + histograms[0, b]
-    for x in range(1, width):
-        for b in range(channels):
-            histograms[x, b] = histograms[x - 1, b] + histograms[x, b]
-            current[x + 1, b] = previous[x + 1, b] + histograms[x, b]
+        histograms[x, CHANNELS + ORIENTATIONS] = x_parts[width + x] if setting \
+            else np.float32(0.0)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _add_blocks(rows, channels, bins, columns, left, top, cell, n_cells, epsilon, out, cells,
-                scales):
-    """One point's normalised blocks (corner (left, top)) into ``out``;
-    integral row r is ``rows[r % len(rows)]``; ``cells`` ((n_cells², 36)) and ``scales``
-    (36) are work space.  The loops over the channels run to ``rows.shape[2]``, a bound
-    LLVM cannot see, so that it vectorises them instead of unrolling them; every index is
-    unsigned (numba wraps signed ones around, which made LLVM gather and scatter)."""
-    n_rows, n_channels = rows.shape[0], rows.shape[2]
-    pitch = rows.shape[1] * n_channels
-    ring, cell_sums = rows.reshape(-1), cells.reshape(-1)
+def _add_blocks(ring, n_rows, pitch, n_channels, channels, bins, columns, left, top, cell,
+                n_cells, epsilon, out, at_out, cell_sums, scales):
+    """One point's normalised blocks (corner (left, top)) into ``out`` (flat) from
+    ``at_out``; integral row r is the ``pitch`` values of ``ring`` (flat) from
+    (r mod ``n_rows``) · ``pitch``, ``n_channels`` a pixel; ``cell_sums`` (n_cells² ·
+    n_channels) and ``scales`` (n_channels) are work space.  The loops over the channels run
+    to ``n_channels``, a bound LLVM cannot see, so that it vectorises them instead of
+    unrolling them; every index is unsigned (numba wraps signed ones around, which made LLVM
+    gather and scatter), and no array view is made (each costs two reference counts)."""
     width = _U(n_channels)
     for cx in range(n_cells):
         x0 = _U(left + cx * cell) * width
@@ -826,7 +841,7 @@ def _add_blocks(rows, channels, bins, columns, left, top, cell, n_cells, epsilon
     for g in range(channels.shape[0]):
         first = _U(channels[g])
         for k in range(n_cells * n_cells):
-            start = _U(columns[g] + k * bins[g])
+            start = at_out + _U(columns[g] + k * bins[g])
             at = _U(k) * width + first
             for b in range(bins[g]):
                 out[start + _U(b)] = cell_sums[at + _U(b)]
@@ -911,12 +926,15 @@ def advance_tracks(points, steps, flow, grey, descriptor_flow, displacements, ch
         order[filled[tops[i]]] = i
         filled[tops[i]] += 1
         last = max(last, tops[i])
-    n_rows = rows.shape[0]
+    n_rows, n_channels = rows.shape[0], rows.shape[2]
+    pitch = rows.shape[1] * n_channels
     work = (np.empty((4, GROUPS * width), np.float32), np.empty(GROUPS * width, np.int32),
-            np.empty((width, GROUP_CHANNELS), np.float32))
-    cells = np.empty((n_cells * n_cells, GROUP_CHANNELS), np.float32)
-    blocks = np.empty((count, sums.shape[2]), np.float32)
-    scales = np.zeros(GROUP_CHANNELS, np.float32)
+            np.zeros((width, GROUP_CHANNELS), np.float32), np.empty(GROUP_CHANNELS, np.float32))
+    cell_sums = np.empty(n_cells * n_cells * n_channels, np.float32)
+    block = sums.shape[2]
+    blocks = np.empty(count * block, np.float32)
+    scales = np.zeros(n_channels, np.float32)
+    ring = rows.reshape(-1)
     rows[0, :, :] = 0
     for y in range(last + patch):
         _integral_row(grey, descriptor_flow, y, zero_threshold, work, rows[y % n_rows],
@@ -924,18 +942,20 @@ def advance_tracks(points, steps, flow, grey, descriptor_flow, displacements, ch
         top = y + 1 - patch
         if top >= 0:
             for j in range(starts[top], starts[top + 1]):
-                _add_blocks(rows, channels, bins, columns, lefts[order[j]], top, cell,
-                            n_cells, epsilon, blocks[j], cells, scales)
+                _add_blocks(ring, n_rows, pitch, n_channels, channels, bins, columns,
+                            lefts[order[j]], top, cell, n_cells, epsilon, blocks,
+                            _U(j * block), cell_sums, scales)
     # added to the tracks' sums in slot order (a stream through memory, not a scatter)
     rank = np.empty(n, np.intp)
     for j in range(count):
         rank[order[j]] = j
+    flat_sums = sums.reshape(-1)
     for j in range(count):
         i = describe[j]
-        cell_sums = sums[i, time_cells[i]]
-        block = blocks[rank[i]]
-        for b in range(block.shape[0]):
-            cell_sums[b] += block[b]
+        to = _U((i * sums.shape[1] + time_cells[i]) * block)
+        source = _U(rank[i] * block)
+        for b in range(block):
+            flat_sums[to + _U(b)] += blocks[source + _U(b)]
     return done
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from featpipe.extract import _trajectory_kernels as kernels
 from featpipe.extract.farneback_filters import (
     FUSED_MAX_WIDTH,
     POLY_N,
@@ -60,9 +61,7 @@ def smoothed_pyramid(grey: np.ndarray, sizes: list[tuple[int, int]], scales: lis
 def median_flow(flow: np.ndarray) -> np.ndarray:
     """A 5×5 median filter of each flow component, equal to OpenCV's ``cv2.medianBlur(flow, 5)``
     (:mod:`featpipe.extract._flow_median`: separable sorting networks, faster)."""
-    from featpipe.extract._trajectory_kernels import flow_median
-
-    return flow_median(np.ascontiguousarray(flow))
+    return kernels.flow_median(np.ascontiguousarray(flow))
 
 
 class FarnebackPyramid:
@@ -96,19 +95,14 @@ class FarnebackPyramid:
     def expand(self, grey: np.ndarray) -> list[np.ndarray]:
         """The (5, h_k, w_k) polynomial coefficients of a uint8 grey frame at every scale (a
         plane per coefficient)."""
-        from featpipe.extract._trajectory_kernels import (
-            polynomial_coefficients,
-            polynomial_expansion,
-        )
-
         out = []
         g, xg, xxg = self.g, self.xg, self.xxg
         for image in smoothed_pyramid(grey, self.sizes, self.scales):
             coeffs = np.empty((5,) + image.shape, np.float32)
             if self.fused:
-                polynomial_expansion(image, coeffs)
+                kernels.polynomial_expansion(image, coeffs)
             else:
-                polynomial_coefficients(
+                kernels.polynomial_coefficients(
                     self._correlate(image, g, g), self._correlate(image, g, xg),
                     self._correlate(image, xg, g), self._correlate(image, g, xxg),
                     self._correlate(image, xxg, g), self._correlate(image, xg, xg),
@@ -118,12 +112,6 @@ class FarnebackPyramid:
 
     def flow(self, previous: list[np.ndarray], current: list[np.ndarray]) -> list[np.ndarray]:
         """(h_k, w_k, 2) flow from the previous frame to the current one at every scale."""
-        from featpipe.extract._trajectory_kernels import (
-            farneback_matrices,
-            farneback_solve,
-            farneback_update,
-        )
-
         flows: list[np.ndarray] = [None] * len(self.sizes)
         coarser = None
         for k in range(len(self.sizes) - 1, -1, -1):
@@ -135,14 +123,14 @@ class FarnebackPyramid:
                 flow *= np.float32(self.stride)
             if self.fused:
                 for _ in range(self.iterations):
-                    farneback_update(previous[k], current[k], flow)
+                    kernels.farneback_update(previous[k], current[k], flow)
             else:
                 system, blurred = self._work[k]
                 for _ in range(self.iterations):
-                    farneback_matrices(previous[k], current[k], flow, system)
+                    kernels.farneback_matrices(previous[k], current[k], flow, system)
                     cv2.sepFilter2D(system, cv2.CV_32F, self.window, self.window, dst=blurred,
                                     borderType=cv2.BORDER_REPLICATE)
-                    farneback_solve(blurred, flow)
+                    kernels.farneback_solve(blurred, flow)
             coarser = flows[k] = median_flow(flow)
         return flows
 
