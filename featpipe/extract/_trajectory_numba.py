@@ -376,10 +376,10 @@ _SYSTEM_ROW = 5 * FUSED_MAX_WIDTH + 16
 
 
 @numba.njit(nogil=True)
-def _row_tail(ext, taps, cn, first, count, out, at):
+def _row_tail(ext, taps, cn, first, count, out, at, twin):
     """OpenCV's row filter at values ``first`` .. ``count`` - 1 of a row, those its vector
     loop leaves (scalar loops: see above), from ``ext`` (the row with its edges replicated,
-    ``cn`` values a pixel) into ``out`` from ``at``."""
+    ``cn`` values a pixel) into ``out`` from ``at`` and from ``at`` + ``twin``."""
     n_taps = taps.shape[0]
     fours = first + (count - first) // 4 * 4
     fused_from = 1 + (n_taps - 1) // 4 * 4
@@ -392,6 +392,7 @@ def _row_tail(ext, taps, cn, first, count, out, at):
             else:
                 s = s + taps[k] * v
         out[at + i] = s
+        out[at + twin + i] = s
 
 
 @numba.njit(nogil=True, error_model="numpy")
@@ -403,9 +404,10 @@ def _copy(dst, to, src, source, count):
 
 
 @numba.njit(nogil=True, error_model="numpy")
-def _expansion_row(ext, ring, at, vector):
+def _expansion_row(ext, ring, at, twin, vector):
     """The row filters g, t·g, t²·g of a row (``ext``: its pixels with 7 replicated each side)
-    at its first ``vector`` values, into the ring's three planes from ``at``."""
+    at its first ``vector`` values, into the ring's three planes from ``at`` and from its twin
+    ``at`` + ``twin`` (two stores: a second pass copying them cost more)."""
     zero = np.float32(0.0)
     for i in range(vector):
         u = _U(i)
@@ -420,6 +422,9 @@ def _expansion_row(ext, ring, at, vector):
         ring[at + u] = sg
         ring[at + _U(_PLANE) + u] = sxg
         ring[at + _U(2 * _PLANE) + u] = sxxg
+        ring[at + twin + u] = sg
+        ring[at + twin + _U(_PLANE) + u] = sxg
+        ring[at + twin + _U(2 * _PLANE) + u] = sxxg
 
 
 @numba.njit(nogil=True, error_model="numpy")
@@ -499,20 +504,13 @@ def _expansion_column_tail(ring, at, scratch, vector, width):
 
 
 @numba.njit(nogil=True, error_model="numpy")
-def _twin(ring, slot, slots, row, count, planes, pitch):
-    """Ring row ``slot`` (``planes`` planes of ``count`` values, ``pitch`` apart) copied to
-    its twin ``slot`` + ``slots``, so that any ``slots`` consecutive rows are adjacent."""
-    for p in range(planes):
-        at = _U(slot * row + p * pitch)
-        _copy(ring, at + _U(slots * row), ring, at, count)
-
-
-@numba.njit(nogil=True, error_model="numpy")
 def _copy_row(ring, to, source, slots, row, count, planes, pitch):
-    """Ring row ``source`` copied to row ``to`` and its twin (an edge row replicated)."""
+    """Ring row ``source`` (``planes`` planes of ``count`` values, ``pitch`` apart) copied to
+    row ``to`` and its twin ``to`` + ``slots`` (an edge row replicated)."""
     for p in range(planes):
-        _copy(ring, _U(to * row + p * pitch), ring, _U(source * row + p * pitch), count)
-    _twin(ring, to, slots, row, count, planes, pitch)
+        at = _U(source * row + p * pitch)
+        _copy(ring, _U(to * row + p * pitch), ring, at, count)
+        _copy(ring, _U((to + slots) * row + p * pitch), ring, at, count)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -547,11 +545,10 @@ def polynomial_expansion(image, out):
             for x in range(width):
                 ext[half + x] = image[v, x]
             at = slot * row
-            _expansion_row(ext, ring, _U(at), vector)
-            _row_tail(ext, _G, 1, vector, width, ring, at)
-            _row_tail(ext, _XG, 1, vector, width, ring, at + _PLANE)
-            _row_tail(ext, _XXG, 1, vector, width, ring, at + 2 * _PLANE)
-            _twin(ring, slot, taps, row, width, 3, _PLANE)
+            _expansion_row(ext, ring, _U(at), _U(taps * row), vector)
+            _row_tail(ext, _G, 1, vector, width, ring, at, taps * row)
+            _row_tail(ext, _XG, 1, vector, width, ring, at + _PLANE, taps * row)
+            _row_tail(ext, _XXG, 1, vector, width, ring, at + 2 * _PLANE, taps * row)
             if v == 0:
                 for edge in range(half):
                     _copy_row(ring, edge, slot, taps, row, width, 3, _PLANE)
@@ -584,9 +581,10 @@ def _solve_row(system, flow, at, count):
 
 
 @numba.njit(nogil=True, error_model="numpy")
-def _window_row(ext, ring, at, vector):
+def _window_row(ext, ring, at, twin, vector):
     """The window's row filter over a system row (``ext``: five values a pixel, 5 pixels
-    replicated each side) at its first ``vector`` values, into the ring from ``at``."""
+    replicated each side) at its first ``vector`` values, into the ring from ``at`` and from
+    its twin ``at`` + ``twin``."""
     zero = np.float32(0.0)
     for i in range(vector):
         u = _U(i)
@@ -594,6 +592,7 @@ def _window_row(ext, ring, at, vector):
         for k in range(_WINDOW.shape[0]):
             s = _fma(ext[u + _U(5 * k)], _WINDOW[k], s)
         ring[at + u] = s
+        ring[at + twin + u] = s
 
 
 @numba.njit(nogil=True, error_model="numpy")
@@ -657,9 +656,8 @@ def farneback_update(r0, r1, flow):
                     ext[5 * x + c] = ext[5 * half + c]
                     ext[5 * (half + width + x) + c] = ext[5 * (half + width - 1) + c]
             at = slot * _SYSTEM_ROW
-            _window_row(ext, ring, _U(at), vector)
-            _row_tail(ext, _WINDOW, 5, vector, values, ring, at)
-            _twin(ring, slot, taps, _SYSTEM_ROW, values, 1, 0)
+            _window_row(ext, ring, _U(at), _U(taps * _SYSTEM_ROW), vector)
+            _row_tail(ext, _WINDOW, 5, vector, values, ring, at, taps * _SYSTEM_ROW)
             if v == 0:
                 for edge in range(half):
                     _copy_row(ring, edge, slot, taps, _SYSTEM_ROW, values, 1, 0)
