@@ -164,8 +164,8 @@ def _system_row(r0f, r1f, flat_flow, out, columns, elsewhere, work, y, height, w
                          height, 0, width)
         return
     start = _U(y * width + 1)
-    _system_near(r1f[start - stride - _U(1):], r0f[start:], flat_flow[_U(2) * start:], out[5:],
-                 columns[1:], elsewhere[1:], top, bottom, plane, stride, y, width - 2)
+    _system_near(r1f, start - stride - _U(1), r0f, start, flat_flow, out, columns, elsewhere,
+                 top, bottom, plane, stride, y, width - 2)
     elsewhere[0] = elsewhere[width - 1] = 1
     x = 0
     while x < width:
@@ -197,16 +197,19 @@ def _pick_bilinear(r1, at, stride, left, up, a00, a01, a10, a11):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _system_near(r1, r0, flow, out, columns, elsewhere, top, bottom, plane, stride, y, count):
-    """The system of ``count`` inner pixels of row y from column 1 (``r1`` from the first's
-    upper-left neighbour, the other arrays from the first pixel), computed as if x + d fell
-    in the pixel's 3 × 3 neighbourhood (:func:`_pick_bilinear`); ``elsewhere`` marks those
-    where it does not (their values here are not the system: :func:`farneback_matrices`
-    recomputes them)."""
+def _system_near(r1, corner, r0, start, flow, out, columns, elsewhere, top, bottom, plane,
+                 stride, y, count):
+    """The system of ``count`` inner pixels of row y from column 1 (pixel ``start`` of the
+    frame; ``corner``: its upper-left neighbour) into the row's ``out``, computed as if x + d
+    fell in the pixel's 3 × 3 neighbourhood (:func:`_pick_bilinear`); ``elsewhere`` marks
+    those where it does not (their values here are not the system: :func:`_system_row`
+    recomputes them).  Offsets, not views (a view costs two reference counts)."""
     for i in range(count):
         u = _U(i)
-        dx = flow[_U(2) * u]
-        dy = flow[_U(2) * u + _U(1)]
+        p = start + u
+        x = _U(1) + u
+        dx = flow[_U(2) * p]
+        dy = flow[_U(2) * p + _U(1)]
         fx = (i + 1) + dx
         fy = y + dy
         x1 = math.floor(fx)
@@ -215,22 +218,23 @@ def _system_near(r1, r0, flow, out, columns, elsewhere, top, bottom, plane, stri
         ay = fy - y1
         left = x1 == i
         up = y1 == y - 1
-        elsewhere[u] = not ((left or x1 == i + 1) and (up or y1 == y))
+        elsewhere[x] = not ((left or x1 == i + 1) and (up or y1 == y))
         a00 = (1 - ax) * (1 - ay)
         a01 = ax * (1 - ay)
         a10 = (1 - ax) * ay
         a11 = ax * ay
-        s2 = _pick_bilinear(r1, u, stride, left, up, a00, a01, a10, a11)
-        s3 = _pick_bilinear(r1, plane + u, stride, left, up, a00, a01, a10, a11)
-        s4 = _pick_bilinear(r1, _U(2) * plane + u, stride, left, up, a00, a01, a10, a11)
-        s5 = _pick_bilinear(r1, _U(3) * plane + u, stride, left, up, a00, a01, a10, a11)
-        s6 = _pick_bilinear(r1, _U(4) * plane + u, stride, left, up, a00, a01, a10, a11)
-        r2 = (r0[u] - s2) * np.float32(0.5)
-        r3 = (r0[plane + u] - s3) * np.float32(0.5)
-        r4 = (r0[_U(2) * plane + u] + s4) * np.float32(0.5)
-        r5 = (r0[_U(3) * plane + u] + s5) * np.float32(0.5)
-        r6 = (r0[_U(4) * plane + u] + s6) * np.float32(0.25)
-        _store_system(out, _U(5) * u, r2, r3, r4, r5, r6, dx, dy, columns[u] * top * bottom)
+        c = corner + u
+        s2 = _pick_bilinear(r1, c, stride, left, up, a00, a01, a10, a11)
+        s3 = _pick_bilinear(r1, plane + c, stride, left, up, a00, a01, a10, a11)
+        s4 = _pick_bilinear(r1, _U(2) * plane + c, stride, left, up, a00, a01, a10, a11)
+        s5 = _pick_bilinear(r1, _U(3) * plane + c, stride, left, up, a00, a01, a10, a11)
+        s6 = _pick_bilinear(r1, _U(4) * plane + c, stride, left, up, a00, a01, a10, a11)
+        r2 = (r0[p] - s2) * np.float32(0.5)
+        r3 = (r0[plane + p] - s3) * np.float32(0.5)
+        r4 = (r0[_U(2) * plane + p] + s4) * np.float32(0.5)
+        r5 = (r0[_U(3) * plane + p] + s5) * np.float32(0.5)
+        r6 = (r0[_U(4) * plane + p] + s6) * np.float32(0.25)
+        _store_system(out, _U(5) * x, r2, r3, r4, r5, r6, dx, dy, columns[x] * top * bottom)
 
 
 @numba.njit(error_model="numpy")
@@ -261,8 +265,8 @@ def _system_anywhere(r0f, r1f, flow, out, work, columns, top, bottom, plane, y, 
         count = min(STRIP, stop - first)
         start = _U(y * width + first)
         _gather_corners(r1f, flow, work, plane, start, first, y, width, height, count)
-        _strip_system(work, r0f[start:], flow[_U(2) * start:], out[_U(5 * first):],
-                      columns[first:], top, bottom, plane, count)
+        _strip_system(work, r0f, start, flow, out, _U(first), columns, top, bottom, plane,
+                      count)
         first += count
 
 
@@ -297,12 +301,15 @@ def _gather_corners(r1f, flow, work, plane, start, first, y, width, height, coun
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _strip_system(work, r0, flow, out, columns, top, bottom, plane, count):
-    """The system of ``count`` pixels from :func:`_gather_corners`' planes, R0, the flow and
-    the border weights (``columns`` per pixel, ``top`` and ``bottom`` for the row: their
-    float32 product), into ``out``."""
+def _strip_system(work, r0, start, flow, out, first, columns, top, bottom, plane, count):
+    """The system of ``count`` pixels from column ``first`` (pixel ``start`` of the frame)
+    from :func:`_gather_corners`' planes, R0, the flow and the border weights (``columns`` per
+    pixel, ``top`` and ``bottom`` for the row: their float32 product), into the row's
+    ``out``."""
     for i in range(count):
         u = _U(i)
+        p = start + u
+        x = first + u
         ax = work[_U(WEIGHT_X * PITCH) + u]
         ay = work[_U(WEIGHT_Y * PITCH) + u]
         inside = work[_U(INSIDE * PITCH) + u] != 0.0
@@ -315,11 +322,11 @@ def _strip_system(work, r0, flow, out, columns, top, bottom, plane, count):
         s4 = _bilinear(work, a00, a01, a10, a11, CORNERS + 8, u)
         s5 = _bilinear(work, a00, a01, a10, a11, CORNERS + 12, u)
         s6 = _bilinear(work, a00, a01, a10, a11, CORNERS + 16, u)
-        q0 = r0[u]
-        q1 = r0[plane + u]
-        q2 = r0[_U(2) * plane + u]
-        q3 = r0[_U(3) * plane + u]
-        q4 = r0[_U(4) * plane + u]
+        q0 = r0[p]
+        q1 = r0[plane + p]
+        q2 = r0[_U(2) * plane + p]
+        q3 = r0[_U(3) * plane + p]
+        q4 = r0[_U(4) * plane + p]
         # every value computed, those outside the frame then left out (a select, not a
         # branch: the loop stays vectorised)
         r4 = (q2 + s4) * np.float32(0.5) if inside else np.float64(q2)
@@ -327,8 +334,8 @@ def _strip_system(work, r0, flow, out, columns, top, bottom, plane, count):
         r6 = (q4 + s6) * np.float32(0.25) if inside else np.float64(q4 * np.float32(0.5))
         r2 = (q0 - (s2 if inside else 0.0)) * np.float32(0.5)
         r3 = (q1 - (s3 if inside else 0.0)) * np.float32(0.5)
-        _store_system(out, _U(5) * u, r2, r3, r4, r5, r6, flow[_U(2) * u],
-                      flow[_U(2) * u + _U(1)], columns[u] * top * bottom)
+        _store_system(out, _U(5) * x, r2, r3, r4, r5, r6, flow[_U(2) * p],
+                      flow[_U(2) * p + _U(1)], columns[x] * top * bottom)
 
 
 @numba.njit(error_model="numpy")
