@@ -717,27 +717,36 @@ def _polar(x, y):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _gradient_row(grey, flow, y, x_parts, y_parts):
-    """Row y of the four vector fields into ``x_parts`` and ``y_parts`` ((4, W)): the grey
-    image's gradient (HOG), the flow (HOF), the gradients of its x and y components (MBHx,
-    MBHy).  Gradients are central differences, edges reflected (OpenCV's ``Sobel`` of size
-    1, BORDER_REFLECT_101): I(x + 1) − I(x − 1) along x, likewise along y."""
+    """Row y of the four vector fields into ``x_parts`` and ``y_parts`` (4W: a row a field):
+    the grey image's gradient (HOG), the flow (HOF), the gradients of its x and y components
+    (MBHx, MBHy).  Gradients are central differences, edges reflected (OpenCV's ``Sobel`` of
+    size 1, BORDER_REFLECT_101): I(x + 1) − I(x − 1) along x, likewise along y.  Unsigned
+    flat indices (the flow's channels interleaved), so that LLVM vectorises the loops."""
     height, width = grey.shape
     up = y - 1 if y > 0 else 1
     down = y + 1 if y < height - 1 else height - 2
-    for x in range(width):
-        x_parts[1, x] = flow[y, x, 0]
-        y_parts[1, x] = flow[y, x, 1]
-        y_parts[0, x] = np.float32(grey[down, x]) - np.float32(grey[up, x])
-        y_parts[2, x] = flow[down, x, 0] - flow[up, x, 0]
-        y_parts[3, x] = flow[down, x, 1] - flow[up, x, 1]
-    for x in range(1, width - 1):
-        x_parts[0, x] = np.float32(grey[y, x + 1]) - np.float32(grey[y, x - 1])
-        x_parts[2, x] = flow[y, x + 1, 0] - flow[y, x - 1, 0]
-        x_parts[3, x] = flow[y, x + 1, 1] - flow[y, x - 1, 1]
+    image, field = grey.reshape(-1), flow.reshape(-1)
+    n = _U(width)
+    row, above, below = _U(y * width), _U(up * width), _U(down * width)
+    two = _U(2)
+    for i in range(width):
+        u = _U(i)
+        x_parts[n + u] = field[two * (row + u)]
+        y_parts[n + u] = field[two * (row + u) + _U(1)]
+        y_parts[u] = np.float32(image[below + u]) - np.float32(image[above + u])
+        y_parts[two * n + u] = field[two * (below + u)] - field[two * (above + u)]
+        y_parts[_U(3) * n + u] = (field[two * (below + u) + _U(1)]
+                                  - field[two * (above + u) + _U(1)])
+    for i in range(width - 2):
+        u = _U(i)
+        left, right = row + u, row + u + two
+        x_parts[u + _U(1)] = np.float32(image[right]) - np.float32(image[left])
+        x_parts[two * n + u + _U(1)] = field[two * right] - field[two * left]
+        x_parts[_U(3) * n + u + _U(1)] = field[two * right + _U(1)] - field[two * left + _U(1)]
     for x, left, right in ((0, 1, 1), (width - 1, width - 2, width - 2)):
-        x_parts[0, x] = np.float32(grey[y, right]) - np.float32(grey[y, left])
-        x_parts[2, x] = flow[y, right, 0] - flow[y, left, 0]
-        x_parts[3, x] = flow[y, right, 1] - flow[y, left, 1]
+        x_parts[x] = np.float32(grey[y, right]) - np.float32(grey[y, left])
+        x_parts[2 * width + x] = flow[y, right, 0] - flow[y, left, 0]
+        x_parts[3 * width + x] = flow[y, right, 1] - flow[y, left, 1]
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -750,12 +759,10 @@ def _integral_row(grey, flow, y, zero_threshold, work, previous, current):
     MBHy: :func:`_gradient_row`) goes to channels 9g .. 9g + 7: position θ·8/360 split
     between the two nearest bins, linearly, weighted by m; HOF's vectors with m <=
     ``zero_threshold`` add 1 to channel 17 (its zero bin) instead.  ``work`` holds four
-    float32 rows (4W), the lower bins (4W, int32), the pixel histograms ((W, 36), zero
-    between rows) and the running sums (36)."""
-    parts, lows, histograms, running = work
+    float32 rows (4W), the lower bins (4W, int32) and the pixel histograms ((W, 36))."""
+    parts, lows, histograms = work
     width = grey.shape[1]
-    _gradient_row(grey, flow, y, parts[0].reshape(GROUPS, width),
-                  parts[1].reshape(GROUPS, width))
+    _gradient_row(grey, flow, y, parts[0], parts[1])
     # one vectorised loop after another, then the scatter into the pixel histograms
     x_parts, y_parts, lower, upper = parts[0], parts[1], parts[2], parts[3]
     base = np.float32(ORIENTATIONS / 360.0)
@@ -772,37 +779,25 @@ def _integral_row(grey, flow, y, zero_threshold, work, previous, current):
         x_parts[i] = np.float32(1.0) if slow else np.float32(0.0)
         lower[i] = np.float32(0.0) if slow else lower[i]
         upper[i] = np.float32(0.0) if slow else upper[i]
-    _scatter_bins(histograms, lows, lower, upper, x_parts, width, True)
-    # the running sums along x in ``running``; the channel loops run to a bound numba cannot
-    # see, so that LLVM vectorises them
-    channels = histograms.shape[1]
-    for b in range(channels):
-        running[b] = histograms[0, b]
-        current[0, b] = 0
-        current[1, b] = previous[1, b] + running[b]
-    for x in range(1, width):
-        for b in range(channels):
-            running[b] = running[b] + histograms[x, b]
-            current[x + 1, b] = previous[x + 1, b] + running[b]
-    _scatter_bins(histograms, lows, lower, upper, x_parts, width, False)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _scatter_bins(histograms, lows, lower, upper, x_parts, width, setting):
-    """Each pixel's two bins of each group and HOF's zero bin set in ``histograms`` ((W,
-    36), zero elsewhere), or set back to zero (``setting`` False): the row's histograms stay
-    zero between rows, no whole (W, 36) row is cleared."""
+    histograms[:, :] = 0
     for g in range(GROUPS):
         offset = CHANNELS * g
         for x in range(width):
             i = g * width + x
             low = lows[i]
-            above = offset + (0 if low == ORIENTATIONS - 1 else low + 1)
-            histograms[x, offset + low] = lower[i] if setting else np.float32(0.0)
-            histograms[x, above] = upper[i] if setting else np.float32(0.0)
+            histograms[x, offset + low] = lower[i]
+            histograms[x, offset + (0 if low == ORIENTATIONS - 1 else low + 1)] = upper[i]
     for x in range(width):
-        histograms[x, CHANNELS + ORIENTATIONS] = x_parts[width + x] if setting \
-            else np.float32(0.0)
+        histograms[x, CHANNELS + ORIENTATIONS] = x_parts[width + x]
+    # the channel loops run to a bound numba cannot see, so that LLVM vectorises them
+    channels = histograms.shape[1]
+    for b in range(channels):
+        current[0, b] = 0
+        current[1, b] = previous[1, b] + histograms[0, b]
+    for x in range(1, width):
+        for b in range(channels):
+            histograms[x, b] = histograms[x - 1, b] + histograms[x, b]
+            current[x + 1, b] = previous[x + 1, b] + histograms[x, b]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -934,7 +929,7 @@ def advance_tracks(points, steps, flow, grey, descriptor_flow, displacements, ch
     n_rows, n_channels = rows.shape[0], rows.shape[2]
     pitch = rows.shape[1] * n_channels
     work = (np.empty((4, GROUPS * width), np.float32), np.empty(GROUPS * width, np.int32),
-            np.zeros((width, GROUP_CHANNELS), np.float32), np.empty(GROUP_CHANNELS, np.float32))
+            np.empty((width, GROUP_CHANNELS), np.float32))
     cell_sums = np.empty(n_cells * n_cells * n_channels, np.float32)
     block = sums.shape[2]
     blocks = np.empty(count * block, np.float32)
