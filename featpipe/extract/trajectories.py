@@ -36,6 +36,7 @@ import cv2
 import numpy as np
 
 from featpipe.errors import InputError, ParameterError
+from featpipe.extract import _trajectory_kernels as kernels
 from featpipe.extract.features import FeatureMethod
 from featpipe.parameters import DeclaredEstimator, DeclaredInterval, DeclaredOptions
 
@@ -275,8 +276,9 @@ class _ScaleTracks:
     """The trajectories being tracked at one scale, in slots: points (C, L + 1, 2) in the
     scale's pixels, how many steps each has made, its histogram sums per time cell and (idt)
     its camera-compensated displacements (C, L, 2); ``alive`` marks the slots in use.  New
-    tracks take the lowest free slots (the capacity doubles when none is left), so nothing
-    is copied from frame to frame."""
+    tracks take the lowest free slots (when none is left, the capacity grows by what is
+    missing and a quarter: the sums, 3.4 KB a track, are most of a tracker's memory), so
+    nothing is copied from frame to frame."""
 
     def __init__(self, length: int, n_t_cells: int, width: int, camera: bool):
         self.points = np.zeros((0, length + 1, 2), np.float32)
@@ -289,12 +291,10 @@ class _ScaleTracks:
     def renew(self, grey: np.ndarray, step: int, quality: float) -> None:
         """Start new tracks at the points :func:`dense_sample` picks in ``grey`` around the
         live tracks, in the lowest free slots."""
-        from featpipe.extract._trajectory_kernels import start_tracks
-
         new = dense_sample(grey, step, quality, self.points, self.steps, self.alive)
-        while not start_tracks(new, self.points, self.steps, self.sums, self.displacements,
-                               self.alive):
-            grow = max(len(self.alive), len(new) - int((~self.alive).sum()), 64)
+        while not kernels.start_tracks(new, self.points, self.steps, self.sums,
+                                       self.displacements, self.alive):
+            grow = len(new) - int((~self.alive).sum()) + max(len(self.alive) // 4, 64)
             self.points = np.concatenate([self.points, np.zeros((grow,) + self.points.shape[1:],
                                                                 np.float32)])
             self.steps = np.concatenate([self.steps, np.zeros(grow, np.intp)])
@@ -314,14 +314,12 @@ def dense_sample(grey: np.ndarray, step: int, quality: float, points: np.ndarray
     ``alive[i]``) and where the minimum eigenvalue of the structure tensor (3×3 Sobel, 3×3
     window) exceeds ``quality`` times its maximum over the frame (Shi & Tomasi, CVPR 1994;
     the release's ``DenseSample``); row-major order."""
-    from featpipe.extract._trajectory_kernels import grid_points
-
     height, width = grey.shape
     out = np.empty(((height // step) * (width // step), 2), np.float32)
     if not len(out):
         return out
     eig = cv2.cornerMinEigenVal(grey, 3, ksize=3)
-    return out[:grid_points(eig, float(quality), step, points, steps, alive, out)]
+    return out[:kernels.grid_points(eig, float(quality), step, points, steps, alive, out)]
 
 
 def trajectory_shapes(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -374,7 +372,8 @@ class CameraMotion:
         if self.detector is None:
             return
         keypoints, descriptors = self.detector.detectAndCompute(grey, mask)
-        positions = np.array([k.pt for k in keypoints], np.float32).reshape(-1, 2)
+        positions = (cv2.KeyPoint_convert(keypoints).reshape(-1, 2) if len(keypoints)
+                     else np.zeros((0, 2), np.float32))
         self.previous = (positions, descriptors)
 
     def keypoint_matches(self, grey: np.ndarray, mask: np.ndarray):
@@ -385,10 +384,8 @@ class CameraMotion:
         (prev_xy, prev_desc), (xy, desc) = previous, self.previous
         if prev_desc is None or desc is None or not len(prev_xy) or not len(xy):
             return np.zeros((0, 2), np.float32), np.zeros((0, 2), np.float32)
-        from featpipe.extract._trajectory_kernels import match_window
-
         window = np.empty((len(xy), len(prev_xy)), np.uint8)
-        match_window(xy, prev_xy, np.float32(25), window)
+        kernels.match_window(xy, prev_xy, np.float32(25), window)
         matches = self.matcher.match(desc, prev_desc, window)
         query = np.array([m.queryIdx for m in matches], np.intp)
         train = np.array([m.trainIdx for m in matches], np.intp)
@@ -433,12 +430,11 @@ def warp_current(prev_grey: np.ndarray, grey: np.ndarray, homography: np.ndarray
                  ) -> np.ndarray:
     """The current frame in the previous frame's coordinates, w(p) = current(H·p) (bilinear);
     where H·p falls within 5 px of the border (or outside) the previous frame's pixel."""
-    from featpipe.extract._trajectory_kernels import homography_maps
-
     height, width = grey.shape
     map_x, map_y = np.empty((height, width), np.float32), np.empty((height, width), np.float32)
     inside = np.empty((height, width), bool)
-    homography_maps(np.asarray(homography, np.float64), np.float32(5), map_x, map_y, inside)
+    kernels.homography_maps(np.asarray(homography, np.float64), np.float32(5), map_x, map_y,
+                            inside)
     warped = cv2.remap(grey, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT,
                        borderValue=0)
     return np.where(inside, warped, prev_grey)
@@ -453,7 +449,6 @@ class Tracker:
     """
 
     def __init__(self, estimator: DenseTrajectories, height: int, width: int):
-        from featpipe.extract._trajectory_kernels import GROUP_CHANNELS
         from featpipe.extract.optical_flow import DISPyramid, FarnebackPyramid, level_scales
 
         self.height, self.width = height, width
@@ -490,9 +485,10 @@ class Tracker:
                             else DISPyramid(self.sizes, self.scales) if estimator.flow == "dis"
                             else FarnebackPyramid(self.sizes, self.scales, stride))
         #: the ring of integral-histogram rows advance_tracks makes, shared by the scales
-        ring = np.empty((self.patch + 1) * (width + 1) * GROUP_CHANNELS, np.float32)
-        self.rows = [ring[:(self.patch + 1) * (w + 1) * GROUP_CHANNELS].reshape(
-            self.patch + 1, w + 1, GROUP_CHANNELS) for _, w in self.sizes]
+        ring = kernels.integral_ring(self.patch + 1, width)
+        channels = ring.shape[2]
+        self.rows = [ring.reshape(-1)[:(self.patch + 1) * (w + 1) * channels].reshape(
+            self.patch + 1, w + 1, channels) for _, w in self.sizes]
         self.constants = np.float32(EPSILON), np.float32(MIN_FLOW)
         self.tracks = [_ScaleTracks(self.length, self.n_t_cells, self.block_width,
                                     self.camera is not None) for _ in self.scales]
@@ -568,12 +564,11 @@ class Tracker:
         their descriptors at their previous points, and return those that reach
         ``track_length`` steps: (points and displacements in frame pixels, histogram sums,
         scales) or None."""
-        from featpipe.extract._trajectory_kernels import advance_tracks
-
-        if not advance_tracks(tracks.points, tracks.steps, flow, prev_level, descriptor_flow,
-                              tracks.displacements, *self.kernel_groups, self.patch,
-                              self.n_cells, self.t_stride, self.n_t_cells, *self.constants,
-                              tracks.sums, tracks.alive, self.rows[k]):
+        if not kernels.advance_tracks(tracks.points, tracks.steps, flow, prev_level,
+                                      descriptor_flow, tracks.displacements,
+                                      *self.kernel_groups, self.patch, self.n_cells,
+                                      self.t_stride, self.n_t_cells, *self.constants,
+                                      tracks.sums, tracks.alive, self.rows[k]):
             return None
         ended = np.flatnonzero(tracks.alive & (tracks.steps >= self.length))
         tracks.alive[ended] = False
