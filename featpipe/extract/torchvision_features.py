@@ -48,7 +48,10 @@ the weights by content (or ``random:SEED``) and the precision (``--device cuda``
 fp16 autocast, as VGG-16 does).
 
 :class:`FrameNetwork` (normalise, forward, reduce) is the pipeline's model interface for any
-torch module; a plugin network that torchvision lacks uses it too (docs/python-api.md).
+torch module; a plugin network that torchvision lacks uses it too (docs/python-api.md).  On
+the CPU the node runs as a frozen TorchScript graph where one can be made (batch norms
+folded, oneDNN convolutions: :func:`featpipe.extract.cpu_inference.frozen`), whose outputs
+equal the module's to float32 rounding.
 """
 
 from __future__ import annotations
@@ -538,15 +541,46 @@ class TorchvisionFeatures(DeclaredEstimator):
                 "reduce": r.reduce, "clip": r.clip, "clip_stride": r.clip_stride}
 
     def network(self, device: str = "cpu", batch_size: int = 16) -> FrameNetwork:
-        """The network, loaded on ``device`` (``batch_size``: the pipeline's, unused here)."""
+        """The network, loaded on ``device`` (``batch_size``: the pipeline's, unused here);
+        on the CPU as a frozen graph where one can be made
+        (:func:`featpipe.extract.cpu_inference.frozen`)."""
         from torchvision.models.feature_extraction import create_feature_extractor
 
         r = self.resolved
         self.weights_identity()  # a missing value or file says where to get one
         model, identity = build_model(r.arch, r.entry, self.weights, device)
-        extractor = create_feature_extractor(model, {r.layer: "out"}).eval()
-        return FrameNetwork(lambda batch: extractor(batch)["out"], r.transform, device,
-                            identity, bool(self.spatial), r.reduce)
+        node = _node_class()(create_feature_extractor(model, {r.layer: "out"})).eval()
+        if device == "cpu":
+            from featpipe.extract.cpu_inference import frozen
+
+            node = frozen(node, _example_input(r))
+        return FrameNetwork(node, r.transform, device, identity, bool(self.spatial), r.reduce)
+
+
+def _example_input(r: _Resolved):
+    """Two normalised inputs of the model's shape (seeded normal values): (2, 3, H, W), or
+    (2, 3, T, H, W) clips."""
+    import torch
+
+    shape = (2, 3, *r.transform.crop) if r.clip is None else (2, 3, r.clip, *r.transform.crop)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(0))
+
+
+@functools.lru_cache(maxsize=1)
+def _node_class():
+    from torch import nn
+
+    class Node(nn.Module):
+        """A feature extractor's one node as the module's output (a tensor, not a dict)."""
+
+        def __init__(self, extractor):
+            super().__init__()
+            self.extractor = extractor
+
+        def forward(self, batch):
+            return self.extractor(batch)["out"]
+
+    return Node
 
 
 FEATURE_METHODS = [
