@@ -542,19 +542,36 @@ class TorchvisionFeatures(DeclaredEstimator):
 
     def network(self, device: str = "cpu", batch_size: int = 16) -> FrameNetwork:
         """The network, loaded on ``device`` (``batch_size``: the pipeline's, unused here);
-        on the CPU as a frozen graph where one can be made
-        (:func:`featpipe.extract.cpu_inference.frozen`)."""
-        from torchvision.models.feature_extraction import create_feature_extractor
-
+        on the CPU as a frozen graph where one can be made (:func:`_cpu_node`)."""
         r = self.resolved
-        self.weights_identity()  # a missing value or file says where to get one
-        model, identity = build_model(r.arch, r.entry, self.weights, device)
-        node = _node_class()(create_feature_extractor(model, {r.layer: "out"})).eval()
+        identity = self.weights_identity()  # a missing value or file says where to get one
         if device == "cpu":
-            from featpipe.extract.cpu_inference import frozen
+            node, loaded = _cpu_node(r, self.weights, identity)
+        else:
+            node, loaded = _node(r, self.weights, device)
+        return FrameNetwork(node, r.transform, device, loaded, bool(self.spatial), r.reduce)
 
-            node = frozen(node, _example_input(r))
-        return FrameNetwork(node, r.transform, device, identity, bool(self.spatial), r.reduce)
+
+def _node(r: _Resolved, weights: str | None, device: str):
+    """The node's output as an eval-mode module on ``device``: (module, weights identity of
+    the bytes loaded)."""
+    from torchvision.models.feature_extraction import create_feature_extractor
+
+    model, identity = build_model(r.arch, r.entry, weights, device)
+    return _node_class()(create_feature_extractor(model, {r.layer: "out"})).eval(), identity
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_node(r: _Resolved, weights: str | None, identity: str):
+    """:func:`_node` on the CPU as a frozen graph where one can be made
+    (:func:`featpipe.extract.cpu_inference.frozen`: tracing, freezing and checking it cost
+    about four forward passes).  The last one is kept for the next load of the same node with
+    the same weights (``identity``: their content now), as a dry run's calibration and then
+    the run load it, or the passes of a pipeline."""
+    from featpipe.extract.cpu_inference import frozen
+
+    node, loaded = _node(r, weights, "cpu")
+    return frozen(node, _example_input(r)), loaded
 
 
 def _example_input(r: _Resolved):

@@ -109,6 +109,12 @@ def test_on_the_cpu_the_network_is_a_frozen_graph_with_torchvisions_outputs(carp
     batch = torch.stack([preset(f) for f in frames_of(path, sampling)])
     assert got.shape == (3, 512)
     close(got, reference(seeded("resnet18", 2), "layer4", batch).flatten(2).mean(2))
+    # the last graph is kept for the next load of the same node and weights (a dry run's
+    # calibration, then the run): not traced again; other weights make their own
+    again = TorchvisionFeatures(arch="resnet18", layer="layer4", weights="random:2")
+    assert again.network("cpu").module is network.module
+    other = TorchvisionFeatures(arch="resnet18", layer="layer4", weights="random:3")
+    assert other.network("cpu").module is not network.module
 
 
 def test_efficientnet_map_reduced_and_kept_equals_torchvision(tmp_path, carphone):
