@@ -15,7 +15,8 @@ Where the work runs:
   stream) while the next batch is packed (:class:`ModelThread`); every frame's features then
   go to its item's output.  A clip model's batches hold clips instead: each item's last T
   crops are kept, and every S-th frame completes a clip (:class:`Network`).  ``--jobs N`` =
-  N decoding workers sharing one model.
+  N decoding workers sharing one model; on the CPU the model gets the cores they leave
+  (:func:`~featpipe.extract.cpu_inference.model_threads`: ``cores - min(N, cores // 8)``).
 
 Where an item's frames go (:class:`FrameSinks`, one :class:`FrameSink` per item) is one of:
 the features themselves, stored row by row (:class:`~featpipe.store.item_files.ItemFiles`); their
@@ -457,14 +458,17 @@ class ModelThread:
     ``results``; at most one batch waits while one computes, so the caller packs the next
     batch meanwhile, and ``wake`` (a pipe) becomes readable when a batch is done;
     ``last_seconds`` is the last batch's duration.
-    ``model.forward_crops(uint8 tensor) -> numpy`` runs on one CUDA stream (when on CUDA); a
-    failure of the model ends the run (it is no item's fault)."""
+    ``model.forward_crops(uint8 tensor) -> numpy`` runs on one CUDA stream (when on CUDA),
+    with ``threads`` torch threads on this thread when given (the CPU's:
+    :func:`featpipe.extract.cpu_inference.model_threads`); a failure of the model ends the
+    run (it is no item's fault)."""
 
     def __init__(self, model, batch_size: int, shape: tuple[int, ...], device: str = "cpu",
-                 buffers: int = 3):
+                 buffers: int = 3, threads: int | None = None):
         import torch
 
         self.model = model
+        self.threads = threads
         pin = device == "cuda" and torch.cuda.is_available()
         self.free: queue.Queue = queue.Queue()
         for _ in range(buffers):
@@ -497,10 +501,14 @@ class ModelThread:
 
         context = torch.cuda.stream(self.stream) if self.stream is not None \
             else contextlib.nullcontext()
+        previous = torch.get_num_threads()  # the process's default, restored at the end
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
         with context:
             while True:
                 job = self.todo.get()
                 if job is None:
+                    torch.set_num_threads(previous)
                     return
                 buffer, n, tag = job
                 started = time.monotonic()
@@ -733,12 +741,15 @@ class Extraction:
         """A network: pack crops (or clips) across items into batches; the model thread
         computes one batch while the next is packed; rows go to their item's output in
         order."""
+        from featpipe.extract.cpu_inference import model_threads
+
         network = self.network
         preprocess, batch_size = network.preprocess, network.batch_size
         shape = (*preprocess.shape, 3) if network.clip is None \
             else (network.clip, *preprocess.shape, 3)
-        model = ModelThread(network.model, batch_size, shape,
-                            getattr(network.model, "device", "cpu"))
+        device = getattr(network.model, "device", "cpu")
+        model = ModelThread(network.model, batch_size, shape, device, threads=model_threads(
+            len(self.pool.workers)) if device == "cpu" else None)
         buffer, tags, packed_since = None, [], 0.0
 
         def pack(item_id: str, item: _Item, inputs: list) -> None:

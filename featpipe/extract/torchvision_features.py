@@ -48,7 +48,10 @@ the weights by content (or ``random:SEED``) and the precision (``--device cuda``
 fp16 autocast, as VGG-16 does).
 
 :class:`FrameNetwork` (normalise, forward, reduce) is the pipeline's model interface for any
-torch module; a plugin network that torchvision lacks uses it too (docs/python-api.md).
+torch module; a plugin network that torchvision lacks uses it too (docs/python-api.md).  On
+the CPU the node runs as a frozen TorchScript graph where one can be made (batch norms
+folded, oneDNN convolutions: :func:`featpipe.extract.cpu_inference.frozen`), whose outputs
+equal the module's to float32 rounding.
 """
 
 from __future__ import annotations
@@ -574,15 +577,63 @@ class TorchvisionFeatures(DeclaredEstimator):
                 "reduce": r.reduce, "clip": r.clip, "clip_stride": r.clip_stride}
 
     def network(self, device: str = "cpu", batch_size: int = 16) -> FrameNetwork:
-        """The network, loaded on ``device`` (``batch_size``: the pipeline's, unused here)."""
-        from torchvision.models.feature_extraction import create_feature_extractor
-
+        """The network, loaded on ``device`` (``batch_size``: the pipeline's, unused here);
+        on the CPU as a frozen graph where one can be made (:func:`_cpu_node`)."""
         r = self.resolved
-        self.weights_identity()  # a missing value or an unusable file says what to pass
-        model, identity = build_model(r.arch, r.entry, self.weights, device)
-        extractor = create_feature_extractor(model, {r.layer: "out"}).eval()
-        return FrameNetwork(lambda batch: extractor(batch)["out"], r.transform, device,
-                            identity, bool(self.spatial), r.reduce)
+        identity = self.weights_identity()  # a missing value or an unusable file says what to pass
+        if device == "cpu":
+            node, loaded = _cpu_node(r, self.weights, identity)
+        else:
+            node, loaded = _node(r, self.weights, device)
+        return FrameNetwork(node, r.transform, device, loaded, bool(self.spatial), r.reduce)
+
+
+def _node(r: _Resolved, weights: str | None, device: str):
+    """The node's output as an eval-mode module on ``device``: (module, weights identity of
+    the bytes loaded)."""
+    from torchvision.models.feature_extraction import create_feature_extractor
+
+    model, identity = build_model(r.arch, r.entry, weights, device)
+    return _node_class()(create_feature_extractor(model, {r.layer: "out"})).eval(), identity
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_node(r: _Resolved, weights: str | None, identity: str):
+    """:func:`_node` on the CPU as a frozen graph where one can be made
+    (:func:`featpipe.extract.cpu_inference.frozen`: tracing, freezing and checking it cost
+    about four forward passes).  The last one is kept for the next load of the same node with
+    the same weights (``identity``: their content now), as a dry run's calibration and then
+    the run load it, or the passes of a pipeline."""
+    from featpipe.extract.cpu_inference import frozen
+
+    node, loaded = _node(r, weights, "cpu")
+    return frozen(node, _example_input(r)), loaded
+
+
+def _example_input(r: _Resolved):
+    """Two normalised inputs of the model's shape (seeded normal values): (2, 3, H, W), or
+    (2, 3, T, H, W) clips."""
+    import torch
+
+    shape = (2, 3, *r.transform.crop) if r.clip is None else (2, 3, r.clip, *r.transform.crop)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(0))
+
+
+@functools.lru_cache(maxsize=1)
+def _node_class():
+    from torch import nn
+
+    class Node(nn.Module):
+        """A feature extractor's one node as the module's output (a tensor, not a dict)."""
+
+        def __init__(self, extractor):
+            super().__init__()
+            self.extractor = extractor
+
+        def forward(self, batch):
+            return self.extractor(batch)["out"]
+
+    return Node
 
 
 FEATURE_METHODS = [

@@ -123,3 +123,39 @@ def test_progress_counts_frames_and_jobs_share_the_work(tmp_path):
         results[jobs] = {i: run.stage.read_item(i) for i in manifest.ids}
     for item_id in manifest.ids:  # two workers compute exactly what one does
         np.testing.assert_array_equal(results[1][item_id], results[2][item_id])
+
+
+class ThreadsSeen:
+    """A stand-in model that records the torch threads it runs with (features: zeros)."""
+
+    device = "cpu"
+
+    def __init__(self):
+        self.threads: set[int] = set()
+
+    def forward_crops(self, crops):
+        self.threads.add(torch.get_num_threads())
+        return np.zeros((len(crops), 2), np.float32)
+
+
+@pytest.mark.parametrize(("setting", "cores", "expected"), [("3", 2, 3), ("", 16, 14)])
+def test_the_model_runs_with_the_threads_of_the_rule(tmp_path, monkeypatch, setting, cores,
+                                                     expected):
+    """``model_threads(jobs)``: FEATPIPE_THREADS when set, else the cores less one per
+    decoding worker from 8 cores per worker (16 cores, 2 workers: 14)."""
+    from featpipe.extract import cpu_inference
+    from featpipe.extract.vgg import VGGPreprocess
+
+    monkeypatch.setenv("FEATPIPE_THREADS", setting)
+    monkeypatch.setattr(cpu_inference, "available_cores", lambda: cores)
+    path = str(write_video(tmp_path / "v.mp4", n_frames=6, size=(48, 40)))
+    manifest = Manifest.read(write_manifest(tmp_path, [("v", path, "a", "train")]))
+    stage = Store(tmp_path / "s").stage("extract", {"test": "threads"}, items=manifest)
+    model = ThreadsSeen()
+    with DecodePool(2, program=CropProgram(VGGPreprocess(40, 32))) as pool:
+        extraction = Extraction(stage, pool, Sampling(every=2),
+                                FrameSinks(str(stage.path), local=False),
+                                network=Network(model, VGGPreprocess(40, 32), 2))
+        assert dict(extraction.run([("v", path)])) == {"v": None}
+    assert model.threads == {expected}
+    assert stage.read_item("v").shape == (3, 2)

@@ -91,6 +91,32 @@ def test_resnet50_avgpool_from_a_checkpoint_equals_torchvision(tmp_path, carphon
                                [t for t, _ in iter_frames(path, Sampling(frames=3))])
 
 
+def test_on_the_cpu_the_network_is_a_frozen_graph_with_torchvisions_outputs(carphone):
+    """What runs on the CPU is the node's frozen TorchScript graph (batch norms folded,
+    oneDNN convolutions: featpipe.extract.cpu_inference), on a batch size other than the
+    one it was traced on, with torchvision's outputs to float32 rounding."""
+    from featpipe.extract.torchvision_features import TorchvisionFeatures
+
+    _, path = carphone
+    estimator = TorchvisionFeatures(arch="resnet18", layer="layer4", weights="random:2")
+    network = estimator.network("cpu")
+    assert isinstance(network.module, torch.jit.ScriptModule)
+    prep = estimator.preprocess()
+    sampling = Sampling(frames=3)
+    got = network.forward_crops(torch.from_numpy(np.stack([prep(f) for _, f in
+                                                           iter_frames(path, sampling)])))
+    preset = get_model_weights("resnet18").DEFAULT.transforms()
+    batch = torch.stack([preset(f) for f in frames_of(path, sampling)])
+    assert got.shape == (3, 512)
+    close(got, reference(seeded("resnet18", 2), "layer4", batch).flatten(2).mean(2))
+    # the last graph is kept for the next load of the same node and weights (a dry run's
+    # calibration, then the run): not traced again; other weights make their own
+    again = TorchvisionFeatures(arch="resnet18", layer="layer4", weights="random:2")
+    assert again.network("cpu").module is network.module
+    other = TorchvisionFeatures(arch="resnet18", layer="layer4", weights="random:3")
+    assert other.network("cpu").module is not network.module
+
+
 def test_efficientnet_map_reduced_and_kept_equals_torchvision(tmp_path, carphone):
     """features.8 averaged over its 7x7 positions is the model's own avgpool; kept
     (--spatial) it is the node's map, cell by cell, with positions in frame pixels."""

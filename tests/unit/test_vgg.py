@@ -91,6 +91,20 @@ def test_batch_equals_frame_by_frame(model, crops):
     np.testing.assert_allclose(out[0, 5], direct[:, 1, 1].numpy(), rtol=1e-4, atol=1e-6)
 
 
+def test_batches_are_channels_last_and_give_the_contiguous_batchs_features(model, crops):
+    """The network gets channels-last batches (the fast path on the CPU); fc6 and conv5_3
+    equal those of the same batch in contiguous (NCHW) memory to 1e-5 relative."""
+    batch = normalise_batch(crops)
+    assert batch.is_contiguous(memory_format=torch.channels_last)
+    assert not batch.is_contiguous()
+    plain = batch.contiguous()
+    with torch.inference_mode():
+        for layer in (model.fc6, model.conv5_3):
+            fast, expected = layer(batch), layer(plain)
+            torch.testing.assert_close(fast, expected, rtol=1e-5,
+                                       atol=1e-5 * float(expected.abs().max()))
+
+
 def test_preprocessing_matches_torchvision_recipe():
     from PIL import Image
 
