@@ -135,7 +135,8 @@ def test_dry_run_estimates_and_creates_nothing(tmp_path, recipe):
     rows = sum(len(stage.read_item(i)) for i in stage.items.ids)
     assert f"{rows:,} rows" in dry.output  # low-contrast zeroed, not dropped: exact
     on_disk = sum(p.stat().st_size for p in stage.path.rglob("items/*/*.npy"))
-    estimate = [line for line in dry.output.splitlines() if line.startswith("dry run:") and "to compute" in line][0]
+    estimate = [line for line in dry.output.splitlines()
+                if line.startswith("dry run:") and "to compute" in line][0]
     number, unit = estimate.split(" rows, ")[1].split(" at rest")[0].split()
     scale = {"kB": 1e3, "MB": 1e6, "GB": 1e9}[unit]
     assert abs(float(number) * scale - on_disk) <= 0.05 * scale + 0.01 * on_disk

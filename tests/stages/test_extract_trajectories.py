@@ -127,7 +127,8 @@ class Lines(Reporter):
 
 def test_dry_run_estimate_and_progress(clips, tmp_path):
     """Rows: those the calibration found, below frames x count(height, width), the upper
-    bound of trajectories ending at a frame; nothing is created.  The run's progress counts the decoded frames."""
+    bound of trajectories ending at a frame; nothing is created.  The run's progress counts
+    the decoded frames."""
     _, manifest = clips
     store = Store(tmp_path / "s")
     reporter = Lines()
