@@ -26,6 +26,7 @@ from featpipe.stages.extraction import extract
 from featpipe.stages.fitting import fit_gmm
 from featpipe.store import Store
 from tests.conftest import REPO
+from tests.stages.test_fusion_rules import SIFT
 
 #: every temporal encoder, with small windows for the 20-frame clips
 TEMPORAL = {"avg": {}, "max": {}, "tpyramid": {}, "arp": {}, "rankpool": {},
@@ -325,21 +326,7 @@ def test_a_pipeline_fuses_its_chains_and_keeps_what_is_read_or_asked_for(tmp_pat
 
     monkeypatch.chdir(tmp_path)
     render_dataset(tmp_path / "clips", per_class=2, frames=8)
-    (tmp_path / "p.toml").write_text("""
-[pipeline]
-store = "store"
-[steps.sift]
-stage = "extract"
-manifest = "clips/manifest.csv"
-features = "dsift"
-params = { sizes = [8], step = 16 }
-sampling = { every = 2 }
-[steps.grid]
-stage = "encode"
-input = "sift"
-method = "spatial-grid"
-params = { grid = "2x2" }
-keep = true
+    (tmp_path / "p.toml").write_text(SIFT + """keep = true
 [steps.avg]
 stage = "encode"
 input = "grid"
