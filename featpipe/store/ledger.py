@@ -13,6 +13,7 @@ every line is the slow way to the items' states (:func:`item_states`); the index
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -151,7 +152,11 @@ class LedgerWriter:
     :class:`~featpipe.errors.WriteError` names it.
     """
 
-    _open: dict[tuple[str, int], int] = {}
+    #: open descriptors by (ledger folder, pid), the most recently used last; at most
+    #: :data:`OPEN_AT_MOST` stay open (the least recently used is closed), so that a process
+    #: that runs many stages (a library user's loop, a test suite) holds a bounded number
+    _open: collections.OrderedDict[tuple[str, int], int] = collections.OrderedDict()
+    OPEN_AT_MOST = 32
 
     @classmethod
     def append(cls, ledger_dir: Path, entry: dict) -> None:
@@ -167,7 +172,7 @@ class LedgerWriter:
         owner = ledger_owner(ledger_dir.parent.name)
         data = b"".join(seal_json(json.dumps(entry, ensure_ascii=False).encode(), owner)
                         + b"\n" for entry in entries)
-        fd = cls._open.get(key)
+        fd = cls._open.pop(key, None)
         if fd is not None and not _same_file(fd, path):  # its stage was removed and made anew
             os.close(fd)
             fd = None
@@ -176,7 +181,9 @@ class LedgerWriter:
             with writing(path):
                 fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
                 _end_last_line(fd, ledger_owner(ledger_dir.parent.name))
-            cls._open[key] = fd
+        cls._open[key] = fd
+        while len(cls._open) > cls.OPEN_AT_MOST:
+            os.close(cls._open.popitem(last=False)[1])
         size = os.fstat(fd).st_size
         with writing(path):
             try:

@@ -4,7 +4,9 @@ trusts, what ``cache verify`` calls damage (issue 31 §4: each test kills a muta
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 
 import numpy as np
@@ -311,3 +313,26 @@ def test_a_blank_line_in_a_ledger_is_no_line(tmp_path):
     first, second = ledger.read_text().splitlines()
     ledger.write_text(f"{first}\n\n  \n{second}\n")
     assert stage.ledger_problems(fresh=True) == [] and stage.done_ids() == {"x", "y"}
+
+
+def test_a_process_that_writes_many_stages_holds_a_bounded_number_of_ledgers_open(tmp_path):
+    """The ledger writer keeps a descriptor per stage for its next line, but at most
+    OPEN_AT_MOST of them (the least recently used closed): a Python loop over many stages, or
+    a test suite, does not run out of descriptors; a closed ledger is reopened and appended."""
+    from featpipe.store.ledger import LedgerWriter
+
+    def open_ledgers() -> int:
+        links = []
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # listdir's own descriptor, closed by now
+                links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return sum(str(tmp_path) in link and link.endswith(".jsonl") for link in links)
+
+    folders = [tmp_path / f"stage{i}" / "ledger" for i in range(LedgerWriter.OPEN_AT_MOST + 8)]
+    for folder in folders:
+        LedgerWriter.append(folder, {"id": "a", "status": "done"})
+    assert open_ledgers() == LedgerWriter.OPEN_AT_MOST
+    LedgerWriter.append(folders[0], {"id": "b", "status": "done"})  # closed, then reopened
+    assert open_ledgers() == LedgerWriter.OPEN_AT_MOST
+    (ledger,) = folders[0].glob("*.jsonl")
+    assert len(ledger.read_bytes().splitlines()) == 2
