@@ -8,7 +8,12 @@ per encoding, the paired difference, and the extraction CPU time of each flow
 ``reports/FEATURES-FLOW/``; the variant is written as ``FOLDER/FEATURES-FLOW.toml`` from the
 shipped file (substitutions, so the variants cannot drift from it).  FLOW ``farneback-gmm1``
 is Farnebäck with the GMMs fitted from ``random_state = 1`` (the shipped file's is 0): the
-difference a refit alone makes, the noise floor for the flows' difference.  The steps that read
+difference a refit alone makes, the noise floor for the flows' difference.  A label may end in
+``-everyN`` or ``-ruleN`` (issue 50 item 1, the sample rule): the GMMs fit on ``sample = N``
+rows, drawn evenly from every train clip's sample (``every``: no ``sample_total``, the sample
+step extracts every clip, as before the rule) or from the train clips the rule takes for
+``sample_total = N`` (``rule``: as few train clips of split 1 as give N rows, the shipped
+file's way).  The steps that read
 no trajectories (dense SIFT, HRP) have the same keys in every variant and are computed once
 per store.  The CPU time (user + sys of the run and its workers) of each trajectory step goes
 to ``FOLDER/times.tsv``.
@@ -27,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -43,19 +49,27 @@ ENCODINGS = {"RP(HOG)": "rp-hog", "RP(HOF)": "rp-hof", "RP(MBH)": "rp-mbh",
              "RP(ALL)": "rp-all", "HRP(SIFT)": "hrp-sift",
              "RP(ALL)+HRP(SIFT)": "rp-all-hrp-sift"}
 GMM_STEP = "[steps.idt-gmm]\n"
+#: the shipped file's sample: the rule's total in the sample step, the GMM's rows
+SAMPLE_TOTAL, GMM_SAMPLE = "sample_total = 8000\n", "sample = 8000\n"
 
 
 def variant(features: str, label: str) -> str:
-    """The shipped recipe with FEATURES and the flow of LABEL (``FLOW`` or ``FLOW-gmmSEED``)
-    in its trajectory steps, reports moved to ``reports/FEATURES-LABEL/``."""
-    flow, _, seed = label.partition("-gmm")
+    """The shipped recipe with FEATURES and the flow of LABEL (``FLOW``, ``FLOW-gmmSEED``,
+    either with ``-everyN`` or ``-ruleN``) in its trajectory steps, reports moved to
+    ``reports/FEATURES-LABEL/``."""
+    match = re.fullmatch(r"(.+?)(?:-gmm(\d+))?(?:-(every|rule)(\d+))?", label)
+    flow, seed, sample, rows = match.groups()
     text = RECIPE.read_text(encoding="utf-8")
     assert text.count(PARAMS) == 2 and text.count('features = "idt"') == 2
     assert text.count(GMM_STEP) == 1 and "random_state" not in text
+    assert text.count(SAMPLE_TOTAL) == 1 and text.count(GMM_SAMPLE) == 1
     text = text.replace(PARAMS, PARAMS[:-2] + f', flow = "{flow}" }}')
     text = text.replace('features = "idt"', f'features = "{features}"')
     if seed:
         text = text.replace(GMM_STEP, GMM_STEP + f"random_state = {int(seed)}\n")
+    if sample:
+        text = text.replace(SAMPLE_TOTAL, f"sample_total = {int(rows)}\n" if sample == "rule"
+                            else "").replace(GMM_SAMPLE, f"sample = {int(rows)}\n")
     return text.replace('report = "reports/', f'report = "reports/{features}-{label}/')
 
 
