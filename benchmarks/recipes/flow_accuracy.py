@@ -109,16 +109,19 @@ def results(folder: Path, features: str, flow: str) -> dict:
 
 
 def coverage(folder: Path, features: str, flow: str) -> dict[str, tuple[str, int, int]]:
-    """{clip id: (class, sampled rows, frames with a nonzero FV)} of every clip; the sampled
-    rows are at most 200 a clip, every trajectory of most clips."""
+    """{clip id: (class, sampled rows, frames with a nonzero FV)} of every clip the sample
+    holds; the sampled rows are at most 200 a clip, every trajectory of most clips; the frames
+    None where the per-frame FVs are not stored (the fused pass pools them in memory)."""
     from featpipe.store import Stage, Store
 
     report = folder / "reports" / f"{features}-{flow}" / "rp-all.json"
     chain = [c["stage"] for c in json.loads(report.read_text(encoding="utf-8"))["inputs_chain"]]
     stages = Store(folder / "store").stages_dir
     sample, fv = Stage(stages / chain[0]), Stage(stages / chain[2])
+    stored = fv.done_ids()
     return {item.id: (item.labels[0], sample.read_item(item.id).shape[0],
-                      int(np.count_nonzero(np.abs(fv.read_item(item.id)).sum(axis=1))))
+                      int(np.count_nonzero(np.abs(fv.read_item(item.id)).sum(axis=1)))
+                      if item.id in stored else None)
             for item in sample.items.items}
 
 
@@ -208,8 +211,9 @@ def table(features: str, first: str, second: str, folders: list[Path]) -> None:
               + " | ".join(f"{sum(r == 0 for r, _ in cell)}/{len(cell)}" for cell in counts)
               + " |")
     print()
-    print("| draw | flow | CPU s sample step | CPU s fv step | CPU s both | sampled rows | "
-          "clips without trajectories | clips with all-zero FVs | median frames with an FV |")
+    print("| draw | flow | CPU s sample step | CPU s fv step | CPU s both | "
+          "sampled rows of clips | clips without trajectories | clips with all-zero FVs | "
+          "median frames with an FV |")
     print("|---|---|---|---|---|---|---|---|---|")
     for folder in folders:
         timed = [line.split("\t") for line in
@@ -217,10 +221,12 @@ def table(features: str, first: str, second: str, folders: list[Path]) -> None:
         for flow in flows:
             cpu = {r[2]: float(r[4]) for r in timed if r[0] == features and r[1] == flow}
             rows = np.array([r for _, r, _ in clips[folder, flow].values()])
-            frames = np.array([n for _, _, n in clips[folder, flow].values()])
+            frames = np.array([n for _, _, n in clips[folder, flow].values() if n is not None])
+            stored = frames.size == rows.size
             print(f"| {folder.name} | {flow} | {cpu['idt-sample']:.1f} | {cpu['idt-fv']:.1f} | "
-                  f"{cpu['idt-sample'] + cpu['idt-fv']:.1f} | {rows.sum()} | "
-                  f"{(rows == 0).sum()} | {(frames == 0).sum()} | {np.median(frames):g} |")
+                  f"{cpu['idt-sample'] + cpu['idt-fv']:.1f} | {rows.sum()} of {rows.size} | "
+                  f"{(rows == 0).sum()} | {(frames == 0).sum() if stored else '-'} | "
+                  f"{f'{np.median(frames):g}' if stored else '-'} |")
 
 
 if __name__ == "__main__":
