@@ -176,3 +176,17 @@ def deny(monkeypatch, method: str, denied) -> None:
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, method, no_permission)
+
+
+def named_view(root):
+    """A store with an extract stage of three (5, 8) items and a view ``part`` of its columns
+    2:6: (store, source, view)."""
+    store = Store(root)
+    items = from_rows([(f"v{i}", "", ["c"], ["train"]) for i in range(3)], root.parent)
+    source = store.stage("extract", {"n": 3}, items=items)
+    for i in range(3):
+        source.write_item(f"v{i}", np.full((5, 8), i, np.float32))
+    view = store.stage("encode", {"part": 1}, inputs=[source], items=items)
+    view.make_view(source, slice(2, 6), [])
+    store.set_name("part", view)
+    return store, source, view

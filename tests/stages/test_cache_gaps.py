@@ -20,7 +20,7 @@ from featpipe.store import RUNNING_DIR, Store, pointer_bytes, record_owner
 from featpipe.store import index as stage_index
 from featpipe.store.batches import BATCH_DIR
 from featpipe.store.pack import pack_stage
-from tests._stores import imported_store, make_old
+from tests._stores import imported_store, make_old, named_view
 from tests.conftest import one_line_error
 from tests.stages.test_fault_recovery import filled_stage
 from tests.stages.test_integrity_probes import problems, replace_bytes
@@ -397,14 +397,7 @@ def test_a_view_of_a_source_with_a_damaged_pack_index_leaves_the_count_to_its_so
         tmp_path, cli):
     """The source's pack index is damaged: its own lines say so and count its items not
     computed; the view reading it adds no count of its own."""
-    store = Store(tmp_path / "s")
-    items = from_rows([(f"v{i}", "", ["c"], ["train"]) for i in range(3)], tmp_path)
-    source = store.stage("extract", {"n": 3}, items=items)
-    for i in range(3):
-        source.write_item(f"v{i}", np.full((5, 8), i, np.float32))
-    view = store.stage("encode", {"part": 1}, inputs=[source], items=items)
-    view.make_view(source, slice(2, 6), [])
-    store.set_name("part", view)
+    store, source, view = named_view(tmp_path / "s")
     pack_stage(source)
     index = source.path / "packed" / "pack.json"
     index.write_bytes(index.read_bytes()[:40])

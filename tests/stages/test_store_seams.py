@@ -19,7 +19,7 @@ from featpipe.store import Store, content, states
 from featpipe.store import batches as batch_files
 from featpipe.store import index as stage_index
 from featpipe.store.pack import pack_stage
-from tests._stores import imported_store, write_npy_dataset
+from tests._stores import imported_store, named_view, write_npy_dataset
 from tests.conftest import one_line_error
 
 
@@ -189,14 +189,7 @@ def test_verify_hashes_a_sample_of_the_cache_and_all_of_it_with_rehash(tmp_path,
 def test_verify_of_a_view_checks_the_items_it_reads_in_its_source(tmp_path, cli):
     """A view holds no arrays: ``cache verify VIEW`` verifies the stage it reads too, so a
     damaged source item is named (and repaired there) instead of 0 items checked and ok."""
-    store = Store(tmp_path / "s")
-    items = from_rows([(f"v{i}", "", ["c"], ["train"]) for i in range(3)], tmp_path)
-    source = store.stage("extract", {"n": 3}, items=items)
-    for i in range(3):
-        source.write_item(f"v{i}", np.full((5, 8), i, np.float32))
-    view = store.stage("encode", {"part": 1}, inputs=[source], items=items)
-    view.make_view(source, slice(2, 6), [])
-    store.set_name("part", view)
+    store, source, view = named_view(tmp_path / "s")
     damaged = source.item_path("v1")
     data = bytearray(damaged.read_bytes())
     data[-1] ^= 0x01
