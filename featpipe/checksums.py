@@ -147,7 +147,9 @@ def npy_checksum(header: bytes, data_crc: int) -> str:
 def npy_parts(array: np.ndarray) -> tuple[bytes, np.ndarray]:
     """The header a version 1.0 ``.npy`` of ``array`` starts with (the one ``np.save`` writes)
     and its data as a flat uint8 array in C order (no pickle: an object array is refused)."""
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array)
+    if not array.flags.c_contiguous:  # not ``np.ascontiguousarray``: it makes a 0-d array 1-d
+        array = array.copy(order="C")
     if array.dtype.hasobject:
         raise ValueError("Object arrays cannot be saved when allow_pickle=False")
     buffer = io.BytesIO()

@@ -28,6 +28,7 @@ import os
 import re
 import socket
 import time
+import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -253,18 +254,19 @@ def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> str:
 
 def atomic_save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray],
                     checksum: bool = False) -> str | None:
-    """``np.savez`` made atomic (no pickle: object arrays are refused); with ``checksum``
-    returns the checksum of the file (:func:`featpipe.checksums.stream_checksum`, read back
-    before the rename: zipfile seeks back to patch its headers, so the bytes are summed once
-    they are final)."""
-    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    """What ``np.savez`` writes (no pickle: object arrays are refused), made atomic and the
+    same bytes on every Python (:func:`write_npz`); with ``checksum`` returns the checksum of
+    the file (:func:`featpipe.checksums.stream_checksum`, read back before the rename:
+    zipfile seeks back to patch its headers, so the bytes are summed once they are final)."""
+    arrays = {key: np.asarray(value) for key, value in arrays.items()}
     for key, value in arrays.items():
         if value.dtype.hasobject:
             raise ValueError(f"array {key!r} has dtype object; featpipe never pickles")
+    parts = {key: npy_parts(value) for key, value in arrays.items()}
     written = []
 
     def write(handle):
-        np.savez(handle, **arrays)
+        write_npz(handle, parts)
         if checksum:
             handle.flush()
             handle.seek(0)
@@ -272,6 +274,27 @@ def atomic_save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray],
 
     atomic_write(path, write)
     return written[0] if checksum else None
+
+
+#: The time stamp of every member of an ``.npz`` featpipe writes (zipfile's own default).
+NPZ_MEMBER_TIME = (1980, 1, 1, 0, 0, 0)
+
+
+def write_npz(handle: BinaryIO, parts: Mapping[str, tuple[bytes, np.ndarray]]) -> None:
+    """An ``.npz`` of ``{key: npy_parts(array)}`` (:func:`featpipe.checksums.npy_parts`): one
+    stored (uncompressed) ``key.npy`` member per array, in C order, as ``np.savez`` writes,
+    read by ``np.load``.  Each member's size is given before it is written, so zipfile adds the ZIP64
+    fields only to a member that needs them (over 2 GiB), instead of to every member as
+    ``np.savez`` asks (``force_zip64``), whose bytes changed between Python 3.11.2 and 3.11.7
+    (CPython gh-103861): a store's files do not depend on the Python that wrote them."""
+    with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED) as archive:
+        for key, (header, data) in parts.items():
+            member = zipfile.ZipInfo(f"{key}.npy", date_time=NPZ_MEMBER_TIME)
+            member.file_size = len(header) + data.nbytes
+            member.external_attr = 0o600 << 16
+            with archive.open(member, "w") as out:
+                out.write(header)
+                out.write(data.data)
 
 
 def _npy_header(handle: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:

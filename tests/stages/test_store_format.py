@@ -2,7 +2,10 @@
 a batched stage, a fit, a view, names, a damaged item repaired and recomputed, a pack, gc)
 writes a store whose every file equals the golden listing ``store_format.json`` beside this
 file, which was written by featpipe before ``featpipe/store.py`` became the package
-``featpipe/store/`` (issue 48): the move changed no byte.
+``featpipe/store/`` (issue 48): the move changed no byte.  Since then only the ``.npz`` files
+(index tables, models) and the records holding their checksums were written again, once the
+``.npz`` writer stopped depending on the Python that runs it (``test_npz_bytes.py``): the same
+arrays, the same members, without ``np.savez``'s forced ZIP64 fields.
 
 What differs between two runs of the same commands is fixed while they run (the clock, the
 process id, the host name, the random tokens of file names) or, where it cannot be, replaced
