@@ -4,13 +4,14 @@ GMM fits on, not every item, so the dense trajectories of the training set are c
 (by the fused pass), not twice.
 
 The train items of ``--sample-split`` are taken in a seeded order stratified by class
-(:func:`stratified_order`: one of each class in turn); each is expected to give ``min(N, its
-planned rows x the rows the calibration found on the first over the rows planned for it)``
-(:class:`featpipe.stages.calibration.Calibration`; the planned rows come from its container,
+(:func:`stratified_order`: one of each class in turn); each is expected to give the mean of
+``min(N, round(its planned rows x r))`` over the ratios r of rows found to rows planned that
+the calibrations of the first :data:`CALIBRATION_ITEMS` items of the order measured
+(:func:`row_ratios`, :func:`expected_rows`; the planned rows come from its container,
 :mod:`featpipe.extract.estimate`), and the order is taken until the expected rows reach M
-(:func:`sample_items`).  A dry run and a run choose the same items (nothing but the manifest,
-the seed, the containers and the first item's features decide them), so the stage key, which
-holds the items chosen, is one.
+(:func:`sample_items`).  A dry run and a run choose the same items
+(nothing but the manifest, the seed, the containers and the first items' features decide
+them), so the stage key, which holds the items chosen, is one.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from featpipe.stages.calibration import calibrate
 
 #: items probed at a time while the order is taken
 PROBE_BATCH = 64
+#: the first items of the order whose calibrations are pooled into the rows expected of
+#: every item (one item alone misled the rule: its trajectories can be tens of times fewer
+#: or more than another class's)
+CALIBRATION_ITEMS = 8
 
 
 def stratified_order(manifest: Manifest, split: int, seed: int) -> list[str]:
@@ -49,27 +54,49 @@ def stratified_order(manifest: Manifest, split: int, seed: int) -> list[str]:
             for queue in queues if turn < len(queue)]
 
 
+def row_ratios(plan, item_ids: list[str], pool) -> list[float]:
+    """The rows the calibration of each of ``item_ids`` (its first sampled frames:
+    :func:`featpipe.stages.calibration.calibrate`) found over the rows planned for those
+    frames; an item whose calibration found no planned rows (or failed) left out.  ``plan``
+    is an extraction plan of these items (each calibrated in turn as its first)."""
+    infos = probe_infos(pool, plan.paths, item_ids)
+    ratios = []
+    for item_id in item_ids:
+        plan.todo = [item_id]
+        plan.estimates = [estimate_item(item_id, infos[item_id], plan.sampling, plan.layout)]
+        calibration = calibrate(plan, Reporter())
+        if calibration is not None and calibration.rows_found is not None:
+            ratios.append(calibration.rows_found)
+    return ratios
+
+
+def expected_rows(planned: int, ratios: list[float], cap: int) -> float:
+    """The rows an item of ``planned`` rows is expected to give a sample of at most ``cap``
+    an item: the mean over the calibrated items' ``ratios`` of min(cap, round(planned x
+    ratio)), the estimate of E[min(cap, planned x R)] that a pooled ratio would overstate
+    where the cap binds on some items and not others (min is concave); min(cap, planned)
+    without ratios."""
+    if not ratios:
+        return float(min(cap, planned))
+    return sum(min(cap, round(planned * ratio)) for ratio in ratios) / len(ratios)
+
+
 def sample_items(plan_of, manifest: Manifest, settings: ExtractSettings, pool,
                  reporter: Reporter) -> Manifest:
     """The items of a ``sample_total`` extraction: the fewest train items of
     ``settings.sample_split``, taken in :func:`stratified_order`, whose expected rows reach
-    ``sample_total``; an item is expected to give ``min(sample_descriptors, its planned rows x
-    the rows the calibration found on the first item over those planned for it)``
-    (:class:`featpipe.stages.calibration.Calibration`).  ``plan_of(manifest)`` plans an
-    extraction of ``manifest`` with the same settings.  Said on ``reporter``; a GMM then fits
+    ``sample_total``; an item is expected to give :func:`expected_rows` of its planned rows,
+    at the ratios the first :data:`CALIBRATION_ITEMS` items' calibrations found
+    (:func:`row_ratios`).  ``plan_of(manifest)`` plans an extraction of ``manifest`` with
+    the same settings.  Said on ``reporter``; a GMM then fits
     on them (``fit gmm --sample``) as on a sample of every train item."""
     order = stratified_order(manifest, settings.sample_split, settings.sample_seed)
     if not order:
         raise FeatpipeError(f"--sample-total: split {settings.sample_split} has no train "
                             "items")
-    first = plan_of(manifest.subset(order[:1]))
-    paths = first.paths
-    first.todo = order[:1]
-    infos = probe_infos(pool, paths, first.todo)
-    first.estimates = [estimate_item(order[0], infos[order[0]], first.sampling, first.layout)]
-    calibration = calibrate(first, Reporter())
-    factor = 1.0 if calibration is None or calibration.rows_found is None else \
-        calibration.rows_found
+    calibrated = order[:CALIBRATION_ITEMS]
+    plan = plan_of(manifest.subset(calibrated))
+    ratios = row_ratios(plan, calibrated, pool)
     cap, wanted = int(settings.sample_descriptors), int(settings.sample_total)
     chosen, rows = [], 0
     for start in range(0, len(order), PROBE_BATCH):
@@ -77,15 +104,17 @@ def sample_items(plan_of, manifest: Manifest, settings: ExtractSettings, pool,
         infos = probe_infos(pool, {i: str(manifest.resolve_path(manifest[i])) for i in batch},
                             batch)
         for item_id in batch:
-            estimate = estimate_item(item_id, infos[item_id], first.sampling, first.layout)
+            estimate = estimate_item(item_id, infos[item_id], plan.sampling, plan.layout)
             chosen.append(item_id)
-            rows += min(cap, round((estimate.rows or 0) * factor))
+            rows += expected_rows(estimate.rows or 0, ratios, cap)
             if rows >= wanted:
                 break
         if rows >= wanted:
             break
+    found = (f"{min(ratios):.2g} to {max(ratios):.2g} of the rows planned for them"
+             if ratios else "no rows planned for them")
     reporter.info(f"sample: {len(chosen)} of the {len(order)} train items of split "
                   f"{settings.sample_split} (a seeded order stratified by class), about "
-                  f"{rows:,} rows for --sample-total {wanted:,} (at most {cap:,} an item; the "
-                  f"first gave {factor:.2f} of the rows planned for it)")
+                  f"{round(rows):,} rows for --sample-total {wanted:,} (at most {cap:,} an "
+                  f"item; the first {len(calibrated)} calibrated gave {found})")
     return manifest.subset(chosen)

@@ -113,9 +113,10 @@ class _Lines:
 def test_items_are_taken_in_order_until_their_expected_rows_reach_the_total(
         monkeypatch, found, cap, total, taken, rows):
     """:func:`sample_items` against its rule worked by hand: item k of the order is expected
-    to give min(cap, round(its planned rows x the rows found on the first item)), the order
+    to give min(cap, round(its planned rows x the rows found on the first items)), the order
     taken (across probe batches of 3) until the sum reaches the total, no item after it;
-    the first item alone is planned, probed and calibrated first."""
+    the first CALIBRATION_ITEMS (here 2) alone are planned, probed and calibrated first, each
+    on its own."""
     from types import SimpleNamespace
 
     from featpipe.extract.estimate import ItemEstimate
@@ -140,6 +141,7 @@ def test_items_are_taken_in_order_until_their_expected_rows_reach_the_total(
         return None if found == "none" else Calibration(1.0, found)
 
     monkeypatch.setattr(sample_rule, "PROBE_BATCH", 3)
+    monkeypatch.setattr(sample_rule, "CALIBRATION_ITEMS", 2)
     monkeypatch.setattr(sample_rule, "probe_infos", probe)
     monkeypatch.setattr(sample_rule, "calibrate", calibrate)
     monkeypatch.setattr(sample_rule, "estimate_item",
@@ -148,13 +150,52 @@ def test_items_are_taken_in_order_until_their_expected_rows_reach_the_total(
     reporter = _Lines()
     chosen = sample_rule.sample_items(plan_of, manifest_of(TWELVE), settings, None, reporter)
     assert sorted(chosen.ids) == sorted(ORDER_0[:taken])  # in the manifest's order
-    assert plans == [ORDER_0[:1]] and calibrated == [(ORDER_0[:1], ORDER_0[:1])]
-    assert probed == [ORDER_0[:1], *(ORDER_0[k:k + 3] for k in range(0, taken, 3))]
-    factor = 1.0 if found in (None, "none") else found
+    first = sorted(ORDER_0[:2], key=[i for i, _, split in TWELVE if split == "train"].index)
+    assert plans == [first]  # a plan of the two, in the manifest's order
+    assert calibrated == [([item], [item]) for item in ORDER_0[:2]]
+    assert probed == [ORDER_0[:2], *(ORDER_0[k:k + 3] for k in range(0, taken, 3))]
+    said = "no rows planned for them" if found in (None, "none") else \
+        f"{found:.2g} to {found:.2g} of the rows planned for them"
     assert reporter.lines == [
         f"sample: {taken} of the 12 train items of split 1 (a seeded order stratified by "
         f"class), about {rows:,} rows for --sample-total {total:,} (at most {cap:,} an item; "
-        f"the first gave {factor:.2f} of the rows planned for it)"]
+        f"the first 2 calibrated gave {said})"]
+
+
+def test_each_item_is_expected_the_mean_of_its_capped_rows_at_the_calibrated_ratios(
+        monkeypatch):
+    """:func:`row_ratios`: each item calibrated on its own, one whose calibration found no
+    planned rows (or failed) left out; :func:`expected_rows`: the mean over the ratios of
+    min(cap, round(planned x ratio)), not min(cap, planned x the mean ratio), which
+    overstates where the cap binds on some items only (the rendered clips' zoom classes keep
+    tens of times fewer trajectories than the others); without ratios min(cap, planned)."""
+    from types import SimpleNamespace
+
+    from featpipe.stages import sample_rule
+    from featpipe.stages.calibration import Calibration
+
+    results = {"a": Calibration(2.0, 0.05), "b": Calibration(2.0, 1.5),
+               "c": Calibration(None, None), "d": None, "e": Calibration(1.0, 0.4)}
+    seen = []
+
+    def calibrate(plan, reporter):
+        seen.append((plan.todo, plan.estimates))
+        return results[plan.todo[0]]
+
+    monkeypatch.setattr(sample_rule, "probe_infos", lambda pool, paths, ids: dict.fromkeys(ids))
+    monkeypatch.setattr(sample_rule, "estimate_item", lambda item_id, *args: item_id * 2)
+    monkeypatch.setattr(sample_rule, "calibrate", calibrate)
+    plan = SimpleNamespace(paths={}, sampling=None, layout=None, todo=None, estimates=None)
+    ratios = sample_rule.row_ratios(plan, list("abcde"), None)
+    assert ratios == [0.05, 1.5, 0.4]
+    assert seen == [([item], [item * 2]) for item in "abcde"]
+    # planned 1,000 rows, at most 200: 50, 200 (1,500 capped), 200 (400 capped)
+    assert sample_rule.expected_rows(1000, ratios, 200) == pytest.approx(450 / 3)
+    assert sample_rule.expected_rows(1000, [sum(ratios) / 3], 200) == 200  # what it avoids
+    assert sample_rule.expected_rows(30, ratios, 200) == pytest.approx((2 + 45 + 12) / 3)
+    assert sample_rule.expected_rows(1000, [], 200) == 200
+    assert sample_rule.expected_rows(90, [], 200) == 90
+    assert sample_rule.row_ratios(plan, ["c", "d"], None) == []
 
 
 def test_a_split_without_train_items_is_refused_before_any_probe():
