@@ -283,8 +283,8 @@ NPZ_MEMBER_TIME = (1980, 1, 1, 0, 0, 0)
 def write_npz(handle: BinaryIO, parts: Mapping[str, tuple[bytes, np.ndarray]]) -> None:
     """An ``.npz`` of ``{key: npy_parts(array)}`` (:func:`featpipe.checksums.npy_parts`): one
     stored (uncompressed) ``key.npy`` member per array, in C order, as ``np.savez`` writes,
-    read by ``np.load``.  Each member's size is given before it is written, so zipfile adds the ZIP64
-    fields only to a member that needs them (over 2 GiB), instead of to every member as
+    read by ``np.load``.  Each member's size is given before it is written, so zipfile adds
+    the ZIP64 fields only to a member that needs them (over 2 GiB), instead of to every member as
     ``np.savez`` asks (``force_zip64``), whose bytes changed between Python 3.11.2 and 3.11.7
     (CPython gh-103861): a store's files do not depend on the Python that wrote them."""
     with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED) as archive:

@@ -49,7 +49,7 @@ def test_each_member_holds_what_np_save_writes_in_c_order_stored_without_zip64_o
     with zipfile.ZipFile(path) as archive:
         members = archive.infolist()
         assert [m.filename for m in members] == [f"{key}.npy" for key in ARRAYS]
-        for member, value in zip(members, ARRAYS.values()):
+        for member, value in zip(members, ARRAYS.values(), strict=True):
             expected = io.BytesIO()
             np.save(expected, np.asarray(value, order="C"), allow_pickle=False)
             assert archive.read(member) == expected.getvalue(), member.filename
