@@ -572,6 +572,8 @@ def test_a_stages_item_kind_follows_from_its_record(tmp_path, monkeypatch):
         ({"features": "torchvision", "spatial": True}, ItemKind("descriptors", "torchvision")),
         ({"features": "dsift", "spatial": False}, ItemKind("sequence", "dsift")),
         ({"features": "dsift", "sample": {"n": 5}}, ItemKind("descriptors", "a sample of dsift")),
+        ({"features": "dsift", "sample": {"n": 5}, "sampling": None},
+         ItemKind("descriptors", "a sample of dsift", per_image=True)),
         ({"features": "dsift", "encode": {"method": "fisher"}},
          ItemKind("vector", "fisher of dsift")),
         ({"features": "dsift", "encode": {"method": "nope"}}, None),
