@@ -38,13 +38,14 @@ class Lines(Reporter):
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
     """Clips of 40, 6, 5 and 3 random 64x48 frames, and one of 8 frames of 24x20 pixels
-    (MJPG AVI at 10 fps)."""
+    (MJPG AVI at 10 fps); junk.avi is no video."""
     folder = tmp_path_factory.mktemp("calibration")
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 256, (48, 64, 3), np.uint8) for _ in range(40)]
     for name, count in (("long", 40), ("six", 6), ("five", 5), ("short", 3)):
         write_avi(folder / f"{name}.avi", frames[:count], 10)
     write_avi(folder / "tiny.avi", [frame[:20, :24] for frame in frames[:8]], 10)
+    (folder / "junk.avi").write_bytes(b"not a video at all" * 10)
     return folder
 
 
@@ -78,6 +79,10 @@ def test_the_estimate_is_the_time_after_five_frames_over_the_frames_timed_times_
                         ((0.0, 3600.0), "1.7 hours of CPU (144000.0 ms a frame")):
         lines, _ = dry_run(videos, ["long", "short"], monkeypatch, clock)
         assert lines[0][1].startswith(f"dry run: about {said}, the CPU time")
+    # items whose frames cannot be told (no video, no file) add none to the time
+    lines, _ = dry_run(videos, ["long", "junk", "gone"], monkeypatch)
+    assert lines[0][1].endswith("25 frames of long after the first 5, times 40 frames)")
+    assert lines[0][1].startswith("dry run: about 48 s of CPU (1200.0 ms a frame")
 
 
 def test_an_item_of_six_frames_is_timed_on_its_last_and_one_of_fewer_gives_no_estimate(
