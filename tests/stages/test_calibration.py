@@ -114,6 +114,29 @@ def test_a_calibration_that_fails_is_a_warning_and_the_plan_goes_on(videos, monk
     assert [text.split(",")[0] for _, text in lines if text.startswith("would compute")] == [
         "would compute tiny: 8 frames -> 8 sampled", "would compute long: 40 frames -> 40 "
         "sampled"]
+    lines, run = dry_run(videos, ["junk", "long"], monkeypatch, ())  # no frames known
+    assert lines[0][0] == "warn" and lines[0][1].startswith("dry run: no CPU estimate (")
+    assert run.cpu_seconds is None
+
+
+def test_the_rows_found_on_the_first_item_are_the_rows_its_run_stores(videos, tmp_path):
+    """Dense trajectories keep a fraction of their sampling cells: the plan's rows of the
+    item that calibrates are those found on it, exactly the rows the run then stores where
+    the calibration decodes it whole (at most 30 frames), whether it is long enough to be
+    timed (6 frames) or not (5)."""
+    small = {"track_length": 4, "n_t_cells": 2, "n_scales": 2, "step": 4}
+    for first in ("six", "five"):
+        manifest = Manifest.read(write_manifest(videos, [(i, f"{i}.avi", "a", "train")
+                                                         for i in (first, "long")]))
+        store, reporter = Store(tmp_path / first), Lines()
+        stages.extract(store, manifest, "dt", params=small, sampling=Sampling(every=1),
+                       reporter=reporter, options=RunOptions(dry_run=True))
+        line = next(t for _, t in reporter.lines if t.startswith(f"would compute {first}:"))
+        rows = int(line.split(" sampled, ")[1].split(" rows")[0].replace(",", ""))
+        stages.extract(store, manifest, "dt", params=small, sampling=Sampling(every=1),
+                       name="t")
+        stored = len(store.resolve("t").read_item(first))
+        assert rows == stored, (first, line)
 
 
 @pytest.fixture
@@ -179,6 +202,18 @@ def test_a_network_is_timed_on_one_batch_of_four_after_a_start_up_pass(videos, f
                                     "process decoding, cropping and a forward pass of "
                                     f"{said} frames of long, times 40 frames)")
         assert forwards == [("forward", (1, 8), 8), "clock", ("forward", (1, 8), 8), "clock"]
+    vgg = {"weights": "random:0", "resize": 72, "crop": 64}  # a network without clips
+    manifest = Manifest.read(write_manifest(videos, [("short", "short.avi", "a", "train")]))
+    readings = iter((1.0, 1.2))
+    reporter = Lines()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(time, "process_time", lambda: next(readings))
+        stages.extract(Store(videos / "s"), manifest, "vgg16-fc6", params=vgg,
+                       sampling=Sampling(every=1), reporter=reporter,
+                       options=RunOptions(dry_run=True))
+    assert reporter.lines[0] == ("info", "dry run: about 0 s of CPU (50.0 ms a frame, the CPU "
+                                         "time of this process decoding, cropping and a "
+                                         "forward pass of 4 frames of short, times 3 frames)")
 
 
 def test_a_calibration_is_a_frozen_value():
