@@ -49,8 +49,8 @@ def videos(tmp_path_factory):
     return folder
 
 
-def dry_run(folder, ids, monkeypatch, clock=(10.0, 40.0)):
-    """The dry run of dense SIFT on every frame of ``ids`` (in that order), with
+def dry_run(folder, ids, monkeypatch, clock=(10.0, 40.0), every=1):
+    """The dry run of dense SIFT on every ``every``-th frame of ``ids`` (in that order), with
     ``time.process_time`` reading ``clock`` call by call: (its lines, its run)."""
     manifest = Manifest.read(write_manifest(folder, [(i, f"{i}.avi", "a", "train")
                                                      for i in ids]))
@@ -58,7 +58,7 @@ def dry_run(folder, ids, monkeypatch, clock=(10.0, 40.0)):
     monkeypatch.setattr(time, "process_time", lambda: next(readings))
     reporter = Lines()
     run = stages.extract(Store(folder / "s"), manifest, "dsift", params=DSIFT,
-                         sampling=Sampling(every=1), reporter=reporter,
+                         sampling=Sampling(every=every), reporter=reporter,
                          options=RunOptions(dry_run=True))
     monkeypatch.undo()
     return reporter.lines, run
@@ -79,6 +79,9 @@ def test_the_estimate_is_the_time_after_five_frames_over_the_frames_timed_times_
                         ((0.0, 3600.0), "1.7 hours of CPU (144000.0 ms a frame")):
         lines, _ = dry_run(videos, ["long", "short"], monkeypatch, clock)
         assert lines[0][1].startswith(f"dry run: about {said}, the CPU time")
+    # every other frame: 20 of long's sampled, 15 timed, times its 20 and short's 2
+    lines, _ = dry_run(videos, ["long", "short"], monkeypatch, every=2)
+    assert lines[0][1].endswith("15 frames of long after the first 5, times 22 frames)")
     # items whose frames cannot be told (no video, no file) add none to the time
     lines, _ = dry_run(videos, ["long", "junk", "gone"], monkeypatch)
     assert lines[0][1].endswith("25 frames of long after the first 5, times 40 frames)")
@@ -157,7 +160,7 @@ def forwards(monkeypatch):
     return events
 
 
-def network_dry_run(folder, ids, params, events, clock=(2.0, 2.5)):
+def network_dry_run(folder, ids, params, events, clock=(2.0, 2.5), every=1):
     """A torchvision network's dry run on every frame of ``ids``, the clock's readings
     recorded among the forward passes: (its lines, its run)."""
     manifest = Manifest.read(write_manifest(folder, [(i, f"{i}.avi", "a", "train")
@@ -172,7 +175,7 @@ def network_dry_run(folder, ids, params, events, clock=(2.0, 2.5)):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(time, "process_time", process_time)
         run = stages.extract(Store(folder / "s"), manifest, "torchvision", params=params,
-                             sampling=Sampling(every=1), reporter=reporter,
+                             sampling=Sampling(every=every), reporter=reporter,
                              options=RunOptions(dry_run=True))
     return reporter.lines, run
 
@@ -193,6 +196,10 @@ def test_a_network_is_timed_on_one_batch_of_four_after_a_start_up_pass(videos, f
     lines, _ = network_dry_run(videos, ["short", "long"], resnet, forwards)
     assert lines[0][1].endswith("a forward pass of 4 frames of short, times 43 frames)")
     assert forwards == [("forward", (1,), 1), "clock", ("forward", (4,), 3), "clock"]
+    forwards.clear()  # every other frame: short's 0 and 2, the last repeated
+    lines, _ = network_dry_run(videos, ["short", "long"], resnet, forwards, every=2)
+    assert lines[0][1].endswith("a forward pass of 4 frames of short, times 22 frames)")
+    assert forwards == [("forward", (1,), 1), "clock", ("forward", (4,), 2), "clock"]
     for stride, said in ((None, 8), (4, 4)):
         forwards.clear()
         clips = {"arch": "r3d_18", "layer": "avgpool", "clip": 8, "clip_stride": stride}
