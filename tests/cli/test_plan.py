@@ -484,6 +484,28 @@ def test_item_kinds_name_their_content_and_what_an_encoder_makes_of_them():
         ("vector", "vector", "vector", "sequence", "descriptors", "sequence")]
 
 
+def test_an_item_kind_is_a_frozen_value_and_an_import_is_guessed_unframed():
+    """One ItemKind is remembered per stage name and handed to every step that reads a stage
+    of that name, and the encoders' Kinds are module constants: neither can be changed in
+    place, and equal kinds are one value (hashable).  shape_kind without ``framed``: 2-D
+    items without a frame_index are sequences."""
+    import dataclasses
+
+    from featpipe.item_kinds import FISHER, POOLS_TIME, ItemKind, shape_kind
+
+    kind = ItemKind("sequence", "fc6")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        kind.kind = "vector"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        POOLS_TIME.does = "maps every row"
+    assert {kind, ItemKind("sequence", "fc6"), ItemKind("sequence", "fc6", True)} == {
+        kind, ItemKind("sequence", "fc6", per_image=True)}
+    assert len({POOLS_TIME, FISHER, POOLS_TIME}) == 2
+    assert shape_kind(2) == ItemKind("sequence", "imported", guessed=True)
+    assert shape_kind(3) == ItemKind("sequence", "imported", guessed=True)
+    assert shape_kind(1) == ItemKind("vector", "imported", guessed=True)
+
+
 def test_check_input_names_both_sides_and_each_way_out():
     """A mismatch is a ParameterError of the parameter named; an unknown or guessed side is
     not checked; each way out as its case says."""
@@ -550,6 +572,8 @@ def test_a_stages_item_kind_follows_from_its_record(tmp_path, monkeypatch):
         ({"features": "torchvision", "spatial": True}, ItemKind("descriptors", "torchvision")),
         ({"features": "dsift", "spatial": False}, ItemKind("sequence", "dsift")),
         ({"features": "dsift", "sample": {"n": 5}}, ItemKind("descriptors", "a sample of dsift")),
+        ({"features": "dsift", "sample": {"n": 5}, "sampling": None},
+         ItemKind("descriptors", "a sample of dsift", per_image=True)),
         ({"features": "dsift", "encode": {"method": "fisher"}},
          ItemKind("vector", "fisher of dsift")),
         ({"features": "dsift", "encode": {"method": "nope"}}, None),
