@@ -193,9 +193,10 @@ RESULTS = [
 
 def test_a_table_of_results_worked_by_hand():
     """make_table, sort_rows, markdown and CSV on four results made here: the columns that
-    differ among the results having them, rows by those columns (numbers as numbers, a
-    missing value last in either order), scores best first, ties by the next column."""
-    from featpipe.results import csv_text, make_table, markdown, sort_rows
+    differ among the results having them, rows by those columns (numbers as numbers, before
+    any other value, a missing value last in either order), scores best first, ties by the
+    next column."""
+    from featpipe.results import _sort_value, csv_text, make_table, markdown, sort_rows
 
     table = make_table([_result(*r) for r in RESULTS])
     assert table.parameters == ["encode", "C", "hrp.window"]
@@ -212,6 +213,11 @@ def test_a_table_of_results_worked_by_hand():
                      (("mean", "C"), True): ["r3", "r1", "r4", "r2"],
                      (("hrp.window",), False): ["r3", "r2", "r4", "r1"],
                      (("hrp.window",), True): ["r2", "r3", "r4", "r1"]}
+    # a column of numbers and other values: the numbers first, the others by their cell text
+    # (a boolean is no number here)
+    mixed = ["auto", 2, True, None, 1.5, False, [1, 2]]
+    assert sorted(mixed, key=_sort_value) == [1.5, 2, [1, 2], "auto", False, None, True]
+    assert sorted(mixed, key=lambda v: _sort_value(v, descending=True))[:2] == [2, 1.5]
     with pytest.raises(Exception, match="'widow' is not a column of this table .did you mean "
                        "'hrp.window'.*; columns: result, inputs, encode"):
         sort_rows(table, ["widow"])
@@ -262,7 +268,8 @@ def test_cells_and_columns_of_a_chain():
 def test_the_plots_lines_and_the_files_beside_a_table(tmp_path):
     """plot_series: a line per value of ``by`` and of every other parameter that varies among
     the rows with ``x``, 'all' when none does; a plot of a text column; the PNG's name; an
-    output's suffix picks its format, whatever its case."""
+    output's suffix picks its format, whatever its case, and another is refused before
+    anything is written."""
     from featpipe.errors import FeatpipeError, ParameterError
     from featpipe.results import (
         Table,
@@ -297,6 +304,9 @@ def test_the_plots_lines_and_the_files_beside_a_table(tmp_path):
         check_output("t.txt")
     write_table(table, tmp_path / "new" / "T.MD")
     assert (tmp_path / "new" / "T.MD").read_text(encoding="utf-8").startswith("| result |")
+    with pytest.raises(ParameterError, match="t.txt': the suffix picks the format"):
+        write_table(table, tmp_path / "bad" / "t.txt")  # refused before its folder is made
+    assert not (tmp_path / "bad").exists()
 
 
 class _Stage:
@@ -334,7 +344,7 @@ def test_each_result_row_from_its_stored_result_and_chain_and_the_unreadable_ski
     name (else the folder), its chain's columns then classify's, the scores of each split; a
     stage without a result, or whose result lacks its splits or summary, skipped with a
     warning; a chain that cannot be read warned about, the row kept with classify's columns;
-    a store that does not exist is one line."""
+    a store that does not exist is one line, its own (before any reference is resolved)."""
     from types import SimpleNamespace
 
     from featpipe.errors import FeatpipeError
@@ -378,9 +388,10 @@ def test_each_result_row_from_its_stored_result_and_chain_and_the_unreadable_ski
         "has classify's own parameters only"]
     assert gather([], warnings) == []
     missing = Store(tmp_path / "none")
-    with pytest.raises(FeatpipeError, match="no store at .*none: the folder does not exist"):
+    with pytest.raises(FeatpipeError, match="^no store at .*none: the folder does not exist"):
         store_results(missing)
     path = tmp_path / "p.toml"
     path.write_text('[steps.r]\nstage = "classify"\ninputs = ["@x"]\n')
-    with pytest.raises(FeatpipeError, match="no store at .*none: the folder does not exist"):
+    # the store's own line, before any reference of the file is resolved in it
+    with pytest.raises(FeatpipeError, match="^no store at .*none: the folder does not exist"):
         pipeline_results(load_pipeline(path), missing, _Warnings())
