@@ -262,11 +262,11 @@ def atomic_save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray],
     for key, value in arrays.items():
         if value.dtype.hasobject:
             raise ValueError(f"array {key!r} has dtype object; featpipe never pickles")
-    parts = {key: npy_parts(value) for key, value in arrays.items()}
+    members = {f"{key}.npy": npy_parts(value) for key, value in arrays.items()}
     written = []
 
     def write(handle):
-        write_npz(handle, parts)
+        write_npz(handle, members)
         if checksum:
             handle.flush()
             handle.seek(0)
@@ -280,16 +280,17 @@ def atomic_save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray],
 NPZ_MEMBER_TIME = (1980, 1, 1, 0, 0, 0)
 
 
-def write_npz(handle: BinaryIO, parts: Mapping[str, tuple[bytes, np.ndarray]]) -> None:
-    """An ``.npz`` of ``{key: npy_parts(array)}`` (:func:`featpipe.checksums.npy_parts`): one
-    stored (uncompressed) ``key.npy`` member per array, in C order, as ``np.savez`` writes,
-    read by ``np.load``.  Each member's size is given before it is written, so zipfile adds
-    the ZIP64 fields only to a member that needs them (over 2 GiB), instead of to every member as
-    ``np.savez`` asks (``force_zip64``), whose bytes changed between Python 3.11.2 and 3.11.7
-    (CPython gh-103861): a store's files do not depend on the Python that wrote them."""
+def write_npz(handle: BinaryIO, members: Mapping[str, tuple[bytes, np.ndarray]]) -> None:
+    """An uncompressed zip of ``.npy`` files, ``{member name: npy_parts(array)}``
+    (:func:`featpipe.checksums.npy_parts`: each array in C order), as ``np.savez`` writes
+    one and ``np.load`` reads it (``.npz``), every member dated 1980-01-01 (zipfile's
+    default).  Each member's size is given before it is written, so zipfile adds the ZIP64
+    fields only to a member that needs them (over about 2 GiB), instead of to every member
+    as ``np.savez`` asks (``force_zip64``), whose bytes changed between Python 3.11.2 and
+    3.11.7 (CPython gh-103861): a store's files do not depend on the Python that wrote them."""
     with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED) as archive:
-        for key, (header, data) in parts.items():
-            member = zipfile.ZipInfo(f"{key}.npy", date_time=NPZ_MEMBER_TIME)
+        for name, (header, data) in members.items():
+            member = zipfile.ZipInfo(name, date_time=NPZ_MEMBER_TIME)
             member.file_size = len(header) + data.nbytes
             member.external_attr = 0o600 << 16
             with archive.open(member, "w") as out:

@@ -54,6 +54,7 @@ from featpipe.fileio import (
     npy_from_bytes,
     safe_stem,
     tmp_path,
+    write_npz,
     writing,
 )
 from featpipe.store import states
@@ -133,12 +134,7 @@ class BatchWriter:
         try:
             with writing(tmp):
                 with open(tmp, "w+b") as handle:
-                    with zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED) as archive:
-                        for member, (header, data) in self.members.items():
-                            info = zipfile.ZipInfo(member, (1980, 1, 1, 0, 0, 0))
-                            with archive.open(info, "w") as out:
-                                out.write(header)
-                                out.write(data.data)
+                    write_npz(handle, self.members)
                     handle.flush()
                     os.fsync(handle.fileno())
                     handle.seek(0)
