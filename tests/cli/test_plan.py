@@ -20,6 +20,7 @@ from featpipe.manifest import Manifest
 from featpipe.pipeline import PipelineError, load_pipeline, plan_pipeline
 from featpipe.stages.dryrun import item_bytes
 from featpipe.store import Store
+from tests._reporter import KeptLines
 from tests._stores import first_encoded, write_npy_dataset
 from tests.conftest import REPO
 
@@ -291,18 +292,6 @@ def test_sigterm_stops_a_pipeline_like_every_command(tmp_path):
     assert stage.done_ids()
 
 
-class _Lines:
-    """A reporter that keeps (level, line)."""
-
-    def __init__(self):
-        self.lines = []
-
-    def info(self, text):
-        self.lines.append(("info", text))
-
-    def warn(self, text):
-        self.lines.append(("warn", text))
-
 
 def test_cpu_text_switches_units_at_a_minute_and_an_hour():
     from featpipe.plan import cpu_text
@@ -397,7 +386,7 @@ def test_the_printed_plan_puts_a_pass_under_its_heading_and_says_what_waits():
                   bytes=1_500_000, cpu=30.0, pass_step="sift"))
     plan.problem("bad", "--weights w.pth: no such file")
     plan.problem("", "the store is read-only")
-    reporter = _Lines()
+    reporter = KeptLines()
     print_plan(plan, reporter, "dry run of p.toml")
     heading = ("  pass of step 'sift' (one decode of each item; stages marked 'not written' "
                "are computed in memory):")
@@ -428,13 +417,13 @@ def test_the_printed_plan_puts_a_pass_under_its_heading_and_says_what_waits():
     inside.add(Node("x", "extract-aa", "extract", pass_step="x"))
     inside.add(Node("a-long-step", "encode-bb", "encode", name="its-name", pass_step="x"))
     inside.add(Node("y", "encode-cc", "encode"))
-    lines = _Lines()
+    lines = KeptLines()
     print_plan(inside, lines)
     header, *rows = [text for _, text in lines.lines[1:6] if "pass of step" not in text]
     assert [row.index(stage) for row, stage in zip(
         rows, ("extract-aa", "encode-bb", "encode-cc"), strict=True)] == \
         [header.index("stage")] * 3, rows
-    empty = _Lines()
+    empty = KeptLines()
     print_plan(Plan(), empty)
     assert empty.lines[1] == ("info", "  step  stage                         items  item kind  "
                                       "      at rest  CPU")

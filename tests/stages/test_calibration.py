@@ -14,25 +14,14 @@ import pytest
 from featpipe import stages
 from featpipe.io.video import Sampling
 from featpipe.manifest import Manifest
-from featpipe.stages.base import Reporter, RunOptions
+from featpipe.stages.base import RunOptions
 from featpipe.store import Store
 from tests._avi import write_avi
+from tests._reporter import KeptLines
 from tests.cli.test_extract_cli import write_manifest
 
 DSIFT = {"sizes": [8], "step": 8}
 
-
-class Lines(Reporter):
-    """Keeps what is said: ("info" | "warn", text)."""
-
-    def __init__(self):
-        self.lines = []
-
-    def info(self, text):
-        self.lines.append(("info", text))
-
-    def warn(self, text):
-        self.lines.append(("warn", text))
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +45,7 @@ def dry_run(folder, ids, monkeypatch, clock=(10.0, 40.0), every=1):
                                                      for i in ids]))
     readings = iter(clock)
     monkeypatch.setattr(time, "process_time", lambda: next(readings))
-    reporter = Lines()
+    reporter = KeptLines()
     run = stages.extract(Store(folder / "s"), manifest, "dsift", params=DSIFT,
                          sampling=Sampling(every=every), reporter=reporter,
                          options=RunOptions(dry_run=True))
@@ -131,7 +120,7 @@ def test_the_rows_found_on_the_first_item_are_the_rows_its_run_stores(videos, tm
     for first in ("six", "five"):
         manifest = Manifest.read(write_manifest(videos, [(i, f"{i}.avi", "a", "train")
                                                          for i in (first, "long")]))
-        store, reporter = Store(tmp_path / first), Lines()
+        store, reporter = Store(tmp_path / first), KeptLines()
         stages.extract(store, manifest, "dt", params=small, sampling=Sampling(every=1),
                        reporter=reporter, options=RunOptions(dry_run=True))
         line = next(t for _, t in reporter.lines if t.startswith(f"would compute {first}:"))
@@ -171,7 +160,7 @@ def network_dry_run(folder, ids, params, events, clock=(2.0, 2.5), every=1):
         events.append("clock")
         return next(readings)
 
-    reporter = Lines()
+    reporter = KeptLines()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(time, "process_time", process_time)
         run = stages.extract(Store(folder / "s"), manifest, "torchvision", params=params,
@@ -212,7 +201,7 @@ def test_a_network_is_timed_on_one_batch_of_four_after_a_start_up_pass(videos, f
     vgg = {"weights": "random:0", "resize": 72, "crop": 64}  # a network without clips
     manifest = Manifest.read(write_manifest(videos, [("short", "short.avi", "a", "train")]))
     readings = iter((1.0, 1.2))
-    reporter = Lines()
+    reporter = KeptLines()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(time, "process_time", lambda: next(readings))
         stages.extract(Store(videos / "s"), manifest, "vgg16-fc6", params=vgg,
