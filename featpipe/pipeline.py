@@ -218,10 +218,13 @@ def _point(step: Step, name: str, values: Mapping, rename: Mapping[str, str]) ->
     return renamed(Step(name, step.function, arguments), rename)
 
 
-def _sampling_keys() -> set[str]:
+def _sampling_keys() -> list[str]:
+    """The keys of an extract step's ``sampling`` table: :class:`Sampling`'s declared
+    fields (its ``window`` is set by ``sample_window``)."""
     from featpipe.io.video import Sampling
+    from featpipe.parameters import record_parameters
 
-    return {f.name for f in fields(Sampling)}
+    return [p.name for p in record_parameters(Sampling)]
 
 
 def _takes_any(function: str) -> bool:
@@ -384,7 +387,7 @@ def _check_extract(arguments: Mapping) -> None:
         if not isinstance(arguments.get(table) or {}, Mapping):
             raise ParameterError(table, f"must be a table, got {arguments[table]!r}")
     sampling = dict(arguments.get("sampling") or {})
-    known = [f.name for f in fields(Sampling)]
+    known = _sampling_keys()
     for key in sampling:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)

@@ -29,7 +29,8 @@ class ExtractSettings:
     themselves, or their encoding by ``encode`` with ``encode_params`` (``featpipe encode``'s
     parameters of that method), or ``sample_descriptors`` rows drawn with ``sample_seed``
     (of as few train items of ``sample_split`` as give ``sample_total`` rows:
-    :mod:`featpipe.stages.sample_rule`).
+    :mod:`featpipe.stages.sample_rule`; of ``sample_window`` consecutive frames of each at a
+    seeded first frame: :func:`featpipe.io.video.window_start`).
     How the stage runs: a network's ``device`` and ``batch_size``, the ``decoder`` (part of
     the key) and its ``decode_timeout``, ``allow_partial`` and ``disk_check``; the steps
     that run in the same pass (``then``) and whether the extraction itself is written
@@ -58,6 +59,10 @@ class ExtractSettings:
         None, "With --sample-descriptors: extract only enough train items of --sample-split "
         "for N rows in all (a GMM's --sample), drawn stratified by class.")
     sample_split: int = declared(1, "The split whose train items --sample-total draws from.")
+    sample_window: int | None = declared(
+        None, "With --sample-descriptors: decode only W consecutive frames of each item, "
+        "from a frame drawn with --sample-seed and the item id (a sample of local features "
+        "needs no pass over the whole video).")
     human_boxes: str | None = declared(
         None, "Folder of human boxes per item (DIR/<id>.bb, the improved trajectories' -H "
         "format) left out of the camera motion estimate (idt).")
@@ -94,6 +99,13 @@ class ExtractSettings:
                                               self.sample_total < 1):
             raise ParameterError("sample_total", "must be >= 1 and goes with "
                                  f"--sample-descriptors, got {self.sample_total}")
+        if self.sample_window is not None:
+            if self.sample_descriptors is None or self.sample_window < 1:
+                raise ParameterError("sample_window", "must be >= 1 and goes with "
+                                     f"--sample-descriptors, got {self.sample_window}")
+            if self.human_boxes is not None:
+                raise ParameterError("sample_window", "cannot be combined with --human-boxes "
+                                     "(boxes are given per video frame from the first)")
         if self.sample_split < 1:
             raise ParameterError("sample_split", f"must be >= 1, got {self.sample_split}")
         if self.encode is not None and self.encode not in LOCAL_ENCODERS:

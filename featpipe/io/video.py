@@ -15,6 +15,12 @@ Sampling (:class:`Sampling`, one of):
   only a guess: one pass keeps the frames chosen for it and counts the frames that decode; when
   the count differs, a second pass takes the right ones.  The N kept frames are held in memory
   until the pass ends;
+* ``window=W`` (``extract --sample-window``, set by the extraction, not an option here): W
+  consecutive frames of each video, from a first frame drawn from ``window_seed`` and the item
+  id over the container's frame count (:func:`window_start`); decoding stops after the
+  window (the frames before it are decoded, not converted), so the container's count is checked
+  only where the video ends before the window does, which a second pass then takes from the
+  true count;
 * nothing: every frame.
 
 Timestamps (seconds) are the frame's own time: the decoder's position of each frame
@@ -108,18 +114,23 @@ class Sampling:
         "the same descriptors).")
     every: int | None = declared(None, "Keep every N-th frame (1: all).")
     frames: int | None = declared(None, "Keep N frames evenly spaced over the video.")
+    #: W consecutive frames of each video at a seeded first frame (:func:`window_start`),
+    #: alone; not an option of its own (``extract --sample-window`` sets it)
+    window: int | None = None
+    window_seed: int = 0
 
     def validate(self) -> Sampling:
-        """This sampling, or an error naming the value: at most one of the three, ``fps`` a
-        finite number > 0, ``every`` and ``frames`` whole numbers >= 1 (``2.0`` is 2; a bool
-        or a string is no number)."""
-        given = [name for name in ("fps", "every", "frames") if getattr(self, name) is not None]
+        """This sampling, or an error naming the value: at most one of the four, ``fps`` a
+        finite number > 0, ``every``, ``frames`` and ``window`` whole numbers >= 1 (``2.0`` is
+        2; a bool or a string is no number)."""
+        given = [name for name in ("fps", "every", "frames", "window")
+                 if getattr(self, name) is not None]
         if len(given) > 1:
             raise InputError("--fps, --every and --frames are mutually exclusive, got "
                              + " and ".join("--" + g for g in given))
         if self.fps is not None and not (_is_number(self.fps) and 0 < self.fps < math.inf):
             raise ParameterError("fps", f"must be a finite number > 0, got {self.fps!r}")
-        for name in ("every", "frames"):
+        for name in ("every", "frames", "window"):
             value = getattr(self, name)
             if value is not None and not (_is_number(value) and value >= 1
                                           and float(value).is_integer()):
@@ -136,6 +147,8 @@ class Sampling:
 
     def expected(self, total: int, fps: float) -> int:
         """Frames kept from a video of ``total`` frames at ``fps`` (0: unknown rate)."""
+        if self.window is not None:
+            return min(total, int(self.window))
         if self.frames is not None:
             return len(evenly_spaced(total, self.frames))
         if self.every is not None:
@@ -143,6 +156,16 @@ class Sampling:
         if self.fps is not None and fps > 0:
             return min(total, math.ceil(total / fps * self.fps - 1e-9))
         return total
+
+
+def window_start(item_id: str, total: int, window: int, seed: int) -> int:
+    """The first of the ``window`` consecutive frames kept of an item of ``total`` frames:
+    uniform over 0 .. total − window (0 when the item is shorter), drawn from a generator
+    seeded by (``seed``, the item id's digest, 1), the sampled rows' generator's seeds and 1."""
+    from featpipe.fileio import id_digest
+
+    rng = np.random.default_rng([int(seed), int(id_digest(item_id)[:15], 16), 1])
+    return int(rng.integers(0, max(int(total) - int(window), 0) + 1))
 
 
 def evenly_spaced(n_total: int, n_wanted: int) -> np.ndarray:
@@ -309,17 +332,60 @@ def _evenly_spaced_frames(dec, path, n_wanted: int, early: bool):
                        f"({guess} then {total})")
 
 
+def _window_frames(dec, path, window: int, start_of, early: bool):
+    """The frames of a ``window`` sampling, ``start_of(count)`` its first frame for a count:
+    decoding stops at the window's end; a video that ends before it, at a count whose window
+    starts elsewhere, is taken again from the true count (as :func:`_evenly_spaced_frames`).
+    ``dec.counts`` is left None where the window ended first (nothing to check the count
+    against), or holds the first pass's where that pass found fewer frames than declared."""
+    guess = getattr(dec, "frame_count", lambda p: 0)(path)
+    short = None
+    for _ in range(2):
+        start = start_of(guess)
+        end = start + window
+        kept, total = [], 0
+        frames = dec.frames(path, lambda i, t, s=start, e=end: s <= i < e)
+        try:
+            for index, seconds, frame in frames:
+                total = index + 1
+                if frame is not None:
+                    if early:
+                        yield seconds, frame
+                    else:
+                        kept.append((seconds, frame))
+                if total >= end:
+                    break
+        finally:
+            getattr(frames, "close", lambda: None)()
+        if total == 0:
+            raise RuntimeError("no decodable frames")
+        if total >= end or start_of(total) == start:  # else the true count moves it
+            yield from kept
+            if total >= end and hasattr(dec, "counts"):
+                dec.counts = short
+            return
+        counts = getattr(dec, "counts", None)
+        if counts and counts[1] is not None and counts[0] < counts[1]:
+            short = counts
+        if early:
+            yield RESTART
+        guess = total  # the container's count was wrong: choose again from the true count
+    raise RuntimeError(f"the number of decodable frames changed between two passes "
+                       f"({guess} then {total})")
+
+
 def iter_frames(path: str | os.PathLike, sampling: Sampling = Sampling(),
-                decoder: str | Decoder = "opencv", early: bool = False
+                decoder: str | Decoder = "opencv", early: bool = False, item_id: str = ""
                 ) -> Iterator[tuple[float, np.ndarray]]:
     """(timestamp in seconds, RGB uint8 frame) of the sampled frames of a video or image.
 
     Raises ``FileNotFoundError``/``RuntimeError`` with a one-line cause; a video with no
-    decodable frame is an error.  With ``early`` and ``frames=N`` sampling, frames chosen from
-    the container's frame count are yielded as they decode, and :data:`RESTART` is yielded
-    if that count proves wrong (the right frames follow); without it they are held back until
-    the count is confirmed.  ``decoder`` is a name or a :class:`Decoder` (whose ``counts``
-    the caller can read afterwards).
+    decodable frame is an error.  With ``early`` and ``frames=N`` or ``window=W`` sampling,
+    frames chosen from the container's frame count are yielded as they decode, and
+    :data:`RESTART` is yielded if that count proves wrong (the right frames follow); without
+    it they are held back until the count is confirmed.  ``decoder`` is a name or a
+    :class:`Decoder` (whose ``counts`` the caller can read afterwards); ``item_id`` seeds a
+    window's first frame (:func:`window_start`).
     """
     sampling = sampling.validate()
     path = Path(path)
@@ -335,6 +401,11 @@ def iter_frames(path: str | os.PathLike, sampling: Sampling = Sampling(),
     dec = get_decoder(decoder) if isinstance(decoder, str) else decoder
     if sampling.frames is not None:
         yield from _evenly_spaced_frames(dec, path, sampling.frames, early)
+        return
+    if sampling.window is not None:
+        window = int(sampling.window)
+        yield from _window_frames(dec, path, window, lambda total: window_start(
+            item_id, total, window, sampling.window_seed), early)
         return
     if sampling.every is not None:
         def want(index, seconds):
@@ -510,7 +581,7 @@ def _decode_item(conn, request, decoder: str, program: WorkerProgram, log: _Stde
         job = program.start(item_id)
         payloads, stamps = [], []
         reported = time.monotonic()
-        for got in read_ahead(iter_frames(path, sampling, dec, early=True)):
+        for got in read_ahead(iter_frames(path, sampling, dec, early=True, item_id=item_id)):
             if got is RESTART:
                 payloads, stamps = [], []
                 job.restart()

@@ -100,7 +100,8 @@ def calibrate(plan: ExtractionPlan, reporter: Reporter) -> Calibration | None:
                 job = LocalFeatureProgram(chosen.method, chosen.record, sinks, None,
                                           sampling.every or 1).start(item_id)
                 started, timed = None, 0
-                for count, (seconds, frame) in enumerate(iter_frames(path, sampling)):
+                decoded = iter_frames(path, sampling, item_id=item_id)
+                for count, (seconds, frame) in enumerate(decoded):
                     if count == CALIBRATION_WARMUP:
                         started = time.process_time()
                     job.add(frame, seconds)

@@ -146,6 +146,12 @@ def plan_extraction(store: Store, manifest: Manifest, features: str, params: Map
     then = order_steps(settings.then)
     keep = not then if settings.keep is None else bool(settings.keep)
     _check_then(then, keep, settings, options)
+    if settings.sample_window is not None:
+        if sampling != Sampling():
+            raise ParameterError("sample_window", "takes consecutive frames: not with --fps, "
+                                 "--every or --frames")
+        sampling = Sampling(window=int(typed_value(settings.sample_window, (int,))),
+                            window_seed=int(typed_value(settings.sample_seed, (int,))))
     if chosen.method.default_fps is not None and sampling == Sampling():
         sampling = Sampling(fps=chosen.method.default_fps)
     if settings.human_boxes is not None:
@@ -318,7 +324,10 @@ def _items(store, chosen: Chosen, settings: ExtractSettings, estimator, dim: int
         seed = int(typed_value(settings.sample_seed, (int,)))
         sinks = dataclasses.replace(sinks, kind="sample", sample=rows, seed=seed)
         layout = Layout(rows_per_frame, dim, 4, kind="sample", sample=rows)
-        return layout, sinks, {"sample": {"rows": rows, "seed": seed}}, {}
+        record = {"rows": rows, "seed": seed}
+        if settings.sample_window is not None:  # (keys without a window stay as they were)
+            record["window"] = int(typed_value(settings.sample_window, (int,)))
+        return layout, sinks, {"sample": record}, {}
     layout = Layout(rows_per_frame, dim, itemsize, local=local, positions=settings.positions)
     return layout, sinks, ({"positions": settings.positions} if local else {}), {}
 

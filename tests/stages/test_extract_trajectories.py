@@ -271,3 +271,45 @@ def test_an_item_without_a_single_trajectory_is_stored_and_said(clips, tmp_path)
     stage = Store(tmp_path / "s").resolve("dt")
     still, moving = stage.read_item("still"), stage.read_item("moving")
     assert len(still) == 0 and len(moving) and still.shape[1] == moving.shape[1]
+
+
+def test_a_sample_window_is_the_sample_of_a_video_of_those_frames_alone(tmp_path):
+    """``sample_window = W``: the rows sampled of a 30-frame clip are those of a clip of its
+    frames s .. s + W − 1 alone (the same id, so the same row draws), s drawn from the seed
+    and the id (:func:`featpipe.io.video.window_start`); the dry run plans W frames; the
+    stage key says the window, and a stage without one keeps its key."""
+    from featpipe.demo.motion import render_clip
+    from featpipe.io.video import window_start
+
+    frames = list(np.ascontiguousarray(
+        render_clip("right", np.random.default_rng(0), frames=30)[..., ::-1]))
+    seed, window = 2, 12
+    start = window_start("motion", 30, window, seed)
+    assert start == 12  # well inside: neither end of the clip
+    for folder, kept in (("long", frames), ("short", frames[start:start + window])):
+        (tmp_path / folder).mkdir()
+        write_avi(tmp_path / folder / "motion.avi", kept, 12)
+        write_manifest(tmp_path / folder, [("motion", "motion.avi", "right", "train")])
+    store = Store(tmp_path / "s")
+    windowed = ExtractSettings(sample_descriptors=50, sample_seed=seed, sample_window=window)
+    reporter = Reporter()
+    lines = []
+    reporter.info = lines.append
+    stages.extract(store, Manifest.read(tmp_path / "long" / "manifest.csv"), "idt",
+                   params=SMALL, settings=windowed, options=RunOptions(dry_run=True),
+                   reporter=reporter)
+    assert any(f"about {window} frames" in line for line in lines), lines
+    stages.extract(store, Manifest.read(tmp_path / "long" / "manifest.csv"), "idt",
+                   params=SMALL, settings=windowed, name="window")
+    stages.extract(store, Manifest.read(tmp_path / "short" / "manifest.csv"), "idt",
+                   params=SMALL, settings=ExtractSettings(sample_descriptors=50,
+                                                          sample_seed=seed), name="alone")
+    rows = store.resolve("window").read_item("motion")
+    assert 0 < len(rows) <= 50
+    np.testing.assert_array_equal(rows, store.resolve("alone").read_item("motion"))
+    assert store.resolve("window").params["sample"] == {"rows": 50, "seed": seed,
+                                                        "window": window}
+    assert store.resolve("alone").params["sample"] == {"rows": 50, "seed": seed}
+    with pytest.raises(ParameterError, match="sample_window takes consecutive frames"):
+        stages.extract(store, Manifest.read(tmp_path / "long" / "manifest.csv"), "idt",
+                       params=SMALL, settings=windowed, sampling=Sampling(every=2))

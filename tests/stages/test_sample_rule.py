@@ -72,6 +72,36 @@ def test_as_few_train_items_as_the_rows_need_same_from_the_cli_and_a_pipeline(cl
     assert f"summary: 0 done, {len(chosen)} skipped" in again.stdout
 
 
+def test_a_window_sample_is_planned_and_run_alike_from_the_cli_and_a_pipeline(cli, clips,
+                                                                              tmp_path):
+    """``--sample-window 8`` with the rule: the dry run takes the items the run takes, its
+    frames are 8 a clip (not the clips' 20), the pipeline file's ``sample_window`` is the same
+    stage; the window goes with --sample-descriptors and every frame, not --every."""
+    store = tmp_path / "s"
+    args = ["extract", "-m", clips / "clips.csv", "-s", store, "-f", "idt", "--descriptors",
+            "hog", "--sample-descriptors", "50", "--sample-total", "120",
+            "--sample-window", "8"]
+    dry = cli(*args, "--dry-run", check=True)
+    line = next(x for x in dry.stdout.splitlines() if x.startswith("sample: "))
+    run = cli(*args, "-n", "win", check=True)
+    assert line in run.stdout
+    stage = Store(store).resolve("win")
+    assert f"about {8 * len(stage.items.ids):,} frames" in dry.stdout
+    assert stage.params["sample"]["window"] == 8
+    path = tmp_path / "p.toml"
+    path.write_text(f'[steps.win]\nstage = "extract"\nmanifest = "{clips / "clips.csv"}"\n'
+                    'features = "idt"\nparams = { descriptors = "hog" }\n'
+                    "sample_descriptors = 50\nsample_total = 120\nsample_window = 8\n")
+    again = cli("run", path, "--store", store, check=True)
+    assert f"stage {stage.name} as 'win'" in again.stdout
+    assert f"summary: 0 done, {len(stage.items.ids)} skipped" in again.stdout
+    alone = cli(*args[:7], "--sample-window", "8")
+    assert alone.exit_code == 2 and "--sample-window must be >= 1 and goes with " \
+        "--sample-descriptors, got 8" in alone.stderr
+    every = cli(*args, "--every", "2")
+    assert every.exit_code == 2 and "--sample-window takes consecutive frames" in every.stderr
+
+
 def test_sample_total_goes_with_sample_descriptors(cli, clips, tmp_path):
     result = cli("extract", "-m", clips / "clips.csv", "-s", tmp_path / "s", "-f", "idt",
                  "--sample-total", "10")

@@ -117,9 +117,9 @@ def corrupt_inputs(tmp_path):
     }
 
 
-def decode_all(pool, items, sampling):
+def decode_all(pool, items, sampling, allow_partial=False):
     """Every message of decoding ``items`` with ``pool``, in arrival order."""
-    pool.submit(items, sampling)
+    pool.submit(items, sampling, allow_partial)
     events = []
     while pool.busy:
         events += pool.poll(5.0)
@@ -429,3 +429,93 @@ def test_in_flight_names_each_item_being_decoded_and_its_worker(tmp_path):
         assert pool.in_flight() == {}
     assert list(seen) == ["v"] and seen["v"] in pids
     assert frame_counts(events) == {"v": 5}
+
+
+# -- a window of consecutive frames (extract --sample-window) --------------------------------
+
+class RecordingDecoder(video.OpenCVDecoder):
+    """OpenCV decoding that records the index of every frame it reads (grabbed)."""
+
+    read: list[int] = []
+
+    def frames(self, path, want):
+        for index, seconds, frame in super().frames(path, want):
+            RecordingDecoder.read.append(index)
+            yield index, seconds, frame
+
+
+def brightness(frames) -> list[int]:
+    return [round(float(frame.mean()) / 10) for _, frame in frames]
+
+
+def test_a_window_is_w_consecutive_frames_from_a_seeded_start_and_decoding_stops_there(
+        tmp_path, monkeypatch):
+    """``Sampling(window=W)``: frames s .. s + W − 1 of a T-frame video, s uniform over
+    0 .. T − W from (seed, item id) (:func:`video.window_start`); nothing after the window is
+    read; the dry run's estimate is min(W, T); a video shorter than W gives every frame."""
+    path = write_video(tmp_path / "v.mp4", n_frames=20, fps=10.0)  # frame k: brightness 10 k
+    monkeypatch.setitem(video.DECODERS, "recording", f"{__name__}:RecordingDecoder")
+    starts = {(item, seed): video.window_start(item, 20, 5, seed)
+              for item in ("a", "b", "c", "d") for seed in (0, 1)}
+    assert set(starts.values()) <= set(range(16)) and len(set(starts.values())) > 2
+    for (item, seed), start in starts.items():
+        RecordingDecoder.read = []
+        frames = list(iter_frames(path, Sampling(window=5, window_seed=seed), "recording",
+                                  item_id=item))
+        assert brightness(frames) == list(range(start, start + 5))
+        assert [t for t, _ in frames] == pytest.approx([k / 10 for k in range(start, start
+                                                                              + 5)], abs=1e-6)
+        assert RecordingDecoder.read == list(range(start + 5))  # stopped after the window
+    assert video.window_start("a", 20, 5, 0) == starts["a", 0]  # seeded: the same again
+    assert video.window_start("a", 3, 5, 0) == 0 == video.window_start("a", 5, 5, 0)
+    assert brightness(iter_frames(path, Sampling(window=30), item_id="a")) == list(range(20))
+    assert Sampling(window=5).expected(20, 10.0) == 5
+    assert Sampling(window=30).expected(20, 10.0) == 20
+    with pytest.raises(InputError, match="window must be a whole number >= 1"):
+        Sampling(window=0).validate()
+    with pytest.raises(InputError, match="mutually exclusive, got --every and --window"):
+        Sampling(every=2, window=3).validate()
+
+
+def test_a_window_drawn_from_a_wrong_count_is_drawn_again_from_the_true_one(tmp_path):
+    """A container that states 1000 frames: the window drawn over them starts past the 20
+    frames that decode, so they are taken again from the window of the true count, in the
+    calling process and in a worker (which streams, then restarts)."""
+    path = write_video(tmp_path / "v.mp4", n_frames=20, fps=10.0)
+    item = next(i for i in map(str, range(100)) if video.window_start(i, 1000, 4, 0) >= 20)
+    start = video.window_start(item, 20, 4, 0)
+    sampling = Sampling(window=4)
+    frames = list(iter_frames(path, sampling, f"{__name__}:WrongCountDecoder", item_id=item))
+    assert brightness(frames) == list(range(start, start + 4))
+    with DecodePool(1, decoder=f"{__name__}:WrongCountDecoder", timeout=60) as pool:
+        out = decode_all(pool, [(item, path)], sampling)
+    assert [e[0] for e in out].count("restart") == 1 and out[-1][:2] == ("end", item)
+    after = out[[e[0] for e in out].index("restart") + 1:]
+    assert [t for e in after if e[0] == "frames" for t in e[3]] == pytest.approx(
+        [k / 10 for k in range(start, start + 4)], abs=1e-6)
+
+
+def test_a_truncated_video_fails_only_where_the_window_reaches_its_cut(tmp_path):
+    """Decoding stops at the window's end, so the container's count is checked only when the
+    video ends first: a window inside a truncated AVI's decodable frames is its frames; one
+    that reaches the cut fails as a full pass does (short read, --allow-partial keeps it)."""
+    full = tmp_path / "full.avi"
+    frames = drop_avi(full)
+    data = full.read_bytes()
+    cut = tmp_path / "cut.avi"
+    cut.write_bytes(data[:len(data) // 2])
+    decoded = sum(1 for _ in video.OpenCVDecoder().frames(cut, lambda i, t: False))
+    inside = next(i for i in map(str, range(100)) if video.window_start(i, 15, 2, 0) + 2
+                  <= decoded)
+    start = video.window_start(inside, 15, 2, 0)
+    with DecodePool(1, timeout=60) as pool:
+        ok = decode_all(pool, [(inside, cut)], Sampling(window=2))
+        failed = decode_all(pool, [("whole", cut)], Sampling(window=15))
+        kept = decode_all(pool, [("whole", cut)], Sampling(window=15), allow_partial=True)
+    assert ok[-1][:2] == ("end", inside) and ok[-1][3] is None  # no warning
+    got = [p for e in ok if e[0] == "frames" for p in e[2]]
+    assert [int(f[0, 0, 0]) for f in got] == [int(f[0, 0, 0]) for f in frames[start:start + 2]]
+    with pytest.raises(ItemError, match=f"short read: decoded {decoded} of the 15 frames"):
+        raise failed[-1][2]
+    assert kept[-1][0] == "end" and "short read" in kept[-1][3]
+    assert frame_counts(kept) == {"whole": decoded}
