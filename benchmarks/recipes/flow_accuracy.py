@@ -13,7 +13,8 @@ difference a refit alone makes, the noise floor for the flows' difference.  A la
 rows, drawn evenly from every train clip's sample (``every``: no ``sample_total``, the sample
 step extracts every clip, as before the rule) or from the train clips the rule takes for
 ``sample_total = N`` (``rule``: as few train clips of split 1 as give N rows, the shipped
-file's way).  The steps that read
+file's way); then ``-windowW``: the sample step decodes W consecutive frames of each clip
+(``sample_window = W``, at a start seeded by the clip's id).  The steps that read
 no trajectories (dense SIFT, HRP) have the same keys in every variant and are computed once
 per store.  The CPU time (user + sys of the run and its workers) of each trajectory step goes
 to ``FOLDER/times.tsv``.
@@ -55,10 +56,11 @@ SAMPLE_TOTAL, GMM_SAMPLE = "sample_total = 8000\n", "sample = 8000\n"
 
 def variant(features: str, label: str) -> str:
     """The shipped recipe with FEATURES and the flow of LABEL (``FLOW``, ``FLOW-gmmSEED``,
-    either with ``-everyN`` or ``-ruleN``) in its trajectory steps, reports moved to
-    ``reports/FEATURES-LABEL/``."""
-    match = re.fullmatch(r"(.+?)(?:-gmm(\d+))?(?:-(every|rule)(\d+))?", label)
-    flow, seed, sample, rows = match.groups()
+    either with ``-everyN`` or ``-ruleN``, then ``-windowW``) in its trajectory steps,
+    reports moved to ``reports/FEATURES-LABEL/``."""
+    match = re.fullmatch(r"(.+?)(?:-gmm(\d+))?(?:-(every|rule)(\d+))?(?:-window(\d+))?",
+                         label)
+    flow, seed, sample, rows, window = match.groups()
     text = RECIPE.read_text(encoding="utf-8")
     assert text.count(PARAMS) == 2 and text.count('features = "idt"') == 2
     assert text.count(GMM_STEP) == 1 and "random_state" not in text
@@ -70,6 +72,9 @@ def variant(features: str, label: str) -> str:
     if sample:
         text = text.replace(SAMPLE_TOTAL, f"sample_total = {int(rows)}\n" if sample == "rule"
                             else "").replace(GMM_SAMPLE, f"sample = {int(rows)}\n")
+    if window:
+        text = text.replace("sample_descriptors = 200\n",
+                            f"sample_descriptors = 200\nsample_window = {int(window)}\n")
     return text.replace('report = "reports/', f'report = "reports/{features}-{label}/')
 
 
