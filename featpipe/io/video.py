@@ -18,9 +18,9 @@ Sampling (:class:`Sampling`, one of):
 * ``window=W`` (``extract --sample-window``, set by the extraction, not an option here): W
   consecutive frames of each video, from a first frame drawn from ``window_seed`` and the item
   id over the container's frame count (:func:`window_start`); decoding stops after the
-  window (the frames before it are decoded, not converted), so the container's count is checked
-  only where the video ends before the window does, which a second pass then takes from the
-  true count;
+  window (the frames before it are decoded, not kept), so the container's count is checked
+  only where the video ends before the window does (a second pass takes the window of the
+  true count where that count moves it);
 * nothing: every frame.
 
 Timestamps (seconds) are the frame's own time: the decoder's position of each frame

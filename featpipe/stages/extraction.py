@@ -15,7 +15,9 @@ What one item holds (``stage.read_item`` and its sidecars, :mod:`featpipe.items`
   gives for that item (the same encoder, fed frame by frame; raw features are never
   written), e.g. a Fisher vector, or per frame with ``frame_index``/``timestamps``;
 * with ``sample_descriptors=N``: at most N rows per item drawn uniformly (seeded by
-  ``sample_seed`` and the item id), the training set of ``fit pca`` and ``fit gmm``.
+  ``sample_seed`` and the item id), the training set of ``fit pca`` and ``fit gmm``; with
+  ``sample_window=W`` too, of W consecutive frames of each item at a start seeded the same
+  way (:func:`featpipe.io.video.window_start`), the frames after them not decoded.
 
 With ``pca=NAME`` the features are projected by that fitted ``pca`` stage first.  These and
 the other run settings are one record, :class:`~featpipe.extract.settings.ExtractSettings`.
