@@ -66,6 +66,24 @@ def child_cpu(command: list[str]) -> tuple[float, float]:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
 
 
+def classify_cpu(folder: Path, clips: int, dim: int) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of the recipe's ``classify`` on ``clips`` seeded vectors
+    of ``dim`` values (:func:`write_set`, imported into a store in ``folder``, not timed);
+    ``folder`` is removed after."""
+    featpipe = [sys.executable, "-m", "featpipe", "-q"]
+    shutil.rmtree(folder, ignore_errors=True)
+    manifest = write_set(folder, clips, dim)
+    store = folder / "store"
+    subprocess.run([*featpipe, "import", "--manifest", manifest, "--from", folder / "npy",
+                    "--store", store, "--name", "x"], check=True)
+    shutil.rmtree(folder / "npy")
+    try:
+        return child_cpu([*featpipe, "classify", "-s", store, "-i", "x", "--normalize", "l2",
+                          "--split", "all", "-n", "result"])
+    finally:
+        shutil.rmtree(folder)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clips", default="832,1665,3330")
@@ -77,22 +95,12 @@ def main() -> None:
     print(f"BLAS: {[(i['internal_api'], i.get('architecture')) for i in threadpool_info()]}; "
           f"load {os.getloadavg()[0]:.2f}; {os.cpu_count()} cores; dim {args.dim:,}")
     work = args.work or Path(tempfile.mkdtemp(prefix="classify-scale-"))
-    featpipe = [sys.executable, "-m", "featpipe", "-q"]
     points = []
     for clips in map(int, args.clips.split(",")):
-        folder = work / f"n{clips}"
-        shutil.rmtree(folder, ignore_errors=True)
-        manifest = write_set(folder, clips, args.dim)
-        store = folder / "store"
-        subprocess.run([*featpipe, "import", "--manifest", manifest, "--from", folder / "npy",
-                        "--store", store, "--name", "x"], check=True)
-        shutil.rmtree(folder / "npy")
-        cpu, wall = child_cpu([*featpipe, "classify", "-s", store, "-i", "x", "--normalize",
-                               "l2", "--split", "all", "-n", "result"])
+        cpu, wall = classify_cpu(work / f"n{clips}", clips, args.dim)
         points.append((clips, cpu))
         print(f"{clips:6,} clips: classify CPU {cpu:8.1f} s, wall {wall:8.1f} s; "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
-        shutil.rmtree(folder)
     n = np.array([p[0] for p in points], float)
     cpu = np.array([p[1] for p in points])
     design = np.stack([np.ones_like(n), n, n * n], 1)[:, :min(3, len(points))]

@@ -17,11 +17,14 @@ UCF101 (2.4 M frames, 13,320 clips, 9,537 train videos in split 1) and HMDB51 (0
 the videos its rule takes at full scale, ceil(256,000 / the rows a video gave here) train
 videos of split 1 (:mod:`featpipe.stages.sample_rule`; all of them if there are fewer) at the
 dataset's mean frames a video, or the recipe's ``sample_window`` of them where it is shorter
-(the frames decoded before a window, not tracked, cost about 0.1 ms each and are not counted),
+(the frames decoded before a window, not tracked, cost 0.2-0.4 ms each and are not counted),
 against the frames of the videos it took here; the GMM fit, one
 process, by the recipe's 256,000-row sample against the rows here; the kernel SVMs by the
-square of the clips; each step's fixed cost, measured by running it again with everything
-computed, is not scaled; bytes at rest by the clips, the sample's by the videos it takes.
+square of the clips (the four of the trajectory stream from ``--classify-clips`` clips,
+1/4 of UCF101's: each measured again there as ``bench_classify_scale.py`` measures it, on
+seeded vectors of its input's size, since at 202 clips start-up and reading dominate); each
+step's fixed cost, measured by running it again with everything computed, is not scaled;
+bytes at rest by the clips, the sample's by the videos it takes.
 It prints CPU hours (the trajectory stream, everything but the CNN pass and the fused
 classification, apart from the CNN stream), wall time on one 16-core node and on a 100-task
 SLURM array (each task a 16-core node's share: its items in ``--jobs 16``
@@ -31,7 +34,7 @@ pair share a label, the first in train, the second in test.
 
 Usage: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_recipe_scale.py
        [--work DIR] [--classes 101] [--per-class 2 (or 1)] [--frames 120] [--jobs 2]
-       [--sample-window W (the recipe's; 0: the whole video)]
+       [--sample-window W (the recipe's; 0: the whole video)] [--classify-clips 3330 (0: no)]
 """
 
 from __future__ import annotations
@@ -147,6 +150,32 @@ def store_bytes(store: Path) -> dict[str, int]:
     return out
 
 
+def classify_at_size(work: Path, recipe: str, clips: int) -> dict[str, dict]:
+    """{step: clips, dim, cpu, wall} of each classification of the trajectory stream measured
+    again at ``clips`` clips on seeded vectors of its input's size (read from this run's
+    store), as ``bench_classify_scale.py`` measures it."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    sys.path.insert(0, str(REPO))
+    from bench_classify_scale import classify_cpu
+
+    from featpipe.store import Store
+
+    store = Store(work / "store")
+    steps = tomllib.loads(recipe)["steps"]
+    out = {}
+    for step, spec in steps.items():
+        if spec.get("stage") != "classify" or step in CNN_STREAM:
+            continue
+        (source,) = spec["inputs"]
+        stage = store.resolve(source)
+        dim = int(stage.read_item(stage.items.ids[0]).size)
+        cpu, wall = classify_cpu(work / f"classify-{step}", clips, dim)
+        out[step] = {"clips": clips, "dim": dim, "cpu": cpu, "wall": wall}
+        print(f"{step:15s} at {clips:,} clips of {dim:,} values: CPU {cpu:8.1f} s, wall "
+              f"{wall:8.1f} s", flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("/tmp/recipe-scale"))
@@ -155,6 +184,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=120)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--sample-window", type=int, default=None)
+    parser.add_argument("--classify-clips", type=int, default=3330)
     args = parser.parse_args()
     import threadpoolctl
 
@@ -216,6 +246,9 @@ def main() -> None:
           f"{per_video:.1f} a video")
     results["sampled_videos"], results["gmm_rows"] = sampled, rows
     steps = results["steps"]
+    at_size = classify_at_size(work, recipe, args.classify_clips) if args.classify_clips \
+        else {}
+    results["classify_at_size"] = at_size
     for name, (full_frames, full_clips, full_train) in DATASETS.items():
         # how each step grows: the fused and the CNN pass with every frame; the sample pass
         # with the frames of the videos the rule takes; the GMM fit with its sample (the
@@ -241,6 +274,12 @@ def main() -> None:
                 how[step] = f"clips squared, ({full_clips:,} / {clips})^2"
         cpu_of = {step: s["fixed_cpu"] + max(s["cpu"] - s["fixed_cpu"], 0.0) * factors[step]
                   for step, s in steps.items()}
+        for step, point in at_size.items():  # an upper end: the whole CPU scaled
+            factors[step] = (full_clips / point["clips"]) ** 2
+            cpu_of[step] = point["cpu"] * factors[step]
+            how[step] = (f"clips squared from its own size, ({full_clips:,} / "
+                         f"{point['clips']:,})^2 x {point['cpu']:.1f} s at {point['dim']:,} "
+                         "values")
         for step in steps:
             print(f"{name} {step:15s} x {factors[step]:10,.1f} ({how[step]}): "
                   f"{cpu_of[step] / 3600:8,.2f} core-hours")
