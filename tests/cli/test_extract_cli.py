@@ -146,7 +146,7 @@ def test_settings_options_are_generated_from_the_declarations():
     assert [p.name for p in declared] == [
         "fps", "every", "frames", "device", "batch_size", "dtype", "positions", "pca",
         "encode", "sample_descriptors", "sample_seed", "sample_total", "sample_split",
-        "human_boxes", "allow_partial", "disk_check", "decoder",
+        "sample_window", "human_boxes", "allow_partial", "disk_check", "decoder",
         "decode_timeout"]  # encode_params: the --encode method's own options
     for param in declared:
         option = options[param.name]
