@@ -100,6 +100,9 @@ def test_a_window_sample_is_planned_and_run_alike_from_the_cli_and_a_pipeline(cl
         "--sample-descriptors, got 8" in alone.stderr
     every = cli(*args, "--every", "2")
     assert every.exit_code == 2 and "--sample-window takes consecutive frames" in every.stderr
+    boxes = cli(*args, "--human-boxes", tmp_path)
+    assert boxes.exit_code == 2 and "--sample-window cannot be combined with --human-boxes" \
+        in boxes.stderr
 
 
 def test_sample_total_goes_with_sample_descriptors(cli, clips, tmp_path):

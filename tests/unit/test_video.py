@@ -508,10 +508,16 @@ def test_a_truncated_video_fails_only_where_the_window_reaches_its_cut(tmp_path)
     inside = next(i for i in map(str, range(100)) if video.window_start(i, 15, 2, 0) + 2
                   <= decoded)
     start = video.window_start(inside, 15, 2, 0)
+    # a window drawn from the declared 15 frames past the cut, moved by the true count into
+    # the decodable frames: taken there, and the cut the first pass found still said
+    moved = next(i for i in map(str, range(100)) if video.window_start(i, 15, 2, 0) + 2
+                 > decoded and video.window_start(i, decoded, 2, 0) + 2 <= decoded)
     with DecodePool(1, timeout=60) as pool:
         ok = decode_all(pool, [(inside, cut)], Sampling(window=2))
         failed = decode_all(pool, [("whole", cut)], Sampling(window=15))
         kept = decode_all(pool, [("whole", cut)], Sampling(window=15), allow_partial=True)
+        again = decode_all(pool, [(moved, cut)], Sampling(window=2))
+        partial = decode_all(pool, [(moved, cut)], Sampling(window=2), allow_partial=True)
     assert ok[-1][:2] == ("end", inside) and ok[-1][3] is None  # no warning
     got = [p for e in ok if e[0] == "frames" for p in e[2]]
     assert [int(f[0, 0, 0]) for f in got] == [int(f[0, 0, 0]) for f in frames[start:start + 2]]
@@ -519,3 +525,11 @@ def test_a_truncated_video_fails_only_where_the_window_reaches_its_cut(tmp_path)
         raise failed[-1][2]
     assert kept[-1][0] == "end" and "short read" in kept[-1][3]
     assert frame_counts(kept) == {"whole": decoded}
+    with pytest.raises(ItemError, match=f"short read: decoded {decoded} of the 15 frames"):
+        raise again[-1][2]
+    assert partial[-1][0] == "end" and "short read" in partial[-1][3]
+    restart = [e[0] for e in partial].index("restart")
+    moved_start = video.window_start(moved, decoded, 2, 0)
+    got = [p for e in partial[restart:] if e[0] == "frames" for p in e[2]]
+    assert [int(f[0, 0, 0]) for f in got] == [
+        int(f[0, 0, 0]) for f in frames[moved_start:moved_start + 2]]
