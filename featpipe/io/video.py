@@ -307,67 +307,45 @@ def get_decoder(name: str) -> Decoder:
 RESTART = "restart"
 
 
-def _evenly_spaced_frames(dec, path, n_wanted: int, early: bool):
-    guess = getattr(dec, "frame_count", lambda p: 0)(path)
-    for _ in range(2):
-        chosen = set(evenly_spaced(guess, n_wanted).tolist())
-        stream = early and guess > 0
-        kept, total = [], 0
-        for index, seconds, frame in dec.frames(path, lambda i, t, c=chosen: i in c):
-            total = index + 1
-            if frame is not None:
-                if stream:
-                    yield seconds, frame
-                else:
-                    kept.append((seconds, frame))
-        if total == 0:
-            raise RuntimeError("no decodable frames")
-        if total == guess:
-            yield from kept
-            return
-        if stream:
-            yield RESTART
-        guess = total  # the container's count was wrong: choose again from the true count
-    raise RuntimeError(f"the number of decodable frames changed between two passes "
-                       f"({guess} then {total})")
-
-
-def _window_frames(dec, path, window: int, start_of, early: bool):
-    """The frames of a ``window`` sampling, ``start_of(count)`` its first frame for a count:
-    decoding stops at the window's end; a video that ends before it, at a count whose window
-    starts elsewhere, is taken again from the true count (as :func:`_evenly_spaced_frames`).
-    ``dec.counts`` is left None where the window ended first (nothing to check the count
-    against), or holds the first pass's where that pass found fewer frames than declared."""
+def _counted_frames(dec, path, choose, early: bool):
+    """The frames ``choose(count)`` picks in a video of ``count`` frames, (the indices, the
+    index decoding stops at or None), chosen from the container's count and checked against
+    the frames that decode: where the true count picks others, a second pass takes those
+    (:data:`RESTART` first where frames were yielded).  With ``early`` frames are yielded as
+    they decode, else held back until the count is confirmed.  A pass that stops early leaves
+    ``dec.counts`` None (the frames after it are not counted) or, after a first pass that
+    found fewer frames than declared, that pass's counts."""
     guess = getattr(dec, "frame_count", lambda p: 0)(path)
     short = None
     for _ in range(2):
-        start = start_of(guess)
-        end = start + window
-        kept, total = [], 0
-        frames = dec.frames(path, lambda i, t, s=start, e=end: s <= i < e)
+        chosen, stop = choose(guess)
+        kept, total, streamed = [], 0, False
+        frames = dec.frames(path, lambda i, t, c=chosen: i in c)
         try:
             for index, seconds, frame in frames:
                 total = index + 1
                 if frame is not None:
                     if early:
+                        streamed = True
                         yield seconds, frame
                     else:
                         kept.append((seconds, frame))
-                if total >= end:
+                if stop is not None and total >= stop:
                     break
         finally:
             getattr(frames, "close", lambda: None)()
         if total == 0:
             raise RuntimeError("no decodable frames")
-        if total >= end or start_of(total) == start:  # else the true count moves it
+        stopped = stop is not None and total >= stop
+        if stopped or choose(total)[0] == chosen:
             yield from kept
-            if total >= end and hasattr(dec, "counts"):
+            if stopped and hasattr(dec, "counts"):
                 dec.counts = short
             return
         counts = getattr(dec, "counts", None)
         if counts and counts[1] is not None and counts[0] < counts[1]:
             short = counts
-        if early:
+        if streamed:
             yield RESTART
         guess = total  # the container's count was wrong: choose again from the true count
     raise RuntimeError(f"the number of decodable frames changed between two passes "
@@ -400,12 +378,18 @@ def iter_frames(path: str | os.PathLike, sampling: Sampling = Sampling(),
         return
     dec = get_decoder(decoder) if isinstance(decoder, str) else decoder
     if sampling.frames is not None:
-        yield from _evenly_spaced_frames(dec, path, sampling.frames, early)
+        wanted = int(sampling.frames)
+        yield from _counted_frames(dec, path, lambda count: (
+            set(evenly_spaced(count, wanted).tolist()), None), early)
         return
     if sampling.window is not None:
         window = int(sampling.window)
-        yield from _window_frames(dec, path, window, lambda total: window_start(
-            item_id, total, window, sampling.window_seed), early)
+
+        def choose(count):
+            start = window_start(item_id, count, window, sampling.window_seed)
+            return range(start, start + window), start + window
+
+        yield from _counted_frames(dec, path, choose, early)
         return
     if sampling.every is not None:
         def want(index, seconds):

@@ -478,21 +478,27 @@ def test_a_window_is_w_consecutive_frames_from_a_seeded_start_and_decoding_stops
 
 
 def test_a_window_drawn_from_a_wrong_count_is_drawn_again_from_the_true_one(tmp_path):
-    """A container that states 1000 frames: the window drawn over them starts past the 20
-    frames that decode, so they are taken again from the window of the true count, in the
-    calling process and in a worker (which streams, then restarts)."""
+    """A container that states 1000 frames: a window drawn over them that starts past the 20
+    frames that decode, or runs past their end, is taken again from the window of the true
+    count, in the calling process and in a worker (which streams what it found first, then
+    restarts; nothing found, nothing to restart)."""
     path = write_video(tmp_path / "v.mp4", n_frames=20, fps=10.0)
-    item = next(i for i in map(str, range(100)) if video.window_start(i, 1000, 4, 0) >= 20)
-    start = video.window_start(item, 20, 4, 0)
+    past = next(i for i in map(str, range(100)) if video.window_start(i, 1000, 4, 0) >= 20)
+    across = next(i for i in map(str, range(10_000))
+                  if 17 <= video.window_start(i, 1000, 4, 0) < 20)
     sampling = Sampling(window=4)
-    frames = list(iter_frames(path, sampling, f"{__name__}:WrongCountDecoder", item_id=item))
-    assert brightness(frames) == list(range(start, start + 4))
     with DecodePool(1, decoder=f"{__name__}:WrongCountDecoder", timeout=60) as pool:
-        out = decode_all(pool, [(item, path)], sampling)
-    assert [e[0] for e in out].count("restart") == 1 and out[-1][:2] == ("end", item)
-    after = out[[e[0] for e in out].index("restart") + 1:]
-    assert [t for e in after if e[0] == "frames" for t in e[3]] == pytest.approx(
-        [k / 10 for k in range(start, start + 4)], abs=1e-6)
+        for item, restarts in ((past, 0), (across, 1)):
+            start = video.window_start(item, 20, 4, 0)
+            frames = list(iter_frames(path, sampling, f"{__name__}:WrongCountDecoder",
+                                      item_id=item))
+            assert brightness(frames) == list(range(start, start + 4))
+            out = decode_all(pool, [(item, path)], sampling)
+            kinds = [e[0] for e in out]
+            assert kinds.count("restart") == restarts and out[-1][:2] == ("end", item)
+            after = out[kinds.index("restart") + 1:] if restarts else out
+            assert [t for e in after if e[0] == "frames" for t in e[3]] == pytest.approx(
+                [k / 10 for k in range(start, start + 4)], abs=1e-6)
 
 
 def test_a_truncated_video_fails_only_where_the_window_reaches_its_cut(tmp_path):
@@ -528,8 +534,7 @@ def test_a_truncated_video_fails_only_where_the_window_reaches_its_cut(tmp_path)
     with pytest.raises(ItemError, match=f"short read: decoded {decoded} of the 15 frames"):
         raise again[-1][2]
     assert partial[-1][0] == "end" and "short read" in partial[-1][3]
-    restart = [e[0] for e in partial].index("restart")
     moved_start = video.window_start(moved, decoded, 2, 0)
-    got = [p for e in partial[restart:] if e[0] == "frames" for p in e[2]]
+    got = [p for e in partial if e[0] == "frames" for p in e[2]]
     assert [int(f[0, 0, 0]) for f in got] == [
         int(f[0, 0, 0]) for f in frames[moved_start:moved_start + 2]]
