@@ -47,29 +47,41 @@ def clips(tmp_path_factory):
     return root
 
 
-def test_as_few_train_items_as_the_rows_need_same_from_the_cli_and_a_pipeline(cli, clips,
-                                                                            tmp_path):
+def sample_alike(cli, clips, tmp_path, name: str, **settings):
+    """Extract a sample of idt's hog with ``settings`` (--sample-descriptors 50
+    --sample-total 120 and these), a dry run first, then from a pipeline file with the same
+    keys: the run takes the items the dry run printed, the pipeline's step finds the stage
+    complete.  Returns (the stage, the dry run's output, the command's arguments)."""
+    settings = {"sample_descriptors": 50, "sample_total": 120, **settings}
     store = tmp_path / "s"
     args = ["extract", "-m", clips / "clips.csv", "-s", store, "-f", "idt", "--descriptors",
-            "hog", "--sample-descriptors", "50", "--sample-total", "120"]
+            "hog", *(x for key, value in settings.items()
+                     for x in ("--" + key.replace("_", "-"), str(value)))]
     dry = cli(*args, "--dry-run", check=True)
     line = next(x for x in dry.stdout.splitlines() if x.startswith("sample: "))
-    run = cli(*args, "-n", "samp", check=True)
+    run = cli(*args, "-n", name, check=True)
     assert line in run.stdout  # the run takes the items the dry run printed
-    stage = Store(store).resolve("samp")
+    stage = Store(store).resolve(name)
+    path = tmp_path / "p.toml"
+    path.write_text(f'[steps.{name}]\nstage = "extract"\nmanifest = "{clips / "clips.csv"}"\n'
+                    'features = "idt"\nparams = { descriptors = "hog" }\n'
+                    + "".join(f"{key} = {value}\n" for key, value in settings.items()))
+    again = cli("run", path, "--store", store, check=True)
+    assert f"stage {stage.name} as '{name}'" in again.stdout
+    assert f"summary: 0 done, {len(stage.items.ids)} skipped" in again.stdout
+    return stage, dry.stdout, args
+
+
+def test_as_few_train_items_as_the_rows_need_same_from_the_cli_and_a_pipeline(cli, clips,
+                                                                            tmp_path):
+    stage, _, _ = sample_alike(cli, clips, tmp_path, "samp")
     manifest = Manifest.read(clips / "clips.csv")
     order = stratified_order(manifest, 1, seed=0)
     chosen = stage.items.ids
     assert sorted(chosen) == sorted(order[:len(chosen)])  # a prefix of the order
     assert len(chosen) < len(order)  # not every train item
     assert all(manifest[i].split(1) == "train" for i in chosen)
-    path = tmp_path / "p.toml"
-    path.write_text(f'[steps.samp]\nstage = "extract"\nmanifest = "{clips / "clips.csv"}"\n'
-                    'features = "idt"\nparams = { descriptors = "hog" }\n'
-                    "sample_descriptors = 50\nsample_total = 120\n")
-    again = cli("run", path, "--store", store, check=True)
-    assert f"stage {stage.name} as 'samp'" in again.stdout
-    assert f"summary: 0 done, {len(chosen)} skipped" in again.stdout
+    assert "window" not in stage.params["sample"]
 
 
 def test_a_window_sample_is_planned_and_run_alike_from_the_cli_and_a_pipeline(cli, clips,
@@ -77,24 +89,9 @@ def test_a_window_sample_is_planned_and_run_alike_from_the_cli_and_a_pipeline(cl
     """``--sample-window 8`` with the rule: the dry run takes the items the run takes, its
     frames are 8 a clip (not the clips' 20), the pipeline file's ``sample_window`` is the same
     stage; the window goes with --sample-descriptors and every frame, not --every."""
-    store = tmp_path / "s"
-    args = ["extract", "-m", clips / "clips.csv", "-s", store, "-f", "idt", "--descriptors",
-            "hog", "--sample-descriptors", "50", "--sample-total", "120",
-            "--sample-window", "8"]
-    dry = cli(*args, "--dry-run", check=True)
-    line = next(x for x in dry.stdout.splitlines() if x.startswith("sample: "))
-    run = cli(*args, "-n", "win", check=True)
-    assert line in run.stdout
-    stage = Store(store).resolve("win")
-    assert f"about {8 * len(stage.items.ids):,} frames" in dry.stdout
+    stage, dry, args = sample_alike(cli, clips, tmp_path, "win", sample_window=8)
+    assert f"about {8 * len(stage.items.ids):,} frames" in dry
     assert stage.params["sample"]["window"] == 8
-    path = tmp_path / "p.toml"
-    path.write_text(f'[steps.win]\nstage = "extract"\nmanifest = "{clips / "clips.csv"}"\n'
-                    'features = "idt"\nparams = { descriptors = "hog" }\n'
-                    "sample_descriptors = 50\nsample_total = 120\nsample_window = 8\n")
-    again = cli("run", path, "--store", store, check=True)
-    assert f"stage {stage.name} as 'win'" in again.stdout
-    assert f"summary: 0 done, {len(stage.items.ids)} skipped" in again.stdout
     alone = cli(*args[:7], "--sample-window", "8")
     assert alone.exit_code == 2 and "--sample-window must be >= 1 and goes with " \
         "--sample-descriptors, got 8" in alone.stderr
