@@ -53,24 +53,21 @@ class ExtractSettings:
     encode_params: Mapping | None = None
     sample_descriptors: int | None = declared(
         None, "Store only N rows per item, drawn uniformly (for fit pca / fit gmm).")
-    sample_seed: int = declared(0, "Seed of --sample-descriptors (with the item id) and of "
-                                "--sample-total's choice of items.")
+    sample_seed: int = declared(0, "Seed of the --sample-* draws (with the item id).")
     sample_total: int | None = declared(
-        None, "With --sample-descriptors: extract only enough train items of --sample-split "
-        "for N rows in all (a GMM's --sample), drawn stratified by class.")
+        None, "With --sample-descriptors: only as many train items of --sample-split as give "
+        "N rows, stratified by class.")
     sample_split: int = declared(1, "The split whose train items --sample-total draws from.")
     sample_window: int | None = declared(
-        None, "With --sample-descriptors: decode only W consecutive frames of each item, "
-        "from a frame drawn with --sample-seed and the item id (a sample of local features "
-        "needs no pass over the whole video).")
+        None, "With --sample-descriptors: only W consecutive frames of each item, from a "
+        "start drawn with --sample-seed.")
     human_boxes: str | None = declared(
-        None, "Folder of human boxes per item (DIR/<id>.bb, the improved trajectories' -H "
-        "format) left out of the camera motion estimate (idt).")
+        None, "Folder of human boxes per item (DIR/<id>.bb, idt's -H format) left out of "
+        "its camera motion.")
     allow_partial: bool = declared(
-        False, "Keep truncated or damaged videos' decodable frames (warned per item) instead "
-        "of failing them.")
+        False, "Keep truncated or damaged videos' decodable frames, warned.")
     disk_check: bool = declared(
-        True, "Refuse a stage whose estimated size exceeds the store's free disk.")
+        True, "Refuse a stage bigger than the store's free disk.")
     decoder: str = declared("opencv", "Video decoder.")
     decode_timeout: float = declared(
         600.0, "Seconds a decoding worker may go without a frame before it is killed.")

@@ -110,8 +110,7 @@ class Sampling:
 
     fps: float | None = declared(
         None, "Sample F frames per second. Without --fps, --every or --frames every frame is "
-        "kept, but dense SIFT on video samples 1 per second (neighbouring frames give nearly "
-        "the same descriptors).")
+        "kept (dense SIFT on video: 1 a second, neighbours give nearly the same).")
     every: int | None = declared(None, "Keep every N-th frame (1: all).")
     frames: int | None = declared(None, "Keep N frames evenly spaced over the video.")
     #: W consecutive frames of each video at a seeded first frame (:func:`window_start`),
