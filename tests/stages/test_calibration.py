@@ -26,14 +26,16 @@ DSIFT = {"sizes": [8], "step": 8}
 
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
-    """Clips of 40, 6, 5 and 3 random 64x48 frames, and one of 8 frames of 24x20 pixels
-    (MJPG AVI at 10 fps); junk.avi is no video."""
+    """Clips of 40, 6, 5 and 3 random 64x48 frames, one of 8 frames of 24x20 pixels and one
+    of 8 of 96x72 (MJPG AVI at 10 fps); junk.avi is no video."""
     folder = tmp_path_factory.mktemp("calibration")
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 256, (48, 64, 3), np.uint8) for _ in range(40)]
     for name, count in (("long", 40), ("six", 6), ("five", 5), ("short", 3)):
         write_avi(folder / f"{name}.avi", frames[:count], 10)
     write_avi(folder / "tiny.avi", [frame[:20, :24] for frame in frames[:8]], 10)
+    write_avi(folder / "wide.avi", [rng.integers(0, 256, (72, 96, 3), np.uint8)
+                                    for _ in range(8)], 10)
     (folder / "junk.avi").write_bytes(b"not a video at all" * 10)
     return folder
 
@@ -115,11 +117,12 @@ def test_the_rows_found_on_the_first_item_are_the_rows_its_run_stores(videos, tm
     """Dense trajectories keep a fraction of their sampling cells: the plan's rows of the
     item that calibrates are those found on it, exactly the rows the run then stores where
     the calibration decodes it whole (at most 30 frames), whether it is long enough to be
-    timed (6 frames) or not (5)."""
+    timed (6 frames) or not (5); the rows planned that they are measured against are its
+    own, not those of the next item, whose frames are of another size."""
     small = {"track_length": 4, "n_t_cells": 2, "n_scales": 2, "step": 4}
     for first in ("six", "five"):
         manifest = Manifest.read(write_manifest(videos, [(i, f"{i}.avi", "a", "train")
-                                                         for i in (first, "long")]))
+                                                         for i in (first, "wide", "long")]))
         store, reporter = Store(tmp_path / first), KeptLines()
         stages.extract(store, manifest, "dt", params=small, sampling=Sampling(every=1),
                        reporter=reporter, options=RunOptions(dry_run=True))
