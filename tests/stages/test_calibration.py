@@ -227,3 +227,15 @@ def test_a_calibration_is_a_frozen_value():
         measured.rows_found = 1.0
     assert {measured, Calibration(12.5, 0.25), Calibration(12.5)} == {
         measured, Calibration(12.5, None)}
+
+
+def test_a_calibration_leaves_no_thread_of_its_item_behind(videos, monkeypatch):
+    """The calibrated item's writer (its sinks' output thread) is finished and discarded, not
+    left running after the dry run."""
+    import threading
+
+    before = {thread.ident for thread in threading.enumerate()}
+    lines, _ = dry_run(videos, ["long"], monkeypatch)
+    assert any("dry run: about" in text for _, text in lines), lines
+    left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert left == []
