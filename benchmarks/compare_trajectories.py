@@ -32,13 +32,16 @@ Per clip and program pair it prints:
   on core 0, decoding, the store's writes and every start-up cost included; frames/s by CPU
   time and max RSS beside the release's (for the multi-clip command: the clips' frames over
   the release's CPU seconds on them, each clip's fastest run, summed; the command run
-  ``--repeats`` times, its fastest run against them, every run's CPU seconds listed).
+  ``--repeats`` times, its fastest run against them, every run's CPU seconds listed); with
+  ``--paired N``, N rounds of the release on all the clips and the multi-clip command back to
+  back (the order alternating), each round's ratio and their median: the two sides' fastest
+  runs above may fall minutes apart, in different moments of a shared machine's load.
   featpipe's sources are byte-compiled first, as an installed package's are (with
   ``PYTHONDONTWRITEBYTECODE`` set, each process would compile every featpipe module it imports).
 
 Usage: python benchmarks/compare_trajectories.py [--bin DIR] [--release-src DIR]
        [--frames 60] [--clips bigbuckbunny,bikes,carphone] [--programs dt,idt,idt-mask255]
-       [--repeats 1] [--shipped DT_SRC,IDT_SRC] [--work DIR] [--keep] [--cli]
+       [--repeats 1] [--shipped DT_SRC,IDT_SRC] [--work DIR] [--keep] [--cli [--paired N]]
 (``--shipped``: the untouched release sources; featpipe's dt / idt on the KTH clip each ships
 are compared with the output it ships, computed by the authors: DenseTrack v1.2, and
 DenseTrackStab with SURF.)
@@ -315,6 +318,29 @@ def print_multi_clip(kind: str, avis: list[str], frames: int, release_cpu: float
           f"{command['max_rss_mib']:.0f} MiB")
 
 
+def print_paired(kind: str, release: str, avis: list[str], frames: int, work: str,
+                 rounds: int) -> None:
+    """``rounds`` paired rounds of the multi-clip command: in each, the release on every clip
+    and the command on all of them, back to back (which goes first alternates), so that both
+    meet the same moment of the machine's load; each round's ratio of CPU seconds, and their
+    median."""
+    ratios = []
+    for r in range(rounds):
+        cpu = {}
+        for step in (("release", "featpipe") if r % 2 == 0 else ("featpipe", "release")):
+            if step == "release":
+                cpu[step] = sum(run_measured([release, avi], os.path.join(work, "paired.txt"),
+                                             one_core_env())["cpu"] for avi in avis)
+            else:
+                cpu[step] = run_extract_command(kind, avis, work)["cpu"]
+        ratios.append(cpu["release"] / cpu["featpipe"])
+        print(f"    paired round {r + 1}: the release {cpu['release']:.2f} s, featpipe extract "
+              f"--features {kind} {cpu['featpipe']:.2f} s of CPU: x{ratios[-1]:.2f}")
+    print(f"featpipe extract --features {kind} on the {len(avis)} clips ({frames} frames), "
+          f"{rounds} paired rounds beside the release: median x{np.median(ratios):.2f} "
+          f"(x{min(ratios):.2f}-x{max(ratios):.2f})")
+
+
 # ----------------------------------------------------------------------------- comparison
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -507,6 +533,9 @@ def main() -> int:
     parser.add_argument("--cli", action="store_true",
                         help="also time the command featpipe extract on each clip and on "
                              "all the clips at once")
+    parser.add_argument("--paired", type=int, default=0, metavar="ROUNDS",
+                        help="with --cli: also ROUNDS paired rounds of the release on all the "
+                             "clips and the multi-clip command, back to back")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -596,6 +625,9 @@ def main() -> int:
               f"(x{release_cpu / loop_cpu:.2f}; {frames} frames)")
     for kind, (avis, frames, seconds) in multi.items():
         print_multi_clip(kind, avis, frames, seconds, work, args.repeats)
+        if args.paired:
+            print_paired(kind, os.path.join(args.bin, PROGRAMS[kind]), avis, frames, work,
+                         args.paired)
     if args.shipped:
         compare_shipped(args.shipped.split(","), work)
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
