@@ -403,7 +403,12 @@ def main() -> None:
                         help="resize the cuts (area interpolation), e.g. 320x240 for UCF101's "
                              "frames; default: the clips' own sizes")
     args = parser.parse_args()
-    size = tuple(int(v) for v in args.size.split("x")) if args.size else None
+    try:
+        size = tuple(int(v) for v in args.size.split("x")) if args.size else None
+    except ValueError:
+        size = ()
+    if size is not None and (len(size) != 2 or min(size) < 1):
+        parser.error(f"--size {args.size}: give the width and height in pixels, e.g. 320x240")
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load "
           f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}; {kernels()}")
     folder = tempfile.mkdtemp(prefix="bench-cnn-cpu-")

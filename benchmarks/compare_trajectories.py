@@ -541,6 +541,8 @@ def main() -> int:
     if args.child:
         featpipe_child(*args.child)
         return 0
+    if args.paired and not args.cli:
+        parser.error("--paired times the multi-clip command: give --cli too")
 
     programs = [p.strip() for p in args.programs.split(",") if p.strip()]
     unknown = [p for p in programs if p not in PROGRAMS]
