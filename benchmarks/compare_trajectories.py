@@ -325,17 +325,20 @@ def print_paired(kind: str, release: str, avis: list[str], frames: int, work: st
     meet the same moment of the machine's load; each round's ratio of CPU seconds, and their
     median."""
     ratios = []
+    scratch = tempfile.mkdtemp(prefix="paired_", dir=work)  # not a name of the user's folder
+    output = os.path.join(scratch, "release.txt")
     for r in range(rounds):
         cpu = {}
         for step in (("release", "featpipe") if r % 2 == 0 else ("featpipe", "release")):
             if step == "release":
-                cpu[step] = sum(run_measured([release, avi], os.path.join(work, "paired.txt"),
-                                             one_core_env())["cpu"] for avi in avis)
+                cpu[step] = sum(run_measured([release, avi], output, one_core_env())["cpu"]
+                                for avi in avis)
             else:
                 cpu[step] = run_extract_command(kind, avis, work)["cpu"]
         ratios.append(cpu["release"] / cpu["featpipe"])
         print(f"    paired round {r + 1}: the release {cpu['release']:.2f} s, featpipe extract "
               f"--features {kind} {cpu['featpipe']:.2f} s of CPU: x{ratios[-1]:.2f}")
+    shutil.rmtree(scratch, ignore_errors=True)
     print(f"featpipe extract --features {kind} on the {len(avis)} clips ({frames} frames), "
           f"{rounds} paired rounds beside the release: median x{np.median(ratios):.2f} "
           f"(x{min(ratios):.2f}-x{max(ratios):.2f})")
