@@ -24,8 +24,10 @@ Per clip and program pair it prints:
   wall time and by CPU time (user + sys: what one core gives when other processes share the
   machine); featpipe's tracking loop after a warm-up (numba kernels loaded), and its whole
   process (Python start-up, imports, warm-up) beside it; memory: max RSS of each process
-  (``/usr/bin/time``) and featpipe's RSS growth while tracking (peak reset before the first
-  frame);
+  (``/usr/bin/time``), its private peak (the largest ``RssAnon`` of its processes, sampled:
+  max RSS also counts the libraries' file pages, more of them while the page cache holds them
+  fresh from an install) and featpipe's RSS growth while tracking (peak reset before the
+  first frame);
 * the command a user runs, ``featpipe extract --features dt|idt --jobs 1`` (``--cli``): on
   each clip alone, and once on all the clips in one manifest (the multi-clip command: a
   start-up for the whole set, as a dataset's run pays it), its process and its decoding worker
@@ -178,18 +180,41 @@ def one_core_env() -> dict:
 
 
 def run_measured(command: list[str], stdout_path: str, env: dict) -> dict:
-    """Run on core 0 under ``/usr/bin/time``: wall time, CPU time (user + sys) and max RSS.
-    (Not os.wait4: Linux carries the forking parent's peak RSS into the child's ru_maxrss.)"""
-    with open(stdout_path, "wb") as out:
+    """Run on core 0 under ``/usr/bin/time``: wall time, CPU time (user + sys), max RSS and
+    the private peak (the largest ``RssAnon`` of any of its processes, sampled every 20 ms:
+    max RSS also counts the shared libraries' file pages, which vary with the page cache's
+    state). (Not os.wait4: Linux carries the forking parent's peak RSS into the child's
+    ru_maxrss.)"""
+    private = {}
+    with open(stdout_path, "wb") as out, tempfile.TemporaryFile() as err_file:
         start = time.perf_counter()
-        process = subprocess.run(["/usr/bin/time", "-f", "TIME %M %U %S", "taskset", "-c", "0",
-                                  *command], stdout=out, stderr=subprocess.PIPE, env=env)
+        process = subprocess.Popen(["/usr/bin/time", "-f", "TIME %M %U %S", "taskset", "-c",
+                                    "0", *command], stdout=out, stderr=err_file, env=env)
+        while process.poll() is None:
+            for pid in _descendants(process.pid):
+                private[pid] = max(private.get(pid, 0), _status_kib("RssAnon", pid))
+            time.sleep(0.02)
         wall = time.perf_counter() - start
-    err = process.stderr.decode(errors="replace")
+        err_file.seek(0)
+        err = err_file.read().decode(errors="replace")
     if process.returncode != 0:
         raise SystemExit(f"error: {' '.join(command)} failed: {err.strip()[-500:]}")
     rss, user, system = (float(v) for v in err.strip().splitlines()[-1].split()[1:])
-    return {"wall": wall, "cpu": user + system, "max_rss_mib": rss / 1024}
+    return {"wall": wall, "cpu": user + system, "max_rss_mib": rss / 1024,
+            "private_peak_mib": max(private.values(), default=0) / 1024}
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (gone ones left out)."""
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                for child in map(int, f.read().split()):
+                    found += [child, *_descendants(child)]
+    except OSError:
+        pass
+    return found
 
 
 def parse_release(path: str) -> np.ndarray:
@@ -262,12 +287,18 @@ def warm_up(estimator) -> None:
         tracker.add(np.repeat(grey[:, :, None], 3, axis=2))
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
+def _status_kib(field: str, pid: int | str = "self") -> int:
+    """``field`` of /proc/PID/status in KiB (0 for a process gone or without it)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return 0
+    if pid == "self":
+        raise RuntimeError(f"no {field} in /proc/self/status")
+    return 0
 
 
 def run_featpipe(kind: str, avi: str, out: str) -> dict:
@@ -315,7 +346,8 @@ def print_multi_clip(kind: str, avis: list[str], frames: int, release_cpu: float
           f"{release_fps:.1f} ({release_cpu:.2f} s, its fastest run of each clip): "
           f"x{fps / release_fps:.2f} (first run x{release_cpu / runs[0]['cpu']:.2f}); "
           f"{frames / command['wall']:.1f} by wall time; max RSS "
-          f"{command['max_rss_mib']:.0f} MiB")
+          f"{command['max_rss_mib']:.0f} MiB (private peak {command['private_peak_mib']:.0f} "
+          "MiB)")
 
 
 def print_paired(kind: str, release: str, avis: list[str], frames: int, work: str,
@@ -409,6 +441,7 @@ def speed(runs_rel: list[dict], runs_fp: list[dict], n_frames: int) -> dict:
             "featpipe_cpu_fps": n_frames / min(r["loop_cpu"] for r in runs_fp),
             "featpipe_process_cpu_fps": n_frames / min(r["cpu"] for r in runs_fp),
             "release_rss": max(r["max_rss_mib"] for r in runs_rel),
+            "release_private": max(r["private_peak_mib"] for r in runs_rel),
             "featpipe_growth": max(r["rss_growth_mib"] for r in runs_fp),
             "featpipe_rss": max(r["max_rss_mib"] for r in runs_fp),
             "warm_up": min(r["warm_up_cpu"] for r in runs_fp)}
@@ -617,7 +650,8 @@ def main() -> int:
                       f"decoding, one worker, the store): {fps:.1f} frames/s by CPU time "
                       f"(x{fps / row['release_cpu_fps']:.2f} the release's), "
                       f"{n_frames / command['wall']:.1f} by wall time; max "
-                      f"RSS {command['max_rss_mib']:.0f} MiB")
+                      f"RSS {command['max_rss_mib']:.0f} MiB (private peak "
+                      f"{command['private_peak_mib']:.0f} MiB)")
             if program == "dt" and dumper:
                 for level in compare_flow(dumper, avi, work, args.flow_pairs):
                     print(f"    flow level {level['level']}: end-point error mean "
@@ -668,7 +702,8 @@ def _print_row(row: dict) -> None:
           f"(Python start, imports, warm-up: kernels loaded and 20 small frames "
           f"{row['warm_up']:.1f} s) {row['featpipe_process_cpu_fps']:.1f} "
           f"(x{row['featpipe_process_cpu_fps'] / row['release_cpu_fps']:.2f})")
-    print(f"    memory: release max RSS {row['release_rss']:.0f} MiB; featpipe RSS growth "
+    print(f"    memory: release max RSS {row['release_rss']:.0f} MiB (private peak "
+          f"{row['release_private']:.0f} MiB); featpipe RSS growth "
           f"{row['featpipe_growth']:.1f} MiB while tracking (the process's max RSS "
           f"{row['featpipe_rss']:.0f} MiB)")
 
