@@ -758,9 +758,11 @@ def _integral_row(grey, flow, y, zero_threshold, work, previous, current):
     Each pixel's vector (magnitude m, angle θ: :func:`_polar`) of group g (HOG, HOF, MBHx,
     MBHy: :func:`_gradient_row`) goes to channels 9g .. 9g + 7: position θ·8/360 split
     between the two nearest bins, linearly, weighted by m; HOF's vectors with m <=
-    ``zero_threshold`` add 1 to channel 17 (its zero bin) instead.  ``work`` holds four
-    float32 rows (4W), the lower bins (4W, int32) and the pixel histograms ((W, 36))."""
-    parts, lows, histograms = work
+    ``zero_threshold`` add 1 to channel 17 (its zero bin) instead.  The running sum (36
+    channels) takes each pixel's few non-zero entries as it passes: the same additions as
+    summing whole pixel histograms, whose other entries are +0.  ``work`` holds four float32
+    rows (4W), the lower bins (4W, int32) and the running sum (36)."""
+    parts, lows, running = work
     width = grey.shape[1]
     _gradient_row(grey, flow, y, parts[0], parts[1])
     # one vectorised loop after another, then the scatter into the pixel histograms
@@ -779,25 +781,21 @@ def _integral_row(grey, flow, y, zero_threshold, work, previous, current):
         x_parts[i] = np.float32(1.0) if slow else np.float32(0.0)
         lower[i] = np.float32(0.0) if slow else lower[i]
         upper[i] = np.float32(0.0) if slow else upper[i]
-    histograms[:, :] = 0
-    for g in range(GROUPS):
-        offset = CHANNELS * g
-        for x in range(width):
+    # the channel loops run to a bound numba cannot see, so that LLVM vectorises them
+    channels = running.shape[0]
+    for b in range(channels):
+        running[b] = 0
+        current[0, b] = 0
+    for x in range(width):
+        for g in range(GROUPS):
             i = g * width + x
             low = lows[i]
-            histograms[x, offset + low] = lower[i]
-            histograms[x, offset + (0 if low == ORIENTATIONS - 1 else low + 1)] = upper[i]
-    for x in range(width):
-        histograms[x, CHANNELS + ORIENTATIONS] = x_parts[width + x]
-    # the channel loops run to a bound numba cannot see, so that LLVM vectorises them
-    channels = histograms.shape[1]
-    for b in range(channels):
-        current[0, b] = 0
-        current[1, b] = previous[1, b] + histograms[0, b]
-    for x in range(1, width):
+            offset = CHANNELS * g
+            running[offset + low] += lower[i]
+            running[offset + (0 if low == ORIENTATIONS - 1 else low + 1)] += upper[i]
+        running[CHANNELS + ORIENTATIONS] += x_parts[width + x]
         for b in range(channels):
-            histograms[x, b] = histograms[x - 1, b] + histograms[x, b]
-            current[x + 1, b] = previous[x + 1, b] + histograms[x, b]
+            current[x + 1, b] = previous[x + 1, b] + running[b]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -929,7 +927,7 @@ def advance_tracks(points, steps, flow, grey, descriptor_flow, displacements, ch
     n_rows, n_channels = rows.shape[0], rows.shape[2]
     pitch = rows.shape[1] * n_channels
     work = (np.empty((4, GROUPS * width), np.float32), np.empty(GROUPS * width, np.int32),
-            np.empty((width, GROUP_CHANNELS), np.float32))
+            np.empty(GROUP_CHANNELS, np.float32))
     cell_sums = np.empty(n_cells * n_cells * n_channels, np.float32)
     block = sums.shape[2]
     blocks = np.empty(count * block, np.float32)
