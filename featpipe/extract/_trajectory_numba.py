@@ -765,7 +765,7 @@ def _integral_row(grey, flow, y, zero_threshold, work, previous, current):
     parts, lows, running = work
     width = grey.shape[1]
     _gradient_row(grey, flow, y, parts[0], parts[1])
-    # one vectorised loop after another, then the scatter into the pixel histograms
+    # one vectorised loop after another, then the running sum along x
     x_parts, y_parts, lower, upper = parts[0], parts[1], parts[2], parts[3]
     base = np.float32(ORIENTATIONS / 360.0)
     for i in range(x_parts.shape[0]):
