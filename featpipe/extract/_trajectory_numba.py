@@ -43,8 +43,8 @@ load_blas_alone()
 #: weights of the five outermost rows/columns in the Farnebäck system (OpenCV's values)
 _BORDER = np.array([0.14, 0.14, 0.4472, 0.4472, 0.4472], dtype=np.float32)
 #: pixels the general pass of the Farnebäck system takes at a time, through planes of PITCH
-#: float64 values (a PITCH that is not a multiple of 512 bytes' worth of values keeps the
-#: planes in different cache sets: at 256, 2 KB apart, they evicted each other)
+#: float32 values (a PITCH that is not a multiple of 512 bytes' worth of values keeps the
+#: planes in different cache sets: at 256 float64 values, 2 KB apart, they evicted each other)
 STRIP = 256
 PITCH = 264
 #: the planes: the bilinear weights along x and y, whether x + d falls inside (1.0 or 0.0),
@@ -115,7 +115,8 @@ def farneback_matrices(r0, r1, flow, out):
     flow: R1 (the coefficients (5, H, W) of :func:`polynomial_coefficients`) sampled
     bilinearly at x + d when x + d and the pixel after it are in the frame (else zero, and
     R0's quadratic terms alone), averaged with R0, the five outermost rows and columns
-    weighted by ``_BORDER``; float64 arithmetic on the float32 inputs, float32 results.
+    weighted by ``_BORDER``; in float32, each operation rounded once: the release's own
+    arithmetic (``float`` throughout, built ``-O3`` for x86-64, so without FMA contraction).
 
     Two passes per row (:func:`_system_row`), both vectorised by LLVM (every index unsigned
     and affine in the pixel; numba's wrap-around of negative indices would hide that, and the
@@ -148,7 +149,7 @@ def _system_work(width):
         if x >= width - 5:
             scale *= border[width - x - 1]
         columns[x] = scale
-    return columns, np.zeros(width, np.uint8), np.zeros(PLANES * PITCH, np.float64)
+    return columns, np.zeros(width, np.uint8), np.zeros(PLANES * PITCH, np.float32)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -203,25 +204,31 @@ def _system_near(r1, corner, r0, start, flow, out, columns, elsewhere, top, bott
     frame; ``corner``: its upper-left neighbour) into the row's ``out``, computed as if x + d
     fell in the pixel's 3 × 3 neighbourhood (:func:`_pick_bilinear`); ``elsewhere`` marks
     those where it does not (their values here are not the system: :func:`_system_row`
-    recomputes them).  Offsets, not views (a view costs two reference counts)."""
+    recomputes them).  Offsets, not views (a view costs two reference counts).  The floors
+    and their comparisons stay in float32 (the release's cvFloor of a float, compared as
+    floats): integers would cost conversions between int64 and floats that CPUs without
+    AVX-512 make one lane at a time."""
+    one = np.float32(1.0)
+    row = np.float32(y)
     for i in range(count):
         u = _U(i)
         p = start + u
         x = _U(1) + u
+        column = np.float32(x)
         dx = flow[_U(2) * p]
         dy = flow[_U(2) * p + _U(1)]
-        fx = (i + 1) + dx
-        fy = y + dy
-        x1 = math.floor(fx)
-        y1 = math.floor(fy)
+        fx = column + dx
+        fy = row + dy
+        x1 = np.floor(fx)
+        y1 = np.floor(fy)
         ax = fx - x1
         ay = fy - y1
-        left = x1 == i
-        up = y1 == y - 1
-        elsewhere[x] = not ((left or x1 == i + 1) and (up or y1 == y))
-        a00 = (1 - ax) * (1 - ay)
-        a01 = ax * (1 - ay)
-        a10 = (1 - ax) * ay
+        left = x1 == column - one
+        up = y1 == row - one
+        elsewhere[x] = not ((left or x1 == column) and (up or y1 == row))
+        a00 = (one - ax) * (one - ay)
+        a01 = ax * (one - ay)
+        a10 = (one - ax) * ay
         a11 = ax * ay
         c = corner + u
         s2 = _pick_bilinear(r1, c, stride, left, up, a00, a01, a10, a11)
@@ -280,15 +287,15 @@ def _gather_corners(r1f, flow, work, plane, start, first, y, width, height, coun
     for i in range(count):
         u = _U(i)
         p = start + u
-        fx = (first + i) + flow[_U(2) * p]
-        fy = y + flow[_U(2) * p + _U(1)]
-        x1 = math.floor(fx)
-        y1 = math.floor(fy)
+        fx = np.float32(first + i) + flow[_U(2) * p]
+        fy = np.float32(y) + flow[_U(2) * p + _U(1)]
+        x1 = np.floor(fx)
+        y1 = np.floor(fy)
         work[_U(WEIGHT_X * PITCH) + u] = fx - x1
         work[_U(WEIGHT_Y * PITCH) + u] = fy - y1
-        if 0 <= x1 < width - 1 and 0 <= y1 < height - 1:
+        if 0 <= x1 < width - 1 and 0 <= y1 < height - 1:  # as floats: NaN is outside
             work[_U(INSIDE * PITCH) + u] = 1.0
-            corner = _U(y1 * width + x1)
+            corner = _U(int(y1) * width + int(x1))
             for c in range(5):
                 at = _U(c) * plane + corner
                 to = _U((CORNERS + 4 * c) * PITCH) + u
@@ -313,9 +320,10 @@ def _strip_system(work, r0, start, flow, out, first, columns, top, bottom, plane
         ax = work[_U(WEIGHT_X * PITCH) + u]
         ay = work[_U(WEIGHT_Y * PITCH) + u]
         inside = work[_U(INSIDE * PITCH) + u] != 0.0
-        a00 = (1 - ax) * (1 - ay)
-        a01 = ax * (1 - ay)
-        a10 = (1 - ax) * ay
+        one = np.float32(1.0)
+        a00 = (one - ax) * (one - ay)
+        a01 = ax * (one - ay)
+        a10 = (one - ax) * ay
         a11 = ax * ay
         s2 = _bilinear(work, a00, a01, a10, a11, CORNERS, u)
         s3 = _bilinear(work, a00, a01, a10, a11, CORNERS + 4, u)
@@ -329,11 +337,11 @@ def _strip_system(work, r0, start, flow, out, first, columns, top, bottom, plane
         q4 = r0[_U(4) * plane + p]
         # every value computed, those outside the frame then left out (a select, not a
         # branch: the loop stays vectorised)
-        r4 = (q2 + s4) * np.float32(0.5) if inside else np.float64(q2)
-        r5 = (q3 + s5) * np.float32(0.5) if inside else np.float64(q3)
-        r6 = (q4 + s6) * np.float32(0.25) if inside else np.float64(q4 * np.float32(0.5))
-        r2 = (q0 - (s2 if inside else 0.0)) * np.float32(0.5)
-        r3 = (q1 - (s3 if inside else 0.0)) * np.float32(0.5)
+        r4 = (q2 + s4) * np.float32(0.5) if inside else q2
+        r5 = (q3 + s5) * np.float32(0.5) if inside else q3
+        r6 = (q4 + s6) * np.float32(0.25) if inside else q4 * np.float32(0.5)
+        r2 = (q0 - (s2 if inside else np.float32(0.0))) * np.float32(0.5)
+        r3 = (q1 - (s3 if inside else np.float32(0.0))) * np.float32(0.5)
         _store_system(out, _U(5) * x, r2, r3, r4, r5, r6, flow[_U(2) * p],
                       flow[_U(2) * p + _U(1)], columns[x] * top * bottom)
 

@@ -5,7 +5,6 @@ and block sums) against the release's arithmetic written out in numpy on a real 
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 
 import cv2
@@ -215,49 +214,53 @@ def test_dis_scale_zero_is_opencvs_dis_on_the_whole_frame():
 
 
 def farneback_system_reference(r0, r1, flow):
-    """OpenCV's ``FarnebackUpdateMatrices`` (the release's copy) one pixel at a time in plain
-    Python floats (IEEE doubles, each operation rounded once), as featpipe defines it: the
-    float32 inputs (coefficients (5, H, W)) promoted, R1 sampled bilinearly at x + d when
-    x + d and the pixel after it are in the frame, the five outermost rows and columns
-    weighted in float32."""
+    """The release's ``FarnebackUpdateMatrices`` (OpticalFlow.h, copied from OpenCV) one pixel at a
+    time in numpy float32 scalars (``float`` throughout, each operation rounded once, as the
+    release's x86-64 build without FMA computes it): coefficients (5, H, W), R1 sampled
+    bilinearly at x + d when x + d and the pixel after it are in the frame, the five outermost
+    rows and columns weighted."""
     height, width = flow.shape[:2]
     r0, r1 = r0.transpose(1, 2, 0), r1.transpose(1, 2, 0)
+    f32 = np.float32
+    one, half, quarter = f32(1), f32(0.5), f32(0.25)
     border = np.array([0.14, 0.14, 0.4472, 0.4472, 0.4472], np.float32)
     out = np.empty((height, width, 5), np.float32)
     for y in range(height):
         for x in range(width):
-            dx, dy = float(flow[y, x, 0]), float(flow[y, x, 1])
-            fx, fy = x + dx, y + dy
-            x1, y1 = math.floor(fx), math.floor(fy)
+            dx, dy = flow[y, x, 0], flow[y, x, 1]
+            fx, fy = f32(x) + dx, f32(y) + dy
+            x1, y1 = np.floor(fx), np.floor(fy)
             ax, ay = fx - x1, fy - y1
-            q = [float(v) for v in r0[y, x]]
+            q = r0[y, x]
             if 0 <= x1 < width - 1 and 0 <= y1 < height - 1:
-                weights = ((1 - ax) * (1 - ay), ax * (1 - ay), (1 - ax) * ay, ax * ay)
-                corners = (r1[y1, x1], r1[y1, x1 + 1], r1[y1 + 1, x1], r1[y1 + 1, x1 + 1])
+                weights = ((one - ax) * (one - ay), ax * (one - ay), (one - ax) * ay, ax * ay)
+                ix, iy = int(x1), int(y1)
+                corners = (r1[iy, ix], r1[iy, ix + 1], r1[iy + 1, ix], r1[iy + 1, ix + 1])
                 s = []
                 for c in range(5):
-                    total = weights[0] * float(corners[0][c])
+                    total = weights[0] * corners[0][c]
                     for k in range(1, 4):
-                        total += weights[k] * float(corners[k][c])
+                        total = total + weights[k] * corners[k][c]
                     s.append(total)
                 r2, r3 = s[0], s[1]
-                r4, r5, r6 = (q[2] + s[2]) * 0.5, (q[3] + s[3]) * 0.5, (q[4] + s[4]) * 0.25
+                r4, r5, r6 = (q[2] + s[2]) * half, (q[3] + s[3]) * half, (q[4] + s[4]) * quarter
             else:
-                r2 = r3 = 0.0
-                r4, r5 = q[2], q[3]
-                r6 = float(np.float32(r0[y, x, 4]) * np.float32(0.5))
-            r2 = (q[0] - r2) * 0.5
-            r3 = (q[1] - r3) * 0.5
-            r2 += r4 * dy + r6 * dx
-            r3 += r6 * dy + r5 * dx
-            scale = np.float32(1.0)
+                r2 = r3 = f32(0)
+                r4, r5, r6 = q[2], q[3], q[4] * half
+            r2 = (q[0] - r2) * half
+            r3 = (q[1] - r3) * half
+            r2 = r2 + (r4 * dy + r6 * dx)
+            r3 = r3 + (r6 * dy + r5 * dx)
+            scale = one
             for near, index in ((x < 5, x), (x >= width - 5, width - x - 1), (y < 5, y),
                                 (y >= height - 5, height - y - 1)):
                 if near:
-                    scale = np.float32(scale * border[index])
-            r2, r3, r4, r5, r6 = (v * float(scale) for v in (r2, r3, r4, r5, r6))
+                    scale = scale * border[index]
+            r2, r3, r4, r5, r6 = (v * scale for v in (r2, r3, r4, r5, r6))
             out[y, x] = (r4 * r4 + r6 * r6, (r4 + r5) * r6, r5 * r5 + r6 * r6,
                          r4 * r2 + r6 * r3, r6 * r2 + r5 * r3)
+    for value in (x1, ax, weights[0], total, r2, scale):  # no float64 crept in
+        assert isinstance(value, np.float32)
     return out
 
 
