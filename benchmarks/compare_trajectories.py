@@ -18,7 +18,9 @@ Per clip and program pair it prints:
   program built here from the release's ``OpticalFlow.h`` dumps the grey frames as the
   release decodes them and its own Farnebäck flow of every scale for the first frame pairs;
   featpipe's flow (``featpipe.extract.optical_flow``) of the same frames is compared by
-  end-point error (mean, median, 99th percentile) beside the mean flow magnitude;
+  end-point error (mean, median, 99th percentile) beside the mean flow magnitude, and
+  featpipe's per-pixel system of an iteration with the release's ``FarnebackUpdateMatrices``
+  on the same inputs, to the bit;
 * speed on one core (``taskset -c 0``; OpenCV, OpenMP and BLAS on one thread), decoding
   included for both (the release decodes the clip twice: once to count frames): frames/s by
   wall time and by CPU time (user + sys: what one core gives when other processes share the
@@ -86,13 +88,34 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THRE
 #: the flow dumper: the release's own my::FarnebackPolyExpPyr / my::calcOpticalFlowFarneback
 #: (OpticalFlow.h, with the parameters of DenseTrack.cpp) on the first frame pairs of a clip;
 #: writes level k of pair p as raw float32 (H_k, W_k, 2) to OUT/flow_p_k.f32 and the grey frame
-#: f as it decodes it (uint8) to OUT/grey_f.u8
+#: f as it decodes it (uint8) to OUT/grey_f.u8; ``system H W R0 R1 FLOW OUT``: the release's
+#: my::FarnebackUpdateMatrices on raw float32 inputs (coefficients (H, W, 5), flow (H, W, 2))
 FLOW_DUMPER = r"""
 #include "DenseTrack.h"
 #include "Initialize.h"
 #include "Descriptors.h"
 #include "OpticalFlow.h"
+static Mat read_floats(const char* path, int h, int w, int channels) {
+    Mat m(h, w, CV_32FC(channels));
+    FILE* f = fopen(path, "rb");
+    for (int y = 0; y < h; y++)
+        if (fread(m.ptr<float>(y), sizeof(float), (size_t)w * channels, f) != (size_t)w * channels)
+            exit(2);
+    fclose(f);
+    return m;
+}
 int main(int argc, char** argv) {
+    if (argc == 8 && !strcmp(argv[1], "system")) {
+        int h = atoi(argv[2]), w = atoi(argv[3]);
+        Mat m;
+        my::FarnebackUpdateMatrices(read_floats(argv[4], h, w, 5), read_floats(argv[5], h, w, 5),
+                                    read_floats(argv[6], h, w, 2), m, 0, h);
+        FILE* out = fopen(argv[7], "wb");
+        for (int y = 0; y < h; y++)
+            fwrite(m.ptr<float>(y), sizeof(float), (size_t)w * 5, out);
+        fclose(out);
+        return 0;
+    }
     VideoCapture capture(argv[1]);
     int pairs = atoi(argv[3]);
     std::vector<float> fscales; std::vector<Size> sizes;
@@ -483,11 +506,27 @@ def release_flows(dumper: str, avi: str, work: str, pairs: int) -> dict:
             for name in os.listdir(folder) if name.startswith("flow_")}
 
 
+def release_system(dumper: str, r0: np.ndarray, r1: np.ndarray, flow: np.ndarray,
+                   folder: str) -> np.ndarray:
+    """The release's FarnebackUpdateMatrices of featpipe's coefficients ((5, H, W) each) and
+    a flow ((H, W, 2)): the (H, W, 5) system."""
+    height, width = flow.shape[:2]
+    paths = [os.path.join(folder, name) for name in ("r0.f32", "r1.f32", "d.f32", "m.f32")]
+    inputs = (r0.transpose(1, 2, 0), r1.transpose(1, 2, 0), flow)
+    for array, path in zip(inputs, paths[:3], strict=True):
+        np.ascontiguousarray(array, np.float32).tofile(path)
+    subprocess.run([dumper, "system", str(height), str(width), *paths], check=True)
+    return np.fromfile(paths[3], np.float32).reshape(height, width, 5)
+
+
 def compare_flow(dumper: str, avi: str, work: str, pairs: int) -> list[dict]:
     """Per level: mean and median end-point error of featpipe's flow against the release's,
-    and the mean release flow magnitude, over the first ``pairs`` frame pairs."""
+    and the mean release flow magnitude, over the first ``pairs`` frame pairs; printed first,
+    how many values of featpipe's per-pixel system (its coefficients, its flow of each level
+    and that flow with 2 px of noise) equal the release's to the bit."""
     import cv2
 
+    from featpipe.extract._trajectory_kernels import farneback_matrices
     from featpipe.extract.optical_flow import FarnebackPyramid, level_scales
     from featpipe.extract.trajectories import DenseTrajectories
 
@@ -508,15 +547,26 @@ def compare_flow(dumper: str, avi: str, work: str, pairs: int) -> list[dict]:
     engine = FarnebackPyramid(sizes, scales, 1 / float(estimator.scale_factor))
     errors = [[] for _ in sizes]
     magnitudes = [[] for _ in sizes]
+    equal = values = 0
+    rng = np.random.default_rng(0)
     previous = engine.expand(frames[0])
     for p in range(1, len(frames)):
         current = engine.expand(frames[p])
         flows = engine.flow(previous, current)
+        for k, (h, w) in enumerate(sizes):
+            for d in (flows[k], flows[k] + rng.normal(0, 2, flows[k].shape).astype(np.float32)):
+                ours = np.empty((h, w, 5), np.float32)
+                farneback_matrices(previous[k], current[k], np.ascontiguousarray(d), ours)
+                theirs = release_system(dumper, previous[k], current[k], d, folder)
+                equal += int((ours.view(np.uint32) == theirs.view(np.uint32)).sum())
+                values += ours.size
         previous = current
         for k, (h, w) in enumerate(sizes):
             theirs = np.fromfile(files[(p, k)], np.float32).reshape(h, w, 2)
             errors[k].append(np.linalg.norm(flows[k] - theirs, axis=2).ravel())
             magnitudes[k].append(np.linalg.norm(theirs, axis=2).ravel())
+    print(f"    the per-pixel system of an iteration against the release's "
+          f"FarnebackUpdateMatrices: {equal}/{values} values equal to the bit")
     out = []
     for k in range(len(sizes)):
         e = np.concatenate(errors[k])
