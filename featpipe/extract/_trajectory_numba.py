@@ -313,6 +313,7 @@ def _strip_system(work, r0, start, flow, out, first, columns, top, bottom, plane
     from :func:`_gather_corners`' planes, R0, the flow and the border weights (``columns`` per
     pixel, ``top`` and ``bottom`` for the row: their float32 product), into the row's
     ``out``."""
+    one = np.float32(1.0)
     for i in range(count):
         u = _U(i)
         p = start + u
@@ -320,7 +321,6 @@ def _strip_system(work, r0, start, flow, out, first, columns, top, bottom, plane
         ax = work[_U(WEIGHT_X * PITCH) + u]
         ay = work[_U(WEIGHT_Y * PITCH) + u]
         inside = work[_U(INSIDE * PITCH) + u] != 0.0
-        one = np.float32(1.0)
         a00 = (one - ax) * (one - ay)
         a01 = ax * (one - ay)
         a10 = (one - ax) * ay
